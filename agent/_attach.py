@@ -1,0 +1,166 @@
+"""Attach the monitor to a model and optimizer: a forward pre-hook, optimizer step hooks, and a DDP
+communication hook that times each gradient bucket's all-reduce.
+
+All hooks run on the training (or autograd / communication) threads, so each one is a clock read and
+a ``deque.append``; errors inside them are caught and switch the hook off.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ._monitor import EV_BUCKET_DONE, EV_BUCKET_READY, EV_INFO, Monitor
+
+
+def _unwrap(model: Any) -> tuple[Any, Any]:
+    """Return (outermost module to hook, the DDP wrapper if any) through torch.compile wrappers."""
+    torch = sys.modules["torch"]
+    ddp_cls = torch.nn.parallel.DistributedDataParallel
+    ddp = None
+    inner = model
+    for _ in range(4):  # compiled(DDP(model)) or DDP(compiled(model)): a few layers at most
+        if isinstance(inner, ddp_cls):
+            ddp = inner
+            inner = inner.module
+        elif hasattr(inner, "_orig_mod"):
+            inner = inner._orig_mod
+        else:
+            break
+    return model, ddp
+
+
+def _model_facts(model: Any) -> dict:
+    """Parameter count, bytes and devices: small facts the rules use (e.g. memory per rank)."""
+    params = list(model.parameters())
+    devices = sorted({str(p.device) for p in params})
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "devices": devices,
+        "class": type(model).__name__,
+    }
+
+
+def attach_model(m: Monitor, model: Any) -> None:
+    """Hook the model's forward start, and DDP's all-reduce when the model is DDP-wrapped."""
+    import torch  # the user's torch, imported only now
+
+    outer, ddp = _unwrap(model)
+    clock = m._clock
+    is_compiling = m._is_compiling
+
+    def on_forward(module, args):
+        # Only the first forward of a step counts (gradient accumulation runs several).
+        try:
+            if m._in_step and m._fwd_ns == 0 and not is_compiling():
+                m._fwd_ns = clock()
+        except Exception as exc:
+            m._fail("forward_hook", exc)
+
+    m._hook_handles.append(outer.register_forward_pre_hook(on_forward))
+    m._append((EV_INFO, "model", _model_facts(outer)))
+
+    if ddp is not None:
+        m._append((EV_INFO, "ddp", _ddp_config(ddp)))
+        if hasattr(ddp, "_get_ddp_logging_data"):
+            m._ddp_stats = ddp._get_ddp_logging_data
+        if m.config.comm_hook:
+            _register_comm_hook(m, ddp)
+
+    if torch.cuda.is_available():
+        try:
+            from ._gpu_hooks import attach_gpu  # optional: GPU signals live in their own module
+
+            attach_gpu(m, outer)
+        except ImportError:
+            pass
+        except Exception as exc:
+            m._fail("gpu", exc)
+
+
+def _ddp_config(ddp: Any) -> dict:
+    """DDP's settings that the diagnosis rules look at."""
+    return {
+        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+        "bucket_cap_bytes": int(getattr(ddp, "bucket_bytes_cap", 0) or 0),
+        "static_graph": bool(getattr(ddp, "static_graph", False)),
+        "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
+        "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", False)),
+        "backend": _backend_name(ddp),
+    }
+
+
+def _backend_name(ddp: Any) -> str:
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(ddp.process_group))
+    except Exception:
+        return "unknown"
+
+
+def _register_comm_hook(m: Monitor, ddp: Any) -> None:
+    """Wrap DDP's default all-reduce so each bucket's ready and done times are recorded.
+
+    Done callbacks run on the communication thread and can complete out of order, so every mark
+    carries (step, bucket index). The values DDP sees are exactly the default hook's.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    clock = m._clock
+    append = m._append
+    sizes: dict[int, int] = {}
+
+    def done_mark(step: int, index: int):
+        def on_done(fut):
+            try:
+                append((EV_BUCKET_DONE, step, index, clock()))
+            except Exception:
+                pass
+            return fut.value()
+
+        return on_done
+
+    def timed_allreduce(process_group, bucket):
+        step, index = m._step, -1
+        try:
+            index = bucket.index()
+            nbytes = sizes.get(index)
+            if nbytes is None:
+                buf = bucket.buffer()
+                nbytes = sizes[index] = buf.numel() * buf.element_size()
+            append((EV_BUCKET_READY, step, index, nbytes, clock(), bucket.is_last()))
+            m._produced += 1
+        except Exception as exc:
+            m._fail("comm_hook", exc)
+        fut = allreduce_hook(process_group, bucket)
+        if index < 0:
+            return fut
+        return fut.then(done_mark(step, index))
+
+    try:
+        ddp.register_comm_hook(state=ddp.process_group, hook=timed_allreduce)
+    except Exception as exc:
+        # Typically: the user registered their own hook (DDP allows one). Degrade, don't fail.
+        m._warn_once("comm_hook", f"per-bucket all-reduce timing is off: could not register a comm hook ({exc})")
+
+
+def attach_optimizer(m: Monitor, optimizer: Any) -> None:
+    """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks (torch >= 2.0)."""
+    clock = m._clock
+
+    def pre(opt, args, kwargs):
+        if m._in_step:
+            m._opt_begin_ns = clock()
+
+    def post(opt, args, kwargs):
+        if m._in_step and m._opt_begin_ns:
+            m._opt_end_ns = clock()
+
+    if not hasattr(optimizer, "register_step_pre_hook"):
+        m._warn_once("optimizer", "optimizer has no step hooks (torch < 2.0?): optimizer time is not measured")
+        return
+    m._hook_handles.append(optimizer.register_step_pre_hook(pre))
+    m._hook_handles.append(optimizer.register_step_post_hook(post))

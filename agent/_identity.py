@@ -1,0 +1,118 @@
+"""Who this process is in the job: rank, node and run id, from the launcher's environment or torch.distributed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The labels stamped on every record and metric of this rank."""
+
+    job: str
+    run: str
+    node: str
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    node_rank: int = 0
+
+    def labels(self) -> dict:
+        """Return the identity as a dict of column values (what every record row starts with)."""
+        d = asdict(self)
+        d.pop("node_rank")
+        return d
+
+
+def _int_env(*names: str):
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.strip().lstrip("-").isdigit():
+            return int(value)
+    return None
+
+
+def _dist():
+    """torch.distributed if torch is already imported and a process group is up, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:
+        return None
+    return None
+
+
+def is_settled() -> bool:
+    """True once rank and world size are known for sure (launcher variables or a live process group)."""
+    return _int_env("RANK", "SLURM_PROCID") is not None or _dist() is not None
+
+
+def _process_start(pid: int) -> float:
+    """Start time of a process as Unix seconds (Linux /proc), or now when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        return time.time()
+
+
+def derive_run_id(world_size: int) -> str:
+    """Pick a run id that every rank of one launch derives alike, without talking to the others.
+
+    Order: SLURM job (and step), torchrun's rendezvous id, then -- for several ranks on one node
+    (torchrun without --rdzv-id, torch.multiprocessing) -- the launcher process they share, and for a
+    single process its own pid. Multi-node jobs outside SLURM should pass --rdzv-id or RANKSIGHT_RUN_ID.
+    """
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID")
+        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    rdzv = env.get("TORCHELASTIC_RUN_ID", "")
+    if rdzv and rdzv != "none":
+        return rdzv
+    pid = os.getppid() if world_size > 1 else os.getpid()
+    started = time.strftime("%Y%m%d-%H%M%S", time.localtime(_process_start(pid)))
+    return f"{started}-{pid}"
+
+
+def resolve(job: str, run_id: str | None) -> Identity:
+    """Read the identity now: launcher variables first, then a live process group, else a single process."""
+    env = os.environ
+    dist = _dist()
+    rank = _int_env("RANK", "SLURM_PROCID")
+    world = _int_env("WORLD_SIZE", "SLURM_NTASKS")
+    if rank is None and dist is not None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    if world is None and dist is not None:
+        world = dist.get_world_size()
+    rank = rank if rank is not None else 0
+    world = world if world is not None else 1
+    local_rank = _int_env("LOCAL_RANK", "SLURM_LOCALID")
+    if local_rank is None:
+        local_ws = _int_env("LOCAL_WORLD_SIZE")
+        local_rank = rank % local_ws if local_ws else (rank if world > 1 and "SLURM_NODEID" not in env else 0)
+    node_rank = _int_env("GROUP_RANK", "SLURM_NODEID") or 0
+    node = env.get("RANKSIGHT_NODE") or socket.gethostname() or f"node{node_rank}"
+    return Identity(
+        job=job,
+        run=run_id or derive_run_id(world),
+        node=node,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        pid=os.getpid(),
+        node_rank=node_rank,
+    )

@@ -1,0 +1,42 @@
+"""The monitor returned when ranksight is disabled: same API, no thread, no files, no hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class _NullStep:
+    __slots__ = ()
+
+    def __enter__(self) -> _NullStep:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_NULL_STEP = _NullStep()
+
+
+class NoopMonitor:
+    """Every call does nothing: ``loader()`` returns the loader itself, ``step()`` an empty context."""
+
+    enabled = False
+    steps_recorded = 0
+    errors: dict = {}
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config
+
+    def step(self) -> _NullStep:
+        return _NULL_STEP
+
+    def loader(self, iterable: Iterable) -> Iterable:
+        return iterable
+
+    def watch(self, model: Any, optimizer: Any = None) -> NoopMonitor:
+        return self
+
+    def close(self) -> None:
+        return None

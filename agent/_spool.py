@@ -1,0 +1,75 @@
+"""Write records as Parquet spool segments: whole files, renamed into place atomically.
+
+One writer per rank and record kind. A segment is written under a dot-prefixed temporary name and
+``os.replace``d to ``<kind>/<node>_r<rank>_p<pid>_<seq>.parquet``, so a reader globbing ``*.parquet``
+never sees half a file, and a rank killed mid-write leaves only an ignorable temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
+
+from ._identity import Identity
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write a file so that readers see either the old content or the new, never a mix."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class SpoolWriter:
+    """Append record batches to a run directory as Parquet segments."""
+
+    def __init__(self, run_path: str, identity: Identity) -> None:
+        self.run_path = run_path
+        self.identity = identity
+        self._seq: dict[str, int] = {}
+        self._schemas: dict = {}
+        self._made: set[str] = set()
+        self.rows_written = 0
+        stem = f"{identity.node}_r{identity.rank:05d}_p{identity.pid}"
+        self._stem = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem)
+        os.makedirs(os.path.join(run_path, RANKS_DIR), exist_ok=True)
+
+    def write(self, kind: str, rows: list[dict]) -> None:
+        """Write one segment of ``kind`` rows (identity columns are added here)."""
+        if not rows:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = self._schemas.get(kind)
+        if schema is None:
+            schema = self._schemas[kind] = arrow_schema(kind)
+        n = len(rows)
+        labels = self.identity.labels()
+        columns = []
+        for col, field in zip(KINDS[kind], schema):
+            if col.name in labels:
+                columns.append(pa.array([labels[col.name]] * n, type=field.type))
+            else:
+                columns.append(pa.array([r.get(col.name) for r in rows], type=field.type))
+        table = pa.Table.from_arrays(columns, schema=schema)
+        directory = os.path.join(self.run_path, kind)
+        if directory not in self._made:
+            os.makedirs(directory, exist_ok=True)
+            self._made.add(directory)
+        seq = self._seq.get(kind, 0)
+        final = os.path.join(directory, f"{self._stem}_{seq:06d}{SPOOL_SUFFIX}")
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{self._stem}_{seq:06d}{SPOOL_SUFFIX}")
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, final)
+        self._seq[kind] = seq + 1
+        self.rows_written += n
+
+    def write_meta(self, meta: dict) -> None:
+        """Replace this rank's metadata file (identity, status, heartbeat, configuration)."""
+        path = os.path.join(self.run_path, RANKS_DIR, f"rank-{self.identity.rank:05d}.json")
+        atomic_write_bytes(path, json.dumps(meta, indent=1, default=str).encode())

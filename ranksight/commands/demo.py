@@ -1,0 +1,45 @@
+"""``ranksight demo``: run a real multi-rank training job with the agent attached, then show what it saw."""
+
+from __future__ import annotations
+
+import os
+
+from ranksight.cli import UserError
+
+
+def add_parser(sub):
+    from ranksight.demo import FAULTS
+
+    p = sub.add_parser(
+        "demo",
+        help="run a small multi-rank training job with a planted fault",
+        description="Run a real multi-rank training job (gloo on CPU, NCCL on GPUs) with "
+        "ranksight attached and one planted fault, then print what it measured.",
+    )
+    p.add_argument("--fault", default="none", choices=FAULTS, help="the fault to plant (default none)")
+    p.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--steps", type=int, default=60, help="training steps per rank (default 60)")
+    p.add_argument("--run-dir", default="ranksight-runs", help="parent folder of runs (default ranksight-runs)")
+    p.add_argument("--run-id", default="", help="run id (default: demo-<fault>-<time>)")
+    return p
+
+
+def run(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UserError("the demo trains a real model and needs torch: pip install torch") from None
+    from ranksight.demo import DemoConfig, run_demo
+
+    from .summary import render_breakdown
+
+    try:
+        cfg = DemoConfig(fault=args.fault, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir, run_id=args.run_id)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"ranksight demo: {cfg.ranks} ranks, {cfg.steps} steps, fault={cfg.fault} ...", flush=True)
+    path = run_demo(cfg)
+    print(f"\nrun: {path}\n")
+    print(render_breakdown(path))
+    print(f"\nrecords: {os.path.abspath(path)}")
+    return 0

@@ -1,0 +1,119 @@
+"""The record schema shared by the agent, the collectors, the rules and the dashboard.
+
+This module imports without torch (and without pyarrow until an Arrow schema is asked for), so the
+machine that serves the dashboard needs neither. Each record kind is one table in the store and one
+folder of Parquet spool segments in a run directory. Columns are typed; every row carries the
+identity columns, so a query never has to join to find out which rank a number came from.
+
+Columns that only a GPU can fill are nullable and left null (absent, not zero) on a CPU job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+#: Folder names inside a run directory.
+RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
+SPOOL_SUFFIX = ".parquet"
+TMP_PREFIX = ".tmp-"  # segments are written under this name, then renamed: globs never see them
+
+
+@dataclass(frozen=True)
+class Column:
+    """One typed column of a record kind."""
+
+    name: str
+    type: str  # one of: string, int64, int32, float64, bool
+    doc: str
+    nullable: bool = True
+
+
+IDENTITY: tuple[Column, ...] = (
+    Column("job", "string", "Job name given to ranksight.init (or RANKSIGHT_JOB).", False),
+    Column("run", "string", "Run id, shared by every rank of one launch.", False),
+    Column("node", "string", "Node name (hostname unless RANKSIGHT_NODE is set).", False),
+    Column("rank", "int32", "Global rank.", False),
+    Column("local_rank", "int32", "Rank within its node.", False),
+    Column("world_size", "int32", "Number of ranks in the job.", False),
+    Column("pid", "int32", "Process id of the rank.", False),
+)
+
+STEPS: tuple[Column, ...] = IDENTITY + (
+    Column("step", "int64", "Step index on this rank, from 0.", False),
+    Column("time_ns", "int64", "Wall-clock time (Unix ns) at the end of the step.", False),
+    Column("step_s", "float64", "Wall time of the step: data wait plus the step body.", False),
+    Column("data_wait_s", "float64", "Time blocked in the wrapped loader for this step's batch."),
+    Column("h2d_s", "float64", "Host-to-device copy time (GPU only)."),
+    Column("compute_s", "float64", "Forward + backward until the last gradient bucket was ready."),
+    Column("comm_exposed_s", "float64", "Time after backward compute ended spent waiting on all-reduce."),
+    Column("allreduce_s", "float64", "Sum of per-bucket all-reduce times (overlapped or not)."),
+    Column("optimizer_s", "float64", "Time in optimizer.step()."),
+    Column("other_s", "float64", "What the named phases do not cover (loss, zero_grad, logging, ...)."),
+    Column("buckets", "int32", "Gradient buckets all-reduced in this step."),
+    Column("bucket_bytes", "int64", "Bytes all-reduced in this step."),
+    # GPU-only, filled by the GPU signals (CUDA events), null on CPU jobs.
+    Column("gpu_compute_s", "float64", "Forward + backward time on the GPU (CUDA events)."),
+    Column("gpu_step_s", "float64", "Step time on the GPU stream (CUDA events)."),
+)
+
+BUCKETS: tuple[Column, ...] = IDENTITY + (
+    Column("step", "int64", "Step the bucket belongs to.", False),
+    Column("bucket", "int32", "DDP bucket index (0 is reduced first: it holds the last layers).", False),
+    Column("bytes", "int64", "Size of the bucket's flat gradient buffer."),
+    Column("ready_s", "float64", "When the bucket became ready, seconds after the step began."),
+    Column("allreduce_s", "float64", "From bucket ready to its all-reduce future completing."),
+    Column("is_last", "bool", "Whether DDP flagged it as the last bucket of the step."),
+)
+
+COMPILE: tuple[Column, ...] = IDENTITY + (
+    Column("time_ns", "int64", "Wall-clock time (Unix ns) the event was noticed.", False),
+    Column("step", "int64", "Latest step when the event was noticed."),
+    Column("kind", "string", "graph_break or recompile.", False),
+    Column("reason", "string", "First line of dynamo's reason."),
+    Column("detail", "string", "Dynamo's full reason text."),
+    Column("count", "int64", "How many new occurrences since the last poll.", False),
+)
+
+SAMPLES: tuple[Column, ...] = IDENTITY + (
+    Column("time_ns", "int64", "Wall-clock time (Unix ns) of the sample.", False),
+    Column("step", "int64", "Latest step when sampled."),
+    Column("name", "string", "Signal name, e.g. gpu_utilization_ratio, memory_reserved_bytes.", False),
+    Column("value", "float64", "The sampled value, in the base unit its name ends with.", False),
+)
+
+EVENTS: tuple[Column, ...] = IDENTITY + (
+    Column("time_ns", "int64", "Wall-clock time (Unix ns).", False),
+    Column("level", "string", "info, warning or error.", False),
+    Column("component", "string", "Part of the agent that reported it.", False),
+    Column("message", "string", "One line.", False),
+)
+
+KINDS: dict[str, tuple[Column, ...]] = {
+    "steps": STEPS,
+    "buckets": BUCKETS,
+    "compile": COMPILE,
+    "samples": SAMPLES,
+    "events": EVENTS,
+}
+
+_ARROW_TYPES = {"string": "string", "int64": "int64", "int32": "int32", "float64": "float64", "bool": "bool_"}
+_DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "int32": "INTEGER", "float64": "DOUBLE", "bool": "BOOLEAN"}
+
+
+def column_names(kind: str) -> list[str]:
+    """Return the column names of a record kind, in order."""
+    return [c.name for c in KINDS[kind]]
+
+
+def arrow_schema(kind: str):
+    """Build the pyarrow schema of a record kind (pyarrow is imported only here)."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(c.name, getattr(pa, _ARROW_TYPES[c.type])(), nullable=c.nullable) for c in KINDS[kind]])
+
+
+def duckdb_columns(kind: str) -> str:
+    """Return a DuckDB column list (``name TYPE, ...``) for a record kind."""
+    return ", ".join(f"{c.name} {_DUCKDB_TYPES[c.type]}" for c in KINDS[kind])
