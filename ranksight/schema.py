@@ -117,3 +117,38 @@ def arrow_schema(kind: str):
 def duckdb_columns(kind: str) -> str:
     """Return a DuckDB column list (``name TYPE, ...``) for a record kind."""
     return ", ".join(f"{c.name} {_DUCKDB_TYPES[c.type]}" for c in KINDS[kind])
+
+
+#: Names used in the ``samples`` kind (``name`` column), with their meaning. The agent's samplers
+#: emit them; the rules, the dashboard and the Prometheus exporter read them. Units are in the name.
+SAMPLE_NAMES: dict[str, str] = {
+    # NVML, sampled about once a second on the agent thread.
+    "gpu_utilization_ratio": "NVML utilization: share of time some kernel was running (coarse).",
+    "gpu_memory_used_bytes": "NVML device memory in use (all processes).",
+    # Sampled kernel-level window (torch.profiler over 1-2 steps, reduced off the training thread).
+    "kernel_busy_ratio": "Union of all GPU kernel intervals over the window span.",
+    "compute_kernel_ratio": "Union of compute kernels over the window span.",
+    "comm_kernel_ratio": "Union of communication (nccl*) kernels over the window span.",
+    "memcpy_ratio": "Union of memory copies over the window span.",
+    "idle_ratio": "Span minus the union of all GPU activity, over the span.",
+    "idle_host_wait_ratio": "Idle time where the CPU launched late (host-bound), over the span.",
+    "comm_overlap_ratio": "|union(compute) & union(comm)| / |union(comm)| (Holistic Trace Analysis).",
+    "h2d_copy_ratio": "Host-to-device copies over the window span.",
+    "h2d_pageable_ratio": "Share of host-to-device copy time that came from pageable memory (0-1).",
+    "cpu_op_ratio": "Aten ops on CPU tensors inside forward/backward while the model is on the GPU, over the step.",
+    "host_syncs_per_step": "cudaStreamSynchronize / cudaDeviceSynchronize / synchronous copies per step.",
+    "kernels_per_step": "GPU kernels launched per step.",
+    "short_kernel_ratio": "Share of kernels whose GPU time is shorter than their CPU launch time.",
+    "launch_delay_seconds": "Median delay between a kernel's launch call and its start on the GPU.",
+    "trace_window_steps": "Steps covered by the sampled window that produced the ratios above.",
+    # CUDA caching allocator (torch.cuda.memory_stats / memory_snapshot), sampled.
+    "memory_allocated_bytes": "Bytes held by live tensors.",
+    "memory_reserved_bytes": "Bytes reserved by the caching allocator.",
+    "memory_peak_bytes": "Peak allocated bytes since start.",
+    "memory_inactive_split_bytes": "Bytes in inactive split blocks (fragmentation inside segments).",
+    "memory_free_blocks": "Number of free blocks in reserved segments.",
+    "memory_alloc_retries_total": "cudaMalloc retries after freeing the cache (num_alloc_retries).",
+    "memory_ooms_total": "Out-of-memory errors seen by the allocator.",
+    "memory_fragmentation_ratio": "1 - largest free block / total free bytes in reserved segments.",
+    "memory_headroom_ratio": "Free device memory over total device memory.",
+}
