@@ -59,10 +59,14 @@ class _StepContext:
                 m._opt_begin_ns = 0
                 m._opt_end_ns = 0
                 m._step_begin_ns = m._clock()
-                if m._gpu is not None:
-                    m._gpu.step_begin(m._step)
             except Exception as exc:  # never raise into the training loop
                 m._fail("step", exc)
+            if m._gpu is not None:
+                try:
+                    m._gpu.step_begin(m._step)
+                except Exception as exc:  # the GPU part turns itself off; step marks go on
+                    m._gpu = None
+                    m._fail("gpu", exc)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -75,7 +79,11 @@ class _StepContext:
                 m._fetch_begin_ns = m._fetch_end_ns = 0
                 step = m._step
                 if m._gpu is not None:
-                    m._gpu.step_end(step)
+                    try:
+                        m._gpu.step_end(step)
+                    except Exception as exc:
+                        m._gpu = None
+                        m._fail("gpu", exc)
                 m._append((EV_STEP, step, m._step_begin_ns, end, fb, fe, m._fwd_ns, m._opt_begin_ns, m._opt_end_ns))
                 m._produced += 1
                 m._step = step + 1

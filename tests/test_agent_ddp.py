@@ -1,0 +1,134 @@
+"""The agent on real 2-rank gloo DDP jobs: records, phases, shares, crash safety."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from ranksight.collectors import open_run, read_rank_meta, step_breakdown
+
+from ._jobs import Job, run
+
+pytestmark = pytest.mark.slow
+
+
+def _shares(path: str) -> dict[int, dict]:
+    return {r["rank"]: r for r in step_breakdown(open_run(path), warmup_steps=3)}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("baseline")
+    job = Job(
+        run_dir=str(tmp / "runs"), out_dir=str(tmp / "out"), run_id="baseline", steps=25, width=128, batch=4096
+    )  # compute-heavy enough that all-reduce is a minor share
+    return job, run(job)
+
+
+def test_both_ranks_record_every_step(baseline):
+    job, path = baseline
+    con = open_run(path)
+    per_rank = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    assert per_rank == {0: job.steps, 1: job.steps}
+    steps = con.execute("SELECT DISTINCT step FROM steps WHERE rank = 1 ORDER BY step").fetchall()
+    assert [s[0] for s in steps] == list(range(job.steps))
+    ids = con.execute("SELECT DISTINCT job, run, world_size FROM steps").fetchall()
+    assert ids == [("tests", "baseline", 2)]
+    metas = read_rank_meta(path)
+    assert sorted(m.rank for m in metas) == [0, 1]
+    assert all(m.status == "finished" and m.steps == job.steps for m in metas)
+
+
+def test_phases_add_up_to_the_loops_own_wall_time(baseline):
+    job, path = baseline
+    con = open_run(path)
+    for rank in (0, 1):
+        with open(os.path.join(job.out_dir, f"loop-rank{rank}.json")) as f:
+            loop_s = json.load(f)["loop_s"]
+        rows = con.execute(
+            "SELECT step, step_s, data_wait_s, compute_s, comm_exposed_s, optimizer_s, other_s "
+            "FROM steps WHERE rank = ? ORDER BY step",
+            [rank],
+        ).fetchall()
+        assert len(rows) == len(loop_s)
+        for (step, step_s, *phases), truth in zip(rows, loop_s):
+            assert all(p is not None and p >= 0 for p in phases), (step, phases)
+            assert sum(phases) == pytest.approx(step_s, rel=1e-6, abs=1e-6)
+            # The agent's step time against an independent clock around the same loop iteration.
+            assert abs(step_s - truth) <= max(0.002, 0.1 * truth), (rank, step, step_s, truth)
+        named = [sum(p[:-1]) for (_, _, *p) in rows]  # everything but "other"
+        assert sum(named) / sum(r[1] for r in rows) > 0.6  # the named phases explain most of the step
+
+
+def test_allreduce_is_timed_per_bucket(baseline):
+    job, path = baseline
+    con = open_run(path)
+    total, nonzero = con.execute("SELECT count(*), count(*) FILTER (allreduce_s > 0) FROM steps").fetchone()
+    assert total == nonzero == 2 * job.steps
+    per_step = con.execute(
+        "SELECT s.rank, s.step, s.buckets, count(b.bucket), sum(b.bytes), any_value(s.bucket_bytes) "
+        "FROM steps s JOIN buckets b USING (rank, step) GROUP BY s.rank, s.step, s.buckets"
+    ).fetchall()
+    assert len(per_step) == 2 * job.steps
+    for rank, step, n_buckets, n_rows, nbytes, step_bytes in per_step:
+        assert n_buckets == n_rows >= 1 and nbytes == step_bytes > 0, (rank, step)
+    # Both ranks reduce the same buckets with the same sizes.
+    sizes = con.execute("SELECT DISTINCT bucket, bytes FROM buckets WHERE step > 1 ORDER BY bucket").fetchall()
+    assert len({b for b, _ in sizes}) == len(sizes)
+    assert con.execute("SELECT count(*) FROM buckets WHERE allreduce_s IS NULL OR allreduce_s <= 0").fetchone()[0] == 0
+
+
+def test_slow_loader_makes_data_wait_dominate(baseline, tmp_path):
+    _, base_path = baseline
+    job = Job(run_dir=str(tmp_path / "runs"), out_dir=str(tmp_path / "out"), run_id="slow", steps=12, slow_item_s=0.05)
+    slow, base = _shares(run(job)), _shares(base_path)
+    for rank in (0, 1):
+        assert slow[rank]["data_wait_share"] > 0.6
+        assert slow[rank]["data_wait_share"] > base[rank]["data_wait_share"] + 0.4
+        assert slow[rank]["data_wait_share"] > slow[rank]["compute_share"]
+
+
+def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_path):
+    _, base_path = baseline
+    job = Job(
+        run_dir=str(tmp_path / "runs"),
+        out_dir=str(tmp_path / "out"),
+        run_id="sync",
+        steps=10,
+        width=1024,
+        depth=4,
+        batch=2,
+        bucket_cap_mb=500,
+    )
+    sync, base = _shares(run(job)), _shares(base_path)
+    for rank in (0, 1):
+        assert sync[rank]["allreduce_share"] > 0.3
+        assert sync[rank]["comm_exposed_share"] > base[rank]["comm_exposed_share"]
+        assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
+        assert sync[rank]["allreduce_share"] > base[rank]["allreduce_share"]
+
+
+def test_sigkilled_rank_keeps_its_flushed_records(tmp_path):
+    job = Job(
+        run_dir=str(tmp_path / "runs"),
+        out_dir=str(tmp_path / "out"),
+        run_id="killed",
+        steps=1000,
+        kill_rank=1,
+        kill_at_step=8,
+        flush_interval_s=0.3,
+    )
+    path = run(job)
+    segments = glob.glob(os.path.join(path, "steps", "*_r00001_*.parquet"))
+    assert segments, "rank 1 flushed nothing before it was killed"
+    for seg in segments:  # every visible segment is whole
+        pq.read_table(seg)
+    con = open_run(path)
+    steps = [s for (s,) in con.execute("SELECT step FROM steps WHERE rank = 1 ORDER BY step").fetchall()]
+    assert steps == list(range(job.kill_at_step))  # all steps before the pause were flushed, none twice
+    meta = {m.rank: m for m in read_rank_meta(path)}[1]
+    assert meta.status == "running"  # it never closed: readers can tell a crash from a finish

@@ -1,0 +1,245 @@
+"""The agent in one process: phase arithmetic, identity, disabled mode, degradation, graph breaks."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+import ranksight
+from ranksight.agent import Config
+from ranksight.agent._assemble import Assembler
+from ranksight.agent._identity import derive_run_id, resolve
+from ranksight.agent._monitor import EV_BUCKET_DONE, EV_BUCKET_READY, EV_STEP
+from ranksight.collectors import open_run, read_rank_meta
+
+MS = 1_000_000  # ns
+
+
+# ----------------------------------------------------------------- phase arithmetic (pure)
+def _step(step, begin, end, fetch=(0, 0), fwd=0, opt=(0, 0)):
+    return (EV_STEP, step, begin, end, fetch[0], fetch[1], fwd, opt[0], opt[1])
+
+
+def test_phases_partition_the_step():
+    a = Assembler(wall_offset_ns=0)
+    # data 0-10, step 10-100: forward at 15, buckets ready 40/60, done 70/80, optimizer 85-95.
+    a.add((EV_BUCKET_READY, 0, 0, 100, 40 * MS, False))
+    a.add((EV_BUCKET_READY, 0, 1, 200, 60 * MS, True))
+    a.add((EV_BUCKET_DONE, 0, 1, 80 * MS))  # out of order: the last bucket finishes first
+    a.add((EV_BUCKET_DONE, 0, 0, 70 * MS))
+    a.add(_step(0, 10 * MS, 100 * MS, fetch=(0, 10 * MS), fwd=15 * MS, opt=(85 * MS, 95 * MS)))
+    (row,), buckets = a.drain()
+    assert row["step_s"] == pytest.approx(0.100)
+    assert row["data_wait_s"] == pytest.approx(0.010)
+    assert row["compute_s"] == pytest.approx(0.045)  # forward start -> last bucket ready
+    assert row["comm_exposed_s"] == pytest.approx(0.020)  # last ready (60) -> last done (80)
+    assert row["allreduce_s"] == pytest.approx(0.030 + 0.020)
+    assert row["optimizer_s"] == pytest.approx(0.010)
+    assert row["other_s"] == pytest.approx(0.015)  # 10-15 and 80-85 and 95-100
+    assert [b["bucket"] for b in buckets] == [0, 1]
+    assert buckets[1]["ready_s"] == pytest.approx(0.060) and buckets[1]["is_last"]
+
+
+def test_step_waits_for_a_late_bucket_done_then_gives_up_after_one_drain():
+    a = Assembler(wall_offset_ns=0)
+    a.add((EV_BUCKET_READY, 0, 0, 100, 40 * MS, True))
+    a.add(_step(0, 0, 100 * MS, fwd=1 * MS, opt=(90 * MS, 95 * MS)))
+    assert a.drain() == ([], [])  # done mark not here yet
+    a.add((EV_BUCKET_DONE, 0, 0, 85 * MS))
+    (row,), _ = a.drain()
+    assert row["comm_exposed_s"] == pytest.approx(0.045)
+    b = Assembler(wall_offset_ns=0)
+    b.add((EV_BUCKET_READY, 3, 0, 100, 40 * MS, True))
+    b.add(_step(3, 0, 100 * MS, fwd=1 * MS))
+    b.drain()
+    (row,), (bucket,) = b.drain()  # second drain: emitted without the lost done mark
+    assert bucket["allreduce_s"] is None and row["step"] == 3
+
+
+def test_without_watch_or_loader_only_step_time_is_known():
+    a = Assembler(wall_offset_ns=5)
+    a.add(_step(0, 10, 10 + 20 * MS))
+    (row,), buckets = a.drain()
+    assert row["step_s"] == pytest.approx(0.020) and row["time_ns"] == 10 + 20 * MS + 5
+    assert row["data_wait_s"] is None and row["compute_s"] is None and row["comm_exposed_s"] is None
+    assert buckets == []
+
+
+# ----------------------------------------------------------------- identity
+def test_identity_from_torchrun_and_slurm(monkeypatch):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "SLURM_JOB_ID",
+        "TORCHELASTIC_RUN_ID",
+        "GROUP_RANK",
+        "RANKSIGHT_NODE",
+    ):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("GROUP_RANK", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "rdzv-42")
+    ident = resolve("job", None)
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.node_rank, ident.run) == (5, 8, 1, 2, "rdzv-42")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "3")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "991")
+    monkeypatch.setenv("RANKSIGHT_NODE", "gpu-a")
+    ident = resolve("job", None)
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.run, ident.node) == (3, 4, 3, "slurm-991", "gpu-a")
+
+
+def test_run_id_is_shared_by_sibling_processes(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    multi = derive_run_id(world_size=4)
+    assert multi.endswith(f"-{os.getppid()}")  # siblings share the launcher: same id on every local rank
+    assert derive_run_id(world_size=1).endswith(f"-{os.getpid()}")
+
+
+# ----------------------------------------------------------------- monitor in-process
+def _tiny_training(mon, steps=5, compiled_fn=None):
+    import torch
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, optimizer=opt)
+    data = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(steps)]
+    for x, y in mon.loader(data):
+        with mon.step():
+            if compiled_fn is not None:
+                x = compiled_fn(x)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "RANKSIGHT_DISABLED"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+
+def test_single_process_run_records_phases(tmp_path, single_process):
+    mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2)
+    _tiny_training(mon, steps=6)
+    mon.close()
+    con = open_run(str(tmp_path / "r1"))
+    rows = con.execute("SELECT step, data_wait_s, compute_s, optimizer_s, comm_exposed_s FROM steps ORDER BY step")
+    rows = rows.fetchall()
+    assert [r[0] for r in rows] == list(range(6))
+    assert all(r[1] is not None and r[2] > 0 and r[3] > 0 for r in rows)
+    assert all(r[4] is None for r in rows)  # no DDP: exposed comm is absent, not zero
+    (meta,) = read_rank_meta(str(tmp_path / "r1"))
+    assert meta.status == "finished" and meta.data["model"]["parameters"] == 9
+
+
+def test_disabled_adds_no_files_no_threads_no_hooks(tmp_path, monkeypatch, single_process):
+    monkeypatch.setenv("RANKSIGHT_DISABLED", "1")
+    threads = threading.active_count()
+    data = [1, 2, 3]
+    mon = ranksight.init(run_dir=str(tmp_path / "runs"), job="off")
+    assert not mon.enabled and mon.loader(data) is data
+    model = _tiny_training(mon, steps=3)
+    assert not model._forward_pre_hooks
+    mon.close()
+    assert threading.active_count() == threads
+    assert not (tmp_path / "runs").exists()
+    assert isinstance(ranksight.init(enabled=False), ranksight.agent.NoopMonitor)
+
+
+def test_unwritable_run_dir_warns_once_and_training_goes_on(tmp_path, caplog, single_process):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="ranksight"):
+        mon = ranksight.init(run_dir=str(blocker / "runs"), job="ro", run_id="x", flush_interval_s=0.1)
+        _tiny_training(mon, steps=4)
+        mon.close()
+    spool_warnings = [r for r in caplog.records if "cannot write the run directory" in r.getMessage()]
+    assert len(spool_warnings) == 1
+    assert mon.steps_recorded == 4
+
+
+def test_a_failing_part_is_counted_switched_off_and_never_raises(tmp_path, caplog, single_process):
+    class Broken:
+        def step_begin(self, step):
+            raise RuntimeError("boom")
+
+        def step_end(self, step):
+            raise RuntimeError("boom")
+
+    mon = ranksight.init(run_dir=str(tmp_path), job="err", run_id="e", flush_interval_s=0.1)
+    mon._gpu = Broken()
+    with caplog.at_level(logging.WARNING, logger="ranksight"):
+        _tiny_training(mon, steps=3)  # must not raise
+    mon.close()
+    assert mon.errors == {"gpu": 1} and mon._gpu is None  # only the failing part is off
+    assert mon.steps_recorded == 3
+    assert sum("gpu failed and is switched off" in r.getMessage() for r in caplog.records) == 1
+    (meta,) = read_rank_meta(str(tmp_path / "e"))
+    assert meta.data["counters"]["agent_errors_total"] >= 1
+    events = open_run(str(tmp_path / "e")).execute("SELECT level, component FROM events").fetchall()
+    assert ("error", "gpu") in events
+    assert open_run(str(tmp_path / "e")).execute("SELECT count(*) FROM steps").fetchone()[0] == 3
+
+
+def test_user_exception_inside_step_propagates_unchanged(tmp_path, single_process):
+    mon = ranksight.init(run_dir=str(tmp_path), job="exc", run_id="u", flush_interval_s=0.1)
+    with pytest.raises(KeyError, match="mine"):
+        with mon.step():
+            raise KeyError("mine")
+    mon.close()
+    assert mon.errors == {}
+
+
+def test_bad_config_fails_fast_before_training():
+    with pytest.raises(ValueError, match="flush_interval_s"):
+        Config(flush_interval_s=0)
+    with pytest.raises(ValueError, match="prometheus_port"):
+        Config(prometheus_port=70000)
+
+
+def test_graph_breaks_from_print_and_data_dependent_branch_are_counted(tmp_path, single_process):
+    import torch
+
+    torch._dynamo.reset()
+
+    def body(x):
+        x = x * 2
+        print("inside compiled code")  # graph break: builtin print
+        if x.sum() > 0:  # graph break: data-dependent branch (lands in counters["unimplemented"])
+            return x + 1
+        return x - 1
+
+    compiled = torch.compile(body, backend="eager")
+    mon = ranksight.init(run_dir=str(tmp_path), job="gb", run_id="g", flush_interval_s=0.1)
+    _tiny_training(mon, steps=4, compiled_fn=compiled)
+    compiled(torch.randn(7, 8))  # a new shape: a recompile
+    mon.close()
+    con = open_run(str(tmp_path / "g"))
+    breaks = con.execute("SELECT reason, sum(count) FROM compile WHERE kind = 'graph_break' GROUP BY reason")
+    reasons = " | ".join(r for r, _ in breaks.fetchall()).lower()
+    assert "print" in reasons or "builtin" in reasons
+    assert "data-dependent" in reasons or "jump" in reasons
+    recompiles = con.execute("SELECT count(*) FROM compile WHERE kind = 'recompile'").fetchone()[0]
+    assert recompiles >= 1
+    (meta,) = read_rank_meta(str(tmp_path / "g"))
+    assert meta.data["counters"]["graph_breaks_total"] >= 2
