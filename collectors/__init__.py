@@ -1,11 +1,18 @@
 """Get the records of all ranks into one queryable place (DuckDB), live and after a crash."""
 
+from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PHASES, step_breakdown
 from ._spool_reader import RankMeta, RunDirError, check_run_dir, open_run, read_rank_meta, segment_glob
+from ._store import IngestResult, ingest, store_path
 
 __all__ = [
     "PHASES",
     "step_breakdown",
+    "IngestResult",
+    "ingest",
+    "store_path",
+    "PrometheusError",
+    "PrometheusReader",
     "RankMeta",
     "RunDirError",
     "check_run_dir",

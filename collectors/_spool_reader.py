@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, duckdb_columns
+from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, column_names, duckdb_columns
 
 
 class RunDirError(ValueError):
@@ -69,28 +69,69 @@ def segment_glob(run_path: str, kind: str) -> str:
     return os.path.join(run_path, kind, f"*{SPOOL_SUFFIX}")
 
 
-def open_run(run_path: str, con=None):
-    """Return a DuckDB connection with one view per record kind over the run's spool.
+_STORE_ALIAS = "ranksight_store"
 
-    A kind with no segment yet gets an empty table of the right schema, so queries never fail on a
-    young run.
+
+def open_run(run_path: str, con=None):
+    """Return a DuckDB connection with one view per record kind over the run's records.
+
+    The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there
+    is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
+    it is live, finished, compacted or half-compacted, and no row is counted twice. A kind with no
+    records yet gets an empty table of the right schema, so queries never fail on a young run.
     """
     import duckdb
 
+    from ._store import ingested_segments, store_path
+
     check_run_dir(run_path)
     con = con or duckdb.connect()
+    store = store_path(run_path)
+    has_store = _attach_store(con, store)
+    ingested = ingested_segments(con, _STORE_ALIAS) if has_store else {}
     for kind in KINDS:
         pattern = segment_glob(run_path, kind)
+        cols = ", ".join(column_names(kind))
+        parts = []
+        if has_store:
+            parts.append(f"SELECT {cols} FROM {_STORE_ALIAS}.{kind}")
         if glob.glob(pattern):
             # union_by_name: segments from an older agent may lack newer (nullable) columns.
-            con.execute(
-                f"CREATE OR REPLACE VIEW {kind} AS SELECT * FROM read_parquet($p, union_by_name=true)".replace(
-                    "$p", _sql_literal(pattern)
-                )
-            )
+            spool = f"SELECT {cols} FROM read_parquet({_sql_literal(pattern)}, union_by_name=true, filename=true)"
+            if ingested.get(kind):
+                # Constants, not a subquery: the attached store is fixed for this connection, and a
+                # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
+                names = ", ".join(_sql_literal(f) for f in ingested[kind])
+                spool += f" WHERE parse_filename(filename) NOT IN ({names})"
+            parts.append(spool)
+        _drop(con, kind)  # a re-opened connection may hold the other kind of object under this name
+        if parts:
+            con.execute(f"CREATE VIEW {kind} AS " + " UNION ALL ".join(parts))
         else:
-            con.execute(f"CREATE OR REPLACE TABLE {kind} ({duckdb_columns(kind)})")
+            con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     return con
+
+
+def _drop(con, name: str) -> None:
+    found = con.execute(
+        "SELECT table_type FROM information_schema.tables WHERE table_name = ? AND table_schema = 'main'"
+        " AND table_catalog = current_database()",
+        [name],
+    ).fetchall()
+    if found:
+        con.execute(f"DROP {'VIEW' if found[0][0] == 'VIEW' else 'TABLE'} {name}")
+
+
+def _attach_store(con, path: str) -> bool:
+    """Attach a run's store read-only (it is replaced by rename, never written in place)."""
+    if not os.path.exists(path):
+        return False
+    con.execute(f"DETACH DATABASE IF EXISTS {_STORE_ALIAS}")
+    try:
+        con.execute(f"ATTACH {_sql_literal(path)} AS {_STORE_ALIAS} (READ_ONLY)")
+    except Exception as exc:  # duckdb.Error: not a DuckDB file, newer format...
+        raise RunDirError(f"{path}: cannot read the run's store ({str(exc).splitlines()[0]})") from None
+    return True
 
 
 def _sql_literal(text: str) -> str:

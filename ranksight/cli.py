@@ -13,6 +13,7 @@ import sys
 # Subcommand name -> module under ranksight.commands. Keep alphabetical.
 COMMANDS = {
     "demo": "demo",
+    "ingest": "ingest",
     "runs": "runs",
     "summary": "summary",
 }

@@ -1,0 +1,150 @@
+"""Compact a run's spool segments into one DuckDB file, without ever blocking a reader.
+
+DuckDB lets one process write a database file and locks readers out meanwhile, so the store is
+never written in place: ``ingest`` copies the current store (if any) to a dot-prefixed temporary
+file, appends the segments it does not hold yet in one transaction, records their file names in
+``_segments``, and renames the result over ``store.duckdb``. A reader that attached the old file
+keeps reading it (its inode lives on); a new reader attaches the new one. Either way it pairs the
+store with exactly the segments that store has not ingested, so no row is counted twice or missed.
+
+Ingests of one run are serialised with an ``flock`` on ``.store.lock`` (a second one fails with a
+clear message); a crash mid-ingest leaves only a temporary file, and the store stays as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+from ranksight.schema import KINDS, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, column_names, duckdb_columns
+
+from ._spool_reader import RunDirError, check_run_dir, segment_glob
+
+STORE_NAME = "store.duckdb"
+LOCK_NAME = ".store.lock"
+SEGMENTS_TABLE = "_segments"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one ingest did."""
+
+    store_path: str
+    segments: int  # segments added by this ingest
+    rows: int  # rows added by this ingest
+    rows_by_kind: dict
+    seconds: float
+
+
+def store_path(run_path: str) -> str:
+    """Where a run's compacted store lives."""
+    return os.path.join(run_path, STORE_NAME)
+
+
+def _create_schema(con) -> None:
+    for kind in KINDS:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {kind} ({duckdb_columns(kind)})")
+    con.execute(
+        f"CREATE TABLE IF NOT EXISTS {SEGMENTS_TABLE} "
+        "(kind VARCHAR NOT NULL, file VARCHAR NOT NULL, rows BIGINT NOT NULL, ingested_ns BIGINT NOT NULL)"
+    )
+    con.execute("CREATE TABLE IF NOT EXISTS _store_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+    con.execute("INSERT OR REPLACE INTO _store_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+
+def _locked(run_path: str):
+    """Take the run's ingest lock or raise RunDirError (another ingest is running)."""
+    import fcntl
+
+    fd = os.open(os.path.join(run_path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise RunDirError(f"{run_path}: another `ranksight ingest` is compacting this run; try again") from None
+        raise
+    return fd
+
+
+def ingest(run_path: str) -> IngestResult:
+    """Append the run's not-yet-ingested spool segments to ``<run>/store.duckdb`` and return counts.
+
+    Safe while ranks are still writing (segments that appear later are picked up by the next ingest
+    and, until then, read from the spool) and while any number of readers query the run.
+    """
+    import duckdb
+
+    check_run_dir(run_path)
+    started = time.perf_counter()
+    target = store_path(run_path)
+    try:
+        lock_fd = _locked(run_path)
+    except PermissionError as exc:
+        raise RunDirError(f"{run_path}: cannot write the store here ({exc.strerror})") from None
+    tmp = os.path.join(run_path, f"{TMP_PREFIX}{STORE_NAME}.{os.getpid()}")
+    try:
+        if os.path.exists(target):
+            shutil.copyfile(target, tmp)  # the old store is never opened for writing: readers stay unblocked
+        elif os.path.exists(tmp):
+            os.remove(tmp)
+        con = duckdb.connect(tmp)
+        try:
+            _create_schema(con)
+            known = {(k, f) for k, f in con.execute(f"SELECT kind, file FROM {SEGMENTS_TABLE}").fetchall()}
+            rows_by_kind: dict[str, int] = {}
+            added = 0
+            con.execute("BEGIN TRANSACTION")
+            for kind in KINDS:
+                files = sorted(
+                    p for p in glob.glob(segment_glob(run_path, kind)) if (kind, os.path.basename(p)) not in known
+                )
+                if not files:
+                    continue
+                cols = ", ".join(column_names(kind))
+                # Row counts from the Parquet footers: no second pass over the data.
+                per_file = con.execute(
+                    "SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]
+                ).fetchall()
+                counts = dict(per_file)
+                con.execute(
+                    f"INSERT INTO {kind} ({cols}) SELECT {cols} FROM read_parquet(?, union_by_name=true)", [files]
+                )
+                now = time.time_ns()
+                con.executemany(
+                    f"INSERT INTO {SEGMENTS_TABLE} VALUES (?, ?, ?, ?)",
+                    [(kind, os.path.basename(p), int(counts.get(os.path.basename(p), 0)), now) for p in files],
+                )
+                rows_by_kind[kind] = int(sum(counts.values()))
+                added += len(files)
+            con.execute("COMMIT")
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(lock_fd)
+    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, time.perf_counter() - started)
+
+
+def ingested_segments(con, schema: str = "store") -> dict[str, list[str]]:
+    """Segment file names held by an attached store, per kind."""
+    out: dict[str, list[str]] = {k: [] for k in KINDS}
+    for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
+        out.setdefault(kind, []).append(file)
+    return out
+
+
+def is_segment_name(name: str) -> bool:
+    """Whether a file name is a finished spool segment (not a temporary file)."""
+    return name.endswith(SPOOL_SUFFIX) and not name.startswith(TMP_PREFIX)
