@@ -30,6 +30,17 @@ def _unwrap(model: Any) -> tuple[Any, Any]:
     return model, ddp
 
 
+def _check_torch_version(m: Monitor, version: str) -> None:
+    """Warn once on a torch older than the 2.4 the agent is tested against; keep going."""
+    try:
+        major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        m._warn_once("torch_version", f"cannot parse torch version {version!r}; measuring anyway")
+        return
+    if (major, minor) < (2, 4):
+        m._warn_once("torch_version", f"torch {version} is older than 2.4: some signals may be missing")
+
+
 def _model_facts(model: Any) -> dict:
     """Parameter count, bytes and devices: small facts the rules use (e.g. memory per rank)."""
     params = list(model.parameters())
@@ -47,6 +58,7 @@ def attach_model(m: Monitor, model: Any) -> None:
     """Hook the model's forward start, and DDP's all-reduce when the model is DDP-wrapped."""
     import torch  # the user's torch, imported only now
 
+    _check_torch_version(m, torch.__version__)
     outer, ddp = _unwrap(model)
     clock = m._clock
     is_compiling = m._is_compiling

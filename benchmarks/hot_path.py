@@ -1,0 +1,125 @@
+"""Hot-path cost of the agent on the training thread, in microseconds per step (CPU, one process).
+
+Two measurements, each as interleaved A/B blocks in one run (blocks alternate so machine noise hits
+both sides alike); the figure is the median over blocks of (monitored - plain) per step:
+
+1. ``step+loader``: ``for b in mon.loader(data): with mon.step(): pass`` against a plain loop.
+2. ``watched step``: a tiny model's forward/backward/optimizer step with ``mon.watch(model, opt)``
+   (forward pre-hook, optimizer hooks) plus loader and step marks, against the same step on an
+   identical unwatched model.
+
+Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _plain_loop(data) -> None:
+    for _ in data:
+        pass
+
+
+def _monitored_loop(mon, data) -> None:
+    for _ in mon.loader(data):
+        with mon.step():
+            pass
+
+
+def _block(fn, *args) -> float:
+    t0 = time.perf_counter_ns()
+    fn(*args)
+    return time.perf_counter_ns() - t0
+
+
+def bench_step_and_loader(mon, blocks: int, steps: int) -> list[float]:
+    data = list(range(steps))
+    deltas = []
+    for _ in range(blocks):
+        a = _block(_plain_loop, data)
+        b = _block(_monitored_loop, mon, data)
+        deltas.append((b - a) / steps / 1000)
+    return deltas
+
+
+def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], float]:
+    import torch
+
+    torch.manual_seed(0)
+    plain_model, watched_model = torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
+    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
+    watched_opt = torch.optim.SGD(watched_model.parameters(), lr=0.01)
+    mon.watch(watched_model, optimizer=watched_opt)
+    data = [torch.randn(8, 16) for _ in range(steps)]
+
+    def plain():
+        for x in data:
+            plain_opt.zero_grad()
+            plain_model(x).sum().backward()
+            plain_opt.step()
+
+    def watched():
+        for x in mon.loader(data):
+            with mon.step():
+                watched_opt.zero_grad()
+                watched_model(x).sum().backward()
+                watched_opt.step()
+
+    deltas, base = [], []
+    for _ in range(blocks):
+        a = _block(plain)
+        b = _block(watched)
+        deltas.append((b - a) / steps / 1000)
+        base.append(a / steps / 1000)
+    return deltas, statistics.median(base)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    import torch
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        # A buffer large enough for every block's events: we measure the hot path, not drops.
+        mon = ranksight.init(run_dir=tmp, job="bench", run_id="hot", max_buffered_events=10**6)
+        loop = bench_step_and_loader(mon, args.blocks, args.steps)
+        watched, base_us = bench_watched_step(mon, args.blocks, args.steps)
+        mon.close()
+    result = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "blocks": args.blocks,
+        "steps_per_block": args.steps,
+        "step_and_loader_us": {"median": statistics.median(loop), "p10": _q(loop, 0.1), "p90": _q(loop, 0.9)},
+        "watched_step_us": {"median": statistics.median(watched), "p10": _q(watched, 0.1), "p90": _q(watched, 0.9)},
+        "tiny_step_baseline_us": base_us,
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
