@@ -144,7 +144,6 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
                 buf = bucket.buffer()
                 nbytes = sizes[index] = buf.numel() * buf.element_size()
             append((EV_BUCKET_READY, step, index, nbytes, clock(), bucket.is_last()))
-            m._produced += 1
         except Exception as exc:
             m._fail("comm_hook", exc)
         fut = allreduce_hook(process_group, bucket)

@@ -89,7 +89,6 @@ class _StepContext:
                 m._step = step + 1
                 if m._ddp_stats is not None and step % m._ddp_stats_every == 0:
                     m._append((EV_INFO, "ddp_logging", m._ddp_stats()))
-                    m._produced += 1
             except Exception as exc:
                 m._fail("step", exc)
         return False  # the user's exception, if any, goes on
@@ -139,7 +138,7 @@ class Monitor:
         self._wall_offset_ns = time.time_ns() - time.perf_counter_ns()
         self._events: deque = deque(maxlen=config.max_buffered_events)
         self._append = self._events.append
-        self._produced = 0
+        self._produced = 0  # step marks appended; only the training thread writes it (drop accounting)
         self._step = 0
         self._in_step = False
         self._step_begin_ns = 0
@@ -169,6 +168,16 @@ class Monitor:
     def step(self) -> _StepContext:
         """Mark one training step: ``with mon.step(): ...``."""
         return self._step_ctx
+
+    def step_begin(self, waited_since_ns: int = 0) -> None:
+        """Open a step from a framework callback; ``waited_since_ns`` (perf_counter_ns) starts its data wait."""
+        if waited_since_ns and self._active:
+            self._fetch_begin_ns, self._fetch_end_ns = waited_since_ns, self._clock()
+        self._step_ctx.__enter__()
+
+    def step_end(self) -> None:
+        """Close the step opened by :meth:`step_begin`."""
+        self._step_ctx.__exit__(None, None, None)
 
     def loader(self, iterable: Iterable) -> LoaderWrapper:
         """Wrap a data loader so the time blocked waiting for each batch is measured."""

@@ -18,11 +18,13 @@ from ranksight import __version__
 
 from ._assemble import Assembler
 from ._compile import CompilePoller
-from ._monitor import EV_BUCKET_READY, EV_GPU, EV_INFO, EV_STEP, Monitor
+from ._monitor import EV_GPU, EV_INFO, EV_STEP, Monitor
 
 log = logging.getLogger("ranksight")
 
-_COUNTED = (EV_STEP, EV_BUCKET_READY, EV_INFO)  # tags the hot path counts in Monitor._produced
+# Only step marks are counted for drop accounting: they are appended by the training thread alone,
+# so the producer's counter needs no lock (bucket marks come from autograd / communication threads).
+_COUNTED = (EV_STEP,)
 
 
 class Worker(threading.Thread):

@@ -243,3 +243,57 @@ def test_graph_breaks_from_print_and_data_dependent_branch_are_counted(tmp_path,
     assert recompiles >= 1
     (meta,) = read_rank_meta(str(tmp_path / "g"))
     assert meta.data["counters"]["graph_breaks_total"] >= 2
+
+
+def test_a_full_buffer_drops_the_oldest_steps_and_counts_them(tmp_path, single_process):
+    mon = ranksight.init(run_dir=str(tmp_path), job="drop", run_id="d", flush_interval_s=3600, max_buffered_events=1000)
+    for _ in mon.loader(range(2500)):
+        with mon.step():
+            pass
+    mon.close()  # the only flush: the deque kept the newest 1000 marks
+    steps = [s for (s,) in open_run(str(tmp_path / "d")).execute("SELECT step FROM steps ORDER BY step").fetchall()]
+    assert steps == list(range(1500, 2500))
+    (meta,) = read_rank_meta(str(tmp_path / "d"))
+    assert meta.data["counters"]["records_dropped_total"] == 1500
+
+
+def test_users_own_comm_hook_is_kept_and_timing_degrades_with_one_warning(tmp_path, caplog, single_process):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from ._jobs import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        calls = []
+
+        def users_hook(state, bucket):
+            calls.append(bucket.index())
+            return allreduce_hook(None, bucket)
+
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+        ddp.register_comm_hook(None, users_hook)
+        mon = ranksight.init(run_dir=str(tmp_path), job="hook", run_id="h", flush_interval_s=0.1)
+        with caplog.at_level(logging.WARNING, logger="ranksight"):
+            _tiny_training_with(mon, ddp, steps=3)
+        mon.close()
+        assert calls  # the user's hook still runs
+        assert sum("could not register a comm hook" in r.getMessage() for r in caplog.records) == 1
+        con = open_run(str(tmp_path / "h"))
+        assert con.execute("SELECT count(*), count(compute_s) FROM steps").fetchone() == (3, 3)
+    finally:
+        dist.destroy_process_group()
+
+
+def _tiny_training_with(mon, model, steps):
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, optimizer=opt)
+    for x, y in mon.loader([(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(steps)]):
+        with mon.step():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
