@@ -5,9 +5,12 @@ collector renders the shared :class:`Rollup` snapshot as-is (a gauge with no sam
 emitted), it has no ``_created`` or ``target_info`` series to explain, and it is already a core
 dependency. The registry is private, so nothing of the user's process leaks in and tests stay isolated.
 
-The endpoint is advertised in a Prometheus ``file_sd`` file per node, ``<run>/prometheus/<node>.json``,
-built from one small entry file per rank (``<run>/prometheus/<node>/rank-NNNNN.json``) so ranks of
-one node never overwrite each other's targets; any rank rebuilds the node file when it differs.
+The endpoint is advertised in a Prometheus ``file_sd`` file per node and run,
+``<run_dir>/prometheus/<run>_<node>.json`` -- one flat folder for all runs, because Prometheus globs
+only the last path element, so ``ranksight-runs/prometheus/*.json`` finds every rank of every run.
+It is built from one small entry file per rank (``<run_dir>/<run>/prometheus/<node>/rank-NNNNN.json``,
+which also records the port chosen) so ranks of one node never overwrite each other's targets; any
+rank rebuilds the node file when it differs, and the last rank to close removes it.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class RollupCollector:
 class PrometheusSink:
     """The rank's ``/metrics`` endpoint, fed by the agent thread after each flush."""
 
-    def __init__(self, rollup: Rollup, identity: Identity, host: str, port: int, run_path: str) -> None:
+    def __init__(self, rollup: Rollup, identity: Identity, host: str, port: int, run_dir: str) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
         self.rollup = rollup
@@ -76,7 +79,7 @@ class PrometheusSink:
         self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._targets = TargetsFile(run_path, identity, host, self.port)
+        self._targets = TargetsFile(run_dir, identity, host, self.port)
         try:
             self._targets.publish()
         except OSError:
@@ -107,10 +110,10 @@ class PrometheusSink:
 class TargetsFile:
     """This rank's entry in the node's Prometheus ``file_sd`` targets file."""
 
-    def __init__(self, run_path: str, identity: Identity, host: str, port: int) -> None:
+    def __init__(self, run_dir: str, identity: Identity, host: str, port: int) -> None:
         node = _safe(identity.node)
-        self.node_file = os.path.join(run_path, TARGETS_DIR, f"{node}.json")
-        self.entry_dir = os.path.join(run_path, TARGETS_DIR, node)
+        self.node_file = os.path.join(run_dir, TARGETS_DIR, f"{_safe(identity.run)}_{node}.json")
+        self.entry_dir = os.path.join(run_dir, identity.run, TARGETS_DIR, node)
         self.entry_file = os.path.join(self.entry_dir, f"rank-{identity.rank:05d}.json")
         scrape_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         labels = {k: str(v) for k, v in identity.labels().items() if k in LABELS}
@@ -120,6 +123,7 @@ class TargetsFile:
     def publish(self) -> None:
         """Write this rank's entry, then rebuild the node file if its content is out of date."""
         os.makedirs(self.entry_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(self.node_file), exist_ok=True)
         data = json.dumps(self.entry, sort_keys=True).encode()
         if not os.path.exists(self.entry_file):
             atomic_write_bytes(self.entry_file, data)
@@ -142,6 +146,12 @@ class TargetsFile:
                     groups.append(json.load(f))
             except (OSError, ValueError):
                 continue  # mid-rename or removed: the next flush rebuilds again
+        if not groups:  # every rank of this node closed: no targets left to advertise
+            try:
+                os.remove(self.node_file)
+            except FileNotFoundError:
+                pass
+            return
         data = json.dumps(groups, indent=1, sort_keys=True).encode()
         if data == self._last_written:
             try:

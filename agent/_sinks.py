@@ -49,7 +49,7 @@ def make_sinks(m: Monitor) -> list:
         try:
             from ._prometheus import PrometheusSink
 
-            sinks.append(PrometheusSink(rollup, identity, cfg.prometheus_host, port, m.run_path))
+            sinks.append(PrometheusSink(rollup, identity, cfg.prometheus_host, port, cfg.run_dir))
         except OSError as exc:
             m._warn_once(
                 "prometheus",
