@@ -157,7 +157,9 @@ def test_port_is_base_plus_local_rank_and_is_withdrawn_at_close(tmp_path, rank_e
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=port - 1))
+    mon = Monitor(
+        Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=port - 1)
+    )
     try:
         _run_steps(mon, 3)
         assert _endpoint(str(tmp_path)) == f"127.0.0.1:{port}"
@@ -176,7 +178,9 @@ def test_port_in_use_warns_once_and_training_goes_on(tmp_path, rank_env, caplog)
         busy.listen()
         port = busy.getsockname()[1]
         with caplog.at_level(logging.WARNING, logger="ranksight"):
-            mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=port))
+            mon = Monitor(
+                Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=port)
+            )
             try:
                 _run_steps(mon, 15)
             finally:

@@ -109,9 +109,7 @@ def test_prometheus_scrapes_every_rank_and_matches_the_spool(scraped_job):
         assert allreduce[str(rank)] > 0  # gloo all-reduce was timed on both ranks
 
     # A histogram query works across nodes: both ranks' median step time is a positive, finite number.
-    medians = reader.query(
-        'histogram_quantile(0.5, sum by (rank, le) (ranksight_step_seconds_bucket{run="prom-e2e"}))'
-    )
+    medians = reader.query('histogram_quantile(0.5, sum by (rank, le) (ranksight_step_seconds_bucket{run="prom-e2e"}))')
     assert len(medians) == 2 and all(0 < r["value"] < 60 for r in medians)
 
     # The collectors reader gives one row per rank; CPU-only gauges are absent, not zero.
