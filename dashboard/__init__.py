@@ -1,3 +1,11 @@
-"""The Streamlit dashboard: per-rank heatmaps, step-time breakdown, diagnosis, run comparison."""
+"""The Streamlit dashboard: per-rank heatmaps, step-time breakdown, diagnosis, run comparison.
 
-__all__: list[str] = []
+Importing this package needs neither Streamlit nor torch: the query functions (``_queries``) and the
+rollup (``_rollup``) are plain DuckDB code; only ``app.py`` and ``pages/`` import Streamlit.
+"""
+
+from ._rollup import Rollup
+from ._serve import APP_PATH, serve_command, serve_env
+from ._source import Source, resolve
+
+__all__ = ["APP_PATH", "Rollup", "Source", "resolve", "serve_command", "serve_env"]

@@ -12,8 +12,11 @@ import sys
 
 # Subcommand name -> module under ranksight.commands. Keep alphabetical.
 COMMANDS = {
+    "dashboard": "dashboard",
     "demo": "demo",
+    "diagnose": "diagnose",
     "ingest": "ingest",
+    "rules": "rules_cmd",
     "runs": "runs",
     "summary": "summary",
 }

@@ -1,0 +1,239 @@
+"""Time each dashboard query on a synthetic 1,024-rank x 10,000-step store, and the first browser render.
+
+    python benchmarks/dashboard_bench.py [--ranks 1024] [--steps 10000] [--dir /tmp/ranksight-bench] [--no-browser]
+
+The store is written directly as Parquet segments with the record schema (a few big files, as a
+compacted run would be): one straggler rank (compute x1.4) and a data-wait spike in the middle, plus
+NVML utilization / kernel-busy / allocator samples every 2 s per rank. Targets: every panel's query
+<= 300 ms on a 2-core machine, first full render in the browser <= 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+STEP_S = 0.2
+SAMPLE_EVERY_S = 2.0
+SAMPLE_SERIES = ("gpu_utilization_ratio", "kernel_busy_ratio", "memory_reserved_bytes", "memory_fragmentation_ratio")
+
+
+def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
+    """Write a synthetic run: rank metadata, steps and samples in ``files`` segments per kind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ranksight.schema import arrow_schema
+
+    for kind in ("ranks", "steps", "samples"):
+        os.makedirs(os.path.join(run_path, kind), exist_ok=True)
+    run = os.path.basename(run_path)
+    t0 = 1_780_000_000 * 10**9
+    now = time.time_ns()
+    for r in range(ranks):
+        meta = {
+            "rank": r,
+            "job": "bench",
+            "run": run,
+            "world_size": ranks,
+            "status": "finished",
+            "started_ns": now,
+            "heartbeat_ns": now + int(steps * STEP_S * 1e9),
+            "steps": steps,
+            "flush_interval_s": 2.0,
+        }
+        with open(os.path.join(run_path, "ranks", f"rank-{r:05d}.json"), "w") as f:
+            json.dump(meta, f)
+    rng = np.random.default_rng(0)
+    straggler = ranks * 3 // 5
+    per_file = -(-ranks // files)
+    for i, lo in enumerate(range(0, ranks, per_file)):
+        rk = np.repeat(np.arange(lo, min(ranks, lo + per_file), dtype=np.int32), steps)
+        st = np.tile(np.arange(steps, dtype=np.int64), len(rk) // steps)
+        n = len(rk)
+        data = np.where((st > steps // 2) & (st < steps // 2 + steps // 20), 0.06, 0.01) * rng.uniform(0.5, 1.5, n)
+        compute = 0.12 * rng.uniform(0.95, 1.05, n) * np.where(rk == straggler, 1.4, 1.0)
+        comm = np.maximum(0.0, 0.12 * 1.4 - compute) * 0.5 + 0.005
+        opt, other = np.full(n, 0.01), np.full(n, 0.004)
+        step_s = data + compute + comm + opt + other
+        cols = {
+            "job": pa.array(["bench"] * n),
+            "run": pa.array([run] * n),
+            "node": pa.array([f"node{r // 8:03d}" for r in range(lo, lo + per_file)]).take(
+                pa.array((rk - lo).astype(np.int64))
+            ),
+            "rank": rk,
+            "local_rank": rk % 8,
+            "world_size": np.full(n, ranks, np.int32),
+            "pid": 1000 + rk,
+            "step": st,
+            "time_ns": t0 + (st * STEP_S * 1e9).astype(np.int64) + rk.astype(np.int64) * 1000,
+            "step_s": step_s,
+            "data_wait_s": data,
+            "h2d_s": np.full(n, 0.002),
+            "compute_s": compute,
+            "comm_exposed_s": comm,
+            "allreduce_s": comm + 0.02,
+            "optimizer_s": opt,
+            "other_s": other,
+            "buckets": np.full(n, 4, np.int32),
+            "bucket_bytes": np.full(n, 100 << 20, np.int64),
+            "gpu_compute_s": compute,
+            "gpu_step_s": step_s,
+        }
+        schema = arrow_schema("steps")
+        table = pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)
+        pq.write_table(table, os.path.join(run_path, "steps", f"bench_{i:03d}.parquet"), row_group_size=1 << 20)
+
+        per_rank = int(steps * STEP_S / SAMPLE_EVERY_S)
+        srk = np.repeat(np.arange(lo, min(ranks, lo + per_file), dtype=np.int32), per_rank)
+        k = np.tile(np.arange(per_rank, dtype=np.int64), len(srk) // per_rank)
+        parts = []
+        for name in SAMPLE_SERIES:
+            m = len(srk)
+            if name.endswith("_bytes"):
+                value = 40e9 + 1e9 * rng.uniform(0, 1, m)
+            else:
+                value = np.clip(rng.normal(0.8, 0.05, m) * np.where(srk == straggler, 1.0, 0.75), 0, 1)
+            parts.append({"rank": srk, "k": k, "name": name, "value": value})
+        sschema = arrow_schema("samples")
+        frames = []
+        for p in parts:
+            m = len(p["rank"])
+            frames.append(
+                pa.table(
+                    {
+                        "job": pa.array(["bench"] * m),
+                        "run": pa.array([run] * m),
+                        "node": pa.array(["node"] * m),
+                        "rank": p["rank"],
+                        "local_rank": p["rank"] % 8,
+                        "world_size": np.full(m, ranks, np.int32),
+                        "pid": 1000 + p["rank"],
+                        "time_ns": t0 + (p["k"] * SAMPLE_EVERY_S * 1e9).astype(np.int64),
+                        "step": (p["k"] * SAMPLE_EVERY_S / STEP_S).astype(np.int64),
+                        "name": pa.array([p["name"]] * m),
+                        "value": p["value"],
+                    },
+                    schema=sschema,
+                )
+            )
+        pq.write_table(pa.concat_tables(frames), os.path.join(run_path, "samples", f"bench_{i:03d}.parquet"))
+
+
+def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
+    """Median wall time (ms) of each panel's queries, as the dashboard runs them.
+
+    Building the rollup (one pass over every step segment) is timed on its own: the dashboard does it
+    once per run and server process, then only reads new segments.
+    """
+    from ranksight.dashboard import _queries as q
+    from ranksight.dashboard._rollup import Rollup
+
+    t = time.perf_counter()
+    rollup = Rollup(run_path)
+    out = {"rollup: first build (once per run)": (time.perf_counter() - t) * 1000}
+    t = time.perf_counter()
+    rollup.refresh()
+    out["rollup: refresh, nothing new"] = (time.perf_counter() - t) * 1000
+    con = rollup.cursor()
+    order = q.rank_order(con)
+    panels = {
+        "runs: overview": lambda: q.run_overview(con),
+        "breakdown: per rank": lambda: q.breakdown_per_rank(con),
+        "breakdown: total": lambda: q.breakdown_total(con),
+        "breakdown: over time": lambda: q.breakdown_over_time(con),
+        "heatmaps: rank order": lambda: q.rank_order(con),
+        "heatmaps: outliers": lambda: q.rank_outliers(con),
+        **{f"heatmap: {m}": (lambda m=m: q.heatmap(con, m, order)) for m in q.HEATMAP_METRICS},
+        "signals: compile": lambda: q.compile_events(con),
+        "signals: names present": lambda: q.sample_names_present(con),
+        "signals: fragmentation": lambda: q.sample_series(con, q.FRAGMENTATION_SIGNALS),
+        "signals: utilization": lambda: q.sample_per_rank(con, q.UTILIZATION_SIGNALS),
+        "compare: two runs": lambda: q.compare_runs(con, rollup.cursor()),
+    }
+    for name, fn in panels.items():
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1000)
+        out[name] = statistics.median(times)
+    return out
+
+
+def time_first_render(run_path: str, port: int = 8599) -> float:
+    """Seconds from page navigation until the Verdict page's content is visible in headless Chromium."""
+    import subprocess
+
+    from playwright.sync_api import sync_playwright
+
+    from ranksight.dashboard import CHROMIUM_ARGS, serve_command
+
+    proc = subprocess.Popen(serve_command(run_path, port=port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            deadline = time.time() + 60
+            while True:  # wait for the server to listen, outside the timed part
+                try:
+                    page.goto(f"http://127.0.0.1:{port}/_stcore/health", timeout=2000)
+                    break
+                except Exception:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.5)
+            renders = []
+            for url in (f"http://127.0.0.1:{port}/breakdown", f"http://127.0.0.1:{port}/heatmaps"):
+                t = time.perf_counter()
+                page.goto(url)
+                page.get_by_text("Step-time breakdown" if "breakdown" in url else "Per-rank heatmaps").first.wait_for(
+                    timeout=60000
+                )
+                page.locator("[data-testid='stVegaLiteChart'], [data-testid='stArrowVegaLiteChart']").first.wait_for(
+                    timeout=60000
+                )
+                page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60000)
+                renders.append(time.perf_counter() - t)
+            browser.close()
+        return max(renders)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=10000)
+    ap.add_argument("--dir", default="/tmp/ranksight-bench")
+    ap.add_argument("--no-browser", action="store_true")
+    args = ap.parse_args(argv)
+    run_path = os.path.join(args.dir, f"bench-{args.ranks}x{args.steps}")
+    if not os.path.isdir(os.path.join(run_path, "steps")):
+        t = time.perf_counter()
+        make_store(run_path, args.ranks, args.steps)
+        print(f"wrote {args.ranks} x {args.steps} store to {run_path} in {time.perf_counter() - t:.1f} s", flush=True)
+    worst = 0.0
+    for name, ms in time_queries(run_path).items():
+        if name.startswith("rollup"):
+            print(f"{name:36s} {ms:8.1f} ms", flush=True)
+            continue
+        worst = max(worst, ms)
+        print(f"{name:36s} {ms:8.1f} ms {'OK' if ms <= 300 else 'over 300 ms'}", flush=True)
+    print(f"slowest panel query: {worst:.1f} ms (target 300 ms)")
+    if not args.no_browser:
+        render_s = time_first_render(run_path)
+        print(f"first full render in Chromium: {render_s:.2f} s (target 3 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

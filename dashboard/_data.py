@@ -1,0 +1,100 @@
+"""Streamlit caching around the plain loaders: one Rollup per run (``cache_resource``), pulls in ``cache_data``.
+
+A pull is keyed by the run and the rollup's version, which changes only when new step segments
+arrive: a live refresh with nothing new re-runs no query, and one with new data reads only the new
+segments (see ``_rollup``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from ranksight.collectors import RunDirError
+
+from . import _queries
+from ._rollup import Rollup
+
+PULL_TTL_S = 30
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _rollup(run_path: str) -> Rollup:
+    return Rollup(run_path)
+
+
+def rollup(run_path: str) -> Rollup:
+    """The run's rollup, brought up to date with the segments written since the last call."""
+    r = _rollup(run_path)
+    r.refresh()
+    return r
+
+
+@st.cache_data(ttl=PULL_TTL_S, max_entries=256, show_spinner=False)
+def _pull(run_path: str, version: int, name: str, args: tuple, _rollup_obj: Rollup):
+    return getattr(_queries, name)(_rollup_obj.cursor(), *args)
+
+
+def pull(run_path: str, name: str, *args):
+    """Run ``_queries.<name>(cursor, *args)`` on the run, cached until new records arrive."""
+    r = rollup(run_path)
+    return _pull(run_path, r.version, name, args, r)
+
+
+def pull_pair(path_a: str, path_b: str, name: str, *args):
+    """Run ``_queries.<name>(cursor_a, cursor_b, *args)`` on two runs (the comparison)."""
+    a, b = rollup(path_a), rollup(path_b)
+    return getattr(_queries, name)(a.cursor(), b.cursor(), *args)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def runs(root: str) -> list[dict]:
+    """The runs under ``root`` with their live status (re-read every 2 s)."""
+    from ranksight.commands.runs import list_runs
+
+    return list_runs(root)
+
+
+@st.cache_data(ttl=PULL_TTL_S, max_entries=64, show_spinner=False)
+def _diagnosis(run_path: str, version: int) -> dict:
+    from ranksight.rules import diagnose
+
+    return diagnose(run_path)
+
+
+def diagnosis_available() -> bool:
+    """Whether the installed rules package provides ``diagnose``."""
+    try:
+        import ranksight.rules as rules
+    except Exception:
+        return False
+    return hasattr(rules, "diagnose")
+
+
+def diagnosis(run_path: str) -> dict | None:
+    """The rules' verdict on the run (None when this ranksight has no diagnosis yet)."""
+    if not diagnosis_available():
+        return None
+    return _diagnosis(run_path, rollup(run_path).version)
+
+
+def prometheus_snapshot(url: str) -> dict:
+    """Runs and the latest per-rank values from a Prometheus server (multi-node jobs)."""
+    from ranksight.collectors import PrometheusReader
+
+    reader = PrometheusReader(url, timeout_s=5.0)
+    runs_ = reader.runs()
+    return {"runs": runs_, "ranks": {r: reader.rank_snapshot(r) for r in runs_[:5]}, "at": time.time()}
+
+
+__all__ = [
+    "RunDirError",
+    "diagnosis",
+    "diagnosis_available",
+    "prometheus_snapshot",
+    "pull",
+    "pull_pair",
+    "rollup",
+    "runs",
+]

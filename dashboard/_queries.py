@@ -1,0 +1,288 @@
+"""Data loaders for the dashboard: plain functions over a cursor of a ``Rollup`` (see ``_rollup``).
+
+Step figures come from the ``rollup`` table (per rank and chunk of steps); compile events and samples
+from the spool views that ``ranksight.collectors.open_run`` defines on the same database. Each
+returns plain Python (dicts and lists) so it can be unit-tested without Streamlit and cached by
+``st.cache_data``. Column and sample names that end up inside SQL text come from the allow-lists
+below, never from the user; every value (steps, bins, names) is a bound parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ranksight.collectors import PHASES
+from ranksight.schema import SAMPLE_NAMES
+
+PHASE_LABELS = {
+    "data_wait_s": "data wait",
+    "h2d_s": "H2D copy",
+    "compute_s": "compute",
+    "comm_exposed_s": "exposed comm",
+    "optimizer_s": "optimizer",
+    "other_s": "other",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A heatmap metric: where it lives, how to label it, and which direction is bad."""
+
+    key: str
+    label: str
+    source: str  # "steps" (a column) or "samples" (a sample name)
+    unit: str  # "s", "ratio" or "bytes"
+    worse: str = "high"  # "high": larger values are worse (groups show their max), "low": the min
+
+
+HEATMAP_METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("step_s", "step time", "steps", "s"),
+        Metric("data_wait_s", "data wait", "steps", "s"),
+        Metric("comm_exposed_s", "exposed comm", "steps", "s"),
+        Metric("compute_s", "compute", "steps", "s"),
+        Metric("gpu_utilization_ratio", "GPU utilization (NVML)", "samples", "ratio", worse="low"),
+        Metric("memory_reserved_bytes", "memory reserved", "samples", "bytes"),
+        Metric("gpu_memory_used_bytes", "GPU memory used (NVML)", "samples", "bytes"),
+    )
+}
+
+#: Rank orders offered for heatmaps: the slowest or least-computing ranks come first.
+RANK_ORDERS = {
+    "mean step time (slowest first)": ("sum(step_sum) / sum(n)", "DESC"),
+    "mean compute (most first)": ("sum(compute_eff_sum) / sum(n)", "DESC"),
+    "mean data wait (most first)": ("sum(data_wait_sum) / sum(n)", "DESC"),
+    "rank id": ("rank", "ASC"),
+}
+
+FRAGMENTATION_SIGNALS = ("memory_fragmentation_ratio", "memory_alloc_retries_total", "memory_inactive_split_bytes")
+UTILIZATION_SIGNALS = ("gpu_utilization_ratio", "kernel_busy_ratio")
+
+
+def _rows(cur) -> list[dict]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def _check_metric(key: str) -> Metric:
+    if key not in HEATMAP_METRICS:
+        raise ValueError(f"unknown metric {key!r}; choose one of: {', '.join(HEATMAP_METRICS)}")
+    return HEATMAP_METRICS[key]
+
+
+# Rollup rows kept for averages: past warm-up, unless a rank has nothing else yet (as step_breakdown does).
+_KEPT = """kept AS (SELECT * FROM rollup WHERE NOT warm
+                      OR rank IN (SELECT rank FROM rollup GROUP BY rank HAVING bool_and(warm)))"""
+_SHARES = ", ".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
+
+
+def run_overview(con) -> dict:
+    """Ranks, steps, time span, mean step time and throughput (steps/s) of the whole job."""
+    cur = con.execute(
+        f"""
+        WITH {_KEPT}
+        SELECT (SELECT count(DISTINCT rank) FROM rollup) AS ranks, (SELECT max(step_max) + 1 FROM rollup) AS steps,
+               (SELECT min(t_min) FROM rollup) AS first_ns, (SELECT max(t_max) FROM rollup) AS last_ns,
+               sum(step_sum) / nullif(sum(n), 0) AS step_mean_s
+        FROM kept
+        """
+    )
+    row = _rows(cur)[0]
+    row["ranks"] = row["ranks"] or 0
+    mean = row["step_mean_s"]
+    # Ranks step in lock-step under DDP, so the job's step rate is one over the mean step time.
+    row["throughput_steps_s"] = 1.0 / mean if mean else None
+    return row
+
+
+def breakdown_per_rank(con) -> list[dict]:
+    """Per rank: steps, mean and worst step time, and each phase's share of step time.
+
+    Same definition as ``ranksight.collectors.step_breakdown`` (tests hold the two equal), computed
+    from the rollup so it stays fast at 1,024 ranks.
+    """
+    cur = con.execute(
+        f"""
+        WITH {_KEPT}
+        SELECT rank, any_value(node) AS node, sum(n) AS steps, sum(step_sum) / sum(n) AS step_mean_s,
+               max(step_max_s) AS step_max_s, sum(allreduce_sum) / nullif(sum(step_sum), 0) AS allreduce_share,
+               {_SHARES}, sum(h2d_n) > 0 AS h2d_measured
+        FROM kept GROUP BY rank ORDER BY rank
+        """
+    )
+    return _rows(cur)
+
+
+def breakdown_total(con) -> dict:
+    """Each phase's share of step time over all ranks, with the mean step time."""
+    cur = con.execute(
+        f"""
+        WITH {_KEPT}
+        SELECT coalesce(sum(n), 0) AS rows, sum(step_sum) / nullif(sum(n), 0) AS step_mean_s,
+               max(step_max_s) AS step_max_s, {_SHARES}, coalesce(sum(h2d_n), 0) > 0 AS h2d_measured
+        FROM kept
+        """
+    )
+    return _rows(cur)[0]
+
+
+def breakdown_over_time(con, bins: int = 60) -> list[dict]:
+    """Per time bin (seconds since the first step), each phase's share of step time over all ranks."""
+    cur = con.execute(
+        f"""
+        WITH span AS (SELECT min(t_min) AS t0, greatest(max(t_max) - min(t_min), 1) AS w FROM rollup),
+             binned AS (
+               SELECT least(CAST(floor((t_min - t0) * $bins / w) AS BIGINT), $bins - 1) AS bin, t0, *
+               FROM rollup, span)
+        SELECT bin, min(t_min - t0) / 1e9 AS t_s, sum(n) AS rows, sum(step_sum) / sum(n) AS step_mean_s, {_SHARES}
+        FROM binned GROUP BY bin ORDER BY bin
+        """,
+        {"bins": int(bins)},
+    )
+    return _rows(cur)
+
+
+def rank_order(con, order: str = "mean step time (slowest first)") -> list[int]:
+    """Every rank, sorted by one of ``RANK_ORDERS`` (worst first), for the heatmaps' rows."""
+    if order not in RANK_ORDERS:
+        raise ValueError(f"unknown rank order {order!r}; choose one of: {', '.join(RANK_ORDERS)}")
+    expr, direction = RANK_ORDERS[order]
+    sql = f"WITH {_KEPT} SELECT rank FROM kept GROUP BY rank ORDER BY {expr} {direction} NULLS LAST, rank"
+    return [r[0] for r in con.execute(sql).fetchall()]
+
+
+def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 128) -> dict:
+    """Rank x time-bin cells of one metric, rows in the order of ``ranks`` (see ``rank_order``).
+
+    Above ``max_rows`` ranks, neighbours in that order share a row that shows the worst value of its
+    members (max, or min for utilization), so one bad rank still stands out at 1,024 ranks. Returns
+    ``{"cells": [{"row", "label", "bin", "t_s", "value"}], "rows": [{"row", "label", "ranks"}], "group": k}``.
+    """
+    m = _check_metric(metric)
+    group = max(1, -(-len(ranks) // max(1, int(max_rows))))
+    if m.source == "steps":  # a mean per rank and bin, from the rollup's sums
+        values = f"SELECT rank, t_min AS time_ns, {m.key[:-2]}_sum AS s, n FROM rollup"
+        params: dict = {}
+    else:
+        values = "SELECT rank, time_ns, value AS s, 1 AS n FROM samples WHERE name = $name"
+        params = {"name": m.key}
+    worst = "max" if m.worse == "high" else "min"
+    sql = f"""
+        WITH vals AS ({values}),
+             span AS (SELECT min(time_ns) AS t0, greatest(max(time_ns) - min(time_ns), 1) AS w FROM vals),
+             per_rank AS (
+               SELECT rank, least(CAST(floor((time_ns - t0) * $bins / w) AS BIGINT), $bins - 1) AS bin,
+                      sum(s) / nullif(sum(n), 0) AS v
+               FROM vals, span GROUP BY ALL)
+        SELECT (list_position($order, rank) - 1) // $group AS row, bin,
+               bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
+        FROM per_rank, span WHERE list_contains($order, rank) AND v IS NOT NULL GROUP BY ALL ORDER BY row, bin
+    """
+    params.update({"bins": int(bins), "group": group, "order": [int(r) for r in ranks]})
+    cells = _rows(con.execute(sql, params))
+    rows = [
+        {"row": i, "label": _row_label(ranks[i * group : (i + 1) * group]), "ranks": ranks[i * group : (i + 1) * group]}
+        for i in range(-(-len(ranks) // group))
+    ]
+    for c in cells:
+        c["label"] = rows[c["row"]]["label"]
+    return {"cells": cells, "rows": rows, "group": group, "metric": m.key, "label": m.label, "unit": m.unit}
+
+
+def _row_label(ranks: list[int]) -> str:
+    """A heatmap row's name: its worst rank, and how many more share the row."""
+    return f"r{ranks[0]}" if len(ranks) == 1 else f"r{ranks[0]} +{len(ranks) - 1}"
+
+
+def rank_outliers(con, top: int = 10) -> list[dict]:
+    """Ranks with the least compute relative to the best (stragglers first).
+
+    Compute score = the fastest rank's compute time over this rank's (1.0 = as fast as the best); wall
+    step time is not used because all-reduce makes every rank wait for the slowest.
+    """
+    cur = con.execute(
+        f"""
+        WITH {_KEPT},
+             per_rank AS (
+               SELECT rank, any_value(node) AS node, sum(step_sum) / sum(n) AS step_mean_s,
+                      sum(compute_eff_sum) / sum(n) AS compute_mean_s, sum(data_wait_sum) / sum(n) AS data_wait_mean_s,
+                      sum(comm_exposed_sum) / sum(n) AS comm_exposed_mean_s
+               FROM kept GROUP BY rank)
+        SELECT *, min(compute_mean_s) OVER () / nullif(compute_mean_s, 0) AS compute_score
+        FROM per_rank ORDER BY compute_score ASC NULLS LAST, rank LIMIT ?
+        """,
+        [int(top)],
+    )
+    return _rows(cur)
+
+
+def compile_events(con) -> list[dict]:
+    """Graph breaks and recompiles grouped by reason: count, ranks, first and last step."""
+    cur = con.execute(
+        """
+        SELECT kind, coalesce(reason, '?') AS reason, sum(count) AS count, count(DISTINCT rank) AS ranks,
+               min(step) AS first_step, max(step) AS last_step, any_value(detail) AS detail
+        FROM compile GROUP BY ALL ORDER BY count DESC, kind, reason
+        """
+    )
+    return _rows(cur)
+
+
+def sample_series(con, names: tuple[str, ...], bins: int = 60) -> list[dict]:
+    """Per time bin and sample name: mean, min and max over ranks (absent names give no rows)."""
+    unknown = [n for n in names if n not in SAMPLE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown sample names: {', '.join(unknown)}")
+    cur = con.execute(
+        """
+        WITH vals AS (SELECT * FROM samples WHERE list_contains($names, name)),
+             span AS (SELECT min(time_ns) AS t0, greatest(max(time_ns) - min(time_ns), 1) AS w FROM vals)
+        SELECT name, least(CAST(floor((time_ns - t0) * $bins / w) AS BIGINT), $bins - 1) AS bin,
+               min(time_ns - t0) / 1e9 AS t_s, avg(value) AS mean, min(value) AS min, max(value) AS max
+        FROM vals, span GROUP BY ALL ORDER BY name, bin
+        """,
+        {"names": list(names), "bins": int(bins)},
+    )
+    return _rows(cur)
+
+
+def sample_per_rank(con, names: tuple[str, ...]) -> list[dict]:
+    """Per rank and sample name: the mean value (to set NVML utilization beside kernel-busy share)."""
+    cur = con.execute(
+        "SELECT rank, name, avg(value) AS mean FROM samples WHERE list_contains($names, name) "
+        "GROUP BY ALL ORDER BY rank, name",
+        {"names": list(names)},
+    )
+    return _rows(cur)
+
+
+def sample_names_present(con) -> list[str]:
+    """Sample names the run recorded (GPU signals are absent on a CPU job)."""
+    return [r[0] for r in con.execute("SELECT DISTINCT name FROM samples ORDER BY name").fetchall()]
+
+
+def compare_runs(con_a, con_b) -> list[dict]:
+    """Side by side: step time, throughput and each phase's share; delta = B - A (cursors on two rollups)."""
+    a, b = breakdown_total(con_a), breakdown_total(con_b)
+    rows = []
+
+    def add(name, va, vb, unit):
+        delta = None if va is None or vb is None else vb - va
+        rel = None if delta is None or not va else delta / va
+        rows.append({"metric": name, "a": va, "b": vb, "delta": delta, "relative": rel, "unit": unit})
+
+    add("worst step time", a["step_max_s"], b["step_max_s"], "s")
+    add("mean step time", a["step_mean_s"], b["step_mean_s"], "s")
+    thr = [1.0 / x["step_mean_s"] if x["step_mean_s"] else None for x in (a, b)]
+    add("throughput", thr[0], thr[1], "steps/s")
+    for p in PHASES:
+        add(f"{PHASE_LABELS[p]} share", a[f"{p[:-2]}_share"], b[f"{p[:-2]}_share"], "ratio")
+    return rows
+
+
+def findings_delta(diag_a: dict | None, diag_b: dict | None) -> dict:
+    """Which rule findings appeared in run B, cleared since run A, or stayed."""
+    ids_a = {f.get("rule") for f in (diag_a or {}).get("findings", [])}
+    ids_b = {f.get("rule") for f in (diag_b or {}).get("findings", [])}
+    return {"appeared": sorted(ids_b - ids_a), "cleared": sorted(ids_a - ids_b), "kept": sorted(ids_a & ids_b)}

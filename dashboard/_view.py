@@ -1,0 +1,211 @@
+"""Shared page pieces: the selected run, safe text, error guard, live panels and the charts.
+
+Text that comes from a run (run ids, job names, reasons, rule output) goes through ``md_escape`` or
+a plain-text element, so quotes, markdown or HTML in it are shown, never rendered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from . import _data
+from ._queries import PHASE_LABELS
+from ._source import Source
+
+NO_RUNS = "no runs yet: add `ranksight.init()` to your loop, or run `ranksight demo`"
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$&:])")
+
+
+def md_escape(text: object) -> str:
+    """Escape markdown and HTML so ``text`` shows literally inside st.markdown / headers."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page needs: the source, the runs found and the one selected."""
+
+    source: Source
+    runs: tuple[dict, ...]
+    run: dict | None
+
+    @property
+    def live(self) -> bool:
+        return bool(self.run and self.run["status"] == "live")
+
+    def other_runs(self) -> list[dict]:
+        return [r for r in self.runs if self.run is None or r["path"] != self.run["path"]]
+
+
+def context() -> Context:
+    """The Context the app script stored for this rerun."""
+    return st.session_state["_ranksight_ctx"]
+
+
+def run_label(run: dict) -> str:
+    """A run's name in pickers: a dot for live runs, then its id (plain text)."""
+    mark = {"live": "● live", "finished": "finished", "stopped": "stopped"}.get(run["status"], run["status"])
+    return f"{run['run']}  ({mark}, {run['ranks']} ranks, {run['steps']} steps)"
+
+
+@contextlib.contextmanager
+def guard(what: str):
+    """Show a one-line error instead of a traceback when a run cannot be read."""
+    import duckdb
+
+    try:
+        yield
+    except (_data.RunDirError, duckdb.Error, OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        st.error(f"cannot show {what}: {first}", icon="⚠️")
+
+
+def require_run(ctx: Context) -> bool:
+    """Say what to do when there is no run to show; True when there is one."""
+    if ctx.run is None:
+        st.info(NO_RUNS if not ctx.runs else "pick a run in the sidebar")
+        st.caption(f"reading runs from: {md_escape(ctx.source.root)}")
+        return False
+    return True
+
+
+def live_panel(ctx: Context, body, *args) -> None:
+    """Draw ``body(*args)`` as a fragment that refreshes itself while the run is live.
+
+    When the run stops being live the fragment asks for one full rerun, which draws it again
+    without ``run_every``: refreshing stops with the run.
+    """
+    was_live = ctx.live
+    path = ctx.run["path"] if ctx.run else None
+
+    @st.fragment(run_every=ctx.source.refresh_s if was_live else None)
+    def _panel():
+        if was_live and path:
+            still = next((r for r in _data.runs(ctx.source.root) if r["path"] == path), None)
+            if not still or still["status"] != "live":
+                _data.runs.clear()
+                st.rerun()
+        body(*args)
+
+    _panel()
+
+
+def pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f} %"
+
+
+def ms(x) -> str:
+    return "—" if x is None else f"{1000 * x:.1f} ms"
+
+
+def share_sentence(total: dict) -> str:
+    """'data wait 52.4 % · compute 40.4 % · ...', largest first; absent phases left out."""
+    parts = []
+    for key, label in PHASE_LABELS.items():
+        v = total.get(f"{key[:-2]}_share")
+        if v is not None and not (key == "h2d_s" and not total.get("h2d_measured")):
+            parts.append((v, label))
+    return " · ".join(f"{label} {pct(v)}" for v, label in sorted(parts, reverse=True))
+
+
+def shares_long(rows: list[dict], index: str) -> pd.DataFrame:
+    """Rows with ``<phase>_share`` columns -> long frame (index, phase, share) for stacked charts."""
+    recs = []
+    for r in rows:
+        for key, label in PHASE_LABELS.items():
+            v = r.get(f"{key[:-2]}_share")
+            if v is not None:
+                recs.append({index: r[index], "phase": label, "share": float(v)})
+    return pd.DataFrame(recs, columns=[index, "phase", "share"])
+
+
+_PHASE_ORDER = list(PHASE_LABELS.values())
+_PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
+
+
+def stacked_by_rank(rows: list[dict]) -> alt.Chart:
+    df = shares_long(rows, "rank")
+    x = alt.X("rank:O", title="rank") if len(rows) <= 64 else alt.X("rank:Q", title="rank")
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=x,
+            y=alt.Y("share:Q", stack="zero", title="share of step time", axis=alt.Axis(format="%")),
+            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=alt.Scale(domain=_PHASE_ORDER, range=_PHASE_COLORS)),
+            order=alt.Order("phase_order:Q"),
+            tooltip=["rank", "phase", alt.Tooltip("share:Q", format=".1%")],
+        )
+        .transform_calculate(phase_order=f"indexof({_PHASE_ORDER!r}, datum.phase)")
+        .properties(height=320)
+    )
+
+
+def stacked_over_time(rows: list[dict]) -> alt.Chart:
+    df = shares_long(rows, "t_s")
+    return (
+        alt.Chart(df)
+        .mark_area()
+        .encode(
+            x=alt.X("t_s:Q", title="seconds since the first step"),
+            y=alt.Y("share:Q", stack="normalize", title="share of step time", axis=alt.Axis(format="%")),
+            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=alt.Scale(domain=_PHASE_ORDER, range=_PHASE_COLORS)),
+            order=alt.Order("phase_order:Q"),
+            tooltip=[alt.Tooltip("t_s:Q", format=".1f"), "phase", alt.Tooltip("share:Q", format=".1%")],
+        )
+        .transform_calculate(phase_order=f"indexof({_PHASE_ORDER!r}, datum.phase)")
+        .properties(height=260)
+    )
+
+
+def heatmap_chart(hm: dict) -> alt.Chart:
+    df = pd.DataFrame(hm["cells"], columns=["row", "bin", "t_s", "value", "label"])
+    fmt = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}[hm["unit"]]
+    scheme = alt.Scale(scheme="orangered", reverse=hm["metric"] == "gpu_utilization_ratio")
+    rows = max(1, len(hm["rows"]))
+    return (
+        alt.Chart(df)
+        .mark_rect()
+        .encode(
+            x=alt.X("bin:O", title="time bin", axis=alt.Axis(labels=False, ticks=False)),
+            y=alt.Y(
+                "label:N",
+                sort=alt.EncodingSortField(field="row", op="min"),
+                title="rank (worst first)",
+                axis=alt.Axis(labelOverlap=True),
+            ),
+            color=alt.Color("value:Q", scale=scheme, title=hm["unit"], legend=alt.Legend(format=fmt)),
+            tooltip=["label", alt.Tooltip("t_s:Q", title="from s", format=".1f"), alt.Tooltip("value:Q", format=fmt)],
+        )
+        .properties(height=min(640, max(120, 6 * rows + 40)))
+    )
+
+
+def series_chart(rows: list[dict]) -> alt.Chart:
+    df = pd.DataFrame(rows, columns=["name", "bin", "t_s", "mean", "min", "max"])
+    base = alt.Chart(df).encode(x=alt.X("t_s:Q", title="seconds since the first sample"))
+    band = base.mark_area(opacity=0.25).encode(y="min:Q", y2="max:Q", color="name:N")
+    line = base.mark_line().encode(y=alt.Y("mean:Q", title="mean over ranks (band: min-max)"), color="name:N")
+    return (band + line).facet(row=alt.Row("name:N", title=None)).resolve_scale(y="independent")
+
+
+def util_chart(rows: list[dict]) -> alt.Chart:
+    df = pd.DataFrame(rows, columns=["rank", "name", "mean"])
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=alt.X("rank:O"),
+            xOffset="name:N",
+            y=alt.Y("mean:Q", title="mean ratio", axis=alt.Axis(format="%")),
+            color="name:N",
+            tooltip=["rank", "name", alt.Tooltip("mean:Q", format=".1%")],
+        )
+        .properties(height=260)
+    )

@@ -1,0 +1,58 @@
+"""Per-rank heatmaps: rank x time for each metric, worst ranks first; stragglers listed below."""
+
+import streamlit as st
+
+from ranksight.dashboard import _data
+from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS
+from ranksight.dashboard._view import context, guard, heatmap_chart, live_panel, ms, require_run
+
+ctx = context()
+st.title("Per-rank heatmaps")
+
+
+def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
+    m = HEATMAP_METRICS[metric]
+    with guard(m.label):
+        ranks = _data.pull(path, "rank_order", order)
+        hm = _data.pull(path, "heatmap", metric, ranks, bins, max_rows)
+        st.subheader(m.label)
+        if not hm["cells"]:
+            st.caption(f"{m.label}: not recorded on this run (GPU signals are absent on a CPU job or without NVML)")
+            return
+        if hm["group"] > 1:
+            st.caption(f"{len(ranks)} ranks, {hm['group']} per row (each row shows its worst member)")
+        st.altair_chart(heatmap_chart(hm), width="stretch")
+
+
+def outliers(path: str) -> None:
+    with guard("the straggler table"):
+        rows = _data.pull(path, "rank_outliers", 10)
+        st.subheader("Least compute-efficient ranks")
+        st.caption("compute score = fastest rank's compute time / this rank's (1.0 = as fast as the best)")
+        st.dataframe(
+            [
+                {
+                    "rank": r["rank"],
+                    "node": r["node"],
+                    "compute score": round(r["compute_score"] or 0, 3),
+                    "mean compute": ms(r["compute_mean_s"]),
+                    "mean step": ms(r["step_mean_s"]),
+                    "mean data wait": ms(r["data_wait_mean_s"]),
+                    "mean exposed comm": ms(r["comm_exposed_mean_s"]),
+                }
+                for r in rows
+            ],
+            hide_index=True,
+            width="stretch",
+        )
+
+
+if require_run(ctx):
+    st.text(f"run: {ctx.run['run']}")
+    c = st.columns(3)
+    order = c[0].selectbox("sort ranks by", list(RANK_ORDERS))
+    bins = c[1].slider("time bins", 10, 120, 60, step=10)
+    max_rows = c[2].slider("rows at most (ranks are grouped above)", 16, 256, 128, step=16)
+    live_panel(ctx, outliers, ctx.run["path"])
+    for key in HEATMAP_METRICS:
+        live_panel(ctx, panel, ctx.run["path"], key, order, bins, max_rows)

@@ -1,0 +1,74 @@
+"""Verdict first: the rules' findings (root cause first) with evidence, ranks and the fix; the checklist."""
+
+import streamlit as st
+
+from ranksight.dashboard import _data
+from ranksight.dashboard._view import context, guard, live_panel, md_escape, require_run, share_sentence
+
+_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+ctx = context()
+st.title("Verdict")
+
+
+def verdict(path: str) -> None:
+    with guard("the step breakdown"):
+        total = _data.pull(path, "breakdown_total")
+        if total["rows"]:
+            st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
+        else:
+            st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
+    with guard("the diagnosis"):
+        diag = _data.diagnosis(path)
+        if diag is None:
+            st.warning("diagnosis not available: this ranksight has no `ranksight.rules.diagnose` yet")
+            return
+        findings = diag.get("findings", [])
+        if not findings:
+            st.success("no findings: nothing in this run crosses a rule's threshold")
+        for i, f in enumerate(findings):
+            with st.container(border=True):
+                icon = _ICONS.get(f.get("severity"), "⚪")
+                st.markdown(f"#### {icon} {i + 1}. {md_escape(f.get('rule', '?'))}")
+                st.caption(
+                    f"{md_escape(f.get('axis', '?'))} · {md_escape(f.get('severity', '?'))} · "
+                    f"confidence {float(f.get('confidence') or 0):.0%} · ranks "
+                    f"{md_escape(_ranks(f.get('ranks') or []))}"
+                )
+                st.text(f.get("summary", ""))
+                evidence = f.get("evidence") or {}
+                if evidence:
+                    st.table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()])
+                fix = f.get("fix") or {}
+                if fix.get("text"):
+                    st.markdown(f"**Fix:** {md_escape(fix['text'])}")
+                if fix.get("snippet"):
+                    st.code(fix["snippet"], language="python")
+        checklist = diag.get("checklist", [])
+        if checklist:
+            st.subheader("Checklist")
+            st.table(
+                [
+                    {
+                        "status": c.get("status"),
+                        "item": c.get("item"),
+                        "group": c.get("group"),
+                        "value": _fmt(c.get("value")),
+                    }
+                    for c in checklist
+                ]
+            )
+
+
+def _ranks(ranks: list) -> str:
+    return (
+        "all" if not ranks else ", ".join(map(str, ranks[:16])) + (f" (+{len(ranks) - 16})" if len(ranks) > 16 else "")
+    )
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+if require_run(ctx):
+    st.text(f"run: {ctx.run['run']}")
+    live_panel(ctx, verdict, ctx.run["path"])

@@ -1,0 +1,83 @@
+"""``ranksight dashboard [RUN_DIR_OR_ROOT]``: serve the Streamlit dashboard (loopback by default)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from ranksight.cli import UserError
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "dashboard",
+        help="open the live dashboard on a run or a folder of runs",
+        description="Serve the ranksight dashboard (Streamlit) on a run folder or a folder of runs.",
+    )
+    p.add_argument(
+        "path", nargs="?", default="ranksight-runs", help="a run, or a folder of runs (default ranksight-runs)"
+    )
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--prometheus", default="", metavar="URL", help="also read a Prometheus server (multi-node jobs)")
+    p.add_argument("--refresh", type=float, default=2.0, help="seconds between live refreshes (default 2)")
+    return p
+
+
+def start(
+    path: str,
+    port: int = 8501,
+    host: str = "127.0.0.1",
+    prometheus: str = "",
+    refresh_s: float = 2.0,
+    quiet: bool = False,
+) -> subprocess.Popen:
+    """Start the dashboard server in the background and return its process."""
+    from ranksight.dashboard import serve_command, serve_env
+
+    try:
+        import streamlit  # noqa: F401
+    except ImportError:
+        raise UserError(
+            "the dashboard needs streamlit: pip install ranksight (or pip install streamlit altair)"
+        ) from None
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port must be in 1..65535, got {port}")
+    _check_port(host, port)
+    out = subprocess.DEVNULL if quiet else None  # Streamlit's banner; its errors still reach stderr
+    return subprocess.Popen(serve_command(port, host), env=serve_env(path, prometheus, refresh_s), stdout=out)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail with one line (not Streamlit's traceback) when the port is taken."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"cannot serve on {host}:{port}: {exc.strerror or exc} (pick another --port)") from None
+
+
+def url(host: str, port: int) -> str:
+    """The address to open in a browser."""
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+
+
+def run(args) -> int:
+    if os.path.exists(args.path) and not os.path.isdir(args.path):
+        raise UserError(f"{args.path}: not a directory")
+    if not os.path.isdir(args.path):
+        print(f"{args.path} does not exist yet: the dashboard will show runs once a job writes there", file=sys.stderr)
+    proc = start(args.path, args.port, args.host, args.prometheus, args.refresh, quiet=True)
+    print(
+        f"ranksight dashboard: {url(args.host, args.port)}  (reading {os.path.abspath(args.path)}; Ctrl-C stops)",
+        flush=True,
+    )
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return 0
