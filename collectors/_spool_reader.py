@@ -1,6 +1,6 @@
 """Query a run directory's spool with DuckDB while ranks are still writing it.
 
-Each record kind becomes a view over ``<run>/<kind>/*.parquet``. Segments appear by atomic rename,
+Each record kind becomes a view over ``<run>/<kind>/[!.]*.parquet``. Segments appear by atomic rename,
 so a query sees whole files only; temporary files start with a dot and never match the glob. Views
 are read-only and take no lock, so any number of readers run beside the writers.
 """
@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from ranksight.schema import _DUCKDB_TYPES as DUCKDB_TYPES
 from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, column_names, duckdb_columns
 
 
@@ -65,8 +66,12 @@ def check_run_dir(run_path: str) -> None:
 
 
 def segment_glob(run_path: str, kind: str) -> str:
-    """The glob of a record kind's spool segments."""
-    return os.path.join(run_path, kind, f"*{SPOOL_SUFFIX}")
+    """The glob of a record kind's finished spool segments.
+
+    ``[!.]`` matters: DuckDB's glob, unlike Python's, matches dot-files, and a segment being written
+    is ``.tmp-<name>.parquet`` -- reading it would fail on a half-written footer.
+    """
+    return os.path.join(run_path, kind, f"[!.]*{SPOOL_SUFFIX}")
 
 
 _STORE_ALIAS = "ranksight_store"
@@ -91,13 +96,12 @@ def open_run(run_path: str, con=None):
     ingested = ingested_segments(con, _STORE_ALIAS) if has_store else {}
     for kind in KINDS:
         pattern = segment_glob(run_path, kind)
-        cols = ", ".join(column_names(kind))
         parts = []
         if has_store:
-            parts.append(f"SELECT {cols} FROM {_STORE_ALIAS}.{kind}")
+            parts.append(f"SELECT {', '.join(column_names(kind))} FROM {_STORE_ALIAS}.{kind}")
         if glob.glob(pattern):
-            # union_by_name: segments from an older agent may lack newer (nullable) columns.
-            spool = f"SELECT {cols} FROM read_parquet({_sql_literal(pattern)}, union_by_name=true, filename=true)"
+            source = f"read_parquet({_sql_literal(pattern)}, union_by_name=true, filename=true)"
+            spool = f"SELECT {select_list(con, source, kind)} FROM {source}"
             if ingested.get(kind):
                 # Constants, not a subquery: the attached store is fixed for this connection, and a
                 # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
@@ -110,6 +114,18 @@ def open_run(run_path: str, con=None):
         else:
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     return con
+
+
+def select_list(con, source: str, kind: str, params: list | None = None) -> str:
+    """The schema's columns of ``kind`` from ``source``, in order, with NULLs for columns it lacks.
+
+    Segments written by an older agent may lack newer (nullable) columns; union_by_name fills them
+    with NULL only when some file has them, so a column no file has yet is typed here explicitly.
+    """
+    present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}", params or []).fetchall()}
+    return ", ".join(
+        c.name if c.name in present else f"CAST(NULL AS {DUCKDB_TYPES[c.type]}) AS {c.name}" for c in KINDS[kind]
+    )
 
 
 def _drop(con, name: str) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ranksight.schema import KINDS, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, column_names, duckdb_columns
 
-from ._spool_reader import RunDirError, check_run_dir, segment_glob
+from ._spool_reader import RunDirError, check_run_dir, segment_glob, select_list
 
 STORE_NAME = "store.duckdb"
 LOCK_NAME = ".store.lock"
@@ -111,8 +111,10 @@ def ingest(run_path: str) -> IngestResult:
                     "SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]
                 ).fetchall()
                 counts = dict(per_file)
+                source = "read_parquet(?, union_by_name=true)"
                 con.execute(
-                    f"INSERT INTO {kind} ({cols}) SELECT {cols} FROM read_parquet(?, union_by_name=true)", [files]
+                    f"INSERT INTO {kind} ({cols}) SELECT {select_list(con, source, kind, [files])} FROM {source}",
+                    [files],
                 )
                 now = time.time_ns()
                 con.executemany(
