@@ -1,11 +1,15 @@
 """Get the records of all ranks into one queryable place (DuckDB), live and after a crash."""
 
+from ._features import FEATURES, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PHASES, step_breakdown
 from ._spool_reader import RankMeta, RunDirError, check_run_dir, open_run, read_rank_meta, segment_glob
 from ._store import IngestResult, ingest, store_path
 
 __all__ = [
+    "FEATURES",
+    "compute_features",
+    "run_features",
     "PHASES",
     "step_breakdown",
     "IngestResult",

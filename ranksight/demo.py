@@ -9,6 +9,16 @@ GPU). Each fault is a realistic mistake, planted the way users make it:
 - ``straggler``: the last rank does several times the compute (the others wait in all-reduce).
 - ``graph-break``: a compiled model with a data-dependent branch and changing batch shapes.
 - ``unused-params``: ``find_unused_parameters=True`` on a model that uses every parameter.
+
+GPU-only faults (their code paths only run on CUDA; on a CPU machine the demo refuses them):
+
+- ``pageable``: wide batches copied from pageable memory (``pin_memory=False``) to a small model.
+- ``cpu-op``: a tensor created on the CPU inside forward every step (``torch.randn`` without ``device=``).
+- ``host-sync``: per-batch normalisation with ``.item()`` on GPU tensors before forward.
+- ``fragmentation``: scratch tensors of random sizes, every other one kept alive for a while.
+
+On one GPU with several ranks, every rank shares it and gloo carries the all-reduce (NCCL refuses two
+ranks on one device); with a GPU per rank NCCL is used.
 """
 
 from __future__ import annotations
@@ -19,7 +29,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
+CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
+GPU_FAULTS = ("pageable", "cpu-op", "host-sync", "fragmentation")
+FAULTS = CPU_FAULTS + GPU_FAULTS
+DDP_STATS_EVERY_STEPS = 10  # read DDP's logging data (unused parameters) often: demo runs are short
 
 
 @dataclass
@@ -48,6 +61,20 @@ class DemoConfig:
             self.run_id = f"{self.job}-{self.fault}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
+class NeedsGPUError(RuntimeError):
+    """The fault plants a GPU-only mistake and this machine has no CUDA device."""
+
+
+def check_device(cfg: DemoConfig) -> None:
+    """Raise NeedsGPUError when the fault needs a GPU and torch sees none."""
+    import torch
+
+    if cfg.fault in GPU_FAULTS and not torch.cuda.is_available():
+        raise NeedsGPUError(
+            f"fault {cfg.fault!r} needs a GPU (CUDA) and torch sees none; CPU faults: {', '.join(CPU_FAULTS)}"
+        )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,17 +87,20 @@ def _build(cfg: DemoConfig, rank: int, device):
     from torch import nn
 
     # Healthy shape: enough compute per step that 2 CPU ranks are not all-reduce bound.
-    width, depth, batch, n_items, item_sleep_s = 128, 3, 8192, 65536, 0.0
+    width, depth, batch, n_items, in_features, item_sleep_s = 128, 3, 8192, 65536, 32, 0.0
+    pin_memory = device.type == "cuda"  # the healthy way to feed a GPU
     if cfg.fault == "input":
         item_sleep_s = 0.00001  # 10 us per item: ~80 ms per 8192-item batch
     if cfg.fault == "sync":
         width, depth, batch = 1536, 6, 4
-    slow_factor = 6 if cfg.fault == "straggler" and rank == cfg.ranks - 1 else 1
+    if cfg.fault == "pageable":
+        in_features, n_items, pin_memory = 4096, 16384, False  # 64 MiB batches from pageable memory
+    slow_factor = 4 if cfg.fault == "straggler" and rank == cfg.ranks - 1 else 1
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.inp = nn.Linear(32, width)
+            self.inp = nn.Linear(in_features, width)
             self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
             self.out = nn.Linear(width, 1)
 
@@ -80,6 +110,11 @@ def _build(cfg: DemoConfig, rank: int, device):
                 h = torch.relu(layer(h))
                 for _ in range(slow_factor - 1):  # the straggler's extra work, same result
                     h = h + 0.0 * torch.relu(layer(h))
+            if cfg.fault == "cpu-op":
+                # The mistake: no device= here, so the noise is drawn on the CPU every step, then copied.
+                noise = torch.randn(h.shape[0], h.shape[1]) * 1e-3
+                noise = torch.tanh(noise) + noise.abs().sqrt() * 0.0
+                h = h + noise.to(h.device)
             if cfg.fault == "graph-break" and h.abs().max() > 1e6:  # data-dependent branch: a graph break
                 h = h.clamp(-1e6, 1e6)
             return self.out(h)
@@ -87,8 +122,8 @@ def _build(cfg: DemoConfig, rank: int, device):
     class Synthetic(torch.utils.data.Dataset):
         def __init__(self) -> None:
             g = torch.Generator().manual_seed(rank)  # shuffled once here, so batches are cheap slices
-            self.x = torch.randn(n_items, 32, generator=g)
-            self.y = self.x.sum(dim=1, keepdim=True) * 0.1
+            self.x = torch.randn(n_items, in_features, generator=g)
+            self.y = self.x[:, :32].sum(dim=1, keepdim=True) * 0.1
 
         def __len__(self) -> int:
             return n_items
@@ -101,8 +136,52 @@ def _build(cfg: DemoConfig, rank: int, device):
 
     model = Net().to(device)
     sampler = torch.utils.data.BatchSampler(range(n_items), batch, drop_last=False)
-    loader = torch.utils.data.DataLoader(Synthetic(), sampler=sampler, batch_size=None, num_workers=0)
+    loader = torch.utils.data.DataLoader(
+        Synthetic(), sampler=sampler, batch_size=None, num_workers=0, pin_memory=pin_memory
+    )
     return model, loader, nn.MSELoss()
+
+
+def _host_sync_normalise(x):
+    """The host-sync fault: per-batch statistics read back with .item(), each one a device sync."""
+    scale = x.abs().max().item()
+    mean = x.mean().item()
+    std = x.std().item()
+    nonzero = int((x != 0).sum().item())
+    return (x - mean) / (std + 1e-6) / max(scale, 1e-6) * (nonzero > 0)
+
+
+class _Fragmenter:
+    """The fragmentation fault: scratch buffers of random sizes (1-10 MiB, the allocator's 20 MiB
+    segments), every other one kept alive for a while, so freed blocks leave holes segments cannot
+    return or reuse for the next, differently sized, request."""
+
+    def __init__(self, device, seed: int) -> None:
+        import collections
+        import random
+
+        self._device, self._rng = device, random.Random(seed)
+        self._kept = collections.deque(maxlen=96)
+
+    def step(self) -> None:
+        import torch
+
+        for i in range(12):
+            n = self._rng.randrange(256 * 1024, 10 * 256 * 1024)  # float32 elements: 1-10 MiB
+            t = torch.empty(n, device=self._device)
+            if i % 2:
+                self._kept.append(t)
+
+
+def _device_and_backend(cfg: DemoConfig, rank: int):
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), "gloo"
+    count = torch.cuda.device_count()
+    device = torch.device(f"cuda:{rank % count}")
+    # NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors (through host memory) instead.
+    return device, "nccl" if count >= cfg.ranks else "gloo"
 
 
 def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
@@ -123,14 +202,18 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
     import ranksight
 
     torch.set_num_threads(1)
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= cfg.ranks
-    device = torch.device(f"cuda:{rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
+    device, backend = _device_and_backend(cfg, rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=cfg.ranks)
+    dist.init_process_group(backend, rank=rank, world_size=cfg.ranks)
     torch.manual_seed(0)
 
-    mon = ranksight.init(run_dir=cfg.run_dir, job=cfg.job, flush_interval_s=cfg.flush_interval_s)
+    mon = ranksight.init(
+        run_dir=cfg.run_dir,
+        job=cfg.job,
+        flush_interval_s=cfg.flush_interval_s,
+        ddp_stats_every_steps=DDP_STATS_EVERY_STEPS,
+    )
     model, loader, loss_fn = _build(cfg, rank, device)
     if cfg.ranks > 1:
         # The sync fault also makes one huge bucket: nothing overlaps with backward (a real misconfiguration).
@@ -140,6 +223,9 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         model = torch.compile(model, backend="eager", dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     mon.watch(model, optimizer=opt)
+    fragmenter = _Fragmenter(device, rank) if cfg.fault == "fragmentation" else None
+    # Healthy GPU runs copy from pinned memory asynchronously; the pageable fault's copy cannot be.
+    non_blocking = device.type == "cuda"
 
     step = 0
     while step < cfg.steps:
@@ -147,7 +233,11 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
             if cfg.fault == "graph-break" and step % 10 == 9:
                 x, y = x[: 8 + step % 7], y[: 8 + step % 7]  # ragged batches: recompiles
             with mon.step():
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+                if cfg.fault == "host-sync":
+                    x = _host_sync_normalise(x)
+                if fragmenter is not None:
+                    fragmenter.step()
                 loss = loss_fn(model(x), y)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -158,6 +248,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
                 os.kill(os.getpid(), 9)
             if step >= cfg.steps:
                 break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     mon.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -167,6 +259,7 @@ def run_demo(cfg: DemoConfig) -> str:
     """Run the job to completion and return the run's folder."""
     import torch.multiprocessing as mp
 
+    check_device(cfg)
     port = _free_port()
     if cfg.ranks == 1:
         _worker(0, cfg, port)

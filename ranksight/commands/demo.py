@@ -29,17 +29,26 @@ def run(args) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("the demo trains a real model and needs torch: pip install torch") from None
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.demo import DemoConfig, NeedsGPUError, check_device, run_demo
 
+    from .diagnose import diagnose_or_fail, render_checklist, render_findings
     from .summary import render_breakdown
 
     try:
         cfg = DemoConfig(fault=args.fault, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir, run_id=args.run_id)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    try:
+        check_device(cfg)
+    except NeedsGPUError as exc:
+        raise UserError(str(exc)) from None
     print(f"ranksight demo: {cfg.ranks} ranks, {cfg.steps} steps, fault={cfg.fault} ...", flush=True)
     path = run_demo(cfg)
     print(f"\nrun: {path}\n")
     print(render_breakdown(path))
+    result = diagnose_or_fail(path)
+    print("\nDiagnosis:\n" + render_findings(result))
+    print("\nChecklist (worst rank):\n" + render_checklist(result))
     print(f"\nrecords: {os.path.abspath(path)}")
+    print(f"details: ranksight diagnose {path}   |   dashboard: ranksight dashboard {os.path.dirname(path) or '.'}")
     return 0

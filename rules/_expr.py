@@ -1,0 +1,146 @@
+"""A small, safe expression language for rule conditions (no ``eval``).
+
+Expressions are parsed with Python's own grammar (``ast.parse(mode="eval")``) and then walked by
+this module, which accepts only: numbers, ``true``/``false``, feature names, ``+ - * /``, comparisons,
+``and or not``, and the functions ``min max abs``. Anything else (attributes, subscripts, lambdas,
+other calls) is rejected when the rule file is loaded, so a rule file cannot run code.
+
+A feature that is absent (None: a GPU signal on a CPU job, a figure not recorded yet) makes the
+whole expression unknown, so a rule never fires on missing data. Division by zero is unknown too.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from dataclasses import dataclass, field
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_FUNCS = {"min": min, "max": max, "abs": abs}
+_CONSTS = {"true": True, "false": False, "True": True, "False": False}
+
+
+class ExprError(ValueError):
+    """An expression uses syntax or names the language does not allow."""
+
+
+class Unknown(Exception):
+    """Raised inside evaluation when a referenced feature is absent; the result is unknown."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A parsed expression and the feature names it reads."""
+
+    text: str
+    tree: ast.AST = field(repr=False, compare=False)
+    names: frozenset
+
+
+def parse(text) -> Expr:
+    """Parse and check an expression; raise ExprError naming the first construct that is not allowed."""
+    if isinstance(text, bool) or isinstance(text, (int, float)):
+        text = str(text).lower() if isinstance(text, bool) else repr(text)
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError("expected a non-empty expression")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(f"syntax error in {text!r}: {exc.msg}") from None
+    names: set[str] = set()
+    _check(tree.body, names)
+    return Expr(text.strip(), tree.body, frozenset(names))
+
+
+def _check(node: ast.AST, names: set[str]) -> None:
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise ExprError(f"only numbers are allowed as constants, got {node.value!r}")
+    elif isinstance(node, ast.Name):
+        if node.id not in _CONSTS:
+            names.add(node.id)
+    elif isinstance(node, ast.BinOp):
+        if type(node.op) not in _BINOPS:
+            raise ExprError(f"operator {type(node.op).__name__} is not allowed (use + - * /)")
+        _check(node.left, names)
+        _check(node.right, names)
+    elif isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, (ast.USub, ast.Not)):
+            raise ExprError(f"unary operator {type(node.op).__name__} is not allowed")
+        _check(node.operand, names)
+    elif isinstance(node, ast.BoolOp):
+        for value in node.values:
+            _check(value, names)
+    elif isinstance(node, ast.Compare):
+        for op in node.ops:
+            if type(op) not in _CMPOPS:
+                raise ExprError(f"comparison {type(op).__name__} is not allowed")
+        _check(node.left, names)
+        for comparator in node.comparators:
+            _check(comparator, names)
+    elif isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS:
+            raise ExprError(f"only the functions {', '.join(sorted(_FUNCS))} may be called")
+        if node.keywords or not node.args:
+            raise ExprError(f"{node.func.id}() takes one or more positional arguments")
+        for arg in node.args:
+            _check(arg, names)
+    else:
+        raise ExprError(f"{type(node).__name__} is not allowed in a rule expression")
+
+
+def evaluate(expr: Expr, env: dict):
+    """Return the expression's value over ``env`` (feature name -> number), or None when unknown."""
+    try:
+        return _eval(expr.tree, env)
+    except Unknown:
+        return None
+
+
+def _eval(node: ast.AST, env: dict):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in _CONSTS:
+            return _CONSTS[node.id]
+        value = env.get(node.id)
+        if value is None:
+            raise Unknown(node.id)
+        return value
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise Unknown("division by zero")
+        return _BINOPS[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        return -value if isinstance(node.op, ast.USub) else not value
+    if isinstance(node, ast.BoolOp):
+        # Short-circuit like Python, so `has_gpu and gpu_thing > 0` is false (not unknown) on a CPU job.
+        is_and = isinstance(node.op, ast.And)
+        for value_node in node.values:
+            value = bool(_eval(value_node, env))
+            if is_and and not value:
+                return False
+            if not is_and and value:
+                return True
+        return is_and
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = _eval(comparator, env)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Call):
+        return _FUNCS[node.func.id](*(_eval(arg, env) for arg in node.args))
+    raise Unknown(type(node).__name__)  # unreachable for parsed expressions

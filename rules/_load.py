@@ -1,0 +1,419 @@
+"""Read rule files (YAML) and check them against the rule schema, reporting every error at once.
+
+The YAML is composed into nodes (not plain objects) so that each error can say ``file:line``, the
+way promtool does for Prometheus rule files. Loading does file I/O; everything after it is pure.
+The format is described in docs/rules.md.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import string
+from dataclasses import dataclass, field
+
+import yaml
+
+from ranksight.collectors import FEATURES
+
+from ._expr import Expr, ExprError, parse
+
+AXES = ("data_pipeline", "sync", "parallelism")
+SEVERITIES = ("info", "warning", "critical")
+GROUPS = ("graph capture", "memory planning", "kernels")
+COMPARES = (">=", "<=")
+_ID = re.compile(r"^[a-z][a-z0-9-]*$")
+_DURATION = re.compile(r"^[0-9]+[smhd]$")
+_RULE_KEYS = {
+    "id", "axis", "title", "when", "value", "compare", "levels", "severity", "confidence", "evidence",
+    "summary", "fix", "explains", "priority", "prometheus",
+}  # fmt: skip
+_ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
+
+
+class RuleError(ValueError):
+    """One or more rule files are invalid; the message lists every error as ``file:line: what``."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__(f"{len(errors)} error(s) in rule files:\n" + "\n".join(f"  {e}" for e in errors))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One diagnosis rule: when it fires, how bad it is, what to say and what to change."""
+
+    id: str
+    axis: str
+    title: str
+    summary: str
+    fix_text: str
+    fix_snippet: str
+    when: Expr | None = None
+    value: Expr | None = None
+    compare: str = ">="
+    levels: tuple = ()  # ((severity, threshold), ...) from the least to the most severe
+    severity: str | None = None  # fixed severity, for rules without levels
+    confidence: float = 1.0
+    evidence: tuple = ()
+    explains: tuple = ()
+    priority: int = 0
+    prometheus: dict | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ChecklistItem:
+    """One line of the tuning checklist: pass, warn, fail or n/a."""
+
+    item: str
+    group: str
+    value: Expr
+    compare: str
+    warn: float
+    fail: float
+    when: Expr | None = None
+    source: str = ""
+
+
+@dataclass
+class RuleSet:
+    """Rules and checklist items from one or more files."""
+
+    rules: list[Rule] = field(default_factory=list)
+    checklist: list[ChecklistItem] = field(default_factory=list)
+
+
+def builtin_dir() -> str:
+    """The folder of rule files shipped with ranksight."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin")
+
+
+def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> RuleSet:
+    """Load the built-in rules plus every ``*.yaml``/``*.yml`` in ``rules_dir``; raise RuleError listing all errors.
+
+    A user rule with the id of a built-in one replaces it (so thresholds can be tuned per cluster).
+    """
+    paths = sorted(glob.glob(os.path.join(builtin_dir(), "*.yaml"))) if include_builtin else []
+    if rules_dir is not None:
+        if not os.path.isdir(rules_dir):
+            raise RuleError([f"{rules_dir}: not a directory"])
+        user = sorted(glob.glob(os.path.join(rules_dir, "*.yaml")) + glob.glob(os.path.join(rules_dir, "*.yml")))
+        if not user:
+            raise RuleError([f"{rules_dir}: no *.yaml rule files"])
+        paths += user
+    errors: list[str] = []
+    merged = RuleSet()
+    by_id: dict[str, int] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            errors.append(f"{path}: cannot read ({exc.strerror})")
+            continue
+        part = parse_rules(text, path, errors)
+        for rule in part.rules:
+            if rule.id in by_id:
+                merged.rules[by_id[rule.id]] = rule
+            else:
+                by_id[rule.id] = len(merged.rules)
+                merged.rules.append(rule)
+        merged.checklist.extend(part.checklist)
+    ids = {r.id for r in merged.rules}
+    for rule in merged.rules:
+        for other in rule.explains:
+            if other not in ids:
+                errors.append(f"{rule.source}: rule {rule.id!r} explains unknown rule {other!r}")
+    if errors:
+        raise RuleError(errors)
+    return merged
+
+
+def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = None) -> RuleSet:
+    """Parse one rule file's text; append errors (``path:line: message``) to ``errors`` or raise RuleError."""
+    own = errors is None
+    errors = [] if own else errors
+    out = RuleSet()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        errors.append(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
+        root = None
+    if root is not None:
+        _Checker(path, errors, out).file(root)
+    if own and errors:
+        raise RuleError(errors)
+    return out
+
+
+class _Checker:
+    """Walk the composed YAML nodes, collecting errors with line numbers and building rules."""
+
+    def __init__(self, path: str, errors: list[str], out: RuleSet) -> None:
+        self.path, self.errors, self.out = path, errors, out
+
+    def err(self, node, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else 1
+        self.errors.append(f"{self.path}:{line}: {message}")
+
+    def mapping(self, node, what: str) -> dict | None:
+        if not isinstance(node, yaml.MappingNode):
+            self.err(node, f"{what} must be a mapping")
+            return None
+        items = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                self.err(key, f"{what}: keys must be plain names")
+                continue
+            if key.value in items:
+                self.err(key, f"{what}: duplicate key {key.value!r}")
+            items[key.value] = (key, value)
+        return items
+
+    def scalar(self, node, what: str, kinds=(str,)):
+        if not isinstance(node, yaml.ScalarNode):
+            self.err(node, f"{what} must be a single value")
+            return None
+        try:
+            value = yaml.SafeLoader("").construct_object(node, deep=True)
+        except yaml.YAMLError:
+            value = None
+        if isinstance(value, bool) and bool not in kinds:
+            value = None
+        if value is None or not isinstance(value, kinds):
+            names = "/".join("number" if k in (int, float) else k.__name__ for k in kinds)
+            self.err(node, f"{what} must be a {names}, got {node.value!r}")
+            return None
+        return value
+
+    def number(self, node, what: str):
+        value = self.scalar(node, what, (int, float))
+        return float(value) if value is not None else None
+
+    def expr(self, node, what: str) -> Expr | None:
+        text = self.scalar(node, what, (str, int, float))
+        if text is None:
+            return None
+        try:
+            expr = parse(text)
+        except ExprError as exc:
+            self.err(node, f"{what}: {exc}")
+            return None
+        unknown = sorted(n for n in expr.names if n not in FEATURES)
+        if unknown:
+            self.err(node, f"{what}: unknown feature(s) {', '.join(unknown)} (see docs/rules.md for the list)")
+            return None
+        return expr
+
+    def file(self, root) -> None:
+        top = self.mapping(root, "a rule file")
+        if top is None:
+            return
+        for key, (knode, _) in top.items():
+            if key not in ("rules", "checklist"):
+                self.err(knode, f"unknown top-level key {key!r} (expected rules, checklist)")
+        if "rules" not in top and "checklist" not in top:
+            self.err(root, "a rule file needs a 'rules' or a 'checklist' list")
+        for key, handler in (("rules", self.rule), ("checklist", self.item)):
+            if key in top:
+                seq = top[key][1]
+                if not isinstance(seq, yaml.SequenceNode):
+                    self.err(seq, f"{key} must be a list")
+                    continue
+                for entry in seq.value:
+                    built = handler(entry)
+                    if built is not None:
+                        (self.out.rules if key == "rules" else self.out.checklist).append(built)
+
+    def rule(self, node) -> Rule | None:
+        m = self.mapping(node, "a rule")
+        if m is None:
+            return None
+        ok = True
+        for key, (knode, _) in m.items():
+            if key not in _RULE_KEYS:
+                self.err(knode, f"unknown rule key {key!r}")
+                ok = False
+        for key in ("id", "axis", "title", "summary", "fix"):
+            if key not in m:
+                self.err(node, f"rule is missing {key!r}")
+                ok = False
+        rid = self.scalar(m["id"][1], "id") if "id" in m else None
+        if rid is not None and not _ID.match(rid):
+            self.err(m["id"][1], f"id {rid!r} must be lower-case letters, digits and dashes")
+            rid = None
+        where = f"rule {rid!r}" if rid else "rule"
+        axis = self.scalar(m["axis"][1], f"{where}: axis") if "axis" in m else None
+        if axis is not None and axis not in AXES:
+            self.err(m["axis"][1], f"{where}: axis must be one of {', '.join(AXES)}, got {axis!r}")
+            axis = None
+        title = self.scalar(m["title"][1], f"{where}: title") if "title" in m else None
+        when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
+        value = self.expr(m["value"][1], f"{where}: value") if "value" in m else None
+        ok &= ("when" not in m or when is not None) and ("value" not in m or value is not None)
+        compare = self.scalar(m["compare"][1], f"{where}: compare") if "compare" in m else ">="
+        if compare not in COMPARES:
+            self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
+            ok = False
+        levels, severity = self.rule_severity(m, node, where, compare)
+        confidence = self.number(m["confidence"][1], f"{where}: confidence") if "confidence" in m else 1.0
+        if confidence is not None and not 0 < confidence <= 1:
+            self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
+            confidence = None
+        evidence = self.name_list(m, "evidence", where, check_features=True)
+        explains = self.name_list(m, "explains", where, check_features=False)
+        priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
+        summary = self.scalar(m["summary"][1], f"{where}: summary") if "summary" in m else None
+        if summary is not None:
+            summary = self.template(m["summary"][1], summary, where)
+        fix_text, fix_snippet = self.fix(m["fix"][1], where) if "fix" in m else (None, None)
+        prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
+        parts = (rid, axis, title, summary, fix_text, confidence, evidence, explains, priority)
+        if not ok or any(p is None for p in parts) or (levels is None and severity is None):
+            return None
+        if "prometheus" in m and prometheus is None:
+            return None
+        return Rule(
+            id=rid, axis=axis, title=title, summary=summary, fix_text=fix_text, fix_snippet=fix_snippet or "",
+            when=when, value=value, compare=compare, levels=levels or (), severity=severity,
+            confidence=confidence, evidence=evidence, explains=explains, priority=priority,
+            prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
+        )  # fmt: skip
+
+    def rule_severity(self, m: dict, node, where: str, compare: str):
+        if ("levels" in m) == ("severity" in m):
+            self.err(node, f"{where}: give either 'levels' (with 'value') or a fixed 'severity', not both or neither")
+            return None, None
+        if "severity" in m:
+            sev = self.scalar(m["severity"][1], f"{where}: severity")
+            if sev not in SEVERITIES:
+                self.err(m["severity"][1], f"{where}: severity must be one of {', '.join(SEVERITIES)}")
+                return None, None
+            return None, sev
+        if "value" not in m:
+            self.err(node, f"{where}: 'levels' needs a 'value' expression to compare")
+        lm = self.mapping(m["levels"][1], f"{where}: levels")
+        if not lm:
+            if lm is not None:
+                self.err(m["levels"][1], f"{where}: levels must name at least one severity")
+            return None, None
+        levels = []
+        for sev, (knode, vnode) in lm.items():
+            if sev not in SEVERITIES:
+                self.err(knode, f"{where}: unknown severity {sev!r} (info, warning, critical)")
+                return None, None
+            threshold = self.number(vnode, f"{where}: levels.{sev}")
+            if threshold is None:
+                return None, None
+            levels.append((sev, threshold))
+        levels.sort(key=lambda lv: SEVERITIES.index(lv[0]))
+        thresholds = [t for _, t in levels]
+        ordered = sorted(thresholds) if compare == ">=" else sorted(thresholds, reverse=True)
+        if thresholds != ordered:
+            self.err(m["levels"][1], f"{where}: thresholds must get stricter from info to critical (compare {compare})")
+            return None, None
+        return tuple(levels), None
+
+    def name_list(self, m: dict, key: str, where: str, check_features: bool):
+        if key not in m:
+            return ()
+        node = m[key][1]
+        if not isinstance(node, yaml.SequenceNode):
+            self.err(node, f"{where}: {key} must be a list")
+            return None
+        names = []
+        for item in node.value:
+            name = self.scalar(item, f"{where}: {key} entry")
+            if name is None:
+                return None
+            if check_features and name not in FEATURES:
+                self.err(item, f"{where}: unknown feature {name!r} in {key}")
+                return None
+            names.append(name)
+        return tuple(names)
+
+    def template(self, node, text: str, where: str):
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        except ValueError as exc:
+            self.err(node, f"{where}: summary template: {exc}")
+            return None
+        for name in fields:
+            if name != "ranks" and name != "value" and name not in FEATURES:
+                self.err(node, f"{where}: summary names {{{name}}}, which is not a feature, 'value' or 'ranks'")
+                return None
+        return text
+
+    def fix(self, node, where: str):
+        fm = self.mapping(node, f"{where}: fix")
+        if fm is None:
+            return None, None
+        for key, (knode, _) in fm.items():
+            if key not in ("text", "snippet"):
+                self.err(knode, f"{where}: fix has unknown key {key!r} (text, snippet)")
+        if "text" not in fm:
+            self.err(node, f"{where}: fix needs a 'text'")
+            return None, None
+        text = self.scalar(fm["text"][1], f"{where}: fix.text")
+        snippet = self.scalar(fm["snippet"][1], f"{where}: fix.snippet") if "snippet" in fm else ""
+        return text, snippet
+
+    def prometheus(self, node, where: str, levels):
+        pm = self.mapping(node, f"{where}: prometheus")
+        if pm is None:
+            return None
+        for key, (knode, _) in pm.items():
+            if key not in ("expr", "for"):
+                self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for)")
+                return None
+        if "expr" not in pm:
+            self.err(node, f"{where}: prometheus needs an 'expr' (PromQL with {{threshold}})")
+            return None
+        expr = self.scalar(pm["expr"][1], f"{where}: prometheus.expr")
+        duration = self.scalar(pm["for"][1], f"{where}: prometheus.for") if "for" in pm else "5m"
+        if expr is None or duration is None:
+            return None
+        if not _DURATION.match(duration):
+            self.err(pm["for"][1], f"{where}: prometheus.for must look like 5m, 30s, 1h")
+            return None
+        if levels and "{threshold}" not in expr:
+            self.err(pm["expr"][1], f"{where}: prometheus.expr must contain {{threshold}} (filled per level)")
+            return None
+        return {"expr": expr, "for": duration}
+
+    def item(self, node) -> ChecklistItem | None:
+        m = self.mapping(node, "a checklist item")
+        if m is None:
+            return None
+        for key, (knode, _) in m.items():
+            if key not in _ITEM_KEYS:
+                self.err(knode, f"unknown checklist key {key!r}")
+                return None
+        missing = [k for k in ("item", "group", "value", "warn", "fail") if k not in m]
+        if missing:
+            self.err(node, f"checklist item is missing {', '.join(missing)}")
+            return None
+        name = self.scalar(m["item"][1], "checklist item")
+        where = f"checklist item {name!r}"
+        group = self.scalar(m["group"][1], f"{where}: group")
+        if group is not None and group not in GROUPS:
+            self.err(m["group"][1], f"{where}: group must be one of {', '.join(GROUPS)}")
+            group = None
+        value = self.expr(m["value"][1], f"{where}: value")
+        when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
+        compare = self.scalar(m["compare"][1], f"{where}: compare") if "compare" in m else ">="
+        if compare not in COMPARES:
+            self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
+            return None
+        warn, fail = self.number(m["warn"][1], f"{where}: warn"), self.number(m["fail"][1], f"{where}: fail")
+        if warn is not None and fail is not None and (fail < warn if compare == ">=" else fail > warn):
+            self.err(m["fail"][1], f"{where}: fail must be stricter than warn (compare {compare})")
+            return None
+        if None in (name, group, value, warn, fail) or ("when" in m and when is None):
+            return None
+        line = node.start_mark.line + 1
+        return ChecklistItem(name, group, value, compare, warn, fail, when, f"{self.path}:{line}")
