@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 from typing import TYPE_CHECKING
 
 from ._rollup import LABELS, METRICS, STEP_BUCKETS_S, Rollup
@@ -115,7 +116,10 @@ class TargetsFile:
         self.node_file = os.path.join(run_dir, TARGETS_DIR, f"{_safe(identity.run)}_{node}.json")
         self.entry_dir = os.path.join(run_dir, identity.run, TARGETS_DIR, node)
         self.entry_file = os.path.join(self.entry_dir, f"rank-{identity.rank:05d}.json")
-        scrape_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        # Bound to every interface: advertise the hostname, so a Prometheus on another node can reach it.
+        scrape_host = socket.gethostname() if host in ("0.0.0.0", "", "::") else host
+        if ":" in scrape_host:
+            scrape_host = f"[{scrape_host}]"  # an IPv6 literal
         labels = {k: str(v) for k, v in identity.labels().items() if k in LABELS}
         self.entry = {"targets": [f"{scrape_host}:{port}"], "labels": labels}
         self._last_written: bytes | None = None
