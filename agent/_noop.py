@@ -32,6 +32,12 @@ class NoopMonitor:
     def step(self) -> _NullStep:
         return _NULL_STEP
 
+    def step_begin(self, waited_since_ns: int = 0) -> None:
+        return None
+
+    def step_end(self) -> None:
+        return None
+
     def loader(self, iterable: Iterable) -> Iterable:
         return iterable
 

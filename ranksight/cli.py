@@ -17,6 +17,7 @@ COMMANDS = {
     "diagnose": "diagnose",
     "ingest": "ingest",
     "rules": "rules_cmd",
+    "run": "run",
     "runs": "runs",
     "summary": "summary",
 }

@@ -1,0 +1,84 @@
+"""Accelerate integration: two lines after ``accelerator.prepare``, none inside the training loop.
+
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    tracker = ranksight.integrations.accelerate.attach(accelerator, model, optimizer)
+    for batch in tracker.loader(loader):          # the prepared loader, timed
+        ...                                       # unchanged: accelerator.backward(loss); optimizer.step()
+
+A step opens when a batch arrives from the timed loader and closes when the wrapped optimizer really
+steps (its step hooks fire only on synchronising steps under ``accelerator.accumulate``), so a step
+is one optimizer step. The prepared model (``DistributedDataParallel`` under multi-process launch)
+gets the agent's forward pre-hook and all-reduce timing hook.
+
+Only this module imports ``accelerate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Optional
+
+try:
+    import accelerate  # noqa: F401
+except ImportError:
+    raise ImportError(
+        "ranksight.integrations.accelerate needs accelerate: pip install 'ranksight[accelerate]'"
+    ) from None
+
+from ._common import ImplicitSteps, TimedLoader, start_monitor
+
+__all__ = ["AccelerateTracker", "attach"]
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (whose own step hooks never fire)."""
+    inner = optimizer
+    for _ in range(3):
+        nested = getattr(inner, "optimizer", None)
+        if nested is None or nested is inner:
+            break
+        inner = nested
+    return inner
+
+
+class AccelerateTracker:
+    """The agent attached to one Accelerate training run; see :func:`attach`."""
+
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, **init_kwargs: Any) -> None:
+        self.accelerator = accelerator
+        self.monitor = start_monitor(init_kwargs)
+        """The agent's monitor (a no-op monitor when disabled)."""
+        self._steps: Optional[ImplicitSteps] = None
+        self._handles: list = []
+        m = self.monitor
+        if not m.enabled:
+            return
+        self._steps = ImplicitSteps(m)
+        m.watch(model)
+        inner = _inner_optimizer(optimizer)
+        if hasattr(inner, "register_step_pre_hook"):
+            self._handles.append(inner.register_step_pre_hook(self._steps.optimizer_pre))
+            self._handles.append(inner.register_step_post_hook(self._steps.optimizer_post))
+        else:
+            m._warn_once("optimizer", "optimizer has no step hooks (torch < 2.0?): no step marks from Accelerate")
+
+    def loader(self, loader: Iterable) -> Iterable:
+        """Return ``loader`` timed (the loader itself when ranksight is disabled)."""
+        if self._steps is None:
+            return loader
+        return TimedLoader(loader, self._steps, self.monitor._clock)
+
+    def close(self) -> None:
+        """Remove the hooks and flush the agent's records; also runs at exit."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.monitor.close()
+
+
+def attach(accelerator: Any, model: Any, optimizer: Any, **init_kwargs: Any) -> AccelerateTracker:
+    """Start the agent for an Accelerate run; call on every process after ``accelerator.prepare``.
+
+    ``init_kwargs`` are those of :func:`ranksight.init` (``run_dir``, ``job``, ``run_id``, ...).
+    """
+    return AccelerateTracker(accelerator, model, optimizer, **init_kwargs)

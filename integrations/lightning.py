@@ -1,0 +1,114 @@
+"""PyTorch Lightning integration: ``Trainer(callbacks=[RanksightCallback()])``.
+
+The callback drives the same per-rank agent as ``ranksight.init()``, through Lightning's public hooks:
+
+- a step runs from ``on_train_batch_start`` to ``on_train_batch_end``;
+- data wait is the time from the previous batch's end (or the epoch's start, or the end of a
+  validation run) to the next batch's start: Lightning fetches the batch, and moves it to the
+  device, in that gap;
+- the optimizer phase runs from ``on_before_optimizer_step`` (after Lightning's closure has run
+  forward and backward) to the optimizer's own step post-hook;
+- the strategy's model (``DistributedDataParallel`` under ``strategy="ddp"``) gets the agent's forward
+  pre-hook and all-reduce timing hook, and graph breaks of a compiled module are polled as usual.
+
+Only this module imports Lightning (``lightning`` or, failing that, ``pytorch_lightning``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package name
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError:
+        raise ImportError(
+            "ranksight.integrations.lightning needs Lightning: pip install 'ranksight[lightning]'"
+        ) from None
+
+from ._common import start_monitor
+
+__all__ = ["RanksightCallback"]
+
+
+class RanksightCallback(Callback):
+    """Record per-rank step telemetry of ``trainer.fit`` with the ranksight agent.
+
+    Arguments are those of :func:`ranksight.init` (``run_dir``, ``job``, ``run_id``, ...). The agent
+    starts in ``setup`` once Lightning has set up the process group, so every rank agrees on one run
+    id; with ``RANKSIGHT_DISABLED=1`` no agent, thread, file or hook is created and each hook returns
+    at once.
+    """
+
+    def __init__(self, run_dir: Optional[str] = None, job: Optional[str] = None, **init_options: Any) -> None:
+        super().__init__()
+        self._init_kwargs = {"run_dir": run_dir, "job": job, **init_options}
+        self.monitor: Any = None
+        """The agent's monitor for the current fit (a no-op monitor when disabled), set in ``setup``."""
+        self._m: Any = None  # the live monitor, or None: every hook checks this first
+        self._waited_since = 0
+        self._handles: list = []
+
+    # ------------------------------------------------------------ lifecycle
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self._m is not None:
+            return
+        self.monitor = start_monitor(self._init_kwargs, broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0))
+        self._m = self.monitor if self.monitor.enabled else None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        m = self._m
+        if m is None:
+            return
+        # No optimizer passed to watch(): Lightning runs forward and backward inside optimizer.step(closure),
+        # so the optimizer's pre-hook would open the phase too early; on_before_optimizer_step marks it.
+        model = trainer.strategy.model
+        m.watch(model if model is not None else pl_module)
+        for opt in trainer.optimizers:
+            if hasattr(opt, "register_step_post_hook"):
+                self._handles.append(opt.register_step_post_hook(self._optimizer_done))
+        self._waited_since = m._clock()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self._m is None:
+            return
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._m.close()
+        self._m = None
+
+    # ------------------------------------------------------------ per batch (hot path)
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        m = self._m
+        if m is not None:
+            self._waited_since = m._clock()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        m = self._m
+        if m is not None:
+            m.step_begin(self._waited_since)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        m = self._m
+        if m is not None and m._in_step:
+            m._opt_begin_ns = m._clock()
+
+    def _optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        m = self._m
+        if m is not None and m._in_step and m._opt_begin_ns:
+            m._opt_end_ns = m._clock()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        m = self._m
+        if m is not None:
+            m.step_end()
+            self._waited_since = m._clock()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        # Validation inside the training epoch is not data wait for the next training batch.
+        m = self._m
+        if m is not None:
+            self._waited_since = m._clock()
