@@ -144,10 +144,19 @@ def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = No
         errors.append(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
         root = None
     if root is not None:
+        start = len(errors)
         _Checker(path, errors, out).file(root)
+        errors[start:] = sorted(errors[start:], key=_line_of)
     if own and errors:
         raise RuleError(errors)
     return out
+
+
+def _line_of(error: str) -> int:
+    """The line number of a ``path:line: message`` error (0 when it has none)."""
+    head = error.split(": ", 1)[0]
+    tail = head.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 class _Checker:

@@ -1,0 +1,175 @@
+"""The pure evaluator over small feature frames: firing, severity, absent signals, ranking, checklist."""
+
+from __future__ import annotations
+
+import pytest
+
+from ranksight.collectors import FEATURES
+from ranksight.rules import evaluate, load_rules, run_checklist
+
+
+@pytest.fixture(scope="module")
+def ruleset():
+    return load_rules()
+
+
+def frame(**per_rank) -> dict[int, dict]:
+    """Features per rank: every known feature absent (None) unless given."""
+    out = {}
+    for key, values in per_rank.items():
+        rank = int(key[1:])
+        f = dict.fromkeys(FEATURES)
+        f.update(rank=rank, steps=40, ranks_reporting=len(per_rank), world_size=len(per_rank))
+        f.update(values)
+        out[rank] = f
+    return out
+
+
+HEALTHY = dict(
+    data_wait_share=0.004,
+    compute_share=0.80,
+    comm_exposed_share=0.16,
+    comm_to_compute=0.2,
+    allreduce_share=0.16,
+    buckets_per_step=1,
+    grad_bytes_per_step=215556,
+    step_median_s=0.07,
+    compute_median_s=0.055,
+    straggler_score=1.0,
+    slowest_step_share=0.5,
+    compute_vs_median=1.0,
+    graph_breaks=0,
+    recompiles=0,
+    recompiles_after_warmup=0,
+    compiled=0,
+    find_unused_parameters=0,
+)
+
+
+def rules_of(findings):
+    return [f["rule"] for f in findings]
+
+
+def test_healthy_cpu_frame_has_no_warning_and_gpu_rules_stay_silent(ruleset):
+    findings = evaluate(ruleset.rules, frame(r0=HEALTHY, r1=HEALTHY))
+    assert all(f["severity"] == "info" for f in findings), findings
+    # Every GPU signal is absent on this frame: none of the GPU rules may fire, even at info.
+    gpu_rules = {"pageable-copies", "input-path-syncs", "cpu-ops", "fragmentation", "launch-bound", "memory-imbalance"}
+    assert not gpu_rules & set(rules_of(findings))
+
+
+def test_input_wait_levels_follow_the_anchored_thresholds(ruleset):
+    for share, expected in ((0.03, None), (0.06, "warning"), (0.25, "critical")):
+        f = frame(r0={**HEALTHY, "data_wait_share": share})
+        hits = [x for x in evaluate(ruleset.rules, f) if x["rule"] == "input-bound"]
+        assert (hits[0]["severity"] if hits else None) == expected, share
+    hit = next(x for x in evaluate(ruleset.rules, frame(r0={**HEALTHY, "data_wait_share": 0.5})))
+    assert hit["evidence"]["data_wait_share"] == 0.5
+    assert "50%" in hit["summary"]
+    assert hit["fix"]["snippet"] and "num_workers" in hit["fix"]["snippet"]
+
+
+def test_confidence_grows_with_margin_and_steps(ruleset):
+    def conf(share, steps):
+        f = frame(r0={**HEALTHY, "data_wait_share": share, "steps": steps})
+        return next(x for x in evaluate(ruleset.rules, f) if x["rule"] == "input-bound")["confidence"]
+
+    assert conf(0.06, 40) < conf(0.5, 40)
+    assert conf(0.5, 3) < conf(0.5, 40)
+    assert 0 < conf(0.06, 3) and conf(0.5, 40) <= 0.95
+
+
+def test_straggler_is_named_by_rank_and_ranked_before_the_others_exposed_comm(ruleset):
+    slow = {**HEALTHY, "compute_share": 0.98, "comm_exposed_share": 0.01, "comm_to_compute": 0.01}
+    slow.update(straggler_score=0.36, slowest_step_share=1.0, compute_vs_median=1.47, compute_median_s=0.36)
+    waiting = {**HEALTHY, "compute_share": 0.33, "comm_exposed_share": 0.66, "comm_to_compute": 2.0}
+    waiting.update(slowest_step_share=0.0, compute_vs_median=0.53, compute_median_s=0.13)
+    findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
+    assert rules_of(findings)[:2] == ["straggler", "exposed-allreduce"]
+    assert findings[0]["ranks"] == [1] and findings[0]["severity"] == "critical"
+    assert findings[1]["ranks"] == [0]
+    assert "consequence of straggler" in findings[1]["summary"]
+
+
+def test_inconsistent_slowness_is_not_called_a_straggler(ruleset):
+    noisy = {**HEALTHY, "straggler_score": 0.7, "slowest_step_share": 0.6, "compute_vs_median": 1.15}
+    findings = evaluate(ruleset.rules, frame(r0=noisy, r1=HEALTHY))
+    assert "straggler" not in rules_of(findings)
+    assert [f["severity"] for f in findings if f["rule"] == "compute-imbalance"] == ["info"]
+
+
+def test_input_bound_outranks_a_more_severe_exposed_allreduce_it_explains(ruleset):
+    hungry = {**HEALTHY, "data_wait_share": 0.08, "compute_share": 0.5}
+    waiting = {**HEALTHY, "comm_exposed_share": 0.45, "comm_to_compute": 0.9, "compute_share": 0.5}
+    findings = evaluate(ruleset.rules, frame(r0=hungry, r1=waiting))
+    assert rules_of(findings)[:2] == ["input-bound", "exposed-allreduce"]
+    assert findings[0]["severity"] == "warning" and findings[1]["severity"] == "critical"
+
+
+def test_sync_bound_is_told_apart_from_healthy_exposed_comm(ruleset):
+    sync = {**HEALTHY, "comm_exposed_share": 0.42, "compute_share": 0.43, "comm_to_compute": 0.98}
+    first = evaluate(ruleset.rules, frame(r0=sync, r1=sync))[0]
+    assert (first["axis"], first["rule"], first["severity"]) == ("sync", "exposed-allreduce", "critical")
+    healthy = evaluate(ruleset.rules, frame(r0=HEALTHY, r1=HEALTHY))
+    assert rules_of(healthy) == ["comm-latency"]
+
+
+def test_unused_parameter_scan_needs_ddps_own_confirmation(ruleset):
+    scanning = {**HEALTHY, "find_unused_parameters": 1, "ddp_stats_iteration": 10}
+    assert "unused-parameter-scan" not in rules_of(evaluate(ruleset.rules, frame(r0=scanning)))
+    confirmed = {**scanning, "unused_parameter_size": 0}
+    assert "unused-parameter-scan" in rules_of(evaluate(ruleset.rules, frame(r0=confirmed)))
+    really_unused = {**scanning, "unused_parameter_size": 4096}
+    assert "unused-parameter-scan" not in rules_of(evaluate(ruleset.rules, frame(r0=really_unused)))
+
+
+def test_graph_breaks_come_before_the_recompiles_they_cause(ruleset):
+    compiled = {**HEALTHY, "compiled": 1, "graph_breaks": 11, "recompiles": 9, "recompiles_after_warmup": 9}
+    findings = evaluate(ruleset.rules, frame(r0=compiled, r1=compiled))
+    assert rules_of(findings)[:2] == ["graph-breaks", "recompiles"]
+    assert findings[0]["axis"] == "parallelism"
+
+
+def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
+    gpu = {**HEALTHY, "model_on_gpu": 1, "gpu_utilization_ratio": 0.4, "kernel_busy_ratio": 0.3}
+    cases = {
+        "pageable-copies": {"h2d_copy_ratio": 0.4, "h2d_pageable_ratio": 1.0},
+        "cpu-ops": {"cpu_op_ratio": 0.3},
+        "input-path-syncs": {"host_syncs_per_step": 4.0},
+        "fragmentation": {"memory_fragmentation_ratio": 0.7, "memory_alloc_retries_total": 0.0},
+        "launch-bound": {"idle_host_wait_ratio": 0.5, "short_kernel_ratio": 0.8, "kernels_per_step": 900},
+    }
+    for rule, signals in cases.items():
+        first = evaluate(ruleset.rules, frame(r0={**gpu, **signals}))[0]
+        assert first["rule"] == rule, (rule, rules_of(evaluate(ruleset.rules, frame(r0={**gpu, **signals}))))
+    # A CPU op that also leaves the GPU idle: the CPU op is the cause, launch-bound the symptom.
+    both = {**gpu, **cases["cpu-ops"], **cases["launch-bound"]}
+    assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["cpu-ops", "launch-bound"]
+
+
+def test_memory_imbalance_names_the_heavy_rank(ruleset):
+    base = {**HEALTHY, "memory_reserved_spread": 0.5}
+    heavy = {**base, "memory_reserved_excess": 0.8, "memory_reserved_bytes": 18e9}
+    light = {**base, "memory_reserved_excess": 0.0, "memory_reserved_bytes": 10e9}
+    hit = next(
+        f for f in evaluate(ruleset.rules, frame(r0=light, r1=light, r2=heavy)) if f["rule"] == "memory-imbalance"
+    )
+    assert hit["ranks"] == [2] and hit["severity"] == "critical"
+
+
+def test_checklist_is_na_on_cpu_and_judges_the_worst_rank(ruleset):
+    cpu = run_checklist(ruleset.checklist, frame(r0=HEALTHY, r1=HEALTHY))
+    assert {c["status"] for c in cpu} == {"n/a"}  # not compiled, no GPU, one bucket
+    gpu = {**HEALTHY, "memory_fragmentation_ratio": 0.1, "kernel_busy_ratio": 0.95, "compiled": 1}
+    worse = {**gpu, "memory_fragmentation_ratio": 0.3, "kernel_busy_ratio": 0.4, "graph_breaks": 12}
+    by_item = {c["item"]: c for c in run_checklist(ruleset.checklist, frame(r0=gpu, r1=worse))}
+    assert by_item["allocator fragmentation (1 - largest free / total free)"] == {
+        "item": "allocator fragmentation (1 - largest free / total free)",
+        "group": "memory planning",
+        "status": "warn",
+        "value": 0.3,
+    }
+    assert by_item["GPU kernel busy share"]["status"] == "fail"
+    assert by_item["graph breaks"]["status"] == "fail"
+    assert by_item["recompiles after warm-up"]["status"] == "pass"
+    assert by_item["GPU utilization (NVML)"]["status"] == "n/a"
