@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 from dataclasses import dataclass
 
 from ranksight.schema import _DUCKDB_TYPES as DUCKDB_TYPES
@@ -75,6 +76,7 @@ def segment_glob(run_path: str, kind: str) -> str:
 
 
 _STORE_ALIAS = "ranksight_store"
+SILENT_FLUSHES = 30  # a rank without a heartbeat for this many flush intervals writes no more segments
 
 
 def open_run(run_path: str, con=None):
@@ -94,12 +96,17 @@ def open_run(run_path: str, con=None):
     store = store_path(run_path)
     has_store = _attach_store(con, store)
     ingested = ingested_segments(con, _STORE_ALIAS) if has_store else {}
+    quiet = has_store and _no_rank_writing(run_path)
     for kind in KINDS:
         pattern = segment_glob(run_path, kind)
         parts = []
         if has_store:
             parts.append(f"SELECT {', '.join(column_names(kind))} FROM {_STORE_ALIAS}.{kind}")
-        if glob.glob(pattern):
+        files = glob.glob(pattern)
+        pending = {os.path.basename(p) for p in files} - set(ingested.get(kind, ()))
+        # A finished (or long silent) run whose segments are all in the store reads the store alone:
+        # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
+        if files and (pending or not quiet):
             source = f"read_parquet({_sql_literal(pattern)}, union_by_name=true, filename=true)"
             spool = f"SELECT {select_list(con, source, kind)} FROM {source}"
             if ingested.get(kind):
@@ -114,6 +121,18 @@ def open_run(run_path: str, con=None):
         else:
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     return con
+
+
+def _no_rank_writing(run_path: str) -> bool:
+    """True when every rank has finished, or has been silent for many flush intervals (crashed)."""
+    now = time.time_ns()
+    for meta in read_rank_meta(run_path):
+        if meta.status == "finished":
+            continue
+        silent_ns = SILENT_FLUSHES * 1e9 * float(meta.data.get("flush_interval_s", 2.0))
+        if now - meta.heartbeat_ns < silent_ns:
+            return False
+    return True
 
 
 def select_list(con, source: str, kind: str, params: list | None = None) -> str:
