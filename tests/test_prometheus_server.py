@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ranksight.collectors import PrometheusReader, open_run
+from ranksight.collectors import PrometheusError, PrometheusReader, open_run
 
 from ._prom_server import PrometheusServer, free_port, held_rank_main
 
@@ -122,3 +122,10 @@ def test_prometheus_scrapes_every_rank_and_matches_the_spool(scraped_job):
         assert "ranksight_gpu_utilization_ratio" not in s
         assert s["ranksight_agent_errors_total"] == 0
     assert reader.runs(job="promtest") == ["prom-e2e"]
+    assert reader.rank_snapshot('prom-e2e"} or up{x="') == []  # label values are escaped, not pasted
+
+    # Errors are one line, never a traceback from urllib.
+    with pytest.raises(PrometheusError, match="bad_data"):
+        reader.query("ranksight_step_seconds_count{")
+    with pytest.raises(PrometheusError, match="cannot reach Prometheus"):
+        PrometheusReader(f"http://127.0.0.1:{free_port()}", timeout_s=2).query("up")
