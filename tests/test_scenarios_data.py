@@ -1,0 +1,39 @@
+"""Planted-fault scenarios, end to end: a real 2-rank gloo job with the agent attached, then the diagnosis.
+
+Each scenario asserts the first finding (the root cause to fix first): its axis and rule, and the
+ranks where that matters. Faults: none, input. Small step counts keep the file well under a minute.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ranksight.demo import DemoConfig, run_demo  # noqa: E402
+from ranksight.rules import diagnose  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def run_scenario(tmp_path, fault: str, steps: int = 20) -> dict:
+    cfg = DemoConfig(fault=fault, ranks=2, steps=steps, run_dir=str(tmp_path), flush_interval_s=0.5)
+    return diagnose(run_demo(cfg))
+
+
+def describe(result: dict) -> list:
+    return [(f["rule"], f["severity"], f["confidence"], f["ranks"]) for f in result["findings"]]
+
+
+def test_healthy_job_gets_no_warning(tmp_path):
+    result = run_scenario(tmp_path, "none")
+    assert [f for f in result["findings"] if f["severity"] != "info"] == [], describe(result)
+    assert [r["rank"] for r in result["breakdown"]["ranks"]] == [0, 1]
+
+
+def test_slow_loader_is_input_bound(tmp_path):
+    result = run_scenario(tmp_path, "input")
+    first = result["findings"][0]
+    assert (first["axis"], first["rule"]) == ("data_pipeline", "input-bound"), describe(result)
+    assert first["ranks"] == [0, 1] and first["severity"] == "critical"
+    assert first["evidence"]["data_wait_share"] >= 0.2
