@@ -59,10 +59,11 @@ class PrometheusReader:
                 body = json.load(resp)
         except urllib.error.HTTPError as exc:
             try:
-                detail = json.load(exc).get("error", exc.reason)
+                body = json.load(exc)
+                detail = f"{body.get('errorType', 'error')}: {body.get('error', exc.reason)}"
             except Exception:
-                detail = exc.reason
-            raise PrometheusError(f"{self.base_url}: query refused ({exc.code}): {detail}") from None
+                detail = str(exc.reason)
+            raise PrometheusError(f"{self.base_url}: query refused ({exc.code}) {detail}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise PrometheusError(f"{self.base_url}: cannot reach Prometheus ({reason})") from None
