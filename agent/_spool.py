@@ -1,6 +1,6 @@
 """Write records as Parquet spool segments: whole files, renamed into place atomically.
 
-One writer per rank and record kind. A segment is written under a dot-prefixed temporary name and
+One writer per rank and record kind. A segment is written under a dot-prefixed ``.partial`` name and
 ``os.replace``d to ``<kind>/<node>_r<rank>_p<pid>_<seq>.parquet``, so a reader globbing ``*.parquet``
 never sees half a file, and a rank killed mid-write leaves only an ignorable temporary file.
 """
@@ -63,7 +63,8 @@ class SpoolWriter:
             self._made.add(directory)
         seq = self._seq.get(kind, 0)
         final = os.path.join(directory, f"{self._stem}_{seq:06d}{SPOOL_SUFFIX}")
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{self._stem}_{seq:06d}{SPOOL_SUFFIX}")
+        # The temporary name must not end in .parquet either: DuckDB's glob, unlike Python's, matches dot-files.
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{self._stem}_{seq:06d}{SPOOL_SUFFIX}.partial")
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, final)
         self._seq[kind] = seq + 1
