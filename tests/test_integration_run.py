@@ -67,17 +67,33 @@ def test_model_is_found_after_the_first_optimizer_step(runs):
     assert all(r[1:] == (True, True, True) for r in rows[1:]), rows  # then the DDP model is watched
 
 
-def test_plain_python_single_process(tmp_path):
+def test_plain_python_as_a_slurm_task(tmp_path):
+    # `srun ranksight run -- python train.py`: one task, no run id given: the run is the SLURM job step's.
     runs_dir = str(tmp_path / "runs")
-    cmd = RANKSIGHT + ["run", "--run-dir", runs_dir, "--run-id", "single", "--", sys.executable]
-    proc = subprocess.run(
-        cmd + [example("plain_train.py"), "--steps", "6"], env=_clean_env(), capture_output=True, text=True
-    )
+    slurm = dict(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0")
+    cmd = RANKSIGHT + ["run", "--run-dir", runs_dir, "--", sys.executable, example("plain_train.py"), "--steps", "6"]
+    proc = subprocess.run(cmd, env=_clean_env(SLURM_NODEID="0", **slurm), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "records in" in proc.stderr
-    con = open_run(os.path.join(runs_dir, "single"))
+    path = os.path.join(runs_dir, "slurm-4242.0")
+    assert f"records in {path}" in proc.stderr
+    con = open_run(path)
     assert con.execute("SELECT rank, world_size, count(*) FROM steps GROUP BY ALL").fetchall() == [(0, 1, 6)]
-    assert [m.status for m in read_rank_meta(os.path.join(runs_dir, "single"))] == ["finished"]
+    assert [m.status for m in read_rank_meta(path)] == ["finished"]
+
+
+def test_default_run_id_is_fresh_per_launch(monkeypatch):
+    import argparse
+
+    from ranksight.commands.run import _run_id
+
+    monkeypatch.delenv("RANKSIGHT_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    args = argparse.Namespace(run_id="", job="exp")
+    first, second = _run_id(args), _run_id(args)
+    assert first.startswith("exp-") and second.startswith("exp-") and first != second
+    assert _run_id(argparse.Namespace(run_id="mine", job="exp")) == "mine"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert _run_id(args) == ""  # every node derives slurm-77[.step] itself
 
 
 def test_exit_code_passes_through_and_other_sitecustomize_still_runs(tmp_path):

@@ -111,9 +111,15 @@ def run(args) -> int:
         code = _wait(child)
     finally:
         shutil.rmtree(bootstrap_dir, ignore_errors=True)
-    if run_id and not args.quiet:
-        _report(os.path.join(os.path.abspath(args.run_dir), run_id))
+    if not args.quiet:
+        _report(os.path.join(os.path.abspath(args.run_dir), run_id or _slurm_run_id()))
     return code if code >= 0 else 128 - code
+
+
+def _slurm_run_id() -> str:
+    from ranksight.agent._identity import derive_run_id  # imports no torch
+
+    return derive_run_id(1)
 
 
 def _report(run_path: str) -> None:
