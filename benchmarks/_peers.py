@@ -1,0 +1,343 @@
+"""The peers benchmarked beside ranksight, attached to one 2-rank gloo DDP loop (shared by the CPU benchmarks).
+
+One *arm* is one way a user watches the job:
+
+- ``baseline``: nothing attached.
+- ``ranksight``: ``ranksight.init`` + ``watch`` + ``loader`` + ``step`` (the documented three lines).
+- ``profiler``: ``torch.profiler.profile`` left on with a repeating schedule, CPU activities and a
+  Chrome trace written by ``on_trace_ready`` each cycle (what people do to "keep an eye" on a job).
+- ``traceml``: TraceML 0.5.0 (``traceml-ai``) through its documented serve path: ``traceml serve`` (the
+  aggregator, one process per job) and ``traceml.init(mode="auto")`` + ``traceml.trace_step(model)`` in
+  each rank. Auto mode patches the DataLoader, forward, backward and H2D copies.
+- ``poller``: a daemon thread reading process/system stats every second with psutil, the CPU-only
+  analogue of the NVML/system-metrics pollers of W&B and Lightning's ``DeviceStatsMonitor`` (there is
+  no NVML on a CPU machine).
+
+Each rank times every loop iteration (batch fetch + step) with its own ``perf_counter`` and writes
+``<out>/arm-rank<r>.json``; RSS is read from ``/proc/self/status`` after the timed steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+ARMS = ("baseline", "ranksight", "profiler", "traceml", "poller")
+# A fork server with torch imported once: each launch then forks a warm interpreter instead of paying
+# a fresh torch import per rank (seconds on a loaded machine). Tools are attached after the fork.
+START_METHOD = "forkserver"
+
+
+@dataclass
+class Workload:
+    """One training job: an MLP over a synthetic in-memory data set, ``ranks`` gloo ranks."""
+
+    width: int = 256
+    depth: int = 3
+    batch: int = 256
+    warmup_steps: int = 20
+    steps: int = 200
+    ranks: int = 2
+    item_sleep_s: float = 0.0
+    """Sleep per item in ``__getitem__`` (an input-bound loader); 0 for the overhead runs."""
+    straggler_factor: int = 1
+    """The last rank repeats each hidden layer this many times (a compute straggler)."""
+    sync_bucket_cap_mb: float = 25.0
+
+
+@dataclass
+class Launch:
+    """One launch of the workload with one arm attached."""
+
+    arm: str
+    workload: Workload
+    out_dir: str
+    run_dir: str
+    run_id: str
+    profiler_schedule: tuple = (1, 1, 3)
+    """(wait, warmup, active) of the profiler schedule; repeat=0 (until the end of the run)."""
+    traceml_port: int = 0
+    traceml_session: str = ""
+    traceml_logs: str = ""
+    env: dict = field(default_factory=dict)
+
+
+def free_port() -> int:
+    """Return a free TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes() -> tuple[int, int]:
+    """Return (VmRSS, VmHWM) of this process in bytes, from /proc/self/status."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, kb, _ = line.split()
+                values[key[:-1]] = int(kb) * 1024
+    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+
+
+class Poller:
+    """A 1 s system-metrics poller thread, as experiment trackers run beside training."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._psutil = psutil
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.samples: list[dict] = []
+        self._thread = threading.Thread(target=self._loop, name="poller", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.samples.append(
+                {
+                    "time": time.time(),
+                    "cpu_percent": self._psutil.cpu_percent(),
+                    "proc_cpu_percent": self._proc.cpu_percent(),
+                    "rss": self._proc.memory_info().rss,
+                    "mem_percent": self._psutil.virtual_memory().percent,
+                    "threads": self._proc.num_threads(),
+                }
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _build(workload: Workload, rank: int):
+    import torch
+    from torch import nn
+
+    slow = workload.straggler_factor if rank == workload.ranks - 1 else 1
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(32, workload.width)
+            self.body = nn.ModuleList(nn.Linear(workload.width, workload.width) for _ in range(workload.depth))
+            self.out = nn.Linear(workload.width, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            for layer in self.body:
+                h = torch.relu(layer(h))
+                for _ in range(slow - 1):
+                    h = h + 0.0 * torch.relu(layer(h))
+            return self.out(h)
+
+    n_items = workload.batch * 64
+
+    class Synthetic(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            g = torch.Generator().manual_seed(rank)
+            self.x = torch.randn(n_items, 32, generator=g)
+            self.y = self.x.sum(dim=1, keepdim=True) * 0.1
+
+        def __len__(self) -> int:
+            return n_items
+
+        def __getitem__(self, idx):
+            if workload.item_sleep_s:
+                time.sleep(workload.item_sleep_s * len(idx))
+            return self.x[idx[0] : idx[-1] + 1], self.y[idx[0] : idx[-1] + 1]
+
+    sampler = torch.utils.data.BatchSampler(range(n_items), workload.batch, drop_last=True)
+    loader = torch.utils.data.DataLoader(Synthetic(), sampler=sampler, batch_size=None, num_workers=0)
+    return Net(), loader
+
+
+def _batches(loader, total: int):
+    """Yield ``total`` batches, cycling over the loader's epochs."""
+    n = 0
+    while True:
+        for batch in loader:
+            yield batch
+            n += 1
+            if n >= total:
+                return
+
+
+def rank_main(rank: int, launch_dict: dict, port: int) -> None:
+    """Body of one rank: build the job, attach the arm's tool, time every iteration."""
+    launch = Launch(**{**launch_dict, "workload": Workload(**launch_dict["workload"])})
+    work = launch.workload
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(work.ranks),
+        LOCAL_WORLD_SIZE=str(work.ranks),
+        RANKSIGHT_RUN_ID=launch.run_id,
+        **launch.env,
+    )
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=work.ranks)
+    torch.manual_seed(0)
+    rss_start, _ = rss_bytes()
+
+    arm = launch.arm
+    mon = prof = poller = traceml = None
+    if arm == "traceml":
+        import traceml_ai as traceml
+
+        traceml.init(
+            mode="auto",
+            session_id=launch.traceml_session,
+            aggregator_port=launch.traceml_port,
+            logs_dir=launch.traceml_logs,
+            on_missing_aggregator="raise",
+        )
+    model, loader = _build(work, rank)
+    model = DDP(model, bucket_cap_mb=work.sync_bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.MSELoss()
+
+    batches = _batches(loader, work.warmup_steps + work.steps)
+    if arm == "ranksight":
+        import ranksight
+
+        mon = ranksight.init(run_dir=launch.run_dir, job="bench", flush_interval_s=2.0)
+        mon.watch(model, optimizer=opt)
+        batches = mon.loader(batches)
+    elif arm == "profiler":
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        wait, warmup, active = launch.profiler_schedule
+        prof = profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=0),
+            on_trace_ready=tensorboard_trace_handler(os.path.join(launch.out_dir, "profiler", f"rank{rank}")),
+        )
+        prof.start()
+    elif arm == "poller":
+        poller = Poller(1.0)
+
+    def train_step(x, y):
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    loop_s: list[float] = []
+    step = 0
+    t_iter = time.perf_counter()
+    for x, y in batches:
+        if mon is not None:
+            with mon.step():
+                train_step(x, y)
+        elif traceml is not None:
+            with traceml.trace_step(model):
+                train_step(x, y)
+        else:
+            train_step(x, y)
+        if prof is not None:
+            prof.step()
+        now = time.perf_counter()
+        if step >= work.warmup_steps:
+            loop_s.append(now - t_iter)
+        step += 1
+        t_iter = now
+    rss_end, hwm = rss_bytes()
+
+    if prof is not None:
+        prof.stop()
+    if poller is not None:
+        poller.close()
+    if mon is not None:
+        mon.close()
+    with open(os.path.join(launch.out_dir, f"{arm}-rank{rank}.json"), "w") as f:
+        json.dump({"loop_s": loop_s, "rss_start": rss_start, "rss_end": rss_end, "rss_hwm": hwm}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def start_traceml_aggregator(launch: Launch, log_path: str) -> subprocess.Popen:
+    """Start ``traceml serve`` for one launch (summary mode: it writes final_summary.* at the end)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "traceml")
+    cmd = [
+        exe,
+        "serve",
+        "--mode",
+        "summary",
+        "--logs-dir",
+        launch.traceml_logs,
+        "--run-name",
+        launch.traceml_session,
+        "--nproc-per-node",
+        str(launch.workload.ranks),
+        "--aggregator-port",
+        str(launch.traceml_port),
+    ]
+    log = open(log_path, "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _preload_forkserver() -> None:
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "_peers"])
+
+
+def _tree_rss(pid: int) -> int:
+    """RSS of a process and its children, in bytes (0 when it is gone)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+    except psutil.Error:
+        return 0
+
+
+def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
+    """Run one launch to completion; return each rank's timings and RSS, and the aggregator's RSS (TraceML)."""
+    import torch.multiprocessing as mp
+
+    _preload_forkserver()
+    os.makedirs(launch.out_dir, exist_ok=True)
+    aggregator = None
+    if launch.arm == "traceml":
+        launch.traceml_port = launch.traceml_port or free_port()
+        launch.traceml_logs = launch.traceml_logs or os.path.join(launch.out_dir, "traceml-logs")
+        launch.traceml_session = launch.traceml_session or launch.run_id
+        aggregator = start_traceml_aggregator(launch, os.path.join(launch.out_dir, "traceml-serve.log"))
+    aggregator_rss = 0
+    try:
+        mp.start_processes(
+            rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
+        )
+    finally:
+        if aggregator is not None:
+            aggregator_rss = _tree_rss(aggregator.pid)
+            # `traceml serve` runs until Ctrl+C, then finalises and writes final_summary.{json,txt}.
+            aggregator.send_signal(signal.SIGINT)
+            try:
+                aggregator.wait(timeout=aggregator_timeout_s)
+            except subprocess.TimeoutExpired:
+                aggregator.kill()
+                aggregator.wait(timeout=10)
+    result: dict = {"aggregator_rss": aggregator_rss}
+    for r in range(launch.workload.ranks):
+        with open(os.path.join(launch.out_dir, f"{launch.arm}-rank{r}.json")) as f:
+            result[f"rank{r}"] = json.load(f)
+    return result
