@@ -144,6 +144,8 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
                 buf = bucket.buffer()
                 nbytes = sizes[index] = buf.numel() * buf.element_size()
             append((EV_BUCKET_READY, step, index, nbytes, clock(), bucket.is_last()))
+            if m._gpu is not None:  # GPU-time mark of the last bucket (agent/_gpu_hooks.py)
+                m._gpu.bucket_ready(step, bucket.is_last())
         except Exception as exc:
             m._fail("comm_hook", exc)
         fut = allreduce_hook(process_group, bucket)

@@ -209,6 +209,9 @@ class Monitor:
             except Exception:
                 pass
         self._hook_handles.clear()
+        window = getattr(self._gpu, "window", None)
+        if window is not None:  # never leave a sampled profiler window running after close
+            window.abort()
         try:
             self._worker.stop()
         except Exception as exc:

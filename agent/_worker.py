@@ -139,7 +139,7 @@ class Worker(threading.Thread):
         self._write_meta(final)
 
     def _on_info(self, name: str, payload, rows: dict) -> None:
-        if name in ("warning", "error"):
+        if name in ("warning", "error", "info"):
             component, message = payload
             rows["events"].append(
                 {"time_ns": time.time_ns(), "level": name, "component": component, "message": str(message)[:2000]}

@@ -1,0 +1,256 @@
+"""GPU signals of a rank: CUDA-event step phases on the hot path, resolved later on the agent thread,
+plus the NVML, allocator and sampled-trace samplers.
+
+Hot path (training / autograd threads): ``Event.record()`` on the current stream and a
+``deque.append`` — never ``synchronize()``, ``elapsed_time()`` or ``.item()``. Events come from a pool
+(a deque: pop/append are atomic under the GIL, no lock); the agent thread resolves them with
+``query()`` then ``elapsed_time()`` and puts them back. An event that is not complete is dropped from
+the step (its GPU columns stay null) instead of being waited for.
+
+GPU phases per step, on the stream the step ran on:
+    h2d_s          step begin → first forward (the batch's copies to the device and what precedes them)
+    gpu_compute_s  first forward → last DDP bucket ready (else optimizer step, else step end)
+    gpu_step_s     step begin → step end
+The last-bucket-ready mark is GPU time, not wall time: all-reduce equalises wall time across ranks,
+GPU compute time does not, so it is what straggler analysis compares.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, Optional
+
+from ._monitor import EV_GPU, Monitor
+
+log = logging.getLogger("ranksight")
+
+_NS = 1e-9
+_MAX_EVENTS = 4096  # bound on live CUDA events (pool + in flight); past it a mark is skipped
+
+
+class GpuMarks:
+    """Attached as ``Monitor._gpu``; its methods run on the training thread."""
+
+    def __init__(self, monitor: Monitor, torch: Any, device: int) -> None:
+        self._m = monitor
+        self._append = monitor._append
+        self._event_cls = torch.cuda.Event
+        self._pool: deque = deque()
+        self._created = 0
+        self.device = device
+        self._fwd_marked = True
+        self._opt_marked = True
+        self.events_on = True
+        self.window = None  # TraceWindow, when the sampled kernel-level window is on
+
+    def _take(self) -> Optional[Any]:
+        try:
+            return self._pool.pop()
+        except IndexError:
+            if self._created >= _MAX_EVENTS:
+                return None
+            self._created += 1
+            return self._event_cls(enable_timing=True)
+
+    def _mark(self, step: int, kind: str) -> None:
+        if not self.events_on:
+            return
+        ev = self._take()
+        if ev is not None:
+            ev.record()
+            self._append((EV_GPU, step, (kind, ev)))
+
+    # ---------------------------------------------------------- called by the step context and hooks
+    def step_begin(self, step: int) -> None:
+        """Mark the step's start on the GPU stream; start or mark the sampled window when due."""
+        self._fwd_marked = False
+        self._opt_marked = False
+        self._mark(step, "b")
+        w = self.window
+        if w is not None and w.due(step, self._m._step_begin_ns):
+            try:
+                w.begin(step)
+            except Exception as exc:
+                self._window_failed(exc)
+
+    def step_end(self, step: int) -> None:
+        """Mark the step's end; let the window close its mark (and stop once the GPU caught up)."""
+        w = self.window
+        if w is not None and w.state:
+            try:
+                w.end(step)
+            except Exception as exc:
+                self._window_failed(exc)
+        self._mark(step, "e")
+
+    def forward(self) -> None:
+        if not self._fwd_marked and self._m._in_step:
+            self._fwd_marked = True
+            self._mark(self._m._step, "f")
+
+    def optimizer(self) -> None:
+        if not self._opt_marked and self._m._in_step:
+            self._opt_marked = True
+            self._mark(self._m._step, "o")
+
+    def bucket_ready(self, step: int, is_last: bool) -> None:
+        """DDP comm hook: mark when the last gradient bucket became ready (end of backward compute)."""
+        if is_last:
+            self._mark(step, "r")
+
+    def _window_failed(self, exc: BaseException) -> None:
+        w, self.window = self.window, None
+        if w is not None:
+            w.abort()
+        self._m._fail("trace_window", exc)
+
+    def release(self, events) -> None:
+        """Give events back to the pool (agent thread)."""
+        self._pool.extend(events)
+
+
+class GpuResolver:
+    """``Worker.gpu_resolver``: fill the GPU columns of finished step rows from completed events."""
+
+    def __init__(self, marks: GpuMarks) -> None:
+        self._marks = marks
+        self._pending: dict[int, dict[str, Any]] = {}
+        self.windows: list = []  # finished profiler windows, for the trace sampler
+        self.resolved_total = 0
+        self.dropped_total = 0
+
+    def __call__(self, gpu_marks: list, step_rows: list[dict], final: bool) -> None:
+        pending = self._pending
+        for _, step, payload in gpu_marks:
+            if payload[0] == "w":
+                self.windows.append(payload)
+                continue
+            slot = pending.setdefault(step, {})
+            old = slot.get(payload[0])
+            if old is not None:  # e.g. several "last" buckets: keep the latest mark
+                self._marks.release([old])
+            slot[payload[0]] = payload[1]
+        for row in step_rows:
+            marks = pending.pop(row["step"], None)
+            if marks:
+                self._fill(row, marks)
+                self._marks.release(marks.values())
+        # Marks whose step row was already written (or will never be) are dropped, not kept forever.
+        newest = max((r["step"] for r in step_rows), default=None)
+        if final or newest is not None:
+            for step in [s for s in pending if final or s <= newest]:
+                self._marks.release(pending.pop(step).values())
+
+    def _fill(self, row: dict, marks: dict) -> None:
+        b, e = marks.get("b"), marks.get("e")
+        if b is None or e is None or not (e.query() and b.query()):
+            self.dropped_total += 1
+            return
+        row["gpu_step_s"] = b.elapsed_time(e) * 1e-3
+        f = marks.get("f")
+        if f is not None and f.query():
+            row["h2d_s"] = b.elapsed_time(f) * 1e-3
+            end = marks.get("r") or marks.get("o") or e
+            if end.query():
+                row["gpu_compute_s"] = max(0.0, f.elapsed_time(end) * 1e-3)
+        self.resolved_total += 1
+
+
+class TraceSampler:
+    """``Worker.samplers`` entry: reduce the profiler windows the resolver collected."""
+
+    __name__ = "trace_window"
+
+    def __init__(self, resolver: GpuResolver, window: Any) -> None:
+        self._resolver = resolver
+        self._window = window
+
+    def __call__(self) -> list[dict]:
+        rows: list[dict] = []
+        while self._resolver.windows:
+            rows.extend(self._window.reduce(self._resolver.windows.pop(0)))
+        return rows
+
+
+def _device_of(model: Any, torch: Any) -> Optional[int]:
+    for p in model.parameters():
+        if p.device.type == "cuda":
+            return p.device.index if p.device.index is not None else torch.cuda.current_device()
+    return None
+
+
+def attach_gpu(monitor: Monitor, model: Any) -> None:
+    """Set up GPU marks, the resolver and the GPU samplers for a model that lives on a CUDA device.
+
+    Settings come from ``Config.extra`` (all optional): ``gpu_events`` (True), ``nvml`` (True),
+    ``allocator`` (True), ``allocator_every_s`` (2), ``snapshot_every_s`` (30), ``trace_window`` (True),
+    ``trace_every_steps`` (300), ``trace_every_s`` (60), ``trace_steps`` (2), ``trace_first_step`` (50),
+    ``trace_dir`` (None: a folder to also save each window's Chrome trace in).
+    """
+    import torch
+
+    extra = monitor.config.extra or {}
+    device = _device_of(model, torch)
+    if device is None:
+        monitor._warn_once("gpu_model", "CUDA is available but the model has no CUDA parameters: GPU signals are off")
+        return
+    worker = monitor._worker
+    marks = GpuMarks(monitor, torch, device)
+    resolver = GpuResolver(marks)
+
+    if extra.get("trace_window", True):
+        from ._trace_window import TraceWindow
+
+        marks.window = TraceWindow(
+            monitor,
+            steps=int(extra.get("trace_steps", 2)),
+            every_steps=int(extra.get("trace_every_steps", 300)),
+            every_s=float(extra.get("trace_every_s", 60.0)),
+            first_step=int(extra.get("trace_first_step", 50)),
+            trace_dir=extra.get("trace_dir"),
+        )
+        worker.samplers.append(TraceSampler(resolver, marks.window))
+    if extra.get("nvml", True):
+        from ._nvml import NvmlSampler
+
+        worker.samplers.append(NvmlSampler(monitor, device))
+    if extra.get("allocator", True):
+        from ._allocator import AllocatorSampler
+
+        worker.samplers.append(
+            AllocatorSampler(
+                monitor,
+                device,
+                every_s=float(extra.get("allocator_every_s", 2.0)),
+                snapshot_every_s=float(extra.get("snapshot_every_s", 30.0)),
+            )
+        )
+    if extra.get("gpu_events", True):
+        fwd = marks.forward
+
+        def on_forward(module, args):
+            try:
+                fwd()
+            except Exception as exc:
+                monitor._fail("gpu_forward_hook", exc)
+
+        opt = marks.optimizer
+
+        def on_optimizer(optimizer, args, kwargs):
+            try:
+                opt()
+            except Exception as exc:
+                monitor._fail("gpu_optimizer_hook", exc)
+
+        monitor._hook_handles.append(model.register_forward_pre_hook(on_forward))
+        try:  # a global hook (torch >= 2.0): watch() may not have been given the optimizer
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            monitor._hook_handles.append(register_optimizer_step_pre_hook(on_optimizer))
+        except ImportError:
+            pass
+    else:
+        marks.events_on = False
+    worker.gpu_resolver = resolver
+    monitor._gpu = marks

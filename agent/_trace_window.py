@@ -1,0 +1,223 @@
+"""The sampled kernel-level window: every few hundred steps (or ~60 s), trace a couple of steps with
+the Kineto profiler (CPU + CUDA) and reduce the trace on the agent thread.
+
+Why the low-level profiler calls instead of ``torch.profiler.profile``: its ``__exit__`` calls
+``torch.cuda.synchronize()`` and parses every event into Python objects on the training thread.
+Here the window's end is a CUDA event; the profiler is stopped at a later step boundary once
+``event.query()`` says the GPU has caught up (no sync), and the raw result is handed to the agent
+thread, which reads it and reduces it (``_trace_reduce``). The training thread pays only for the
+profiler's own start/stop and its per-op recording during the traced steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Optional
+
+from ._monitor import EV_GPU, EV_INFO
+from ._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev, reduce_window
+
+log = logging.getLogger("ranksight")
+
+_KIND = {
+    "cpu_op": "op",
+    "cuda_runtime": "rt",
+    "cuda_driver": "rt",
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "user_annotation": "ann",
+}
+
+
+def _kind_without_activity_type(e: Any, cpu: Any) -> Optional[str]:
+    """Classify an event on torch < 2.12, whose ``_KinetoEvent`` has no ``activity_type()``."""
+    name = e.name()
+    annotation = e.is_user_annotation() if hasattr(e, "is_user_annotation") else name.startswith("ranksight#")
+    if e.device_type() != cpu:
+        if annotation or name.startswith(("ranksight#", "ProfilerStep")):
+            return None  # the GPU-side shadow of a CPU annotation, not GPU work
+        if name.startswith("Memcpy"):
+            return "memcpy"
+        if name.startswith("Memset"):
+            return "memset"
+        return "kernel"
+    if annotation:
+        return "ann"
+    if name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper()):
+        return "rt"
+    return "op"
+
+
+def events_from_kineto(result: Any, use_activity_type: bool = True) -> list[Ev]:
+    """Normalise a ``_ProfilerResult`` (from ``_disable_profiler()``) into :class:`Ev` tuples."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for e in result.events():
+        if use_activity_type and hasattr(e, "activity_type"):
+            kind = _KIND.get(e.activity_type())
+        else:
+            kind = _kind_without_activity_type(e, DeviceType.CPU)
+        if kind is None:
+            continue
+        start = e.start_ns()
+        out.append(Ev(kind, e.name(), start, start + e.duration_ns(), e.device_resource_id(), e.correlation_id()))
+    return out
+
+
+class TraceWindow:
+    """State machine driven from the step boundaries: idle → tracing k steps → waiting for the GPU → idle.
+
+    ``begin``/``end`` run on the training thread only when ``due`` or busy (checked by the caller with
+    two integer compares); everything heavy happens on the agent thread in :meth:`reduce`.
+    """
+
+    IDLE, TRACING, DRAINING = 0, 1, 2
+
+    def __init__(
+        self,
+        monitor: Any,
+        steps: int = 2,
+        every_steps: int = 300,
+        every_s: float = 60.0,
+        first_step: int = 50,
+        max_drain_steps: int = 20,
+        use_cuda: bool = True,
+        trace_dir: Optional[str] = None,
+    ) -> None:
+        import torch
+        from torch.autograd.profiler import ProfilerActivity, ProfilerConfig, ProfilerState
+
+        self._m = monitor
+        self._torch = torch
+        self.steps = max(1, int(steps))
+        self.every_steps = max(self.steps + 2, int(every_steps))
+        self.every_ns = int(every_s * 1e9) if every_s and every_s > 0 else 1 << 62
+        self.next_step = max(0, int(first_step))
+        self.next_ns = 1 << 62  # the first window is due by step count; later ones by steps or time
+        self.max_drain_steps = max_drain_steps
+        self.use_cuda = use_cuda
+        self.trace_dir = trace_dir
+        self.state = self.IDLE
+        self.windows_done = 0
+        self.last_stop_cost_ns = 0
+        self._first = 0
+        self._drained = 0
+        self._record = None
+        self._end_event = None
+        self._started_ns = 0
+        self._pending: list = []  # finished profiler results for the agent thread
+        self._activities = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if use_cuda else set())
+        try:
+            from torch._C._profiler import _ExperimentalConfig
+
+            experimental = _ExperimentalConfig()
+        except Exception:
+            experimental = None
+        args = [ProfilerState.KINETO, False, False, False, False, False]
+        self._config = ProfilerConfig(*args, experimental) if experimental is not None else ProfilerConfig(*args)
+        self._rf_enter = torch.ops.profiler._record_function_enter_new
+        self._rf_exit = torch.ops.profiler._record_function_exit._RecordFunction
+
+    # ------------------------------------------------------------ training thread
+    def due(self, step: int, now_ns: int) -> bool:
+        """Whether a window is running or should start at this step (two compares)."""
+        return self.state != self.IDLE or step >= self.next_step or now_ns >= self.next_ns
+
+    def begin(self, step: int) -> None:
+        """At a step's start: start the profiler if due, then mark the step."""
+        if self.state == self.IDLE:
+            if not self._start(step):
+                return
+        self._record = self._rf_enter(WINDOW_MARK if self.state == self.TRACING else AFTER_MARK, None)
+
+    def end(self, step: int) -> None:
+        """At a step's end: close the mark; after the k-th step, wait (without blocking) for the GPU."""
+        if self._record is not None:
+            self._rf_exit(self._record)
+            self._record = None
+        if self.state == self.TRACING:
+            if step >= self._first + self.steps - 1:
+                if self.use_cuda:
+                    self._end_event = self._torch.cuda.Event()
+                    self._end_event.record()
+                self.state = self.DRAINING
+                self._drained = 0
+        elif self.state == self.DRAINING:
+            self._drained += 1
+            if self._end_event is None or self._end_event.query() or self._drained >= self.max_drain_steps:
+                self._stop(step)
+
+    def _start(self, step: int) -> bool:
+        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
+
+        self._schedule(step)
+        if self._torch._C._autograd._profiler_enabled():
+            self._m._warn_once(
+                "trace_window_backoff",
+                "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
+            )
+            return False
+        self._started_ns = time.perf_counter_ns()
+        _prepare_profiler(self._config, self._activities)
+        _enable_profiler(self._config, self._activities)
+        self._first = step
+        self.state = self.TRACING
+        return True
+
+    def _stop(self, step: int) -> None:
+        from torch.autograd.profiler import _disable_profiler
+
+        t0 = time.perf_counter_ns()
+        result = _disable_profiler()
+        self.last_stop_cost_ns = time.perf_counter_ns() - t0
+        self.state = self.IDLE
+        self._end_event = None
+        self.windows_done += 1
+        self._m._append((EV_GPU, self._first, ("w", result, self._first, step)))
+        self._schedule(step)
+
+    def _schedule(self, step: int) -> None:
+        self.next_step = step + self.every_steps
+        self.next_ns = time.perf_counter_ns() + self.every_ns
+
+    def abort(self) -> None:
+        """Stop a running profiler (agent switched off or closing); the partial window is dropped."""
+        if self.state != self.IDLE:
+            self.state = self.IDLE
+            try:
+                if self._record is not None:
+                    self._rf_exit(self._record)
+                from torch.autograd.profiler import _disable_profiler
+
+                _disable_profiler()
+            except Exception:
+                pass
+            self._record = None
+
+    # ------------------------------------------------------------ agent thread
+    def reduce(self, payload: tuple) -> list[dict]:
+        """Turn one finished window into sample rows (and info events for CPU ops and host syncs)."""
+        _, result, first, last = payload
+        if self.trace_dir:
+            os.makedirs(self.trace_dir, exist_ok=True)
+            result.save(os.path.join(self.trace_dir, f"window_r{os.getpid()}_s{first:06d}.json"))
+        red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
+        if red is None:
+            return []
+        now = time.time_ns()
+        rows = [{"time_ns": now, "step": first, "name": k, "value": float(v)} for k, v in red.samples.items()]
+        if red.cpu_ops_top and red.samples.get("cpu_op_ratio", 0.0) >= 0.01:
+            ops = ", ".join(f"{n} {s * 1e3:.2f} ms/step" for n, s in red.cpu_ops_top)
+            self._info("cpu_ops", f"steps {first}-{first + red.steps - 1}: ops on CPU tensors: {ops}")
+        if red.sync_sources:
+            srcs = ", ".join(f"{n} x{c:g}/step" for n, c in red.sync_sources)
+            self._info("host_syncs", f"steps {first}-{first + red.steps - 1}: host syncs from {srcs}")
+        return rows
+
+    def _info(self, component: str, message: str) -> None:
+        # Picked up by the next flush as an events row of level "info".
+        self._m._append((EV_INFO, "info", (component, message)))

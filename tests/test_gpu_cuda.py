@@ -1,0 +1,184 @@
+"""GPU signals on a real CUDA device: sync-free hot path, GPU columns, the sampled window, back-off.
+
+Skipped without CUDA (CPU CI); run on the H200 via the device tools (see docs/gpu-validation.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.requires_cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256)
+    ).cuda()
+
+
+def _read(run_path, kind):
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(run_path, kind)
+    rows = []
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".parquet"):
+                rows.extend(pq.read_table(os.path.join(folder, name)).to_pylist())
+    return rows
+
+
+def _train(mon, model, opt, steps, x, y):
+    for _ in range(steps):
+        with mon.step():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+@pytest.fixture()
+def monitor(tmp_path, monkeypatch):
+    import ranksight
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    mons = []
+
+    def make(**opts):
+        mon = ranksight.init(
+            run_dir=str(tmp_path), job="gpu-test", run_id=f"t{len(mons)}", flush_interval_s=0.3, extra=opts
+        )
+        mons.append(mon)
+        return mon
+
+    yield make
+    for m in mons:
+        m.close()
+
+
+def test_monitored_steps_never_sync_the_device(monitor):
+    """Under sync debug mode "error", a monitored loop with a sampled window raises nothing."""
+    mon = monitor(trace_first_step=3, trace_steps=2, trace_every_steps=10, allocator_every_s=0.1, snapshot_every_s=0.1)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    _train(mon, model, opt, 2, x, y)  # warm-up outside the checked region (lazy init may sync)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _train(mon, model, opt, 30, x, y)  # two windows: steps 3-4 and ~15-16
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert mon._gpu.window.windows_done >= 2
+    mon.close()
+    assert mon.errors == {}
+    steps = _read(mon.run_path, "steps")
+    assert len(steps) == 32
+    resolved = [r for r in steps if r["gpu_step_s"] is not None]
+    assert len(resolved) >= 28  # the last step or two may be dropped, never waited for
+    for r in resolved:
+        assert r["gpu_step_s"] > 0
+        assert 0 <= r["h2d_s"] <= r["gpu_step_s"] * 1.01
+        assert 0 < r["gpu_compute_s"] <= r["gpu_step_s"] * 1.01
+    names = {s["name"] for s in _read(mon.run_path, "samples")}
+    assert {"kernel_busy_ratio", "idle_ratio", "kernels_per_step", "memory_reserved_bytes"} <= names
+
+
+def test_window_shares_are_consistent_and_match_the_saved_trace(monitor, tmp_path):
+    """The window reduced from live profiler events equals the reduction of its exported Chrome trace."""
+    from ranksight.agent._trace_reduce import events_from_chrome, reduce_window
+
+    trace_dir = tmp_path / "traces"
+    mon = monitor(trace_first_step=4, trace_steps=2, trace_every_steps=1000, trace_dir=str(trace_dir))
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    host = torch.randn(256, 256).pin_memory()
+    y = torch.randn(256, 256, device="cuda")
+    for _ in range(12):
+        with mon.step():
+            x = host.to("cuda", non_blocking=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    mon.close()
+    live = {s["name"]: s["value"] for s in _read(mon.run_path, "samples")}
+    for k in ("kernel_busy_ratio", "compute_kernel_ratio", "memcpy_ratio", "idle_ratio", "h2d_copy_ratio"):
+        assert 0.0 <= live[k] <= 1.0, k
+    assert live["h2d_pageable_ratio"] == 0.0  # pinned source
+    assert live["kernels_per_step"] >= 5
+    (path,) = list(trace_dir.iterdir())
+    with open(path) as f:
+        red = reduce_window(events_from_chrome(json.load(f)))
+    for k in ("kernel_busy_ratio", "idle_ratio", "h2d_copy_ratio", "kernels_per_step"):
+        assert red.samples[k] == pytest.approx(live[k], rel=0.02, abs=0.005), k
+
+
+def test_window_backs_off_when_the_user_profiles(monitor):
+    mon = monitor(trace_first_step=2, trace_steps=1, trace_every_steps=1000)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _train(mon, model, opt, 6, x, y)
+    assert mon._gpu.window.windows_done == 0
+    assert any(e.name.startswith("aten::") for e in prof.events())  # the user's trace is intact
+    mon.close()
+    events = _read(mon.run_path, "events")
+    assert any(e["component"] == "trace_window_backoff" for e in events)
+    assert mon.errors == {}
+
+
+def test_nvml_reports_the_rank_device(monitor):
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        pytest.skip("NVML not usable here")
+    mon = monitor(trace_window=False)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(512, 256, device="cuda"), torch.randn(512, 256, device="cuda")
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < 2.5:
+        _train(mon, model, opt, 20, x, y)
+    torch.cuda.synchronize()
+    mon.close()
+    samples = _read(mon.run_path, "samples")
+    util = [s["value"] for s in samples if s["name"] == "gpu_utilization_ratio"]
+    used = [s["value"] for s in samples if s["name"] == "gpu_memory_used_bytes"]
+    assert util and all(0.0 <= u <= 1.0 for u in util)
+    assert max(util) > 0.0  # the GPU was busy training
+    assert used and min(used) >= torch.cuda.memory_reserved() * 0.5
+
+
+def test_snapshot_fragmentation_matches_allocator_counters():
+    """On the device: free bytes of the snapshot = reserved - active, as the allocator counts them."""
+    from ranksight.agent._allocator import fragmentation_from_snapshot
+
+    keep = [torch.empty((i % 7 + 1) << 20, dtype=torch.uint8, device="cuda") for i in range(64)]
+    del keep[::2]
+    torch.cuda.synchronize()
+    frag = fragmentation_from_snapshot(torch.cuda.memory_snapshot(), torch.cuda.current_device())
+    stats = torch.cuda.memory_stats()
+    assert frag is not None
+    assert frag["free_bytes"] == stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
+    assert 0.0 <= frag["fragmentation_ratio"] < 1.0
+    del keep
