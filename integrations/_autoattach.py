@@ -113,7 +113,10 @@ class _ZeroEdit:
         if m is None or not m._active:
             return
         try:
-            self.steps.optimizer_post(optimizer, args, kwargs)  # type: ignore[union-attr]
+            steps = self.steps
+            steps.optimizer_post(optimizer, args, kwargs)  # type: ignore[union-attr]
+            if not steps.loader_driven and not m._in_step:  # type: ignore[union-attr]
+                m.step_begin()  # no DataLoader in this loop: a step runs from one optimizer step to the next
             if self._find_steps_left > 0:
                 self._look_for_model(optimizer)
         except Exception as exc:

@@ -88,11 +88,13 @@ class ImplicitSteps:
     evaluation loop) is dropped instead of recorded.
     """
 
-    __slots__ = ("_m", "_opened_by")
+    __slots__ = ("_m", "_opened_by", "loader_driven")
 
     def __init__(self, monitor: Any) -> None:
         self._m = monitor
         self._opened_by: Any = None
+        self.loader_driven = False
+        """Whether a step opened by a batch was closed by an optimizer step (``ranksight run`` falls back without)."""
 
     def fetched(self, source: Any, begin_ns: int) -> None:
         """A batch arrived from ``source`` after waiting since ``begin_ns``."""
@@ -118,7 +120,9 @@ class ImplicitSteps:
         if m._in_step and m._opt_begin_ns:
             m._opt_end_ns = m._clock()
             m.step_end()
-            self._opened_by = None
+            if self._opened_by is not None:
+                self.loader_driven = True
+                self._opened_by = None
 
 
 class TimedIterator:
@@ -197,7 +201,7 @@ def find_ddp_wrapper(model: Any) -> Any:
             for holder in gc.get_referrers(obj):
                 if isinstance(holder, ddp_cls) and holder.module is model:
                     return holder
-                if isinstance(holder, dict) and holder is not frontier:
+                if isinstance(holder, dict):
                     dicts.append(holder)
         frontier = dicts[:64]  # bounded: a module is held by few dicts
     return model

@@ -114,6 +114,29 @@ def test_exit_code_passes_through_and_other_sitecustomize_still_runs(tmp_path):
     assert marker.read_text() == "ran"
 
 
+def test_loop_without_a_dataloader_gets_steps_between_optimizer_steps(tmp_path):
+    loop = (
+        "import torch\n"
+        "model = torch.nn.Linear(8, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in [torch.randn(4, 8) for _ in range(6)]:\n"
+        "    model(x).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    runs_dir = str(tmp_path / "runs")
+    cmd = RANKSIGHT + ["run", "--run-dir", runs_dir, "--run-id", "lists", "--quiet", "--", sys.executable, "-c", loop]
+    proc = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = (
+        open_run(os.path.join(runs_dir, "lists"))
+        .execute("SELECT step, data_wait_s, compute_s IS NOT NULL, optimizer_s IS NOT NULL FROM steps ORDER BY step")
+        .fetchall()
+    )
+    # 6 optimizer steps bound 5 steps; no loader, so no data wait; the model is found in the first one.
+    assert rows == [(s, None, True, True) for s in range(5)]
+
+
 def test_without_ranksight_run_nothing_is_patched(tmp_path):
     probe = "from torch.utils.data import DataLoader; print(hasattr(DataLoader.__iter__, '_ranksight'))"
     proc = subprocess.run([sys.executable, "-c", probe], env=_clean_env(), capture_output=True, text=True)
