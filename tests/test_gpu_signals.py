@@ -1,0 +1,248 @@
+"""CPU-testable parts of the GPU signals, on real traces and an allocator snapshot recorded on an H200.
+
+Fixtures (tests/data/gpu/, recorded by benchmarks/gpu_validate.py on the H200 with torch 2.11 / CUDA 13):
+``window_{baseline,pageable,cpu_layernorm,item}.json.gz`` are the agent's sampled windows (2 steps of a
+small GPT-like model, bf16) with one fault planted each; ``snapshot_fragmented.json.gz`` is a trimmed
+``torch.cuda.memory_snapshot()`` after a fragmenting allocation pattern, with the allocator's counters.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ranksight.agent._allocator import fragmentation_from_snapshot
+from ranksight.agent._nvml import nvml_index_for
+from ranksight.agent._trace_reduce import events_from_chrome, reduce_window
+
+DATA = Path(__file__).parent / "data" / "gpu"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str) -> dict:
+    with gzip.open(DATA / name, "rt") as f:
+        return json.load(f)
+
+
+def _truth_module():
+    spec = importlib.util.spec_from_file_location("gpu_truth", ROOT / "benchmarks" / "gpu_truth.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def windows() -> dict:
+    return {
+        name: reduce_window(events_from_chrome(_load(f"window_{name}.json.gz")))
+        for name in ("baseline", "pageable", "cpu_layernorm", "item")
+    }
+
+
+@pytest.mark.parametrize("name", ["baseline", "pageable", "cpu_layernorm", "item"])
+def test_reducer_agrees_with_an_independent_grid_analysis(name, windows):
+    """Interval unions vs painting a 100 ns grid from the JSON (flow-linked launches): within 0.5 pp."""
+    truth = _truth_module().truth_from_trace(_load(f"window_{name}.json.gz"))
+    got = windows[name].samples
+    for key in ("compute_kernel_ratio", "comm_kernel_ratio", "memcpy_ratio", "h2d_copy_ratio", "idle_ratio"):
+        assert got[key] == pytest.approx(truth[key], abs=0.005), key
+    assert windows[name].span_ns * 1e-9 == pytest.approx(truth["span_s"], rel=1e-3)
+
+
+def test_pageable_loader_shows_as_pageable_copies(windows):
+    base, page = windows["baseline"].samples, windows["pageable"].samples
+    assert base["h2d_pageable_ratio"] == 0.0
+    assert page["h2d_pageable_ratio"] == 1.0
+    assert page["h2d_copy_ratio"] > 3 * base["h2d_copy_ratio"]
+    # A pageable .to("cuda") blocks the host: one sync per tensor copied (input and target).
+    assert page["host_syncs_per_step"] == 2.0
+    assert windows["pageable"].sync_sources[0][0].startswith("aten::to")
+
+
+def test_layernorm_left_on_the_cpu_shows_as_cpu_ops(windows):
+    base, cpu_ln = windows["baseline"], windows["cpu_layernorm"]
+    assert cpu_ln.samples["cpu_op_ratio"] > 0.05
+    assert cpu_ln.samples["cpu_op_ratio"] > 5 * base.samples["cpu_op_ratio"]
+    top = [name for name, _ in cpu_ln.cpu_ops_top]
+    assert any("layer_norm" in name for name in top[:3])
+    assert not any("layer_norm" in name for name, _ in base.cpu_ops_top)
+
+
+def test_item_in_the_loop_shows_as_one_host_sync_per_step(windows):
+    assert windows["baseline"].samples["host_syncs_per_step"] == 0.0
+    item = windows["item"]
+    assert item.samples["host_syncs_per_step"] == 1.0
+    assert item.sync_sources == [("aten::item (cudaStreamSynchronize)", 1.0)]
+
+
+def test_window_shares_are_well_formed(windows):
+    for red in windows.values():
+        s = red.samples
+        assert red.steps == 2 and s["trace_window_steps"] == 2.0
+        for key in ("kernel_busy_ratio", "idle_ratio", "memcpy_ratio", "idle_host_wait_ratio", "short_kernel_ratio"):
+            assert 0.0 <= s[key] <= 1.0, key
+        assert s["idle_host_wait_ratio"] <= s["idle_ratio"] + 1e-9
+        assert s["kernels_per_step"] > 50
+        assert 0.0 < s["launch_delay_seconds"] < 0.1
+        assert "comm_overlap_ratio" not in s  # no NCCL kernels on one GPU: absent, not zero
+
+
+def test_window_without_marks_reduces_to_nothing():
+    assert reduce_window(events_from_chrome({"traceEvents": []})) is None
+
+
+def test_fragmentation_of_a_recorded_snapshot_matches_the_allocator_counters():
+    snap = _load("snapshot_fragmented.json.gz")
+    frag = fragmentation_from_snapshot(snap["segments"], device=0)
+    stats = snap["memory_stats"]
+    # Free blocks of the snapshot are exactly what the allocator reserves but no tensor holds.
+    assert frag["free_bytes"] == stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
+    assert frag["fragmentation_ratio"] == pytest.approx(1 - frag["largest_free_bytes"] / frag["free_bytes"])
+    assert frag["fragmentation_ratio"] > 0.5  # the planted pattern left free memory in pieces
+    assert frag["free_blocks"] >= stats["inactive_split.all.current"]
+    assert fragmentation_from_snapshot(snap["segments"], device=1) is None  # another GPU: nothing
+
+
+def test_fragmentation_edge_cases():
+    one_free = [
+        {"device": 0, "blocks": [{"size": 512, "state": "inactive"}, {"size": 512, "state": "active_allocated"}]}
+    ]
+    assert fragmentation_from_snapshot(one_free)["fragmentation_ratio"] == 0.0
+    assert fragmentation_from_snapshot([{"device": 0, "blocks": [{"size": 8, "state": "active_allocated"}]}]) is None
+    halves = [{"device": 0, "blocks": [{"size": 100, "state": "inactive"}, {"size": 100, "state": "inactive"}]}]
+    assert fragmentation_from_snapshot(halves)["fragmentation_ratio"] == 0.5
+
+
+def test_nvml_index_mapping():
+    uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
+    assert nvml_index_for(0, "bbbb-2222", uuids, None) == 1  # torch's UUID has no "GPU-" prefix
+    assert nvml_index_for(0, None, uuids, "2,0") == 2  # CUDA index 0 is the first visible device
+    assert nvml_index_for(1, None, uuids, "2,0") == 0
+    assert nvml_index_for(0, None, uuids, "GPU-cccc") == 2  # visible devices given by UUID prefix
+    assert nvml_index_for(1, None, uuids, None) == 1
+
+
+@pytest.fixture()
+def monitor(tmp_path, monkeypatch):
+    import ranksight
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    mon = ranksight.init(run_dir=str(tmp_path), job="gpu-cpu", run_id="cpu", flush_interval_s=0.2)
+    yield mon
+    mon.close()
+
+
+def _read(run_path: str, kind: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(run_path, kind)
+    if not os.path.isdir(folder):
+        return []
+    return [
+        r
+        for n in sorted(os.listdir(folder))
+        if n.endswith(".parquet")
+        for r in pq.read_table(os.path.join(folder, n)).to_pylist()
+    ]
+
+
+def test_nvml_absent_without_a_driver_warns_once(monitor):
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pytest.skip("NVML works here; this test is for machines without it")
+    except pynvml.NVMLError:
+        pass
+    from ranksight.agent._nvml import NvmlSampler
+
+    sampler = NvmlSampler(monitor, 0)
+    assert sampler() == [] and sampler() == []
+    monitor.close()
+    warnings = [e for e in _read(monitor.run_path, "events") if e["component"] == "nvml"]
+    assert len(warnings) == 1 and warnings[0]["level"] == "warning"
+
+
+def test_cpu_job_has_gpu_signals_absent_not_zero(monitor):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor.watch(model, optimizer=opt)
+    for _ in range(5):
+        with monitor.step():
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+    monitor.close()
+    steps = _read(monitor.run_path, "steps")
+    assert len(steps) == 5
+    assert all(r["gpu_step_s"] is None and r["gpu_compute_s"] is None and r["h2d_s"] is None for r in steps)
+    assert monitor._gpu is None and monitor.errors == {}
+    from ranksight.schema import SAMPLE_NAMES
+
+    gpu_names = {n for n in SAMPLE_NAMES if n.startswith(("gpu_", "memory_", "kernel", "h2d", "idle"))}
+    assert not any(s["name"] in gpu_names for s in _read(monitor.run_path, "samples"))
+
+
+def test_trace_window_state_machine_on_cpu(monitor):
+    """The window starts when due, stops after its steps, backs off under a user's profiler, and reduces."""
+    torch = pytest.importorskip("torch")
+    from ranksight.agent._monitor import EV_GPU
+    from ranksight.agent._trace_window import TraceWindow, events_from_kineto
+
+    w = TraceWindow(monitor, steps=2, every_steps=6, every_s=0, first_step=2, use_cuda=False)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+    x = torch.randn(8, 64)
+    payloads = []
+
+    def run(steps):
+        for step in range(steps):
+            with monitor.step():
+                if w.due(step, time.perf_counter_ns()):
+                    w.begin(step)
+                model(x).sum().backward()
+                if w.state:
+                    w.end(step)
+            payloads.extend(e[2] for e in list(monitor._events) if e[0] == EV_GPU and e[2] not in payloads)
+
+    run(14)
+    assert w.windows_done == 2  # steps 2-3 (+ step 4 while it stops), then 6 steps later: 10-11 (+ 12)
+    assert not torch._C._autograd._profiler_enabled()
+    _, result, first, last = payloads[0]
+    assert (first, last) == (2, 4)
+    assert events_from_kineto(result) == events_from_kineto(result, use_activity_type=False)
+    rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
+    assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
+    assert "kernel_busy_ratio" not in rows  # no GPU in the trace: absent, not zero
+
+    w.next_step = 0
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        run(3)
+    assert w.windows_done == 2  # backed off
+    assert "trace_window_backoff" in monitor._reported
+
+    w.next_step = 0
+    w.begin(0)
+    w.abort()
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_chrome_events_normalise_times_and_kinds(tmp_path):
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2.0, "tid": 7, "args": {"correlation": 3}},
+            {"ph": "X", "cat": "gpu_user_annotation", "name": "ranksight#window", "ts": 0, "dur": 9, "tid": 7},
+            {"ph": "i", "cat": "kernel", "name": "instant", "ts": 1},
+        ]
+    }
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump(trace, f)
+    with gzip.open(p, "rt") as f:
+        (ev,) = events_from_chrome(json.load(f))
+    assert (ev.kind, ev.start_ns, ev.end_ns, ev.lane, ev.corr) == ("kernel", 1500, 3500, 7, 3)
