@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--run-dir", default="ranksight-runs")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--accelerator", default="cpu", help="cpu (gloo), or gpu (NCCL, one GPU per device)")
     parser.add_argument("--slow-data", action="store_true", help="plant an input-bound loader")
     args = parser.parse_args()
 
@@ -62,7 +63,7 @@ def main() -> None:
     batch = 256
     data = Samples(n=batch * (args.steps + 2) * args.devices, decode_s=0.0004 if args.slow_data else 0.0)
     trainer = Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         max_steps=args.steps,
