@@ -33,6 +33,9 @@ CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-param
 GPU_FAULTS = ("pageable", "cpu-op", "host-sync", "fragmentation")
 FAULTS = CPU_FAULTS + GPU_FAULTS
 DDP_STATS_EVERY_STEPS = 10  # read DDP's logging data (unused parameters) often: demo runs are short
+# GPU sampling settings (Config.extra) sized for a demo of tens of steps instead of hours: a traced
+# window early and then every 20 steps, allocator stats twice a second, a memory snapshot every 2 s.
+GPU_SAMPLING = {"trace_first_step": 10, "trace_every_steps": 20, "allocator_every_s": 0.5, "snapshot_every_s": 2.0}
 
 
 @dataclass
@@ -88,9 +91,15 @@ def _build(cfg: DemoConfig, rank: int, device):
 
     # Healthy shape: enough compute per step that 2 CPU ranks are not all-reduce bound.
     width, depth, batch, n_items, in_features, item_sleep_s = 128, 3, 8192, 65536, 32, 0.0
-    pin_memory = device.type == "cuda"  # the healthy way to feed a GPU
+    on_gpu = device.type == "cuda"
+    # The healthy way to feed a GPU: pinned batches prepared by worker processes. On a GPU the model is
+    # wider too, so a healthy step is GPU work rather than Python overhead. (On CPU, workers would only
+    # compete with the ranks for the same cores.)
+    pin_memory, num_workers = on_gpu, (2 if on_gpu else 0)
+    if on_gpu:
+        width, depth = 1024, 4
     if cfg.fault == "input":
-        item_sleep_s = 0.00001  # 10 us per item: ~80 ms per 8192-item batch
+        item_sleep_s, num_workers = 0.00001, 0  # 10 us per item in the main process: ~80 ms per batch
     if cfg.fault == "sync":
         width, depth, batch = 1536, 6, 4
     if cfg.fault == "pageable":
@@ -137,7 +146,12 @@ def _build(cfg: DemoConfig, rank: int, device):
     model = Net().to(device)
     sampler = torch.utils.data.BatchSampler(range(n_items), batch, drop_last=False)
     loader = torch.utils.data.DataLoader(
-        Synthetic(), sampler=sampler, batch_size=None, num_workers=0, pin_memory=pin_memory
+        Synthetic(),
+        sampler=sampler,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
     )
     return model, loader, nn.MSELoss()
 
@@ -152,25 +166,43 @@ def _host_sync_normalise(x):
 
 
 class _Fragmenter:
-    """The fragmentation fault: scratch buffers of random sizes (1-10 MiB, the allocator's 20 MiB
-    segments), every other one kept alive for a while, so freed blocks leave holes segments cannot
-    return or reuse for the next, differently sized, request."""
+    """The fragmentation fault: scratch buffers of random sizes (1-10 MiB: the allocator carves them out of
+    20 MiB segments), every other one kept alive for a while, under a per-process memory cap set just
+    above what training needs. Freed blocks leave holes that segments can neither return nor reuse for
+    the next, differently sized, request, so the allocator hits the cap, flushes its cache and retries."""
 
     def __init__(self, device, seed: int) -> None:
         import collections
         import random
 
         self._device, self._rng = device, random.Random(seed)
-        self._kept = collections.deque(maxlen=96)
+        self._kept = collections.deque(maxlen=48)
+        self._capped = False
 
-    def step(self) -> None:
+    def step(self, step: int) -> None:
         import torch
 
-        for i in range(12):
-            n = self._rng.randrange(256 * 1024, 10 * 256 * 1024)  # float32 elements: 1-10 MiB
-            t = torch.empty(n, device=self._device)
-            if i % 2:
-                self._kept.append(t)
+        if not self._capped and step == 3:  # training's own peak is known after a few steps
+            total = torch.cuda.get_device_properties(self._device).total_memory
+            cap = torch.cuda.max_memory_allocated(self._device) + 320 * 2**20
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self._device)
+            self._capped = True
+        try:
+            for i in range(12):
+                n = self._rng.randrange(256 * 1024, 10 * 256 * 1024)  # float32 elements: 1-10 MiB
+                t = torch.empty(n, device=self._device)
+                if i % 2:
+                    self._kept.append(t)
+        except torch.cuda.OutOfMemoryError:
+            self.release()
+
+    def release(self) -> None:
+        """What a user's code does after an OOM: drop its own cache and go on."""
+        import torch
+
+        for _ in range(len(self._kept) // 2):
+            self._kept.popleft()
+        torch.cuda.empty_cache()
 
 
 def _device_and_backend(cfg: DemoConfig, rank: int):
@@ -213,6 +245,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         job=cfg.job,
         flush_interval_s=cfg.flush_interval_s,
         ddp_stats_every_steps=DDP_STATS_EVERY_STEPS,
+        extra=dict(GPU_SAMPLING) if device.type == "cuda" else {},
     )
     model, loader, loss_fn = _build(cfg, rank, device)
     if cfg.ranks > 1:
@@ -232,16 +265,21 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         for x, y in mon.loader(loader):
             if cfg.fault == "graph-break" and step % 10 == 9:
                 x, y = x[: 8 + step % 7], y[: 8 + step % 7]  # ragged batches: recompiles
-            with mon.step():
-                x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-                if cfg.fault == "host-sync":
-                    x = _host_sync_normalise(x)
-                if fragmenter is not None:
-                    fragmenter.step()
-                loss = loss_fn(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            try:
+                with mon.step():
+                    x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+                    if cfg.fault == "host-sync":
+                        x = _host_sync_normalise(x)
+                    if fragmenter is not None:
+                        fragmenter.step(step)
+                    loss = loss_fn(model(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            except torch.cuda.OutOfMemoryError:
+                if fragmenter is None:
+                    raise
+                fragmenter.release()  # the capped fragmentation fault: shed scratch memory and go on
             step += 1
             if step == cfg.kill_rank_at_step and rank == cfg.ranks - 1:
                 time.sleep(cfg.flush_interval_s * 2.5)  # let at least one flush happen first

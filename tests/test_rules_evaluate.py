@@ -55,6 +55,7 @@ def test_healthy_cpu_frame_has_no_warning_and_gpu_rules_stay_silent(ruleset):
     assert all(f["severity"] == "info" for f in findings), findings
     # Every GPU signal is absent on this frame: none of the GPU rules may fire, even at info.
     gpu_rules = {"pageable-copies", "input-path-syncs", "cpu-ops", "fragmentation", "launch-bound", "memory-imbalance"}
+    gpu_rules |= {"h2d-bound", "gpu-starved", "alloc-retries"}
     assert not gpu_rules & set(rules_of(findings))
 
 
@@ -136,12 +137,20 @@ def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
         "pageable-copies": {"h2d_copy_ratio": 0.4, "h2d_pageable_ratio": 1.0},
         "cpu-ops": {"cpu_op_ratio": 0.3},
         "input-path-syncs": {"host_syncs_per_step": 4.0},
-        "fragmentation": {"memory_fragmentation_ratio": 0.7, "memory_alloc_retries_total": 0.0},
+        "fragmentation": {"memory_fragmentation_ratio": 0.7, "memory_alloc_retries_total": 3.0},
+        "h2d-bound": {"h2d_share": 0.6},
         "launch-bound": {"idle_host_wait_ratio": 0.5, "short_kernel_ratio": 0.8, "kernels_per_step": 900},
     }
     for rule, signals in cases.items():
         first = evaluate(ruleset.rules, frame(r0={**gpu, **signals}))[0]
         assert first["rule"] == rule, (rule, rules_of(evaluate(ruleset.rules, frame(r0={**gpu, **signals}))))
+    # Fragmentation without memory pressure (no retries, plenty of headroom) costs nothing: silent.
+    relaxed = {**gpu, "memory_fragmentation_ratio": 0.5, "memory_alloc_retries_total": 0.0}
+    relaxed["memory_headroom_ratio"] = 0.99
+    assert "fragmentation" not in rules_of(evaluate(ruleset.rules, frame(r0=relaxed)))
+    # The trace-based cause outranks the step-level symptom it explains.
+    both = {**gpu, **cases["pageable-copies"], **cases["h2d-bound"]}
+    assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["pageable-copies", "h2d-bound"]
     # A CPU op that also leaves the GPU idle: the CPU op is the cause, launch-bound the symptom.
     both = {**gpu, **cases["cpu-ops"], **cases["launch-bound"]}
     assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["cpu-ops", "launch-bound"]
