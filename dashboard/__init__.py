@@ -1,7 +1,7 @@
 """The Streamlit dashboard: per-rank heatmaps, step-time breakdown, diagnosis, run comparison.
 
 Importing this package needs neither Streamlit nor torch: the query functions (``_queries``) and the
-rollup (``_rollup``) are plain DuckDB code; only ``app.py`` and ``pages/`` import Streamlit.
+rollup (``_rollup``) are plain DuckDB code; only ``app.py``, ``_data``, ``_view`` and ``_pages/`` import Streamlit.
 """
 
 from ._rollup import Rollup

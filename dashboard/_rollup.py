@@ -23,8 +23,8 @@ _SUMS = PHASES + ("step_s", "allreduce_s")
 
 
 def chunk_steps_for(world_size: int) -> int:
-    """Steps per rollup row: 1 for small jobs (full detail), more for big ones (~64 ranks per step row)."""
-    return max(1, int(world_size) // 64)
+    """Steps per rollup row: 1 for small jobs (full detail), 64 at 1,024 ranks (~16 rollup rows per step)."""
+    return max(1, int(world_size) // 16)
 
 
 class Rollup:
@@ -42,7 +42,9 @@ class Rollup:
         self._kinds_with_files = self._present_kinds()
         if chunk_steps is None:
             ws = self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
-            chunk_steps = chunk_steps_for(ws or len(glob.glob(os.path.join(run_path, "ranks", "rank-*.json"))))
+            chunk_steps = chunk_steps_for(
+                ws or len(glob.glob(os.path.join(glob.escape(run_path), "ranks", "rank-*.json")))
+            )
         self.chunk_steps = int(chunk_steps)
         sums = ", ".join(f"{c[:-2]}_sum DOUBLE" for c in _SUMS)
         self.con.execute(
@@ -54,7 +56,7 @@ class Rollup:
         self.refresh()
 
     def _present_kinds(self) -> frozenset[str]:
-        return frozenset(k for k in KINDS if glob.glob(os.path.join(self.run_path, k, "*.parquet")))
+        return frozenset(k for k in KINDS if glob.glob(os.path.join(glob.escape(self.run_path), k, "*.parquet")))
 
     def cursor(self):
         """A cursor on the rollup's database, for one caller's queries."""
@@ -69,7 +71,9 @@ class Rollup:
                     self.con.execute(f"DROP TABLE IF EXISTS {k}")
                 open_run(self.run_path, self.con)
                 self._kinds_with_files = kinds
-            files = sorted(set(glob.glob(os.path.join(self.run_path, "steps", "*.parquet"))) - self._loaded)
+            files = sorted(
+                set(glob.glob(os.path.join(glob.escape(self.run_path), "steps", "*.parquet"))) - self._loaded
+            )
             if not files:
                 return False
             sums = ", ".join(f"sum({c}) AS {c[:-2]}_sum" for c in _SUMS)

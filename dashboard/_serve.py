@@ -42,6 +42,8 @@ def serve_command(port: int = 8501, host: str = "127.0.0.1") -> list[str]:
         "none",
         "--global.developmentMode",
         "false",
+        "--client.toolbarMode",
+        "minimal",
         "--theme.base",
         "light",
     ]

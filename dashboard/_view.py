@@ -169,11 +169,14 @@ def heatmap_chart(hm: dict) -> alt.Chart:
     fmt = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}[hm["unit"]]
     scheme = alt.Scale(scheme="orangered", reverse=hm["metric"] == "gpu_utilization_ratio")
     rows = max(1, len(hm["rows"]))
+    last = max(hm["cells"], key=lambda c: c["bin"], default=None)
+    per_bin = last["t_s"] / last["bin"] if last and last["bin"] else None
+    x_title = "time →" + (f" ({per_bin:.1f} s per column)" if per_bin else "")
     return (
         alt.Chart(df)
         .mark_rect()
         .encode(
-            x=alt.X("bin:O", title="time bin", axis=alt.Axis(labels=False, ticks=False)),
+            x=alt.X("bin:O", title=x_title, axis=alt.Axis(labels=False, ticks=False)),
             y=alt.Y(
                 "label:N",
                 sort=alt.EncodingSortField(field="row", op="min"),

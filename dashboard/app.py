@@ -1,6 +1,6 @@
 """The dashboard's entry script: pick the source and the run, then hand over to the page.
 
-Served by ``ranksight dashboard`` (``streamlit run`` on this file); each page under ``pages/`` holds
+Served by ``ranksight dashboard`` (``streamlit run`` on this file); each page under ``_pages/`` holds
 layout only and reads data through ``_data`` (cached) and ``_queries`` (plain functions).
 """
 
@@ -11,7 +11,7 @@ import streamlit as st
 from ranksight.dashboard import _data, _source
 from ranksight.dashboard._view import Context, md_escape, run_label
 
-st.set_page_config(page_title="ranksight", page_icon="📉", layout="wide")
+st.set_page_config(page_title="ranksight", layout="wide")
 
 source = _source.from_env()
 runs = tuple(_data.runs(source.root))
@@ -41,16 +41,44 @@ st.session_state["_ranksight_ctx"] = Context(source, runs, selected)
 
 here = os.path.dirname(os.path.abspath(__file__))
 pages = [
-    st.Page(os.path.join(here, "pages", "verdict.py"), title="Verdict", icon="🩺", url_path="verdict", default=True),
-    st.Page(os.path.join(here, "pages", "runs.py"), title="Runs", icon="🗂️", url_path="runs"),
-    st.Page(os.path.join(here, "pages", "breakdown.py"), title="Step-time breakdown", icon="⏱️", url_path="breakdown"),
-    st.Page(os.path.join(here, "pages", "heatmaps.py"), title="Per-rank heatmaps", icon="🟥", url_path="heatmaps"),
-    st.Page(os.path.join(here, "pages", "signals.py"), title="Signals", icon="📈", url_path="signals"),
-    st.Page(os.path.join(here, "pages", "compare.py"), title="Compare two runs", icon="⚖️", url_path="compare"),
+    st.Page(
+        os.path.join(here, "_pages", "verdict.py"),
+        title="Verdict",
+        icon=":material/stethoscope:",
+        url_path="verdict",
+        default=True,
+    ),
+    st.Page(os.path.join(here, "_pages", "runs.py"), title="Runs", icon=":material/folder_open:", url_path="runs"),
+    st.Page(
+        os.path.join(here, "_pages", "breakdown.py"),
+        title="Step-time breakdown",
+        icon=":material/timer:",
+        url_path="breakdown",
+    ),
+    st.Page(
+        os.path.join(here, "_pages", "heatmaps.py"),
+        title="Per-rank heatmaps",
+        icon=":material/grid_on:",
+        url_path="heatmaps",
+    ),
+    st.Page(
+        os.path.join(here, "_pages", "signals.py"), title="Signals", icon=":material/monitoring:", url_path="signals"
+    ),
+    st.Page(
+        os.path.join(here, "_pages", "compare.py"),
+        title="Compare two runs",
+        icon=":material/compare_arrows:",
+        url_path="compare",
+    ),
 ]
 if source.prometheus:
     pages.append(
-        st.Page(os.path.join(here, "pages", "prometheus.py"), title="Prometheus", icon="🔥", url_path="prometheus")
+        st.Page(
+            os.path.join(here, "_pages", "prometheus.py"),
+            title="Prometheus",
+            icon=":material/database:",
+            url_path="prometheus",
+        )
     )
 with st.sidebar:
     if selected is not None:

@@ -54,6 +54,7 @@ def _check_port(host: str, port: int) -> None:
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no conflict
         try:
             s.bind((host, port))
         except OSError as exc:

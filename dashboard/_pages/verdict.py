@@ -5,7 +5,7 @@ import streamlit as st
 from ranksight.dashboard import _data
 from ranksight.dashboard._view import context, guard, live_panel, md_escape, require_run, share_sentence
 
-_ICONS = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+_COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
 ctx = context()
 st.title("Verdict")
 
@@ -27,10 +27,10 @@ def verdict(path: str) -> None:
             st.success("no findings: nothing in this run crosses a rule's threshold")
         for i, f in enumerate(findings):
             with st.container(border=True):
-                icon = _ICONS.get(f.get("severity"), "⚪")
-                st.markdown(f"#### {icon} {i + 1}. {md_escape(f.get('rule', '?'))}")
-                st.caption(
-                    f"{md_escape(f.get('axis', '?'))} · {md_escape(f.get('severity', '?'))} · "
+                severity = str(f.get("severity", "?"))
+                st.markdown(f"#### {i + 1}. {md_escape(f.get('rule', '?'))}")
+                st.markdown(
+                    f":{_COLORS.get(severity, 'gray')}-badge[{md_escape(severity)}] {md_escape(f.get('axis', '?'))} · "
                     f"confidence {float(f.get('confidence') or 0):.0%} · ranks "
                     f"{md_escape(_ranks(f.get('ranks') or []))}"
                 )
@@ -66,7 +66,7 @@ def _ranks(ranks: list) -> str:
 
 
 def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if require_run(ctx):

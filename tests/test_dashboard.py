@@ -1,0 +1,395 @@
+"""Dashboard: loaders and rollup without Streamlit, every page through AppTest, the CLI command.
+
+One real demo run (2 gloo ranks, planted input-bound loader) is recorded per module; synthetic
+stores written with the record schema cover what a small CPU job cannot (1,024 ranks, a straggler,
+GPU samples, odd run names, a corrupt segment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ranksight.collectors import PHASES, open_run, step_breakdown
+from ranksight.dashboard import APP_PATH, Rollup, resolve
+from ranksight.dashboard import _queries as q
+from ranksight.schema import arrow_schema
+
+DEMO_STEPS = 30
+
+
+# ---------------------------------------------------------------- synthetic stores
+
+
+def write_run(
+    path: str,
+    ranks: int,
+    steps: int,
+    *,
+    straggler: int = -1,
+    data_wait_s: float = 0.01,
+    status: str = "finished",
+    first_step: int = 0,
+    segment: str = "seg",
+    samples: bool = False,
+    flush_interval_s: float = 1.0,
+) -> str:
+    """Write rank metadata and one steps segment (and optional GPU samples) with the real schema."""
+    os.makedirs(os.path.join(path, "ranks"), exist_ok=True)
+    os.makedirs(os.path.join(path, "steps"), exist_ok=True)
+    now = time.time_ns()
+    run = os.path.basename(path)
+    for r in range(ranks):
+        meta = {
+            "rank": r,
+            "job": "synthetic",
+            "run": run,
+            "world_size": ranks,
+            "status": status,
+            "started_ns": now - 10**10,
+            "heartbeat_ns": now,
+            "steps": first_step + steps,
+            "flush_interval_s": flush_interval_s,
+        }
+        with open(os.path.join(path, "ranks", f"rank-{r:05d}.json"), "w") as f:
+            json.dump(meta, f)
+    rk = np.repeat(np.arange(ranks, dtype=np.int32), steps)
+    st = np.tile(np.arange(first_step, first_step + steps, dtype=np.int64), ranks)
+    n = len(rk)
+    compute = np.where(rk == straggler, 0.2, 0.1)
+    comm = np.where(rk == straggler, 0.0, 0.1)
+    cols = {
+        "job": ["synthetic"] * n,
+        "run": [run] * n,
+        "node": [f"n{r // 8}" for r in rk],
+        "rank": rk,
+        "local_rank": rk % 8,
+        "world_size": np.full(n, ranks, np.int32),
+        "pid": 100 + rk,
+        "step": st,
+        "time_ns": now - 10**10 + st * 10**8,
+        "step_s": data_wait_s + compute + comm + 0.01,
+        "data_wait_s": np.full(n, data_wait_s),
+        "h2d_s": [None] * n,
+        "compute_s": compute,
+        "comm_exposed_s": comm,
+        "allreduce_s": comm,
+        "optimizer_s": np.full(n, 0.01),
+        "other_s": np.zeros(n),
+        "buckets": np.ones(n, np.int32),
+        "bucket_bytes": np.full(n, 1000, np.int64),
+        "gpu_compute_s": [None] * n,
+        "gpu_step_s": [None] * n,
+    }
+    schema = arrow_schema("steps")
+    pq.write_table(
+        pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema),
+        os.path.join(path, "steps", f"{segment}.parquet"),
+    )
+    if samples:
+        os.makedirs(os.path.join(path, "samples"), exist_ok=True)
+        srk = np.repeat(np.arange(ranks, dtype=np.int32), 5)
+        m = len(srk)
+        util = np.where(srk == straggler, 0.95, 0.6)
+        sschema = arrow_schema("samples")
+        t = {
+            "job": ["synthetic"] * m,
+            "run": [run] * m,
+            "node": ["n"] * m,
+            "rank": srk,
+            "local_rank": srk,
+            "world_size": np.full(m, ranks, np.int32),
+            "pid": 100 + srk,
+            "time_ns": now - 10**10 + np.tile(np.arange(5), ranks) * 10**9,
+            "step": np.zeros(m, np.int64),
+            "name": ["gpu_utilization_ratio"] * m,
+            "value": util,
+        }
+        pq.write_table(
+            pa.table({f.name: pa.array(t[f.name], type=f.type) for f in sschema}, schema=sschema),
+            os.path.join(path, "samples", f"{segment}.parquet"),
+        )
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """A real 2-rank gloo run with an input-bound loader."""
+    pytest.importorskip("torch")
+    from ranksight.demo import DemoConfig, run_demo
+
+    root = str(tmp_path_factory.mktemp("runs"))
+    return run_demo(DemoConfig(fault="input", steps=DEMO_STEPS, run_dir=root, run_id="demo-input"))
+
+
+# ---------------------------------------------------------------- loaders, no Streamlit
+
+
+def test_rollup_shares_match_the_shared_step_breakdown(demo_run):
+    rollup = Rollup(demo_run)
+    ours = {r["rank"]: r for r in q.breakdown_per_rank(rollup.cursor())}
+    ref = {r["rank"]: r for r in step_breakdown(open_run(demo_run))}
+    assert sorted(ours) == sorted(ref) == [0, 1]
+    for rank, r in ref.items():
+        assert ours[rank]["steps"] == r["steps"] == DEMO_STEPS - 5
+        assert ours[rank]["step_mean_s"] == pytest.approx(r["step_mean_s"], rel=1e-9)
+        for p in PHASES:
+            if p != "h2d_s":
+                assert ours[rank][f"{p[:-2]}_share"] == pytest.approx(r[f"{p[:-2]}_share"], rel=1e-9, abs=1e-12)
+        assert ours[rank]["h2d_share"] is None  # CPU job: absent, not zero
+    total = q.breakdown_total(rollup.cursor())
+    assert total["data_wait_share"] > 0.15, total  # the planted slow loader (compute varies with machine load)
+
+
+def test_rollup_reads_only_new_segments_and_adds_up(tmp_path):
+    path = str(tmp_path / "live")
+    write_run(path, 4, 20, segment="a", status="running")
+    rollup = Rollup(path)
+    v0 = rollup.version
+    assert rollup.refresh() is False and rollup.version == v0  # nothing new: no work
+    write_run(path, 4, 20, first_step=20, segment="b", status="running", data_wait_s=0.05)
+    assert rollup.refresh() is True and rollup.version == v0 + 1
+    grown = q.breakdown_per_rank(rollup.cursor())
+    fresh = q.breakdown_per_rank(Rollup(path).cursor())
+    assert [r["steps"] for r in grown] == [35] * 4  # 40 steps minus 5 warm-up
+    for a, b in zip(grown, fresh):
+        assert a["data_wait_share"] == pytest.approx(b["data_wait_share"], rel=1e-12)
+    assert q.run_overview(rollup.cursor())["steps"] == 40
+
+
+def test_rollup_picks_up_a_kind_that_appears_later(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 10)
+    rollup = Rollup(path)
+    assert q.sample_names_present(rollup.cursor()) == []
+    write_run(path, 2, 10, first_step=10, segment="b", samples=True)
+    rollup.refresh()
+    assert q.sample_names_present(rollup.cursor()) == ["gpu_utilization_ratio"]
+
+
+def test_heatmap_at_1024_ranks_groups_rows_and_keeps_the_straggler_on_top(tmp_path):
+    path = write_run(str(tmp_path / "big"), 1024, 12, straggler=613, samples=True)
+    con = Rollup(path).cursor()
+    order = q.rank_order(con, "mean compute (most first)")
+    assert order[0] == 613 and sorted(order) == list(range(1024))
+    hm = q.heatmap(con, "compute_s", order, bins=6, max_rows=128)
+    assert hm["group"] == 8 and len(hm["rows"]) == 128
+    assert hm["rows"][0]["label"] == "r613 +7" and 613 in hm["rows"][0]["ranks"]
+    top = [c["value"] for c in hm["cells"] if c["row"] == 0]
+    rest = [c["value"] for c in hm["cells"] if c["row"] != 0]
+    assert min(top) == pytest.approx(0.2) and max(rest) == pytest.approx(0.1)  # the group shows its worst member
+    util = q.heatmap(con, "gpu_utilization_ratio", order, bins=5, max_rows=128)
+    assert {c["row"] for c in util["cells"]} == set(range(128))
+    assert all(c["value"] == pytest.approx(0.6) for c in util["cells"] if c["row"] != 0)
+    assert q.rank_outliers(con, 3)[0]["rank"] == 613
+    assert q.rank_outliers(con, 3)[0]["compute_score"] == pytest.approx(0.5)
+
+
+def test_unknown_names_are_refused_not_pasted_into_sql(tmp_path):
+    con = Rollup(write_run(str(tmp_path / "r"), 2, 6)).cursor()
+    with pytest.raises(ValueError, match="unknown metric"):
+        q.heatmap(con, "step_s; DROP TABLE rollup", [0, 1])
+    with pytest.raises(ValueError, match="unknown rank order"):
+        q.rank_order(con, "rank; --")
+    with pytest.raises(ValueError, match="unknown sample names"):
+        q.sample_series(con, ("x') OR 1=1 --",))
+    assert q.run_overview(con)["ranks"] == 2  # table still there
+
+
+def test_compare_runs_reports_deltas_and_findings(tmp_path):
+    before = Rollup(write_run(str(tmp_path / "a"), 2, 20, data_wait_s=0.2)).cursor()
+    after = Rollup(write_run(str(tmp_path / "b"), 2, 20, data_wait_s=0.01)).cursor()
+    rows = {r["metric"]: r for r in q.compare_runs(before, after)}
+    assert rows["data wait share"]["delta"] < -0.3
+    assert rows["mean step time"]["delta"] == pytest.approx(-0.19)
+    assert rows["throughput"]["b"] > rows["throughput"]["a"]
+    assert rows["H2D copy share"]["a"] is None  # absent on CPU
+    delta = q.findings_delta(
+        {"findings": [{"rule": "input-bound"}, {"rule": "straggler"}]},
+        {"findings": [{"rule": "straggler"}, {"rule": "exposed-allreduce"}]},
+    )
+    assert delta == {"appeared": ["exposed-allreduce"], "cleared": ["input-bound"], "kept": ["straggler"]}
+
+
+def test_resolve_takes_a_run_or_a_root(tmp_path):
+    run = write_run(str(tmp_path / "r1"), 1, 3)
+    assert resolve(run).root == str(tmp_path) and resolve(run).run == "r1"
+    assert resolve(str(tmp_path)).run is None
+
+
+def test_dashboard_imports_and_renders_without_torch(tmp_path):
+    """The serving machine may have no torch: block it and run the app end to end."""
+    run = write_run(str(tmp_path / "runs" / "r"), 2, 8)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import os; os.environ['RANKSIGHT_DASHBOARD_PATH'] = sys.argv[1]\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        f"at = AppTest.from_file({APP_PATH!r}, default_timeout=60).run()\n"
+        "for p in ('runs', 'breakdown', 'heatmaps', 'signals', 'compare'):\n"
+        "    assert not at.exception, at.exception\n"
+        "    at.switch_page(f'_pages/{p}.py').run()\n"
+        "assert not at.exception, at.exception\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, run], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- every page through AppTest
+
+
+def _app(path: str):
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["RANKSIGHT_DASHBOARD_PATH"] = path
+    try:
+        return AppTest.from_file(APP_PATH, default_timeout=60).run()
+    finally:
+        os.environ.pop("RANKSIGHT_DASHBOARD_PATH", None)
+
+
+def _texts(at) -> str:
+    parts = [
+        e.value
+        for kind in ("title", "markdown", "caption", "text", "info", "warning", "error", "success", "code")
+        for e in getattr(at, kind)
+    ]
+    return "\n".join(str(p) for p in parts)
+
+
+PAGES = ("runs", "verdict", "breakdown", "heatmaps", "signals", "compare")
+
+
+def test_verdict_shows_the_planted_fault_first(demo_run):
+    at = _app(demo_run)  # a run folder opens that run on the Verdict page
+    assert not at.exception
+    text = _texts(at)
+    assert "demo-input" in text
+    assert "Where step time goes" in text and "data wait" in text
+    import ranksight.rules as rules
+
+    if hasattr(rules, "diagnose"):
+        findings = rules.diagnose(demo_run)["findings"]
+        assert findings and findings[0]["rule"] == "input-bound", findings  # the root cause comes first
+        headers = [m.value for m in at.markdown if m.value.startswith("####")]
+        assert headers and "input\\-bound" in headers[0]
+        assert at.code and any("num_workers" in c.value for c in at.code)  # the copyable fix
+        assert "diagnosis not available" not in text
+    else:
+        assert "diagnosis not available" in text
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_the_demo_run(demo_run, page):
+    at = _app(os.path.dirname(demo_run))
+    at.switch_page(f"_pages/{page}.py").run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    text = _texts(at)
+    if page == "runs":
+        assert at.dataframe and "demo-input" in at.dataframe[0].value["run"].tolist()
+        assert any(m.label == "steps" and m.value == str(DEMO_STEPS) for m in at.metric)
+    if page == "breakdown":
+        assert "All ranks:" in text and "H2D copy time is measured on GPUs only" in text
+    if page == "heatmaps":
+        assert "GPU utilization (NVML): not recorded" in text  # CPU job: absent, and said so
+    if page == "signals":
+        assert "absent: NVML utilization" in text
+    if page == "compare":
+        assert "only one run so far" in text
+
+
+def test_compare_page_with_two_runs(tmp_path):
+    root = tmp_path / "runs"
+    write_run(str(root / "before"), 2, 20, data_wait_s=0.2)
+    write_run(str(root / "after"), 2, 20, data_wait_s=0.01)
+    at = _app(str(root / "before"))
+    at.switch_page("_pages/compare.py").run()
+    assert not at.exception and not at.error
+    table = at.table[0].value
+    row = table[table["metric"] == "data wait share"].iloc[0]
+    assert row["B - A"].startswith("-") and row["B - A"].endswith("pt")
+
+
+def test_empty_root_says_what_to_do(tmp_path):
+    at = _app(str(tmp_path / "nothing-here"))
+    assert not at.exception
+    assert "no runs yet: add `ranksight.init()` to your loop, or run `ranksight demo`" in _texts(at)
+    at.switch_page("_pages/runs.py").run()
+    assert not at.exception and "no runs yet" in _texts(at)
+
+
+def test_corrupt_segment_gives_one_line_not_a_traceback(tmp_path):
+    path = write_run(str(tmp_path / "runs" / "broken"), 2, 10)
+    with open(os.path.join(path, "steps", "zz-garbage.parquet"), "wb") as f:
+        f.write(b"this is not parquet")
+    at = _app(path)
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert errors and all("\n" not in e for e in errors) and any("cannot show" in e for e in errors)
+
+
+def test_foreign_directory_is_not_mistaken_for_runs(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    at = _app(str(tmp_path))
+    assert not at.exception and "no runs yet" in _texts(at)
+
+
+def test_run_names_with_quotes_and_html_are_shown_as_text(tmp_path):
+    # No square brackets: collectors' glob() would read them as a pattern (reported to the lead).
+    name = 'it\'s <img src=x onerror=alert(1)> <b>bold **x** $y$ :smile: "q"'
+    path = write_run(str(tmp_path / "runs" / name), 2, 10)
+    rollup = Rollup(path)  # the path is quoted for DDL and bound as a parameter for reads
+    assert q.run_overview(rollup.cursor())["ranks"] == 2
+    at = _app(path)
+    assert not at.exception and not at.error
+    assert f"run: {name}" in [t.value for t in at.text]  # st.text: never rendered as markup
+    for m in at.markdown:
+        assert "<img" not in m.value and "<b>" not in m.value
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_refuses_a_taken_port_with_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "ranksight", "dashboard", str(tmp_path), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "pick another --port" in out.stderr
+
+
+def test_cli_refuses_a_file_as_run_dir(tmp_path):
+    f = tmp_path / "x.txt"
+    f.write_text("x")
+    out = subprocess.run(
+        [sys.executable, "-m", "ranksight", "dashboard", str(f)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "not a directory" in out.stderr
+
+
+def test_demo_copy_does_not_break_on_missing_ranks_dir(tmp_path):
+    """A run folder being created (ranks/ not there yet) is listed as nothing, not an error."""
+    src = write_run(str(tmp_path / "runs" / "r"), 2, 6)
+    shutil.rmtree(os.path.join(src, "ranks"))
+    at = _app(str(tmp_path / "runs"))
+    assert not at.exception and "no runs yet" in _texts(at)
