@@ -137,3 +137,60 @@ def test_live_run_refreshes_without_reload(served, browser):
     write_run(served["live"], 2, 20, first_step=20, status="running", segment="b", flush_interval_s=60)
     steps.get_by_text("40", exact=True).wait_for(timeout=30000)  # no reload: the live panel re-ran
     page.close()
+
+
+def test_demo_in_a_terminal_ends_with_the_dashboard_url(tmp_path, browser):
+    """`ranksight demo` (the README's main command) serves the dashboard and prints its URL; Ctrl-C stops it."""
+    import pty
+    import re
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ranksight", "demo", "--fault", "input", "--steps", "12", "--run-dir", str(tmp_path)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    out, found, deadline = b"", None, time.time() + 120
+    try:
+        while found is None and time.time() < deadline and proc.poll() is None:
+            if select.select([master], [], [], 1.0)[0]:
+                out += os.read(master, 65536)
+                found = re.search(rb"dashboard: (http://127\.0\.0\.1:\d+/\?run=\S+)", out)
+        assert found, out.decode(errors="replace")[-2000:]
+        page = browser.new_page()
+        page.goto(found.group(1).decode(), timeout=60000)
+        page.get_by_role("heading", name="Verdict").wait_for(timeout=60000)
+        page.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+        try:
+            proc.wait(timeout=30)
+        finally:
+            os.close(master)
+    assert proc.returncode == 0
+
+
+def test_demo_without_a_terminal_does_not_wait_on_a_server(tmp_path):
+    from ranksight.commands.dashboard import serve_until_interrupted
+
+    run = write_run(str(tmp_path / "r"), 1, 3)
+    import io
+    import sys
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    old = sys.stdin
+    sys.stdin = io.StringIO("")  # not a TTY, as under CI
+    try:
+        with redirect_stdout(buf):
+            assert serve_until_interrupted(run) == 0
+    finally:
+        sys.stdin = old
+    assert "ranksight dashboard " + run in buf.getvalue()

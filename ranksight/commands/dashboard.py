@@ -61,9 +61,64 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot serve on {host}:{port}: {exc.strerror or exc} (pick another --port)") from None
 
 
+def wait_ready(proc: subprocess.Popen, host: str, port: int, timeout_s: float = 60.0) -> None:
+    """Block until the server answers its health check, so the printed URL works when it is printed."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url(host, port)}_stcore/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise UserError(f"the dashboard server exited (code {proc.returncode}); see the messages above")
+        if time.monotonic() > deadline:
+            raise UserError(f"the dashboard did not answer on {url(host, port)} within {timeout_s:.0f} s")
+        time.sleep(0.25)
+
+
 def url(host: str, port: int) -> str:
     """The address to open in a browser."""
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+
+
+def serve_until_interrupted(run_path: str) -> int:
+    """After ``ranksight demo``: serve the dashboard on the run (port 8501 or a free one) until Ctrl-C.
+
+    Only from a terminal: a script or CI job that runs the demo must not be left waiting on a server.
+    """
+    import socket
+
+    if not sys.stdin.isatty():
+        print("dashboard: not started (not a terminal); serve it with: ranksight dashboard " + run_path)
+        return 0
+    port = 8501
+    try:
+        _check_port("127.0.0.1", port)
+    except UserError:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    proc = start(run_path, port, quiet=True)
+    try:
+        wait_ready(proc, "127.0.0.1", port)
+    except UserError:
+        proc.terminate()
+        raise
+    print(
+        f"\ndashboard: {url('127.0.0.1', port)}?run={os.path.basename(os.path.normpath(run_path))}   (Ctrl-C stops it)",
+        flush=True,
+    )
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return 0
 
 
 def run(args) -> int:
@@ -72,6 +127,11 @@ def run(args) -> int:
     if not os.path.isdir(args.path):
         print(f"{args.path} does not exist yet: the dashboard will show runs once a job writes there", file=sys.stderr)
     proc = start(args.path, args.port, args.host, args.prometheus, args.refresh, quiet=True)
+    try:
+        wait_ready(proc, args.host, args.port)
+    except UserError:
+        proc.terminate()
+        raise
     print(
         f"ranksight dashboard: {url(args.host, args.port)}  (reading {os.path.abspath(args.path)}; Ctrl-C stops)",
         flush=True,

@@ -21,6 +21,7 @@ def add_parser(sub):
     p.add_argument("--steps", type=int, default=60, help="training steps per rank (default 60)")
     p.add_argument("--run-dir", default="ranksight-runs", help="parent folder of runs (default ranksight-runs)")
     p.add_argument("--run-id", default="", help="run id (default: demo-<fault>-<time>)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard on the run afterwards")
     return p
 
 
@@ -51,4 +52,8 @@ def run(args) -> int:
     print("\nChecklist (worst rank):\n" + render_checklist(result))
     print(f"\nrecords: {os.path.abspath(path)}")
     print(f"details: ranksight diagnose {path}   |   dashboard: ranksight dashboard {os.path.dirname(path) or '.'}")
+    if not getattr(args, "no_dashboard", False):
+        from .dashboard import serve_until_interrupted
+
+        return serve_until_interrupted(path)
     return 0
