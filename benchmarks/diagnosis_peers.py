@@ -1,0 +1,252 @@
+"""Diagnosis side by side: ranksight, TraceML and torch.profiler on the demo's planted faults (CPU, 2 gloo ranks).
+
+For each CPU fault of ``ranksight demo`` (none, input, sync, straggler, graph-break, unused-params) the same
+job (``ranksight.demo._build``: same model, data, DDP settings and fault) runs three times:
+
+- ranksight: ``ranksight demo --fault F``, then ``ranksight diagnose RUN --json`` (or, when that command
+  is not there yet, ``ranksight.rules.diagnose(RUN)``, the function it prints); the first finding counts.
+- TraceML 0.5.0: ``traceml serve`` + ``traceml.init(mode="auto")`` + ``trace_step``; its primary
+  diagnosis (the "Verdict" line of its end-of-run card) counts.
+- torch.profiler: 5 steps recorded after the first quarter; ``key_averages()`` top rows by self CPU time
+  on each rank. The profiler gives no verdict: a cause counts as named when the top row is the
+  fault's signature (the loader's ``__next__`` for input, an all-reduce for sync, ...), and it never
+  names a rank (one table per rank, no comparison).
+
+Judging: *cause* is right when the tool's first verdict is the planted fault (for ``none``: when it
+claims no fault at warning level or above); *rank* is right when it names exactly the planted ranks
+(all ranks, except the straggler's last rank). GPU-only faults (cpu-op, pageable, host-sync,
+fragmentation) are in docs/gpu-validation.md.
+
+Usage: ``python benchmarks/diagnosis_peers.py [--faults none,input,...] [--steps 40] [--json OUT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _peers import run_demo_peer  # noqa: E402
+
+CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
+RANKS = 2
+
+# The planted cause: ranksight rule ids that name it, TraceML kinds that name it, profiler row signatures.
+EXPECTED = {
+    "none": {"rules": set(), "traceml": {"COMPUTE_BOUND", "NO_CLEAR_PERFORMANCE_BOTTLENECK"}, "profiler": None},
+    "input": {"rules": {"input-bound"}, "traceml": {"INPUT_BOUND", "INPUT_STRAGGLER"}, "profiler": r"DataLoader"},
+    "sync": {"rules": {"exposed-allreduce", "comm-latency"}, "traceml": set(), "profiler": r"all_?reduce|gloo"},
+    "straggler": {
+        "rules": {"straggler", "compute-imbalance"},
+        "traceml": {"COMPUTE_STRAGGLER"},
+        "profiler": None,  # a per-rank table cannot show which rank is slow
+    },
+    "graph-break": {"rules": {"graph-breaks", "recompiles"}, "traceml": set(), "profiler": r"dynamo|Compile|compile"},
+    "unused-params": {"rules": {"unused-parameter-scan"}, "traceml": set(), "profiler": r"unused|find_unused"},
+}
+
+
+def expected_ranks(fault: str) -> list[int]:
+    """The ranks a right answer names."""
+    if fault == "none":
+        return []
+    return [RANKS - 1] if fault == "straggler" else list(range(RANKS))
+
+
+def _diagnose_ranksight(run_path: str) -> tuple[dict, str]:
+    """Return (diagnosis object, how it was obtained)."""
+    from ranksight.cli import COMMANDS
+
+    if "diagnose" in COMMANDS:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json"], capture_output=True, text=True
+        )
+        if proc.returncode == 0:
+            return json.loads(proc.stdout), "ranksight diagnose RUN --json"
+        raise RuntimeError(f"ranksight diagnose failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    from ranksight.rules import diagnose
+
+    return diagnose(run_path), "ranksight.rules.diagnose(RUN) (the CLI command was not there yet)"
+
+
+def run_ranksight(fault: str, steps: int, root: str) -> dict:
+    """Run ranksight's demo for the fault and judge its first finding."""
+    run_dir = os.path.join(root, "ranksight")
+    run_id = f"diag-{fault}"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ranksight",
+            "demo",
+            "--fault",
+            fault,
+            "--steps",
+            str(steps),
+            "--ranks",
+            str(RANKS),
+            "--run-dir",
+            run_dir,
+            "--run-id",
+            run_id,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return {"error": f"demo exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    diag, how = _diagnose_ranksight(os.path.join(run_dir, run_id))
+    findings = [f for f in diag.get("findings", []) if f.get("severity") in ("warning", "critical")]
+    first = findings[0] if findings else None
+    exp = EXPECTED[fault]
+    if first is None:
+        cause_ok, ranks_ok = fault == "none", fault == "none"
+    else:
+        cause_ok = first["rule"] in exp["rules"]
+        ranks_ok = sorted(first.get("ranks", [])) == expected_ranks(fault)
+    return {
+        "how": how,
+        "printed": f"{first['severity']} {first['axis']}/{first['rule']} ranks {first.get('ranks')}: {first['summary']}"
+        if first
+        else "no finding at warning level or above",
+        "all_rules": [f"{f['rule']}({f['severity']}, ranks {f.get('ranks')})" for f in diag.get("findings", [])],
+        "cause_ok": cause_ok,
+        "ranks_ok": ranks_ok,
+    }
+
+
+def _traceml_ranks(diagnosis: dict) -> list[int]:
+    ev = diagnosis.get("evidence") or {}
+    ranks = {ev[k]["rank"] for k in ("worst",) if isinstance(ev.get(k), dict) and "rank" in ev[k]}
+    ranks |= {int(r) for r in re.findall(r"\b[rR](\d+)\b", diagnosis.get("summary", ""))}
+    return sorted(ranks)
+
+
+def run_traceml(fault: str, steps: int, root: str) -> dict:
+    """Run the fault under TraceML and judge its primary diagnosis."""
+    from ranksight.demo import DemoConfig
+
+    cfg = DemoConfig(fault=fault, steps=steps, ranks=RANKS, run_dir=os.path.join(root, "unused"))
+    res = run_demo_peer(cfg, "traceml", os.path.join(root, "traceml", fault))
+    diag = res.get("primary_diagnosis") or {}
+    kind = diag.get("kind", "")
+    ranks = _traceml_ranks(diag)
+    cause_ok = kind in EXPECTED[fault]["traceml"]
+    if fault == "none":
+        ranks_ok = cause_ok
+    elif kind in ("INPUT_BOUND", "COMPUTE_BOUND"):  # job-wide verdicts: they stand for every rank
+        ranks_ok = cause_ok and expected_ranks(fault) == list(range(RANKS))
+    else:
+        ranks_ok = cause_ok and ranks == expected_ranks(fault)
+    return {
+        "printed": f"Verdict: {diag.get('status')} ({diag.get('severity')}): {diag.get('summary')}",
+        "kind": kind,
+        "ranks": ranks,
+        "cause_ok": cause_ok,
+        "ranks_ok": ranks_ok,
+        "card": res.get("text", ""),
+    }
+
+
+def run_profiler(fault: str, steps: int, root: str) -> dict:
+    """Run the fault under torch.profiler and judge its top key_averages rows."""
+    from ranksight.demo import DemoConfig
+
+    cfg = DemoConfig(fault=fault, steps=steps, ranks=RANKS, run_dir=os.path.join(root, "unused"))
+    res = run_demo_peer(cfg, "profiler", os.path.join(root, "profiler", fault))
+    signature = EXPECTED[fault]["profiler"]
+    tops = {r: (rows[0]["name"] if rows else "") for r, rows in res.items()}
+    if fault == "none":
+        cause_ok = None  # the profiler claims nothing either way
+    elif signature is None:
+        cause_ok = False
+    else:
+        cause_ok = all(re.search(signature, top) for top in tops.values())
+    printed = "; ".join(
+        f"{r}: " + ", ".join(f"{row['name']} {row['self_cpu_share']:.0%}" for row in rows[:3])
+        for r, rows in res.items()
+    )
+    return {"printed": printed, "top_rows": res, "cause_ok": cause_ok, "ranks_ok": None if fault == "none" else False}
+
+
+def _mark(value) -> str:
+    return {True: "yes", False: "no", None: "n/a"}[value]
+
+
+def markdown_table(results: dict) -> str:
+    """The diagnosis table for docs/benchmarks.md."""
+    lines = [
+        "| fault | tool | what it printed first | right cause | right rank |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for fault, tools in results.items():
+        for tool, r in tools.items():
+            if "error" in r:
+                lines.append(f"| {fault} | {tool} | error: {r['error']} | - | - |")
+                continue
+            printed = r["printed"].replace("|", "/").replace("\n", " ")
+            lines.append(f"| {fault} | {tool} | {printed} | {_mark(r['cause_ok'])} | {_mark(r['ranks_ok'])} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default=",".join(CPU_FAULTS), help="comma-separated CPU faults")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run")
+    parser.add_argument("--tools", default="ranksight,traceml,profiler")
+    parser.add_argument("--json", help="write the raw results to this file")
+    args = parser.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
+    if any(f not in CPU_FAULTS for f in faults):
+        parser.error(f"--faults must name only CPU faults: {', '.join(CPU_FAULTS)}")
+    runners = {"ranksight": run_ranksight, "traceml": run_traceml, "profiler": run_profiler}
+    tools = [t for t in args.tools.split(",") if t]
+    if any(t not in runners for t in tools):
+        parser.error(f"--tools must name only {', '.join(runners)}")
+
+    from importlib.metadata import version
+
+    import torch
+
+    results: dict = {}
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="rs-diag-") as root:
+        for fault in faults:
+            results[fault] = {}
+            for tool in tools:
+                t0 = time.time()
+                try:
+                    results[fault][tool] = runners[tool](fault, args.steps, root)
+                except Exception as exc:  # noqa: BLE001 - a tool that fails is reported, not hidden
+                    results[fault][tool] = {"error": f"{type(exc).__name__}: {str(exc)[-300:]}"}
+                results[fault][tool]["wall_s"] = round(time.time() - t0, 1)
+                r = results[fault][tool]
+                print(f"[{fault}] {tool}: {r.get('printed', r.get('error'))}", file=sys.stderr, flush=True)
+    table = markdown_table(results)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "started_utc": started,
+                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "versions": {"torch": torch.__version__, "traceml-ai": version("traceml-ai")},
+                    "steps": args.steps,
+                    "results": results,
+                    "table": table,
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
