@@ -174,10 +174,10 @@ def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 
              per_rank AS (
                SELECT rank, least(CAST(floor((time_ns - t0) * $bins / w) AS BIGINT), $bins - 1) AS bin,
                       sum(s) / nullif(sum(n), 0) AS v
-               FROM vals, span GROUP BY ALL)
-        SELECT (list_position($order, rank) - 1) // $group AS row, bin,
-               bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
-        FROM per_rank, span WHERE list_contains($order, rank) AND v IS NOT NULL GROUP BY ALL ORDER BY row, bin
+               FROM vals, span GROUP BY ALL),
+             ord AS (SELECT unnest($order) AS rank, generate_subscripts($order, 1) - 1 AS pos)
+        SELECT ord.pos // $group AS row, bin, bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
+        FROM per_rank JOIN ord USING (rank), span WHERE v IS NOT NULL GROUP BY ALL ORDER BY row, bin
     """
     params.update({"bins": int(bins), "group": group, "order": [int(r) for r in ranks]})
     cells = _rows(con.execute(sql, params))

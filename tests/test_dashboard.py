@@ -247,14 +247,12 @@ def test_dashboard_imports_and_renders_without_torch(tmp_path):
 # ---------------------------------------------------------------- every page through AppTest
 
 
-def _app(path: str):
+def _app(monkeypatch, path: str):
+    """Start the app on ``path``; the variable stays set for later reruns and page switches."""
     from streamlit.testing.v1 import AppTest
 
-    os.environ["RANKSIGHT_DASHBOARD_PATH"] = path
-    try:
-        return AppTest.from_file(APP_PATH, default_timeout=60).run()
-    finally:
-        os.environ.pop("RANKSIGHT_DASHBOARD_PATH", None)
+    monkeypatch.setenv("RANKSIGHT_DASHBOARD_PATH", path)
+    return AppTest.from_file(APP_PATH, default_timeout=60).run()
 
 
 def _texts(at) -> str:
@@ -269,8 +267,8 @@ def _texts(at) -> str:
 PAGES = ("runs", "verdict", "breakdown", "heatmaps", "signals", "compare")
 
 
-def test_verdict_shows_the_planted_fault_first(demo_run):
-    at = _app(demo_run)  # a run folder opens that run on the Verdict page
+def test_verdict_shows_the_planted_fault_first(demo_run, monkeypatch):
+    at = _app(monkeypatch, demo_run)  # a run folder opens that run on the Verdict page
     assert not at.exception
     text = _texts(at)
     assert "demo-input" in text
@@ -289,8 +287,8 @@ def test_verdict_shows_the_planted_fault_first(demo_run):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_every_page_renders_the_demo_run(demo_run, page):
-    at = _app(os.path.dirname(demo_run))
+def test_every_page_renders_the_demo_run(demo_run, page, monkeypatch):
+    at = _app(monkeypatch, os.path.dirname(demo_run))
     at.switch_page(f"_pages/{page}.py").run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
@@ -308,11 +306,11 @@ def test_every_page_renders_the_demo_run(demo_run, page):
         assert "only one run so far" in text
 
 
-def test_compare_page_with_two_runs(tmp_path):
+def test_compare_page_with_two_runs(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     write_run(str(root / "before"), 2, 20, data_wait_s=0.2)
     write_run(str(root / "after"), 2, 20, data_wait_s=0.01)
-    at = _app(str(root / "before"))
+    at = _app(monkeypatch, str(root / "before"))
     at.switch_page("_pages/compare.py").run()
     assert not at.exception and not at.error
     table = at.table[0].value
@@ -320,38 +318,38 @@ def test_compare_page_with_two_runs(tmp_path):
     assert row["B - A"].startswith("-") and row["B - A"].endswith("pt")
 
 
-def test_empty_root_says_what_to_do(tmp_path):
-    at = _app(str(tmp_path / "nothing-here"))
+def test_empty_root_says_what_to_do(tmp_path, monkeypatch):
+    at = _app(monkeypatch, str(tmp_path / "nothing-here"))
     assert not at.exception
     assert "no runs yet: add `ranksight.init()` to your loop, or run `ranksight demo`" in _texts(at)
     at.switch_page("_pages/runs.py").run()
     assert not at.exception and "no runs yet" in _texts(at)
 
 
-def test_corrupt_segment_gives_one_line_not_a_traceback(tmp_path):
+def test_corrupt_segment_gives_one_line_not_a_traceback(tmp_path, monkeypatch):
     path = write_run(str(tmp_path / "runs" / "broken"), 2, 10)
     with open(os.path.join(path, "steps", "zz-garbage.parquet"), "wb") as f:
         f.write(b"this is not parquet")
-    at = _app(path)
+    at = _app(monkeypatch, path)
     assert not at.exception
     errors = [e.value for e in at.error]
     assert errors and all("\n" not in e for e in errors) and any("cannot show" in e for e in errors)
 
 
-def test_foreign_directory_is_not_mistaken_for_runs(tmp_path):
+def test_foreign_directory_is_not_mistaken_for_runs(tmp_path, monkeypatch):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
-    at = _app(str(tmp_path))
+    at = _app(monkeypatch, str(tmp_path))
     assert not at.exception and "no runs yet" in _texts(at)
 
 
-def test_run_names_with_quotes_and_html_are_shown_as_text(tmp_path):
+def test_run_names_with_quotes_and_html_are_shown_as_text(tmp_path, monkeypatch):
     # No square brackets: collectors' glob() would read them as a pattern (reported to the lead).
     name = 'it\'s <img src=x onerror=alert(1)> <b>bold **x** $y$ :smile: "q"'
     path = write_run(str(tmp_path / "runs" / name), 2, 10)
     rollup = Rollup(path)  # the path is quoted for DDL and bound as a parameter for reads
     assert q.run_overview(rollup.cursor())["ranks"] == 2
-    at = _app(path)
+    at = _app(monkeypatch, path)
     assert not at.exception and not at.error
     assert f"run: {name}" in [t.value for t in at.text]  # st.text: never rendered as markup
     for m in at.markdown:
@@ -387,9 +385,9 @@ def test_cli_refuses_a_file_as_run_dir(tmp_path):
     assert out.returncode == 2 and "not a directory" in out.stderr
 
 
-def test_demo_copy_does_not_break_on_missing_ranks_dir(tmp_path):
+def test_run_folder_without_ranks_yet_is_skipped(tmp_path, monkeypatch):
     """A run folder being created (ranks/ not there yet) is listed as nothing, not an error."""
     src = write_run(str(tmp_path / "runs" / "r"), 2, 6)
     shutil.rmtree(os.path.join(src, "ranks"))
-    at = _app(str(tmp_path / "runs"))
+    at = _app(monkeypatch, str(tmp_path / "runs"))
     assert not at.exception and "no runs yet" in _texts(at)
