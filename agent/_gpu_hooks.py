@@ -185,7 +185,8 @@ def attach_gpu(monitor: Monitor, model: Any) -> None:
 
     Settings come from ``Config.extra`` (all optional): ``gpu_events`` (True), ``nvml`` (True),
     ``allocator`` (True), ``allocator_every_s`` (2), ``snapshot_every_s`` (30), ``trace_window`` (True),
-    ``trace_every_steps`` (300), ``trace_every_s`` (60), ``trace_steps`` (2), ``trace_first_step`` (50),
+    ``trace_every_steps`` (300) and ``trace_every_s`` (60) (both must pass between windows),
+    ``trace_steps`` (2), ``trace_first_step`` (50),
     ``trace_dir`` (None: a folder to also save each window's Chrome trace in).
     """
     import torch

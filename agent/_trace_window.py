@@ -71,6 +71,10 @@ def events_from_kineto(result: Any, use_activity_type: bool = True) -> list[Ev]:
 class TraceWindow:
     """State machine driven from the step boundaries: idle → tracing k steps → waiting for the GPU → idle.
 
+    A window is due once both ``every_steps`` steps and ``every_s`` seconds have passed since the last
+    one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones (a window
+    costs ~15-20 ms of training time on an H200 at a 10 ms step, i.e. <= 0.03 % at one a minute).
+
     ``begin``/``end`` run on the training thread only when ``due`` or busy (checked by the caller with
     two integer compares); everything heavy happens on the agent thread in :meth:`reduce`.
     """
@@ -95,9 +99,9 @@ class TraceWindow:
         self._torch = torch
         self.steps = max(1, int(steps))
         self.every_steps = max(self.steps + 2, int(every_steps))
-        self.every_ns = int(every_s * 1e9) if every_s and every_s > 0 else 1 << 62
+        self.every_ns = int(max(0.0, every_s or 0.0) * 1e9)
         self.next_step = max(0, int(first_step))
-        self.next_ns = 1 << 62  # the first window is due by step count; later ones by steps or time
+        self.next_ns = 0  # the first window is due by step count alone
         self.max_drain_steps = max_drain_steps
         self.use_cuda = use_cuda
         self.trace_dir = trace_dir
@@ -124,8 +128,8 @@ class TraceWindow:
 
     # ------------------------------------------------------------ training thread
     def due(self, step: int, now_ns: int) -> bool:
-        """Whether a window is running or should start at this step (two compares)."""
-        return self.state != self.IDLE or step >= self.next_step or now_ns >= self.next_ns
+        """Whether a window is running or should start at this step (a few compares)."""
+        return self.state != self.IDLE or (step >= self.next_step and now_ns >= self.next_ns)
 
     def begin(self, step: int) -> None:
         """At a step's start: start the profiler if due, then mark the step."""

@@ -99,6 +99,7 @@ def bench(target_s: float, rounds: int, block: int, d: int, layers: int, t: int,
     def loop_agent(n, force_window=False):
         if force_window and window is not None:
             window.next_step = mon.steps_recorded + 5
+            window.next_ns = 0
         for _i, batch in zip(range(n), mon.loader(batches * (n // 2 + 1))):
             with mon.step():
                 train_step(agent_model, opt_a, batch, "cuda", True)

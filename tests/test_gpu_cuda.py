@@ -68,7 +68,14 @@ def monitor(tmp_path, monkeypatch):
 
 def test_monitored_steps_never_sync_the_device(monitor):
     """Under sync debug mode "error", a monitored loop with a sampled window raises nothing."""
-    mon = monitor(trace_first_step=3, trace_steps=2, trace_every_steps=10, allocator_every_s=0.1, snapshot_every_s=0.1)
+    mon = monitor(
+        trace_first_step=3,
+        trace_steps=2,
+        trace_every_steps=10,
+        trace_every_s=0,
+        allocator_every_s=0.1,
+        snapshot_every_s=0.1,
+    )
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
     mon.watch(model, optimizer=opt)
