@@ -136,6 +136,9 @@ def test_live_run_refreshes_without_reload(served, browser):
     steps.get_by_text("20", exact=True).wait_for(timeout=60000)
     write_run(served["live"], 2, 20, first_step=20, status="running", segment="b", flush_interval_s=60)
     steps.get_by_text("40", exact=True).wait_for(timeout=30000)  # no reload: the live panel re-ran
+    page.get_by_text("● live: refreshing every").wait_for(timeout=10000)
+    write_run(served["live"], 2, 20, first_step=20, status="finished", segment="b")  # the job ends
+    page.get_by_text("run finished").wait_for(timeout=30000)  # the app noticed and dropped run_every
     page.close()
 
 
