@@ -17,7 +17,7 @@ def verdict(path: str) -> None:
             st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
         else:
             st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
-    with guard("the diagnosis"):
+    with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
         diag = _data.diagnosis(path)
         if diag is None:
             st.warning("diagnosis not available: this ranksight has no `ranksight.rules.diagnose` yet")
