@@ -42,6 +42,7 @@ class GpuMarks:
         self._fwd_marked = True
         self._opt_marked = True
         self.events_on = True
+        self._bucket_marks = False  # with DDP, the last-bucket mark ends compute: no optimizer mark needed
         self.window = None  # TraceWindow, when the sampled kernel-level window is on
 
     def _take(self) -> Optional[Any]:
@@ -90,13 +91,14 @@ class GpuMarks:
             self._mark(self._m._step, "f")
 
     def optimizer(self) -> None:
-        if not self._opt_marked and self._m._in_step:
+        if not self._opt_marked and self._m._in_step and not self._bucket_marks:
             self._opt_marked = True
             self._mark(self._m._step, "o")
 
     def bucket_ready(self, step: int, is_last: bool) -> None:
         """DDP comm hook: mark when the last gradient bucket became ready (end of backward compute)."""
         if is_last:
+            self._bucket_marks = True
             self._mark(step, "r")
 
     def _window_failed(self, exc: BaseException) -> None:
