@@ -195,7 +195,8 @@ def series_chart(rows: list[dict]) -> alt.Chart:
     base = alt.Chart(df).encode(x=alt.X("t_s:Q", title="seconds since the first sample"))
     band = base.mark_area(opacity=0.25).encode(y="min:Q", y2="max:Q", color="name:N")
     line = base.mark_line().encode(y=alt.Y("mean:Q", title="mean over ranks (band: min-max)"), color="name:N")
-    return (band + line).facet(row=alt.Row("name:N", title=None)).resolve_scale(y="independent")
+    layered = (band + line).properties(height=140, width=600)
+    return layered.facet(row=alt.Row("name:N", title=None)).resolve_scale(y="independent")
 
 
 def util_chart(rows: list[dict]) -> alt.Chart:

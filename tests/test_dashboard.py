@@ -391,3 +391,63 @@ def test_run_folder_without_ranks_yet_is_skipped(tmp_path, monkeypatch):
     shutil.rmtree(os.path.join(src, "ranks"))
     at = _app(monkeypatch, str(tmp_path / "runs"))
     assert not at.exception and "no runs yet" in _texts(at)
+
+
+def _write_kind(path: str, kind: str, rows: list[dict]) -> None:
+    """Write one segment of ``kind`` with the record schema (identity columns filled in)."""
+    schema = arrow_schema(kind)
+    ident = {
+        "job": "synthetic",
+        "run": os.path.basename(path),
+        "node": "n0",
+        "local_rank": 0,
+        "world_size": 2,
+        "pid": 1,
+    }
+    full = [{**ident, **r} for r in rows]
+    os.makedirs(os.path.join(path, kind), exist_ok=True)
+    table = pa.table({f.name: pa.array([r.get(f.name) for r in full], type=f.type) for f in schema}, schema=schema)
+    pq.write_table(table, os.path.join(path, kind, f"{kind}-extra.parquet"))
+
+
+def test_signals_page_shows_gpu_and_compile_signals(tmp_path, monkeypatch):
+    path = write_run(str(tmp_path / "runs" / "gpu"), 2, 10)
+    t0 = time.time_ns()
+    samples = []
+    for rank in (0, 1):
+        for i in range(6):
+            t = t0 + i * 10**9
+            samples += [
+                {"rank": rank, "time_ns": t, "step": i, "name": "gpu_utilization_ratio", "value": 0.9},
+                {"rank": rank, "time_ns": t, "step": i, "name": "kernel_busy_ratio", "value": 0.35},
+                {"rank": rank, "time_ns": t, "step": i, "name": "memory_fragmentation_ratio", "value": 0.1 * i},
+                {"rank": rank, "time_ns": t, "step": i, "name": "memory_alloc_retries_total", "value": float(i // 2)},
+            ]
+    _write_kind(path, "samples", samples)
+    reason = "data dependent operator: aten._local_scalar_dense <script>"
+    _write_kind(
+        path,
+        "compile",
+        [
+            {"rank": r, "time_ns": t0, "step": 9, "kind": "graph_break", "reason": reason, "detail": "x", "count": 2}
+            for r in (0, 1)
+        ]
+        + [{"rank": 0, "time_ns": t0, "step": 19, "kind": "recompile", "reason": "size mismatch", "count": 1}],
+    )
+    con = Rollup(path).cursor()
+    per_rank = {(r["rank"], r["name"]): r["mean"] for r in q.sample_per_rank(con, q.UTILIZATION_SIGNALS)}
+    assert per_rank[(1, "gpu_utilization_ratio")] == pytest.approx(0.9)
+    assert per_rank[(1, "kernel_busy_ratio")] == pytest.approx(0.35)
+    series = q.sample_series(con, q.FRAGMENTATION_SIGNALS, bins=6)
+    assert max(s["max"] for s in series if s["name"] == "memory_fragmentation_ratio") == pytest.approx(0.5)
+    events = q.compile_events(con)
+    assert events[0] == {**events[0], "kind": "graph_break", "reason": reason, "count": 4, "ranks": 2}
+
+    at = _app(monkeypatch, path)
+    at.switch_page("_pages/signals.py").run()
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    assert table.iloc[0]["reason"] == reason and table.iloc[0]["count"] == 4  # shown as data, not markup
+    assert "absent" not in _texts(at)
+    at.switch_page("_pages/heatmaps.py").run()
+    assert not at.exception and "GPU utilization (NVML): not recorded" not in _texts(at)
