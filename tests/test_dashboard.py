@@ -451,3 +451,27 @@ def test_signals_page_shows_gpu_and_compile_signals(tmp_path, monkeypatch):
     assert "absent" not in _texts(at)
     at.switch_page("_pages/heatmaps.py").run()
     assert not at.exception and "GPU utilization (NVML): not recorded" not in _texts(at)
+
+
+def test_a_young_run_with_no_steps_yet_renders_every_page(tmp_path, monkeypatch):
+    path = tmp_path / "runs" / "young"
+    (path / "ranks").mkdir(parents=True)
+    now = time.time_ns()
+    meta = {
+        "rank": 0,
+        "job": "j",
+        "run": "young",
+        "world_size": 2,
+        "status": "running",
+        "started_ns": now,
+        "heartbeat_ns": now,
+        "steps": 0,
+        "flush_interval_s": 2.0,
+    }
+    (path / "ranks" / "rank-00000.json").write_text(json.dumps(meta))
+    at = _app(monkeypatch, str(path))
+    for page in PAGES:
+        at.switch_page(f"_pages/{page}.py").run()
+        assert not at.exception and not at.error, (page, [e.value for e in at.error])
+        if page in ("verdict", "breakdown", "heatmaps"):
+            assert "no steps recorded yet" in _texts(at), page

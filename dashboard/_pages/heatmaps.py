@@ -14,6 +14,10 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
     m = HEATMAP_METRICS[metric]
     with guard(m.label):
         ranks = _data.pull(path, "rank_order", order)
+        if not ranks:
+            if metric == "step_s":
+                st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
+            return
         hm = _data.pull(path, "heatmap", metric, ranks, bins, max_rows)
         st.subheader(m.label)
         if not hm["cells"]:
