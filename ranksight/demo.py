@@ -84,6 +84,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Synthetic:
+    """A map-style dataset of random regression data, shuffled once so that batches are cheap slices.
+
+    Module-level (not local to ``_build``) so DataLoader workers can receive it under any start method.
+    """
+
+    def __init__(self, n_items: int, in_features: int, seed: int, item_sleep_s: float = 0.0) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n_items, in_features, generator=g)
+        self.y = self.x[:, :32].sum(dim=1, keepdim=True) * 0.1
+        self.item_sleep_s = item_sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, idx):
+        # Batched indexing (the loader hands over a list of indices): the cheap, healthy path.
+        if self.item_sleep_s:
+            time.sleep(self.item_sleep_s * len(idx))  # e.g. decoding JPEGs one by one in the main process
+        return self.x[idx[0] : idx[-1] + 1], self.y[idx[0] : idx[-1] + 1]
+
+
 def _build(cfg: DemoConfig, rank: int, device):
     """Model, data and loader for the fault; returns (model, loader, loss_fn)."""
     import torch
@@ -97,13 +121,16 @@ def _build(cfg: DemoConfig, rank: int, device):
     # compete with the ranks for the same cores.)
     pin_memory, num_workers = on_gpu, (2 if on_gpu else 0)
     if on_gpu:
-        width, depth = 1024, 4
+        width, depth, batch = 2048, 4, 16384  # ~2 TFLOP per step: tens of ms of kernels, few launches
+        # Long epochs: the first batch of each epoch cannot be prefetched, and with 4-batch epochs that
+        # alone measured 14 % data wait on an H200.
+        n_items = batch * 64
     if cfg.fault == "input":
         item_sleep_s, num_workers = 0.00001, 0  # 10 us per item in the main process: ~80 ms per batch
     if cfg.fault == "sync":
         width, depth, batch = 1536, 6, 4
     if cfg.fault == "pageable":
-        in_features, n_items, pin_memory = 4096, 16384, False  # 64 MiB batches from pageable memory
+        in_features, n_items, pin_memory = 2048, 32768, False  # 128 MiB batches from pageable memory
     slow_factor = 4 if cfg.fault == "straggler" and rank == cfg.ranks - 1 else 1
 
     class Net(nn.Module):
@@ -128,25 +155,10 @@ def _build(cfg: DemoConfig, rank: int, device):
                 h = h.clamp(-1e6, 1e6)
             return self.out(h)
 
-    class Synthetic(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            g = torch.Generator().manual_seed(rank)  # shuffled once here, so batches are cheap slices
-            self.x = torch.randn(n_items, in_features, generator=g)
-            self.y = self.x[:, :32].sum(dim=1, keepdim=True) * 0.1
-
-        def __len__(self) -> int:
-            return n_items
-
-        def __getitem__(self, idx):
-            # Batched indexing (the loader hands over a list of indices): the cheap, healthy path.
-            if item_sleep_s:
-                time.sleep(item_sleep_s * len(idx))  # e.g. decoding JPEGs one by one in the main process
-            return self.x[idx[0] : idx[-1] + 1], self.y[idx[0] : idx[-1] + 1]
-
     model = Net().to(device)
     sampler = torch.utils.data.BatchSampler(range(n_items), batch, drop_last=False)
     loader = torch.utils.data.DataLoader(
-        Synthetic(),
+        _Synthetic(n_items, in_features, seed=rank, item_sleep_s=item_sleep_s),
         sampler=sampler,
         batch_size=None,
         num_workers=num_workers,
@@ -166,27 +178,26 @@ def _host_sync_normalise(x):
 
 
 class _Fragmenter:
-    """The fragmentation fault: scratch buffers of random sizes (1-10 MiB: the allocator carves them out of
-    20 MiB segments), every other one kept alive for a while, under a per-process memory cap set just
-    above what training needs. Freed blocks leave holes that segments can neither return nor reuse for
-    the next, differently sized, request, so the allocator hits the cap, flushes its cache and retries."""
+    """The fragmentation fault: a nearly full GPU (a ballast tensor stands for a large model's weights and
+    optimizer state), and scratch buffers of random sizes (1-10 MiB: the allocator carves them out of
+    20 MiB segments), every other one kept alive for a while. Freed blocks leave holes that segments can
+    neither return nor reuse for the next, differently sized, request; near the memory limit that is
+    what turns into allocator retries and OOMs."""
 
-    def __init__(self, device, seed: int) -> None:
+    def __init__(self, device, seed: int, sharing: int) -> None:
         import collections
         import random
 
+        import torch
+
         self._device, self._rng = device, random.Random(seed)
         self._kept = collections.deque(maxlen=48)
-        self._capped = False
+        total = torch.cuda.get_device_properties(device).total_memory
+        self._ballast = torch.empty(int(total * 0.92 / sharing), dtype=torch.uint8, device=device)
 
     def step(self, step: int) -> None:
         import torch
 
-        if not self._capped and step == 3:  # training's own peak is known after a few steps
-            total = torch.cuda.get_device_properties(self._device).total_memory
-            cap = torch.cuda.max_memory_allocated(self._device) + 320 * 2**20
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self._device)
-            self._capped = True
         try:
             for i in range(12):
                 n = self._rng.randrange(256 * 1024, 10 * 256 * 1024)  # float32 elements: 1-10 MiB
@@ -256,7 +267,10 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         model = torch.compile(model, backend="eager", dynamic=False)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     mon.watch(model, optimizer=opt)
-    fragmenter = _Fragmenter(device, rank) if cfg.fault == "fragmentation" else None
+    fragmenter = None
+    if cfg.fault == "fragmentation":
+        sharing = cfg.ranks if torch.cuda.device_count() < cfg.ranks else 1  # ranks sharing one GPU
+        fragmenter = _Fragmenter(device, rank, sharing)
     # Healthy GPU runs copy from pinned memory asynchronously; the pageable fault's copy cannot be.
     non_blocking = device.type == "cuda"
 
