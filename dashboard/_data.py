@@ -57,7 +57,7 @@ def runs(root: str) -> list[dict]:
 
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=64, show_spinner=False)
-def _diagnosis(run_path: str, version: int) -> dict:
+def _diagnosis(run_path: str, signature: tuple) -> dict:
     from ranksight.rules import diagnose
 
     return diagnose(run_path)
@@ -72,11 +72,42 @@ def diagnosis_available() -> bool:
     return hasattr(rules, "diagnose")
 
 
+DIAGNOSE_EVERY_S = 10.0
+"""A live run gets new segments every flush; re-diagnose it at most this often (a big job's verdict takes seconds)."""
+_last_signature: dict[str, tuple[tuple, float]] = {}
+
+
+def spool_signature(run_path: str) -> tuple:
+    """(segments, newest mtime) of the step segments: changes exactly when new steps were written."""
+    import os
+
+    count, newest = 0, 0
+    try:
+        with os.scandir(os.path.join(run_path, "steps")) as it:
+            for e in it:
+                if e.name.endswith(".parquet") and not e.name.startswith("."):
+                    count += 1
+                    newest = max(newest, e.stat().st_mtime_ns)
+    except OSError:
+        pass
+    return (count, newest)
+
+
 def diagnosis(run_path: str) -> dict | None:
-    """The rules' verdict on the run (None when this ranksight has no diagnosis yet)."""
+    """The rules' verdict on the run (None when this ranksight has no diagnosis yet).
+
+    Keyed by the spool's signature, not the rollup, so the landing page needs no rollup; while
+    segments keep arriving the previous verdict is reused for up to ``DIAGNOSE_EVERY_S``.
+    """
     if not diagnosis_available():
         return None
-    return _diagnosis(run_path, rollup(run_path).version)
+    sig, now = spool_signature(run_path), time.monotonic()
+    last = _last_signature.get(run_path)
+    if last and last[0] != sig and now - last[1] < DIAGNOSE_EVERY_S:
+        sig = last[0]
+    elif not last or last[0] != sig:
+        _last_signature[run_path] = (sig, now)
+    return _diagnosis(run_path, sig)
 
 
 def prometheus_snapshot(url: str) -> dict:

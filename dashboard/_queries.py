@@ -127,6 +127,22 @@ def breakdown_total(con) -> dict:
     return _rows(cur)[0]
 
 
+def total_from_breakdown(rows: list[dict]) -> dict:
+    """All-rank shares from per-rank ``step_breakdown`` rows (as ``diagnose`` returns them), weighted by step time."""
+    weights = [(r["step_mean_s"] or 0) * (r["steps"] or 0) for r in rows]
+    total_s = sum(weights)
+    out: dict = {
+        "rows": sum(r["steps"] or 0 for r in rows),
+        "step_mean_s": total_s / max(1, sum(r["steps"] or 0 for r in rows)),
+    }
+    for p in PHASES:
+        key = f"{p[:-2]}_share"
+        out[key] = sum((r.get(key) or 0) * w for r, w in zip(rows, weights)) / total_s if total_s else None
+    # step_breakdown counts a missing phase as 0; H2D is only ever missing (CPU) or measured (GPU).
+    out["h2d_measured"] = bool(out["h2d_share"])
+    return out
+
+
 def breakdown_over_time(con, bins: int = 60) -> list[dict]:
     """Per time bin (seconds since the first step), each phase's share of step time over all ranks."""
     cur = con.execute(

@@ -147,6 +147,12 @@ def test_rollup_shares_match_the_shared_step_breakdown(demo_run):
                 assert ours[rank][f"{p[:-2]}_share"] == pytest.approx(r[f"{p[:-2]}_share"], rel=1e-9, abs=1e-12)
         assert ours[rank]["h2d_share"] is None  # CPU job: absent, not zero
     total = q.breakdown_total(rollup.cursor())
+    from_diagnosis = q.total_from_breakdown(list(ref.values()))  # what the Verdict page shows
+    assert from_diagnosis["rows"] == total["rows"]
+    for p in PHASES:
+        if p != "h2d_s":
+            assert from_diagnosis[f"{p[:-2]}_share"] == pytest.approx(total[f"{p[:-2]}_share"], rel=1e-9)
+    assert from_diagnosis["h2d_measured"] is False
     assert total["data_wait_share"] > 0.15, total  # the planted slow loader (compute varies with machine load)
 
 

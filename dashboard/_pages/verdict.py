@@ -3,6 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._queries import total_from_breakdown
 from ranksight.dashboard._view import context, guard, live_panel, md_escape, require_run, share_sentence
 
 _COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
@@ -11,14 +12,17 @@ st.title("Verdict")
 
 
 def verdict(path: str) -> None:
-    with guard("the step breakdown"):
-        total = _data.pull(path, "breakdown_total")
+    with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
+        diag = _data.diagnosis(path)
+        # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
+        if diag is not None:
+            total = total_from_breakdown(diag.get("breakdown", {}).get("ranks", []))
+        else:
+            total = _data.pull(path, "breakdown_total")
         if total["rows"]:
             st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
         else:
             st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
-    with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
-        diag = _data.diagnosis(path)
         if diag is None:
             st.warning("diagnosis not available: this ranksight has no `ranksight.rules.diagnose` yet")
             return
