@@ -142,6 +142,14 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
     t = time.perf_counter()
     rollup.refresh()
     out["rollup: refresh, nothing new"] = (time.perf_counter() - t) * 1000
+    try:
+        from ranksight.rules import diagnose
+    except ImportError:
+        diagnose = None
+    if diagnose is not None:  # the Verdict page's one call: the rules' own pass over the run
+        t = time.perf_counter()
+        diagnose(run_path)
+        out["rules: diagnose() for the Verdict page"] = (time.perf_counter() - t) * 1000
     con = rollup.cursor()
     order = q.rank_order(con)
     panels = {
@@ -241,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.ranks} x {args.steps} store to {run_path} in {time.perf_counter() - t:.1f} s", flush=True)
     worst = 0.0
     for name, ms in time_queries(run_path).items():
-        if name.startswith("rollup"):
+        if name.startswith(("rollup", "rules")):
             print(f"{name:36s} {ms:8.1f} ms", flush=True)
             continue
         worst = max(worst, ms)
