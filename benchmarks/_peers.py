@@ -239,9 +239,15 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
         opt.step()
 
     loop_s: list[float] = []
+    warmup_s: list[float] = []
+    cpu_begin = cpu_thread_begin = 0.0
     step = 0
     t_iter = time.perf_counter()
     for x, y in batches:
+        if step == work.warmup_steps:
+            # CPU time of the whole process (training thread + the tool's threads) and of this thread alone:
+            # unlike wall time, it barely moves when other jobs share the cores.
+            cpu_begin, cpu_thread_begin = time.process_time(), time.thread_time()
         if mon is not None:
             with mon.step():
                 train_step(x, y)
@@ -253,10 +259,10 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
         if prof is not None:
             prof.step()
         now = time.perf_counter()
-        if step >= work.warmup_steps:
-            loop_s.append(now - t_iter)
+        (loop_s if step >= work.warmup_steps else warmup_s).append(now - t_iter)
         step += 1
         t_iter = now
+    cpu_s, cpu_thread_s = time.process_time() - cpu_begin, time.thread_time() - cpu_thread_begin
     rss_end, hwm = rss_bytes()
 
     if prof is not None:
@@ -266,7 +272,18 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     if mon is not None:
         mon.close()
     with open(os.path.join(launch.out_dir, f"{arm}-rank{rank}.json"), "w") as f:
-        json.dump({"loop_s": loop_s, "rss_start": rss_start, "rss_end": rss_end, "rss_hwm": hwm}, f)
+        json.dump(
+            {
+                "loop_s": loop_s,
+                "warmup_s": warmup_s,
+                "cpu_s": cpu_s,
+                "cpu_thread_s": cpu_thread_s,
+                "rss_start": rss_start,
+                "rss_end": rss_end,
+                "rss_hwm": hwm,
+            },
+            f,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -298,15 +315,17 @@ def _preload_forkserver() -> None:
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "_peers"])
 
 
-def _tree_rss(pid: int) -> int:
-    """RSS of a process and its children, in bytes (0 when it is gone)."""
+def _tree_usage(pid: int) -> tuple[int, float]:
+    """(RSS bytes, CPU seconds so far) of a process and its children; zeros when it is gone."""
     import psutil
 
     try:
-        proc = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+        cpu = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        return sum(p.memory_info().rss for p in procs), cpu
     except psutil.Error:
-        return 0
+        return 0, 0.0
 
 
 def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
@@ -321,14 +340,14 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
         launch.traceml_logs = launch.traceml_logs or os.path.join(launch.out_dir, "traceml-logs")
         launch.traceml_session = launch.traceml_session or launch.run_id
         aggregator = start_traceml_aggregator(launch, os.path.join(launch.out_dir, "traceml-serve.log"))
-    aggregator_rss = 0
+    aggregator_rss, aggregator_cpu_s = 0, 0.0
     try:
         mp.start_processes(
             rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
         )
     finally:
         if aggregator is not None:
-            aggregator_rss = _tree_rss(aggregator.pid)
+            aggregator_rss, aggregator_cpu_s = _tree_usage(aggregator.pid)
             # `traceml serve` runs until Ctrl+C, then finalises and writes final_summary.{json,txt}.
             aggregator.send_signal(signal.SIGINT)
             try:
@@ -336,7 +355,7 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
             except subprocess.TimeoutExpired:
                 aggregator.kill()
                 aggregator.wait(timeout=10)
-    result: dict = {"aggregator_rss": aggregator_rss}
+    result: dict = {"aggregator_rss": aggregator_rss, "aggregator_cpu_s": aggregator_cpu_s}
     for r in range(launch.workload.ranks):
         with open(os.path.join(launch.out_dir, f"{launch.arm}-rank{r}.json")) as f:
             result[f"rank{r}"] = json.load(f)

@@ -34,7 +34,9 @@ SIZES = {
     "5ms": {"width": 128, "batch": 224},
     "50ms": {"width": 256, "batch": 1024},
 }
-DEFAULT_STEPS = {"5ms": 200, "50ms": 60}
+# (warmup steps, timed steps): the warmup covers the tools' start-up (the agent's first flush imports
+# pyarrow) and the timed window spans two or more 2 s flush intervals, so periodic work is inside it.
+DEFAULT_STEPS = {"5ms": (400, 800), "50ms": (40, 100)}
 
 
 def _dir_bytes(path: str) -> int:
@@ -71,9 +73,9 @@ def buffer_bound_bytes(max_events: int = 200_000) -> int:
     return after - before
 
 
-def run_size(size: str, rounds: int, steps: int, arms: tuple[str, ...], root: str) -> dict:
+def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, ...], root: str) -> dict:
     """Run ``rounds`` rounds of every arm at one step size; return raw per-launch figures and the summary."""
-    workload = Workload(**SIZES[size], steps=steps, warmup_steps=max(10, steps // 10))
+    workload = Workload(**SIZES[size], steps=steps, warmup_steps=warmup)
     launches = []
     for r in range(rounds):
         order = arms[r % len(arms) :] + arms[: r % len(arms)]
@@ -99,6 +101,13 @@ def run_size(size: str, rounds: int, steps: int, arms: tuple[str, ...], root: st
                     "mean_s": statistics.fmean(loop0),
                     "p10_s": _q(loop0, 0.1),
                     "p90_s": _q(loop0, 0.9),
+                    "warmup_total_s": sum(res["rank0"]["warmup_s"]),
+                    "cpu_per_step_s": statistics.fmean(res[f"rank{k}"]["cpu_s"] for k in range(workload.ranks)) / steps,
+                    "train_thread_cpu_per_step_s": statistics.fmean(
+                        res[f"rank{k}"]["cpu_thread_s"] for k in range(workload.ranks)
+                    )
+                    / steps,
+                    "aggregator_cpu_s": res["aggregator_cpu_s"],
                     "rss_end": [res[f"rank{k}"]["rss_end"] for k in range(workload.ranks)],
                     "rss_growth": [
                         res[f"rank{k}"]["rss_end"] - res[f"rank{k}"]["rss_start"] for k in range(workload.ranks)
@@ -125,6 +134,11 @@ def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
     for arm in arms:
         med = [by[r, arm]["median_s"] / by[r, "baseline"]["median_s"] for r in rounds]
         mean = [by[r, arm]["mean_s"] / by[r, "baseline"]["mean_s"] for r in rounds]
+        cpu = [by[r, arm]["cpu_per_step_s"] / by[r, "baseline"]["cpu_per_step_s"] for r in rounds]
+        thread_cpu = [
+            by[r, arm]["train_thread_cpu_per_step_s"] / by[r, "baseline"]["train_thread_cpu_per_step_s"] for r in rounds
+        ]
+        warm = [by[r, arm]["warmup_total_s"] / by[r, "baseline"]["warmup_total_s"] for r in rounds]
         rss = [statistics.fmean(by[r, arm]["rss_end"]) - statistics.fmean(by[r, "baseline"]["rss_end"]) for r in rounds]
         out[arm] = {
             "median_ratio": statistics.median(med),
@@ -133,9 +147,18 @@ def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
             "mean_ratio": statistics.median(mean),
             "mean_ratio_min": min(mean),
             "mean_ratio_max": max(mean),
+            "cpu_ratio": statistics.median(cpu),
+            "cpu_ratio_min": min(cpu),
+            "cpu_ratio_max": max(cpu),
+            "train_thread_cpu_ratio": statistics.median(thread_cpu),
+            "cpu_extra_us_per_step": statistics.median(
+                (by[r, arm]["cpu_per_step_s"] - by[r, "baseline"]["cpu_per_step_s"]) * 1e6 for r in rounds
+            ),
+            "warmup_ratio": statistics.median(warm),
             "step_ms_median": statistics.median(by[r, arm]["median_s"] for r in rounds) * 1e3,
             "rss_delta_mb_per_rank": statistics.median(rss) / 2**20,
             "aggregator_rss_mb": statistics.median(by[r, arm]["aggregator_rss"] for r in rounds) / 2**20,
+            "aggregator_cpu_s": statistics.median(by[r, arm]["aggregator_cpu_s"] for r in rounds),
             "disk_mb": statistics.median(by[r, arm]["disk_bytes"] for r in rounds) / 2**20,
         }
     return out
@@ -143,23 +166,53 @@ def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
 
 def _table(size: str, summary: dict) -> str:
     rows = [
-        f"\n{size}: ratio of step time to no monitoring (median over rounds, [min-max])",
-        f"{'arm':10s} {'median ratio':>22s} {'throughput ratio':>22s} {'step ms':>8s} {'RSS +MB/rank':>12s}",
+        f"\n{size}: ratio to no monitoring, median over rounds [min-max]",
+        f"{'arm':10s} {'step time (median)':>22s} {'throughput':>22s} {'CPU per step':>22s} "
+        f"{'+CPU us/step':>12s} {'RSS +MB/rank':>12s}",
     ]
     for arm, s in summary.items():
         rows.append(
             f"{arm:10s} {s['median_ratio']:8.3f} [{s['median_ratio_min']:.3f}-{s['median_ratio_max']:.3f}] "
             f"{s['mean_ratio']:8.3f} [{s['mean_ratio_min']:.3f}-{s['mean_ratio_max']:.3f}] "
-            f"{s['step_ms_median']:8.2f} {s['rss_delta_mb_per_rank']:12.1f}"
+            f"{s['cpu_ratio']:8.3f} [{s['cpu_ratio_min']:.3f}-{s['cpu_ratio_max']:.3f}] "
+            f"{s['cpu_extra_us_per_step']:12.0f} {s['rss_delta_mb_per_rank']:12.1f}"
         )
     return "\n".join(rows)
+
+
+def markdown_table(result: dict) -> str:
+    """The overhead table for docs/benchmarks.md: one row per arm and step size."""
+    lines = [
+        "| step | arm | step time ratio (median) | throughput ratio (mean) | process CPU per step ratio "
+        "| extra CPU µs/step | RSS +MB/rank | side process | written to disk |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for size, data in result["sizes"].items():
+        for arm, s in data["summary"].items():
+            side = (
+                f"{s['aggregator_rss_mb']:.0f} MB, {s['aggregator_cpu_s']:.1f} CPU s" if s["aggregator_rss_mb"] else "-"
+            )
+            lines.append(
+                f"| {size} ({s['step_ms_median']:.1f} ms) | {arm} "
+                f"| {s['median_ratio']:.3f} ({s['median_ratio_min']:.3f}-{s['median_ratio_max']:.3f}) "
+                f"| {s['mean_ratio']:.3f} ({s['mean_ratio_min']:.3f}-{s['mean_ratio_max']:.3f}) "
+                f"| {s['cpu_ratio']:.3f} ({s['cpu_ratio_min']:.3f}-{s['cpu_ratio_max']:.3f}) "
+                f"| {s['cpu_extra_us_per_step']:.0f} | {s['rss_delta_mb_per_rank']:.1f} | {side} "
+                f"| {s['disk_mb']:.2f} MB |"
+            )
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="5ms,50ms", help="comma-separated: 5ms,50ms")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=0, help="timed steps per launch (default: 300 at 5ms, 80 at 50ms)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--steps", type=int, default=0, help="timed steps per launch (default: 800 at 5ms, 100 at 50ms)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="warmup steps per launch (default: 400 at 5ms, 40 at 50ms)"
+    )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--json", help="write the raw results to this file")
     args = parser.parse_args()
@@ -188,12 +241,14 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="rs-overhead-") as root:
         for size in sizes:
-            steps = args.steps or DEFAULT_STEPS[size]
-            result["sizes"][size] = run_size(size, args.rounds, steps, arms, root)
+            warmup, steps = args.warmup or DEFAULT_STEPS[size][0], args.steps or DEFAULT_STEPS[size][1]
+            result["sizes"][size] = run_size(size, args.rounds, warmup, steps, arms, root)
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for size, data in result["sizes"].items():
         print(_table(size, data["summary"]))
+    result["table"] = markdown_table(result)
+    print("\n" + result["table"])
     print(f"\nagent event buffer when full (200,000 step events): {result['agent_buffer_bound_mb']:.1f} MB")
     if args.json:
         with open(args.json, "w") as f:
