@@ -37,3 +37,18 @@ def test_slow_loader_is_input_bound(tmp_path):
     assert (first["axis"], first["rule"]) == ("data_pipeline", "input-bound"), describe(result)
     assert first["ranks"] == [0, 1] and first["severity"] == "critical"
     assert first["evidence"]["data_wait_share"] >= 0.2
+
+
+def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
+    import torch
+
+    from ranksight.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the GPU faults would run")
+    assert main(["demo", "--fault", "pageable"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "ranksight demo: fault 'pageable' needs a GPU (CUDA) and torch sees none; "
+        "CPU faults: none, input, sync, straggler, graph-break, unused-params"
+    )
