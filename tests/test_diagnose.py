@@ -200,3 +200,12 @@ def test_user_rule_dir_changes_the_verdict(tmp_path):
     )
     first = diagnose(run, str(rules))["findings"][0]
     assert first["rule"] == "input-bound" and first["summary"] == "wait 2.0% on both ranks"
+
+
+def test_features_flag_prints_what_the_rules_read(tmp_path, capsys):
+    run = make_run(tmp_path, [0.05, 0.1])
+    assert main(["diagnose", run, "--features"]) == 0
+    feats = json.loads(capsys.readouterr().out)
+    assert set(feats) == {"0", "1"}
+    assert feats["1"]["straggler_score"] == pytest.approx(0.5, rel=0.1)
+    assert feats["0"]["gpu_utilization_ratio"] is None
