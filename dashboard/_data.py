@@ -7,6 +7,7 @@ segments (see ``_rollup``).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import streamlit as st
@@ -29,6 +30,30 @@ def rollup(run_path: str) -> Rollup:
     r = _rollup(run_path)
     r.refresh()
     return r
+
+
+_prefetching: set[str] = set()
+_prefetch_lock = threading.Lock()
+
+
+def prefetch(run_path: str) -> None:
+    """Build the run's rollup on a background thread while the landing page waits for the rules.
+
+    The Verdict page needs only ``diagnose``; the other pages need the rollup, so starting it early
+    makes the second page quick. ``st.cache_resource`` holds the result whichever thread built it.
+    """
+    with _prefetch_lock:
+        if run_path in _prefetching:
+            return
+        _prefetching.add(run_path)
+
+    def build() -> None:
+        try:
+            _rollup(run_path)
+        except Exception:  # the page that needs it reports the problem in one line
+            pass
+
+    threading.Thread(target=build, name="ranksight-rollup-prefetch", daemon=True).start()
 
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=256, show_spinner=False)

@@ -37,6 +37,7 @@ with st.sidebar:
 selected = next((r for r in runs if r["path"] == st.session_state.get("run_path")), None)
 if selected is not None:
     st.query_params["run"] = selected["run"]
+    _data.prefetch(selected["path"])
 st.session_state["_ranksight_ctx"] = Context(source, runs, selected)
 
 here = os.path.dirname(os.path.abspath(__file__))
