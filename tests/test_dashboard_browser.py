@@ -43,7 +43,7 @@ def served(tmp_path_factory):
     from ranksight.demo import DemoConfig, run_demo
 
     root = str(tmp_path_factory.mktemp("runs"))
-    demo = run_demo(DemoConfig(fault="input", steps=30, run_dir=root, run_id="demo-input"))
+    demo = run_demo(DemoConfig(fault="input", steps=20, run_dir=root, run_id="demo-input"))
     live = write_run(os.path.join(root, "live-run"), 2, 20, status="running", segment="a", flush_interval_s=60)
     port = _free_port()
     proc = start(root, port=port, refresh_s=1.0, quiet=True)
@@ -153,7 +153,7 @@ def test_demo_in_a_terminal_ends_with_the_dashboard_url(tmp_path, browser):
 
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ranksight", "demo", "--fault", "input", "--steps", "12", "--run-dir", str(tmp_path)],
+        [sys.executable, "-m", "ranksight", "demo", "--fault", "input", "--steps", "8", "--run-dir", str(tmp_path)],
         stdin=slave,
         stdout=slave,
         stderr=slave,
