@@ -35,7 +35,7 @@ class RankMeta:
 def read_rank_meta(run_path: str) -> list[RankMeta]:
     """Read every rank's metadata file; unreadable files are skipped (a rank may be mid-rename)."""
     metas = []
-    for path in sorted(glob.glob(os.path.join(run_path, RANKS_DIR, "rank-*.json"))):
+    for path in sorted(glob.glob(os.path.join(glob.escape(run_path), RANKS_DIR, "rank-*.json"))):
         try:
             with open(path) as f:
                 data = json.load(f)
@@ -72,7 +72,8 @@ def segment_glob(run_path: str, kind: str) -> str:
     ``[!.]`` matters: DuckDB's glob, unlike Python's, matches dot-files, and a segment being written
     is ``.tmp-<name>.parquet`` -- reading it would fail on a half-written footer.
     """
-    return os.path.join(run_path, kind, f"[!.]*{SPOOL_SUFFIX}")
+    # escape(): a run folder may contain glob characters ("[", "*", "?"); DuckDB's glob honours the same escapes.
+    return os.path.join(glob.escape(run_path), kind, f"[!.]*{SPOOL_SUFFIX}")
 
 
 _STORE_ALIAS = "ranksight_store"
