@@ -35,6 +35,9 @@ FEATURES: dict[str, str] = {
     "allreduce_share": "Sum of per-bucket all-reduce time over step time (overlapped or not).",
     "comm_to_compute": "Exposed comm time over compute time.",
     "comm_overlap": "1 - exposed comm / all-reduce time: how much all-reduce hid behind backward.",
+    "comm_floor_share": "Exposed comm share of the rank that waits least (copied to every rank): the slowest rank "
+    "waits for no peer, so this is what all-reduce itself costs.",
+    "comm_floor_to_compute": "Exposed comm over compute on that same rank (copied to every rank).",
     "buckets_per_step": "Median gradient buckets all-reduced per step.",
     "grad_bytes_per_step": "Median gradient bytes all-reduced per step.",
     "allreduce_bytes_per_s": "Gradient bytes over all-reduce time: effective all-reduce bandwidth.",
@@ -245,6 +248,14 @@ def _cross_rank(con, warmup_steps: int, feats: dict[int, dict], extra: dict[int,
             feats[r]["compute_vs_median"] = value / median
         for f in feats.values():
             f["slowest_rank"] = slowest
+    # Exposed comm on a fast rank is mostly waiting for slower peers; the rank that waits least shows the
+    # all-reduce's own cost, which is what "sync-bound" means.
+    exposed = {r: feats[r]["comm_exposed_share"] for r in reporting if feats[r]["comm_exposed_share"] is not None}
+    if exposed:
+        floor_rank = min(exposed, key=exposed.get)
+        for f in feats.values():
+            f["comm_floor_share"] = exposed[floor_rank]
+            f["comm_floor_to_compute"] = feats[floor_rank]["comm_to_compute"]
     reserved = {r: f["memory_reserved_bytes"] for r, f in feats.items() if f.get("memory_reserved_bytes")}
     if len(reserved) >= 2:
         median, high = statistics.median(reserved.values()), max(reserved.values())

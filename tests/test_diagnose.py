@@ -73,8 +73,9 @@ def test_straggler_comes_from_compute_time_not_wall_time(tmp_path):
     first = result["findings"][0]
     assert (first["axis"], first["rule"], first["ranks"], first["severity"]) == ("sync", "straggler", [3], "critical")
     assert first["evidence"]["straggler_score"] == pytest.approx(1 / 3, rel=0.1)
-    exposed = next(f for f in result["findings"] if f["rule"] == "exposed-allreduce")
-    assert exposed["ranks"] == [0, 1, 2]
+    # The fast ranks wait for it in all-reduce; the straggler waits for no one: not a sync problem.
+    assert feats[0]["comm_exposed_share"] > 0.4 and feats[0]["comm_floor_share"] == feats[3]["comm_exposed_share"]
+    assert "exposed-allreduce" not in [f["rule"] for f in result["findings"]]
 
 
 def test_gpu_signals_are_absent_on_a_cpu_run(tmp_path):

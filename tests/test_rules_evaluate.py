@@ -30,6 +30,8 @@ HEALTHY = dict(
     compute_share=0.80,
     comm_exposed_share=0.16,
     comm_to_compute=0.2,
+    comm_floor_share=0.16,
+    comm_floor_to_compute=0.2,
     allreduce_share=0.16,
     buckets_per_step=1,
     grad_bytes_per_step=215556,
@@ -80,16 +82,34 @@ def test_confidence_grows_with_margin_and_steps(ruleset):
     assert 0 < conf(0.06, 3) and conf(0.5, 40) <= 0.95
 
 
-def test_straggler_is_named_by_rank_and_ranked_before_the_others_exposed_comm(ruleset):
-    slow = {**HEALTHY, "compute_share": 0.98, "comm_exposed_share": 0.01, "comm_to_compute": 0.01}
+def test_straggler_is_named_by_rank_and_the_others_wait_is_not_called_a_sync_problem(ruleset):
+    floor = {"comm_floor_share": 0.01, "comm_floor_to_compute": 0.01}  # the slow rank waits for no one
+    slow = {**HEALTHY, **floor, "compute_share": 0.98, "comm_exposed_share": 0.01, "comm_to_compute": 0.01}
     slow.update(straggler_score=0.36, slowest_step_share=1.0, compute_vs_median=1.47, compute_median_s=0.36)
-    waiting = {**HEALTHY, "compute_share": 0.33, "comm_exposed_share": 0.66, "comm_to_compute": 2.0}
+    waiting = {**HEALTHY, **floor, "compute_share": 0.33, "comm_exposed_share": 0.66, "comm_to_compute": 2.0}
     waiting.update(slowest_step_share=0.0, compute_vs_median=0.53, compute_median_s=0.13)
     findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
-    assert rules_of(findings)[:2] == ["straggler", "exposed-allreduce"]
+    assert rules_of(findings) == ["straggler"]
     assert findings[0]["ranks"] == [1] and findings[0]["severity"] == "critical"
-    assert findings[1]["ranks"] == [0]
+
+
+def test_straggler_ranks_ahead_of_the_sync_finding_it_explains(ruleset):
+    # Sync-bound everywhere (even the slow rank waits on all-reduce) and one rank slower: both fire,
+    # the straggler first, because the others' share of exposed comm includes waiting for it.
+    floor = {"comm_floor_share": 0.12, "comm_floor_to_compute": 0.6}
+    slow = {**HEALTHY, **floor, "straggler_score": 0.55, "slowest_step_share": 0.95, "compute_vs_median": 1.3}
+    waiting = {**HEALTHY, **floor, "comm_exposed_share": 0.5, "comm_to_compute": 1.5, "slowest_step_share": 0.05}
+    findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
+    assert rules_of(findings)[:2] == ["straggler", "exposed-allreduce"]
+    assert findings[0]["severity"] == "warning" and findings[1]["severity"] == "warning"
     assert "consequence of straggler" in findings[1]["summary"]
+
+
+def test_straggler_levels_leave_contention_sized_gaps_at_info(ruleset):
+    for score, expected in ((0.8, None), (0.74, "info"), (0.58, "warning"), (0.4, "critical")):
+        slow = {**HEALTHY, "straggler_score": score, "slowest_step_share": 1.0}
+        hits = [f for f in evaluate(ruleset.rules, frame(r0=HEALTHY, r1=slow)) if f["rule"] == "straggler"]
+        assert (hits[0]["severity"] if hits else None) == expected, score
 
 
 def test_inconsistent_slowness_is_not_called_a_straggler(ruleset):
@@ -99,16 +119,18 @@ def test_inconsistent_slowness_is_not_called_a_straggler(ruleset):
     assert [f["severity"] for f in findings if f["rule"] == "compute-imbalance"] == ["info"]
 
 
-def test_input_bound_outranks_a_more_severe_exposed_allreduce_it_explains(ruleset):
-    hungry = {**HEALTHY, "data_wait_share": 0.08, "compute_share": 0.5}
-    waiting = {**HEALTHY, "comm_exposed_share": 0.45, "comm_to_compute": 0.9, "compute_share": 0.5}
+def test_a_hungry_rank_is_input_bound_and_the_others_wait_is_not_a_sync_problem(ruleset):
+    floor = {"comm_floor_share": 0.02, "comm_floor_to_compute": 0.04}  # the hungry rank waits for no one
+    hungry = {**HEALTHY, **floor, "data_wait_share": 0.3, "compute_share": 0.5, "comm_exposed_share": 0.02}
+    waiting = {**HEALTHY, **floor, "comm_exposed_share": 0.35, "comm_to_compute": 0.9, "compute_share": 0.4}
     findings = evaluate(ruleset.rules, frame(r0=hungry, r1=waiting))
-    assert rules_of(findings)[:2] == ["input-bound", "exposed-allreduce"]
-    assert findings[0]["severity"] == "warning" and findings[1]["severity"] == "critical"
+    assert rules_of(findings) == ["input-bound"]
+    assert findings[0]["ranks"] == [0] and findings[0]["severity"] == "critical"
 
 
 def test_sync_bound_is_told_apart_from_healthy_exposed_comm(ruleset):
     sync = {**HEALTHY, "comm_exposed_share": 0.42, "compute_share": 0.43, "comm_to_compute": 0.98}
+    sync.update(comm_floor_share=0.37, comm_floor_to_compute=0.72)
     first = evaluate(ruleset.rules, frame(r0=sync, r1=sync))[0]
     assert (first["axis"], first["rule"], first["severity"]) == ("sync", "exposed-allreduce", "critical")
     healthy = evaluate(ruleset.rules, frame(r0=HEALTHY, r1=HEALTHY))
