@@ -87,6 +87,13 @@ def rss_bytes() -> tuple[int, int]:
     return values.get("VmRSS", 0), values.get("VmHWM", 0)
 
 
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each thread of this process, by native thread id."""
+    import psutil
+
+    return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+
+
 class Poller:
     """A 1 s system-metrics poller thread, as experiment trackers run beside training."""
 
@@ -241,6 +248,7 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     loop_s: list[float] = []
     warmup_s: list[float] = []
     cpu_begin = cpu_thread_begin = 0.0
+    threads_begin: dict = {}
     step = 0
     t_iter = time.perf_counter()
     for x, y in batches:
@@ -248,6 +256,7 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
             # CPU time of the whole process (training thread + the tool's threads) and of this thread alone:
             # unlike wall time, it barely moves when other jobs share the cores.
             cpu_begin, cpu_thread_begin = time.process_time(), time.thread_time()
+            threads_begin = thread_cpu()
         if mon is not None:
             with mon.step():
                 train_step(x, y)
@@ -263,6 +272,18 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
         step += 1
         t_iter = now
     cpu_s, cpu_thread_s = time.process_time() - cpu_begin, time.thread_time() - cpu_thread_begin
+    threads_end = thread_cpu()
+    main_tid = threading.get_native_id()
+    # CPU of every thread but the training thread over the timed window: gloo's and DDP's own threads in
+    # every arm, plus the tool's threads (agent, poller, TraceML's runtime, profiler) where there is one.
+    other_threads_cpu_s = sum(cpu - threads_begin.get(tid, 0.0) for tid, cpu in threads_end.items() if tid != main_tid)
+    # The same, by Python thread name (the tool's own threads); threads Python did not start are "native".
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    named_threads_cpu_s: dict = {}
+    for tid, cpu in threads_end.items():
+        if tid != main_tid:
+            name = names.get(tid, "native")
+            named_threads_cpu_s[name] = named_threads_cpu_s.get(name, 0.0) + cpu - threads_begin.get(tid, 0.0)
     rss_end, hwm = rss_bytes()
 
     if prof is not None:
@@ -278,6 +299,8 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
                 "warmup_s": warmup_s,
                 "cpu_s": cpu_s,
                 "cpu_thread_s": cpu_thread_s,
+                "other_threads_cpu_s": other_threads_cpu_s,
+                "named_threads_cpu_s": named_threads_cpu_s,
                 "rss_start": rss_start,
                 "rss_end": rss_end,
                 "rss_hwm": hwm,
