@@ -530,3 +530,95 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
     with open(os.path.join(out_dir, traceml_cfg["session_id"], "final_summary.txt")) as f:
         text = f.read()
     return {"primary_diagnosis": summary.get("primary_diagnosis"), "text": text}
+
+
+# --- In-process A/B: the same DDP job with and without ranksight, alternating blocks in one process ---
+
+
+def ab_rank_main(rank: int, work_dict: dict, port: int, out_dir: str, run_dir: str, blocks: int, block_steps: int):
+    """Two identical DDP models in one process group, one watched by ranksight; blocks alternate A-B-B-A.
+
+    Machine noise hits both models alike (same process, seconds apart), so the ratio resolves a few
+    percent even on a loaded machine. The agent thread runs through both kinds of block: this isolates
+    what ranksight adds to the training thread (marks, forward/optimizer hooks, DDP comm hook); the agent
+    thread's own CPU is measured per thread in the cross-process runs.
+    """
+    work = Workload(**work_dict)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(work.ranks),
+        LOCAL_WORLD_SIZE=str(work.ranks),
+        RANKSIGHT_RUN_ID="ab",
+    )
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=work.ranks)
+    models, loaders, opts = [], [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        net, loader = _build(work, rank)
+        model = DDP(net, bucket_cap_mb=work.sync_bucket_cap_mb)
+        models.append(model)
+        loaders.append(loader)
+        opts.append(torch.optim.SGD(model.parameters(), lr=1e-3))
+    mon = ranksight.init(run_dir=run_dir, job="bench-ab", flush_interval_s=2.0)
+    mon.watch(models[1], optimizer=opts[1])
+    loss_fn = torch.nn.MSELoss()
+    total = (2 * blocks + 2) * block_steps
+    streams = [_batches(loaders[0], total), iter(mon.loader(_batches(loaders[1], total)))]
+
+    def block(i: int) -> float:
+        model, opt, stream = models[i], opts[i], streams[i]
+        t0 = time.perf_counter()
+        for _ in range(block_steps):
+            x, y = next(stream)
+            if i:
+                with mon.step():
+                    loss = loss_fn(model(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            else:
+                loss = loss_fn(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return (time.perf_counter() - t0) / block_steps
+
+    block(0)
+    block(1)  # warm both paths (first hooks, first DDP bucket rebuild)
+    plain, watched = [], []
+    for b in range(blocks):
+        order = (0, 1) if b % 2 == 0 else (1, 0)
+        times = {i: block(i) for i in order}
+        plain.append(times[0])
+        watched.append(times[1])
+    mon.close()
+    with open(os.path.join(out_dir, f"ab-rank{rank}.json"), "w") as f:
+        json.dump({"plain_s": plain, "watched_s": watched}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ab(workload: Workload, out_dir: str, blocks: int, block_steps: int) -> dict:
+    """Run the in-process A/B job; return rank 0's per-block step times for both models."""
+    import torch.multiprocessing as mp
+
+    _preload_forkserver()
+    os.makedirs(out_dir, exist_ok=True)
+    mp.start_processes(
+        ab_rank_main,
+        args=(asdict(workload), free_port(), out_dir, os.path.join(out_dir, "runs"), blocks, block_steps),
+        nprocs=workload.ranks,
+        start_method=START_METHOD,
+    )
+    with open(os.path.join(out_dir, "ab-rank0.json")) as f:
+        return json.load(f)

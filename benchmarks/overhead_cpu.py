@@ -5,13 +5,20 @@ psutil poller; see ``_peers.py``), in an order rotated every round, so that mach
 arms alike. Per launch the figure is rank 0's median iteration time (fetch + step) over the timed
 steps; the ratio is that median over the same round's baseline median. Reported per arm: the median
 ratio over rounds and its min-max, the throughput ratio (mean iteration time, which includes the
-occasional slow step such as a profiler trace export), RSS after the timed steps minus the baseline's,
-and the bytes each tool wrote to disk.
+occasional slow step such as a profiler trace export), process CPU per step, CPU of the training thread
+and of the tool's own threads (by thread name), RSS after the timed steps minus the baseline's, the
+tool's side process (TraceML's aggregator) and the bytes each tool wrote to disk. The warmup runs past
+ranksight's first flush (which imports pyarrow) so the timed window is the steady state.
+
+Then, per size, an in-process A/B for ranksight alone: two identical DDP models in each rank, one
+watched, timed in alternating blocks (A-B-B-A) — a much finer measurement of what ranksight adds to the
+training thread, since both sides share the same process and seconds (``--no-ab`` skips it).
 
 Two step sizes: ``5ms`` (width 128, batch 224) and ``50ms`` (width 256, batch 1024); the absolute times
 depend on the machine's load and are context only.
 
-Usage: ``python benchmarks/overhead_cpu.py [--sizes 5ms,50ms] [--rounds 3] [--steps 200] [--json OUT]``
+Usage: ``python benchmarks/overhead_cpu.py [--sizes 5ms,50ms] [--rounds 4] [--no-ab] [--json OUT]``
+(about 4 minutes per size on a loaded 2-core machine: run one size per command to stay under 5).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _peers import ARMS, Launch, Workload, run_launch  # noqa: E402
+from _peers import ARMS, Launch, Workload, run_ab, run_launch  # noqa: E402
 
 SIZES = {
     "5ms": {"width": 128, "batch": 224},
@@ -132,6 +139,35 @@ def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, .
     return {"workload": asdict(workload), "launches": launches, "summary": summarize(launches, arms)}
 
 
+# In-process A/B blocks per size: (blocks of each kind, steps per block), about 15-20 s per size.
+AB_BLOCKS = {"5ms": (40, 50), "50ms": (20, 6)}
+
+
+def run_ab_size(size: str, root: str) -> dict:
+    """ranksight vs the plain model in one process, alternating blocks; ratios per block pair (rank 0)."""
+    blocks, block_steps = AB_BLOCKS[size]
+    res = run_ab(Workload(**SIZES[size]), os.path.join(root, size, "ab"), blocks, block_steps)
+    ratios = [w / p for w, p in zip(res["watched_s"], res["plain_s"])]
+    summary = {
+        "pairs": len(ratios),
+        "block_steps": block_steps,
+        "ratio_median": statistics.median(ratios),
+        "ratio_p10": _q(ratios, 0.1),
+        "ratio_p25": _q(ratios, 0.25),
+        "ratio_p75": _q(ratios, 0.75),
+        "ratio_p90": _q(ratios, 0.9),
+        "plain_step_ms": statistics.median(res["plain_s"]) * 1e3,
+        "extra_us_per_step_median": statistics.median((w - p) * 1e6 for w, p in zip(res["watched_s"], res["plain_s"])),
+    }
+    print(
+        f"[{size}] in-process A/B ranksight/plain: {summary['ratio_median']:.3f} "
+        f"(p25-p75 {summary['ratio_p25']:.3f}-{summary['ratio_p75']:.3f}, {len(ratios)} pairs)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {"raw": res, "summary": summary}
+
+
 def _tool_threads_cpu_s(launch: dict) -> float:
     """CPU seconds of the threads the tool started (by Python thread name), mean over ranks."""
     per_rank = [sum(v for k, v in named.items() if k != "native") for named in launch["named_threads_cpu_s"]]
@@ -232,6 +268,22 @@ def markdown_table(result: dict) -> str:
                 f"| {s['rss_delta_mb_per_rank']:.1f} | {side} "
                 f"| {s['disk_mb']:.2f} MB |"
             )
+    ab_rows = [
+        "",
+        "| step | in-process A/B, ranksight / plain (same process, alternating blocks) | p25-p75 | p10-p90 "
+        "| extra µs/step (median) | block pairs |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for size, data in result["sizes"].items():
+        if "ab" in data:
+            a = data["ab"]["summary"]
+            ab_rows.append(
+                f"| {size} ({a['plain_step_ms']:.1f} ms) | {a['ratio_median']:.3f} "
+                f"| {a['ratio_p25']:.3f}-{a['ratio_p75']:.3f} | {a['ratio_p10']:.3f}-{a['ratio_p90']:.3f} "
+                f"| {a['extra_us_per_step_median']:.0f} | {a['pairs']} × {a['block_steps']} steps |"
+            )
+    if len(ab_rows) > 3:
+        lines += ab_rows
     return "\n".join(lines)
 
 
@@ -246,6 +298,7 @@ def main() -> int:
         "--warmup", type=int, default=0, help="warmup steps per launch (default: 1000 at 5ms, 100 at 50ms)"
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    parser.add_argument("--no-ab", action="store_true", help="skip the in-process A/B (ranksight vs plain)")
     parser.add_argument("--json", help="write the raw results to this file")
     args = parser.parse_args()
     arms = tuple(a for a in args.arms.split(",") if a)
@@ -275,6 +328,8 @@ def main() -> int:
         for size in sizes:
             warmup, steps = args.warmup or DEFAULT_STEPS[size][0], args.steps or DEFAULT_STEPS[size][1]
             result["sizes"][size] = run_size(size, args.rounds, warmup, steps, arms, root)
+            if not args.no_ab:
+                result["sizes"][size]["ab"] = run_ab_size(size, root)
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for size, data in result["sizes"].items():
