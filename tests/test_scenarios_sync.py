@@ -30,7 +30,7 @@ def test_large_gradients_little_compute_is_exposed_allreduce(tmp_path):
     first = result["findings"][0]
     assert (first["axis"], first["rule"]) == ("sync", "exposed-allreduce"), describe(result)
     assert first["ranks"] == [0, 1]
-    assert first["evidence"]["comm_to_compute"] >= 0.5
+    assert first["evidence"]["comm_floor_to_compute"] >= 0.5  # even the rank that waits least
 
 
 def test_slow_last_rank_is_the_straggler(tmp_path):
