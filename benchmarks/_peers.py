@@ -535,7 +535,9 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
 # --- In-process A/B: the same DDP job with and without ranksight, alternating blocks in one process ---
 
 
-def ab_rank_main(rank: int, work_dict: dict, port: int, out_dir: str, run_dir: str, blocks: int, block_steps: int):
+def ab_rank_main(
+    rank: int, work_dict: dict, port: int, out_dir: str, run_dir: str, blocks: int, block_steps: int, options: dict
+):
     """Two identical DDP models in one process group, one watched by ranksight; blocks alternate A-B-B-A.
 
     Machine noise hits both models alike (same process, seconds apart), so the ratio resolves a few
@@ -569,15 +571,22 @@ def ab_rank_main(rank: int, work_dict: dict, port: int, out_dir: str, run_dir: s
         models.append(model)
         loaders.append(loader)
         opts.append(torch.optim.SGD(model.parameters(), lr=1e-3))
-    mon = ranksight.init(run_dir=run_dir, job="bench-ab", flush_interval_s=2.0)
+    options = dict(options)
+    if options.pop("plain_python_hook", False):
+        # Give the plain model PyTorch's own Python all-reduce hook: separates the cost of running DDP
+        # through a Python comm hook at all from what ranksight's hook adds on top of it.
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        models[0].register_comm_hook(state=None, hook=allreduce_hook)
+    mon = ranksight.init(run_dir=run_dir, job="bench-ab", flush_interval_s=2.0, **options)
     mon.watch(models[1], optimizer=opts[1])
     loss_fn = torch.nn.MSELoss()
     total = (2 * blocks + 2) * block_steps
     streams = [_batches(loaders[0], total), iter(mon.loader(_batches(loaders[1], total)))]
 
-    def block(i: int) -> float:
+    def block(i: int) -> tuple[float, float]:
         model, opt, stream = models[i], opts[i], streams[i]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(block_steps):
             x, y = next(stream)
             if i:
@@ -591,32 +600,46 @@ def ab_rank_main(rank: int, work_dict: dict, port: int, out_dir: str, run_dir: s
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-        return (time.perf_counter() - t0) / block_steps
+        return (time.perf_counter() - t0) / block_steps, (time.thread_time() - c0) / block_steps
 
     block(0)
     block(1)  # warm both paths (first hooks, first DDP bucket rebuild)
-    plain, watched = [], []
+    plain, watched, plain_cpu, watched_cpu = [], [], [], []
     for b in range(blocks):
         order = (0, 1) if b % 2 == 0 else (1, 0)
         times = {i: block(i) for i in order}
-        plain.append(times[0])
-        watched.append(times[1])
+        plain.append(times[0][0])
+        watched.append(times[1][0])
+        # The training thread's CPU time: it does not grow while another process holds the core.
+        plain_cpu.append(times[0][1])
+        watched_cpu.append(times[1][1])
     mon.close()
     with open(os.path.join(out_dir, f"ab-rank{rank}.json"), "w") as f:
-        json.dump({"plain_s": plain, "watched_s": watched}, f)
+        json.dump({"plain_s": plain, "watched_s": watched, "plain_cpu_s": plain_cpu, "watched_cpu_s": watched_cpu}, f)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_ab(workload: Workload, out_dir: str, blocks: int, block_steps: int) -> dict:
-    """Run the in-process A/B job; return rank 0's per-block step times for both models."""
+def run_ab(workload: Workload, out_dir: str, blocks: int, block_steps: int, options: dict | None = None) -> dict:
+    """Run the in-process A/B job; return rank 0's per-block step times for both models.
+
+    ``options`` go to ``ranksight.init`` (e.g. ``comm_hook=False`` to see what the DDP comm hook costs).
+    """
     import torch.multiprocessing as mp
 
     _preload_forkserver()
     os.makedirs(out_dir, exist_ok=True)
     mp.start_processes(
         ab_rank_main,
-        args=(asdict(workload), free_port(), out_dir, os.path.join(out_dir, "runs"), blocks, block_steps),
+        args=(
+            asdict(workload),
+            free_port(),
+            out_dir,
+            os.path.join(out_dir, "runs"),
+            blocks,
+            block_steps,
+            options or {},
+        ),
         nprocs=workload.ranks,
         start_method=START_METHOD,
     )

@@ -11,8 +11,10 @@ tool's side process (TraceML's aggregator) and the bytes each tool wrote to disk
 ranksight's first flush (which imports pyarrow) so the timed window is the steady state.
 
 Then, per size, an in-process A/B for ranksight alone: two identical DDP models in each rank, one
-watched, timed in alternating blocks (A-B-B-A) — a much finer measurement of what ranksight adds to the
-training thread, since both sides share the same process and seconds (``--no-ab`` skips it).
+watched, timed in alternating blocks (A-B-B-A) — a finer measurement of what ranksight adds to the
+training thread, since both sides share the same process and seconds (``--no-ab`` skips it). Three
+variants: ranksight as shipped; with ``comm_hook=False``; and as shipped against a plain model that also
+runs PyTorch's own Python ``allreduce_hook`` (what a Python comm hook costs DDP by itself).
 
 Two step sizes: ``5ms`` (width 128, batch 224) and ``50ms`` (width 256, batch 1024); the absolute times
 depend on the machine's load and are context only.
@@ -143,12 +145,28 @@ def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, .
 AB_BLOCKS = {"5ms": (40, 50), "50ms": (20, 6)}
 
 
-def run_ab_size(size: str, root: str) -> dict:
+# What each A/B variant compares (the watched model against the plain one).
+AB_VARIANTS = {
+    "ranksight": {},
+    "ranksight, comm_hook=False": {"comm_hook": False},
+    "ranksight vs plain + PyTorch's Python allreduce_hook": {"plain_python_hook": True},
+}
+
+
+def run_ab_size(size: str, root: str, variant: str) -> dict:
     """ranksight vs the plain model in one process, alternating blocks; ratios per block pair (rank 0)."""
     blocks, block_steps = AB_BLOCKS[size]
-    res = run_ab(Workload(**SIZES[size]), os.path.join(root, size, "ab"), blocks, block_steps)
+    out = os.path.join(root, size, "ab-" + str(list(AB_VARIANTS).index(variant)))
+    res = run_ab(Workload(**SIZES[size]), out, blocks, block_steps, AB_VARIANTS[variant])
     ratios = [w / p for w, p in zip(res["watched_s"], res["plain_s"])]
+    cpu_ratios = [w / p for w, p in zip(res["watched_cpu_s"], res["plain_cpu_s"])]
     summary = {
+        "cpu_ratio_median": statistics.median(cpu_ratios),
+        "cpu_ratio_p25": _q(cpu_ratios, 0.25),
+        "cpu_ratio_p75": _q(cpu_ratios, 0.75),
+        "extra_cpu_us_per_step_median": statistics.median(
+            (w - p) * 1e6 for w, p in zip(res["watched_cpu_s"], res["plain_cpu_s"])
+        ),
         "pairs": len(ratios),
         "block_steps": block_steps,
         "ratio_median": statistics.median(ratios),
@@ -160,7 +178,7 @@ def run_ab_size(size: str, root: str) -> dict:
         "extra_us_per_step_median": statistics.median((w - p) * 1e6 for w, p in zip(res["watched_s"], res["plain_s"])),
     }
     print(
-        f"[{size}] in-process A/B ranksight/plain: {summary['ratio_median']:.3f} "
+        f"[{size}] in-process A/B {variant}: {summary['ratio_median']:.3f} "
         f"(p25-p75 {summary['ratio_p25']:.3f}-{summary['ratio_p75']:.3f}, {len(ratios)} pairs)",
         file=sys.stderr,
         flush=True,
@@ -270,17 +288,19 @@ def markdown_table(result: dict) -> str:
             )
     ab_rows = [
         "",
-        "| step | in-process A/B, ranksight / plain (same process, alternating blocks) | p25-p75 | p10-p90 "
-        "| extra µs/step (median) | block pairs |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| step | in-process A/B (watched / plain) | step time ratio | p25-p75 | p10-p90 | extra µs/step "
+        "| training-thread CPU ratio | p25-p75 | extra CPU µs/step | block pairs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for size, data in result["sizes"].items():
-        if "ab" in data:
-            a = data["ab"]["summary"]
+        for variant, ab in data.get("ab", {}).items():
+            a = ab["summary"]
             ab_rows.append(
-                f"| {size} ({a['plain_step_ms']:.1f} ms) | {a['ratio_median']:.3f} "
+                f"| {size} ({a['plain_step_ms']:.1f} ms) | {variant} | {a['ratio_median']:.3f} "
                 f"| {a['ratio_p25']:.3f}-{a['ratio_p75']:.3f} | {a['ratio_p10']:.3f}-{a['ratio_p90']:.3f} "
-                f"| {a['extra_us_per_step_median']:.0f} | {a['pairs']} × {a['block_steps']} steps |"
+                f"| {a['extra_us_per_step_median']:.0f} | {a['cpu_ratio_median']:.3f} "
+                f"| {a['cpu_ratio_p25']:.3f}-{a['cpu_ratio_p75']:.3f} | {a['extra_cpu_us_per_step_median']:.0f} "
+                f"| {a['pairs']} × {a['block_steps']} steps |"
             )
     if len(ab_rows) > 3:
         lines += ab_rows
@@ -329,7 +349,7 @@ def main() -> int:
             warmup, steps = args.warmup or DEFAULT_STEPS[size][0], args.steps or DEFAULT_STEPS[size][1]
             result["sizes"][size] = run_size(size, args.rounds, warmup, steps, arms, root)
             if not args.no_ab:
-                result["sizes"][size]["ab"] = run_ab_size(size, root)
+                result["sizes"][size]["ab"] = {v: run_ab_size(size, root, v) for v in AB_VARIANTS}
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for size, data in result["sizes"].items():
