@@ -94,22 +94,33 @@ def test_slow_loader_makes_data_wait_dominate(baseline, tmp_path):
 
 def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_path):
     _, base_path = baseline
+    # 16 M parameters (64 MB of gradients in one bucket) and a batch of one: all-reduce must dominate.
     job = Job(
         run_dir=str(tmp_path / "runs"),
         out_dir=str(tmp_path / "out"),
         run_id="sync",
         steps=10,
-        width=1024,
+        width=2048,
         depth=4,
-        batch=2,
+        batch=1,
         bucket_cap_mb=500,
     )
-    sync, base = _shares(run(job)), _shares(base_path)
+    sync_path = run(job)
+    sync, base = _shares(sync_path), _shares(base_path)
+
+    def mean(shares, key):
+        return sum(r[key] for r in shares.values()) / len(shares)
+
     for rank in (0, 1):
         assert sync[rank]["allreduce_share"] > 0.3
-        assert sync[rank]["comm_exposed_share"] > base[rank]["comm_exposed_share"]
         assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
-        assert sync[rank]["allreduce_share"] > base[rank]["allreduce_share"]
+    # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means.
+    assert mean(sync, "comm_exposed_share") > mean(sync, "compute_share")
+    assert mean(sync, "allreduce_share") > mean(base, "allreduce_share")
+    per_step = "SELECT median(allreduce_s) FROM steps WHERE step >= 3"
+    assert (
+        open_run(sync_path).execute(per_step).fetchone()[0] > 10 * open_run(base_path).execute(per_step).fetchone()[0]
+    )
 
 
 def test_sigkilled_rank_keeps_its_flushed_records(tmp_path):
