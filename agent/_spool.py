@@ -12,6 +12,7 @@ import os
 
 from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
 
+from ._arrow_columns import build_column
 from ._identity import Identity
 
 
@@ -52,10 +53,8 @@ class SpoolWriter:
         labels = self.identity.labels()
         columns = []
         for col, field in zip(KINDS[kind], schema):
-            if col.name in labels:
-                columns.append(pa.array([labels[col.name]] * n, type=field.type))
-            else:
-                columns.append(pa.array([r.get(col.name) for r in rows], type=field.type))
+            values = [labels[col.name]] * n if col.name in labels else [r.get(col.name) for r in rows]
+            columns.append(build_column(col.type, field.type, values))
         table = pa.Table.from_arrays(columns, schema=schema)
         directory = os.path.join(self.run_path, kind)
         if directory not in self._made:
