@@ -43,6 +43,9 @@ class Workload:
     depth: int = 3
     batch: int = 256
     warmup_steps: int = 20
+    warmup_min_s: float = 3.0
+    """Warm up for at least this long too (the ranks agree on when), so that start-up work such as the
+    agent's first flush (2 s in; it imports pyarrow) is over before timing starts."""
     steps: int = 200
     ranks: int = 2
     item_sleep_s: float = 0.0
@@ -179,6 +182,16 @@ def _batches(loader, total: int):
                 return
 
 
+def _all_ranks_past(t_start: float, work: Workload) -> bool:
+    """True once every rank has warmed up for ``work.warmup_min_s`` (one tiny all-reduce, warmup only)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if time.perf_counter() - t_start >= work.warmup_min_s else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag[0] == 1.0)
+
+
 def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     """Body of one rank: build the job, attach the arm's tool, time every iteration."""
     launch = Launch(**{**launch_dict, "workload": Workload(**launch_dict["workload"])})
@@ -219,7 +232,7 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.MSELoss()
 
-    batches = _batches(loader, work.warmup_steps + work.steps)
+    batches = _batches(loader, 10**12)  # the loop below decides when to stop
     if arm == "ranksight":
         import ranksight
 
@@ -249,14 +262,17 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     warmup_s: list[float] = []
     cpu_begin = cpu_thread_begin = 0.0
     threads_begin: dict = {}
-    step = 0
-    t_iter = time.perf_counter()
+    step = timed = 0
+    timing = False
+    t_start = t_iter = time.perf_counter()
     for x, y in batches:
-        if step == work.warmup_steps:
+        if not timing and step >= work.warmup_steps and step % 10 == 0 and _all_ranks_past(t_start, work):
+            timing = True
             # CPU time of the whole process (training thread + the tool's threads) and of this thread alone:
             # unlike wall time, it barely moves when other jobs share the cores.
             cpu_begin, cpu_thread_begin = time.process_time(), time.thread_time()
             threads_begin = thread_cpu()
+            t_iter = time.perf_counter()
         if mon is not None:
             with mon.step():
                 train_step(x, y)
@@ -268,9 +284,13 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
         if prof is not None:
             prof.step()
         now = time.perf_counter()
-        (loop_s if step >= work.warmup_steps else warmup_s).append(now - t_iter)
+        (loop_s if timing else warmup_s).append(now - t_iter)
         step += 1
         t_iter = now
+        if timing:
+            timed += 1
+            if timed >= work.steps:
+                break
     cpu_s, cpu_thread_s = time.process_time() - cpu_begin, time.thread_time() - cpu_thread_begin
     threads_end = thread_cpu()
     main_tid = threading.get_native_id()
@@ -581,7 +601,7 @@ def ab_rank_main(
     mon = ranksight.init(run_dir=run_dir, job="bench-ab", flush_interval_s=2.0, **options)
     mon.watch(models[1], optimizer=opts[1])
     loss_fn = torch.nn.MSELoss()
-    total = (2 * blocks + 2) * block_steps
+    total = 10**12
     streams = [_batches(loaders[0], total), iter(mon.loader(_batches(loaders[1], total)))]
 
     def block(i: int) -> tuple[float, float]:
@@ -602,8 +622,13 @@ def ab_rank_main(
                 opt.step()
         return (time.perf_counter() - t0) / block_steps, (time.thread_time() - c0) / block_steps
 
-    block(0)
-    block(1)  # warm both paths (first hooks, first DDP bucket rebuild)
+    # Warm both paths (first hooks, DDP's bucket rebuild) and get past the agent's first flush.
+    t_start = time.perf_counter()
+    while True:
+        block(0)
+        block(1)
+        if _all_ranks_past(t_start, work):
+            break
     plain, watched, plain_cpu, watched_cpu = [], [], [], []
     for b in range(blocks):
         order = (0, 1) if b % 2 == 0 else (1, 0)

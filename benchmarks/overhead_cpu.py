@@ -7,8 +7,8 @@ steps; the ratio is that median over the same round's baseline median. Reported 
 ratio over rounds and its min-max, the throughput ratio (mean iteration time, which includes the
 occasional slow step such as a profiler trace export), process CPU per step, CPU of the training thread
 and of the tool's own threads (by thread name), RSS after the timed steps minus the baseline's, the
-tool's side process (TraceML's aggregator) and the bytes each tool wrote to disk. The warmup runs past
-ranksight's first flush (which imports pyarrow) so the timed window is the steady state.
+tool's side process (TraceML's aggregator) and the bytes each tool wrote to disk. The warmup lasts at
+least 3 s, past ranksight's first flush (which imports pyarrow), so the timed window is the steady state.
 
 Then, per size, an in-process A/B for ranksight alone: two identical DDP models in each rank, one
 watched, timed in alternating blocks (A-B-B-A) — a finer measurement of what ranksight adds to the
@@ -20,7 +20,7 @@ Two step sizes: ``5ms`` (width 128, batch 224) and ``50ms`` (width 256, batch 10
 depend on the machine's load and are context only.
 
 Usage: ``python benchmarks/overhead_cpu.py [--sizes 5ms,50ms] [--rounds 4] [--no-ab] [--json OUT]``
-(about 4 minutes per size on a loaded 2-core machine: run one size per command to stay under 5).
+(about 5 minutes per size on a loaded 2-core machine: run one size per command).
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ SIZES = {
     "5ms": {"width": 128, "batch": 224},
     "50ms": {"width": 256, "batch": 1024},
 }
-# (warmup steps, timed steps): the warmup covers the tools' start-up (the agent's first flush imports
-# pyarrow) and the timed window spans two or more 2 s flush intervals, so periodic work is inside it.
-DEFAULT_STEPS = {"5ms": (1000, 800), "50ms": (100, 100)}
+# (minimum warmup steps, timed steps). The warmup also lasts at least 3 s (Workload.warmup_min_s), past
+# the tools' start-up (the agent's first flush, 2 s in, imports pyarrow); the timed window spans about
+# 3 s or more, so the periodic work (flushes every 2 s, 1 s polls, profiler cycles) falls inside it.
+DEFAULT_STEPS = {"5ms": (200, 1000), "50ms": (20, 150)}
 
 
 def _dir_bytes(path: str) -> int:
@@ -312,10 +313,13 @@ def main() -> int:
     parser.add_argument("--sizes", default="5ms,50ms", help="comma-separated: 5ms,50ms")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
-        "--steps", type=int, default=0, help="timed steps per launch (default: 800 at 5ms, 100 at 50ms)"
+        "--steps", type=int, default=0, help="timed steps per launch (default: 1000 at 5ms, 150 at 50ms)"
     )
     parser.add_argument(
-        "--warmup", type=int, default=0, help="warmup steps per launch (default: 1000 at 5ms, 100 at 50ms)"
+        "--warmup",
+        type=int,
+        default=0,
+        help="warmup steps per launch (at least; and at least 3 s. Default: 200 at 5ms, 20 at 50ms)",
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--no-ab", action="store_true", help="skip the in-process A/B (ranksight vs plain)")
