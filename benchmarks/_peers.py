@@ -321,6 +321,7 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
                 "cpu_thread_s": cpu_thread_s,
                 "other_threads_cpu_s": other_threads_cpu_s,
                 "named_threads_cpu_s": named_threads_cpu_s,
+                "imported": {m: m in sys.modules for m in ("pyarrow", "pandas", "duckdb")},
                 "rss_start": rss_start,
                 "rss_end": rss_end,
                 "rss_hwm": hwm,

@@ -123,6 +123,7 @@ def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, .
                     / steps,
                     "named_threads_cpu_s": [res[f"rank{k}"]["named_threads_cpu_s"] for k in range(workload.ranks)],
                     "aggregator_cpu_s": res["aggregator_cpu_s"],
+                    "imported_rank0": res["rank0"].get("imported"),
                     "rss_end": [res[f"rank{k}"]["rss_end"] for k in range(workload.ranks)],
                     "rss_growth": [
                         res[f"rank{k}"]["rss_end"] - res[f"rank{k}"]["rss_start"] for k in range(workload.ranks)
