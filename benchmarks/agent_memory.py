@@ -4,9 +4,10 @@ Each measurement runs in a fresh interpreter that has already imported torch (as
 has): RSS before ``ranksight.init``, then after 300 watched steps and two flushes. Variants:
 
 - ``as shipped``: what a user gets.
-- ``pandas kept out``: the same with ``sys.modules["pandas"] = None`` before the agent starts — pyarrow's
-  ``pa.array()`` probes for pandas objects and imports pandas when it is installed, so this shows that
-  import's share.
+- ``pandas kept out``: the same with ``sys.modules["pandas"] = None`` before the agent starts. pyarrow's
+  ``pa.array()`` probes for pandas objects and imports pandas when it is installed; the spool writer
+  used it until commit 4e84e75 (+38 MB per rank). Now both variants should match: a gap means pandas
+  crept back in.
 - ``imports only``: ``import pyarrow, pyarrow.parquet`` and ``import pandas`` alone, for reference.
 
 Also: the bytes held by the hot-path event deque when full (``max_buffered_events`` step events, the
