@@ -60,7 +60,14 @@ print(json.dumps({"variant": variant, "rss_before_mb": before, "rss_added_mb": a
 VARIANTS = ("as shipped", "pandas kept out", "imports only: pyarrow", "imports only: pandas")
 
 
-def buffer_bound_mb(max_events: int = 200_000) -> float:
+def default_buffer_bound() -> int:
+    """The agent's default bound on buffered events (ranksight.agent.Config)."""
+    from ranksight.agent import Config
+
+    return Config.max_buffered_events
+
+
+def buffer_bound_mb(max_events: int | None = None) -> float:
     """Memory held by the agent's event deque when full of step events (the default bound)."""
     import time
     import tracemalloc
@@ -68,6 +75,7 @@ def buffer_bound_mb(max_events: int = 200_000) -> float:
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
+    max_events = max_events or default_buffer_bound()
     events: deque = deque(maxlen=max_events)
     t = time.perf_counter_ns()
     for step in range(max_events):
@@ -88,7 +96,7 @@ def main() -> int:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"{variant:24s} +{rows[-1]['rss_added_mb']:6.1f} MB RSS (pandas imported: {rows[-1]['pandas_imported']})")
     bound = buffer_bound_mb()
-    print(f"event deque when full (200,000 step events): {bound:.1f} MB")
+    print(f"event deque when full ({default_buffer_bound():,} step events): {bound:.1f} MB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"variants": rows, "event_buffer_full_mb": bound}, f, indent=1)

@@ -65,13 +65,21 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def buffer_bound_bytes(max_events: int = 200_000) -> int:
+def default_buffer_bound() -> int:
+    """The agent's default bound on buffered events (ranksight.agent.Config)."""
+    from ranksight.agent import Config
+
+    return Config.max_buffered_events
+
+
+def buffer_bound_bytes(max_events: int | None = None) -> int:
     """Memory held by the agent's event deque when full (EV_STEP tuples, the default bound)."""
     import tracemalloc
     from collections import deque
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
+    max_events = max_events or default_buffer_bound()
     events: deque = deque(maxlen=max_events)
     t = time.perf_counter_ns()
     for step in range(max_events):
@@ -361,7 +369,8 @@ def main() -> int:
         print(_table(size, data["summary"]))
     result["table"] = markdown_table(result)
     print("\n" + result["table"])
-    print(f"\nagent event buffer when full (200,000 step events): {result['agent_buffer_bound_mb']:.1f} MB")
+    bound_mb = result["agent_buffer_bound_mb"]
+    print(f"\nagent event buffer when full ({default_buffer_bound():,} step events): {bound_mb:.1f} MB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
