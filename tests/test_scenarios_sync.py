@@ -10,19 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ranksight.demo import DemoConfig, run_demo  # noqa: E402
-from ranksight.rules import diagnose  # noqa: E402
+from ._scenarios import describe, run_scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def run_scenario(tmp_path, fault: str, steps: int = 20) -> dict:
-    cfg = DemoConfig(fault=fault, ranks=2, steps=steps, run_dir=str(tmp_path), flush_interval_s=0.5)
-    return diagnose(run_demo(cfg))
-
-
-def describe(result: dict) -> list:
-    return [(f["rule"], f["severity"], f["confidence"], f["ranks"]) for f in result["findings"]]
 
 
 def test_large_gradients_little_compute_is_exposed_allreduce(tmp_path):
