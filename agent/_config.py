@@ -27,7 +27,8 @@ class Config:
     """How often the agent thread writes spool segments; bounds what a SIGKILL can lose."""
     max_buffered_events: int = 50_000
     """Bound on hot-path events waiting for the agent thread; the oldest are dropped (and counted) past it.
-    50,000 step events hold ~19 MB and cover ~5 s of 1 ms steps with 4 buckets each (several flushes)."""
+    50,000 step events hold ~21 MB (benchmarks/agent_memory.py) and cover ~5 s of 1 ms steps with 4 buckets
+    each: several flush intervals."""
     comm_hook: bool = True
     """Wrap DDP's all-reduce in a timing communication hook (per-bucket all-reduce time)."""
     compile_poll: bool = True
