@@ -113,6 +113,7 @@ class Assembler:
             "bucket_bytes": sum(b[0] for b in p.buckets.values()) if p.buckets else None,
             "gpu_compute_s": None,
             "gpu_step_s": None,
+            "gpu_gap_s": None,
         }
         brows = [
             {

@@ -4,13 +4,16 @@ plus the NVML, allocator and sampled-trace samplers.
 Hot path (training / autograd threads): ``Event.record()`` on the current stream and a
 ``deque.append`` — never ``synchronize()``, ``elapsed_time()`` or ``.item()``. Events come from a pool
 (a deque: pop/append are atomic under the GIL, no lock); the agent thread resolves them with
-``query()`` then ``elapsed_time()`` and puts them back. An event that is not complete is dropped from
-the step (its GPU columns stay null) instead of being waited for.
+``query()`` then ``elapsed_time()`` and puts them back. A step whose events the GPU has not reached
+yet is held for later flushes (``GpuResolver``), never waited for.
 
 GPU phases per step, on the stream the step ran on:
     h2d_s          step begin → first forward (the batch's copies to the device and what precedes them)
     gpu_compute_s  first forward → last DDP bucket ready (else optimizer step, else step end)
     gpu_step_s     step begin → step end
+    gpu_gap_s      previous step's end → this step's begin: how long the GPU stream sat idle for the host
+                   (data wait, work between steps). About 0 when the host had queued this step already,
+                   so a host-side wait that cost nothing is told apart from one that starved the GPU.
 The last-bucket-ready mark is GPU time, not wall time: all-reduce equalises wall time across ranks,
 GPU compute time does not, so it is what straggler analysis compares.
 """
@@ -18,6 +21,7 @@ GPU compute time does not, so it is what straggler analysis compares.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, Optional
 
@@ -113,16 +117,26 @@ class GpuMarks:
 
 
 class GpuResolver:
-    """``Worker.gpu_resolver``: fill the GPU columns of finished step rows from completed events."""
+    """``Worker.gpu_resolver``: fill the GPU columns of finished step rows from completed events.
 
-    def __init__(self, marks: GpuMarks) -> None:
+    A GPU-bound job's host runs ahead of the GPU (seconds, with few long kernels per step), so a step
+    row can be ready on the host long before the GPU has reached its end event. Such rows are held,
+    in order, until that event completes — checked with ``query()`` at each flush, never waited for —
+    or ``max_hold_s`` has passed; then they go out with whatever could be measured.
+    """
+
+    def __init__(self, marks: GpuMarks, max_hold_s: float = 60.0) -> None:
         self._marks = marks
+        self.max_hold_s = max_hold_s
+        self._held: deque = deque()  # (monotonic time first seen, step row), in step order
         self._pending: dict[int, dict[str, Any]] = {}
         self.windows: list = []  # finished profiler windows, for the trace sampler
         self.resolved_total = 0
         self.dropped_total = 0
+        self._prev_end: Optional[tuple[int, Any]] = None  # (step, end event) kept for the next step's gap
 
-    def __call__(self, gpu_marks: list, step_rows: list[dict], final: bool) -> None:
+    def __call__(self, gpu_marks: list, step_rows: list[dict], final: bool) -> list[dict]:
+        """Take this flush's marks and step rows; return the rows to write now, GPU columns filled."""
         pending = self._pending
         for _, step, payload in gpu_marks:
             if payload[0] == "w":
@@ -133,16 +147,47 @@ class GpuResolver:
             if old is not None:  # e.g. several "last" buckets: keep the latest mark
                 self._marks.release([old])
             slot[payload[0]] = payload[1]
-        for row in step_rows:
-            marks = pending.pop(row["step"], None)
+        now = time.monotonic()
+        self._held.extend((now, row) for row in step_rows)
+        ready: list[dict] = []
+        self._ready = ready  # for salvage() if anything below fails
+        while self._held:
+            since, row = self._held[0]
+            marks = pending.get(row["step"])
+            end = marks.get("e") if marks else None
+            if end is not None and not final and now - since < self.max_hold_s and not end.query():
+                break  # the GPU has not got there yet; later steps are behind it on the stream
+            self._held.popleft()
+            pending.pop(row["step"], None)
             if marks:
                 self._fill(row, marks)
+                self._keep_end(row["step"], marks)
                 self._marks.release(marks.values())
+            ready.append(row)
         # Marks whose step row was already written (or will never be) are dropped, not kept forever.
-        newest = max((r["step"] for r in step_rows), default=None)
+        newest = max((r["step"] for r in ready), default=None)
         if final or newest is not None:
             for step in [s for s in pending if final or s <= newest]:
                 self._marks.release(pending.pop(step).values())
+        if final and self._prev_end is not None:
+            self._marks.release([self._prev_end[1]])
+            self._prev_end = None
+        return ready
+
+    def salvage(self, step_rows: list[dict]) -> list[dict]:
+        """After a failure: every row this flush brought or the resolver held, in step order, once."""
+        rows = {id(r): r for r in [*getattr(self, "_ready", []), *(r for _, r in self._held), *step_rows]}
+        self._held.clear()
+        return sorted(rows.values(), key=lambda r: r["step"])
+
+    def _keep_end(self, step: int, marks: dict) -> None:
+        """Hold this step's end event back from the pool: the next step's gap is measured from it."""
+        end = marks.pop("e", None)
+        if end is None:
+            return
+        if self._prev_end is not None:
+            self._marks.release([self._prev_end[1]])
+        self._prev_end = (step, end)
 
     def _fill(self, row: dict, marks: dict) -> None:
         b, e = marks.get("b"), marks.get("e")
@@ -150,6 +195,9 @@ class GpuResolver:
             self.dropped_total += 1
             return
         row["gpu_step_s"] = b.elapsed_time(e) * 1e-3
+        prev = self._prev_end
+        if prev is not None and prev[0] == row["step"] - 1 and prev[1].query():
+            row["gpu_gap_s"] = max(0.0, prev[1].elapsed_time(b) * 1e-3)
         f = marks.get("f")
         if f is not None and f.query():
             row["h2d_s"] = b.elapsed_time(f) * 1e-3

@@ -69,7 +69,13 @@ def events_from_kineto(result: Any, use_activity_type: bool = True) -> list[Ev]:
 
 
 class TraceWindow:
-    """State machine driven from the step boundaries: idle → tracing k steps → waiting for the GPU → idle.
+    """State machine driven from the step boundaries: idle → warming up one step → tracing k steps →
+    waiting for the GPU → idle.
+
+    The warm-up step prepares the profiler (CUPTI set-up, the slow part on a first window) outside the
+    traced steps, as ``torch.profiler``'s warm-up phase does: measured on an H200, preparing and starting
+    in the same step stalled the host ~100 ms inside the window and showed a GPU-bound job's GPU idle
+    42 % "waiting for the host".
 
     A window is due once both ``every_steps`` steps and ``every_s`` seconds have passed since the last
     one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones (a window
@@ -79,7 +85,7 @@ class TraceWindow:
     two integer compares); everything heavy happens on the agent thread in :meth:`reduce`.
     """
 
-    IDLE, TRACING, DRAINING = 0, 1, 2
+    IDLE, TRACING, DRAINING, WARMING = 0, 1, 2, 3
 
     def __init__(
         self,
@@ -132,10 +138,12 @@ class TraceWindow:
         return self.state != self.IDLE or (step >= self.next_step and now_ns >= self.next_ns)
 
     def begin(self, step: int) -> None:
-        """At a step's start: start the profiler if due, then mark the step."""
+        """At a step's start: prepare the profiler if due, start it a step later, then mark the step."""
         if self.state == self.IDLE:
-            if not self._start(step):
-                return
+            self._prepare(step)
+            return
+        if self.state == self.WARMING:
+            self._enable(step)
         self._record = self._rf_enter(WINDOW_MARK if self.state == self.TRACING else AFTER_MARK, None)
 
     def end(self, step: int) -> None:
@@ -155,8 +163,8 @@ class TraceWindow:
             if self._end_event is None or self._end_event.query() or self._drained >= self.max_drain_steps:
                 self._stop(step)
 
-    def _start(self, step: int) -> bool:
-        from torch.autograd.profiler import _enable_profiler, _prepare_profiler
+    def _prepare(self, step: int) -> None:
+        from torch.autograd.profiler import _prepare_profiler
 
         self._schedule(step)
         if self._torch._C._autograd._profiler_enabled():
@@ -164,13 +172,17 @@ class TraceWindow:
                 "trace_window_backoff",
                 "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
             )
-            return False
-        self._started_ns = time.perf_counter_ns()
+            return
         _prepare_profiler(self._config, self._activities)
+        self.state = self.WARMING
+
+    def _enable(self, step: int) -> None:
+        from torch.autograd.profiler import _enable_profiler
+
+        self._started_ns = time.perf_counter_ns()
         _enable_profiler(self._config, self._activities)
         self._first = step
         self.state = self.TRACING
-        return True
 
     def _stop(self, step: int) -> None:
         from torch.autograd.profiler import _disable_profiler
@@ -191,12 +203,14 @@ class TraceWindow:
     def abort(self) -> None:
         """Stop a running profiler (agent switched off or closing); the partial window is dropped."""
         if self.state != self.IDLE:
-            self.state = self.IDLE
+            warming, self.state = self.state == self.WARMING, self.IDLE
             try:
                 if self._record is not None:
                     self._rf_exit(self._record)
-                from torch.autograd.profiler import _disable_profiler
+                from torch.autograd.profiler import _disable_profiler, _enable_profiler
 
+                if warming:  # prepared only: start it so that it can be stopped (as torch.profiler does)
+                    _enable_profiler(self._config, self._activities)
                 _disable_profiler()
             except Exception:
                 pass

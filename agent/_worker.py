@@ -12,13 +12,17 @@ import platform
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ranksight import __version__
+from ranksight.schema import SCHEMA_VERSION
 
 from ._assemble import Assembler
 from ._compile import CompilePoller
 from ._monitor import EV_GPU, EV_INFO, EV_STEP, Monitor
+
+if TYPE_CHECKING:
+    from ._gpu_hooks import GpuResolver
 
 log = logging.getLogger("ranksight")
 
@@ -40,7 +44,7 @@ class Worker(threading.Thread):
         self.records_dropped_total = 0
         self.sinks: list = []  # objects with write(kind, rows) and close(); see _make_sinks
         self.samplers: list[Callable[[], list[dict]]] = []  # agent-thread samplers returning sample rows
-        self.gpu_resolver: Optional[Callable[[list], list[dict]]] = None
+        self.gpu_resolver: Optional[GpuResolver] = None  # set by attach_gpu on a GPU rank
         self._backlog: dict[str, list[dict]] = {}
         self._spool = None
         self._spool_failed = False
@@ -116,11 +120,15 @@ class Worker(threading.Thread):
 
         steps, buckets = self._assembler.drain(final=final)
         rows["steps"], rows["buckets"] = steps, buckets
-        if self.gpu_resolver is not None:
+        resolver = self.gpu_resolver
+        if resolver is not None:
             try:
-                self.gpu_resolver(gpu_marks, steps, final)
+                # Rows whose GPU events are not complete yet are held back by the resolver, not dropped.
+                rows["steps"] = resolver(gpu_marks, steps, final)
             except Exception as exc:
                 m._fail("gpu_events", exc)
+                self.gpu_resolver = None  # off from now on; the rows it held go out as they are
+                rows["steps"] = resolver.salvage(steps)
         if self._compile is not None:
             try:
                 for r in self._compile.poll():
@@ -196,7 +204,7 @@ class Worker(threading.Thread):
         m = self.m
         torch = sys.modules.get("torch")
         meta = {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "ranksight_version": __version__,
             **m.identity.labels(),
             "node_rank": m.identity.node_rank,

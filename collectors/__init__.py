@@ -2,7 +2,7 @@
 
 from ._features import FEATURES, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
-from ._queries import PHASES, step_breakdown
+from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, step_breakdown
 from ._spool_reader import RankMeta, RunDirError, check_run_dir, open_run, read_rank_meta, segment_glob
 from ._store import IngestResult, ingest, store_path
 
@@ -11,6 +11,8 @@ __all__ = [
     "compute_features",
     "run_features",
     "PHASES",
+    "PHASE_SQL",
+    "PERIOD_SQL",
     "step_breakdown",
     "IngestResult",
     "ingest",

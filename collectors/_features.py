@@ -23,15 +23,19 @@ FEATURES: dict[str, str] = {
     "world_size": "Number of ranks in the job.",
     "ranks_reporting": "Ranks with at least one step recorded.",
     "steps": "Steps recorded on this rank after warm-up.",
-    "step_median_s": "Median step wall time.",
-    "step_mean_s": "Mean step wall time.",
+    "step_median_s": "Median step period: wall time, or the GPU's step time where that is longer.",
+    "step_mean_s": "Mean step period (as step_median_s).",
     "compute_median_s": "Median forward+backward time (GPU time when every rank has it, else host time).",
-    "data_wait_share": "Share of step time blocked in the data loader.",
+    "data_wait_share": "Share of the step period the data loader cost: host wait for a batch, on a GPU rank only "
+    "the part during which the GPU stream sat idle (gpu_gap_s).",
+    "data_wait_host_share": "Share of the step period the host waited for the data loader, hidden or not.",
     "h2d_share": "Share of step time in host-to-device copies (GPU only).",
     "compute_share": "Share of step time in forward+backward.",
     "comm_exposed_share": "Share of step time waiting for all-reduce after backward ended.",
     "optimizer_share": "Share of step time in optimizer.step().",
     "other_share": "Share of step time outside the named phases.",
+    "gpu_ahead_share": "Share of the step period the GPU was still busy after the host's step ended: work the host "
+    "queued ahead, i.e. a GPU-bound step whose host-side waits were hidden (GPU only).",
     "allreduce_share": "Sum of per-bucket all-reduce time over step time (overlapped or not).",
     "comm_to_compute": "Exposed comm time over compute time.",
     "comm_overlap": "1 - exposed comm / all-reduce time: how much all-reduce hid behind backward.",
@@ -172,10 +176,9 @@ def _step_features(row: dict | None, extra: dict) -> dict:
         "step_mean_s": row["step_mean_s"],
         "compute_median_s": row["compute_median_s"],
         "allreduce_share": row["allreduce_share"],
+        "data_wait_host_share": row["data_wait_host_share"],
         **{f"{p[:-2]}_share": row[f"{p[:-2]}_share"] for p in PHASES},
     }
-    if row.get("h2d_share") == 0 and not extra.get("gpu_rows"):
-        f["h2d_share"] = None  # a CPU job has no copies to measure: absent, not zero
     if f["compute_share"] and f["comm_exposed_share"] is not None:
         f["comm_to_compute"] = f["comm_exposed_share"] / f["compute_share"]
     allreduce_sum, exposed_sum = extra.get("allreduce_sum"), extra.get("exposed_sum")

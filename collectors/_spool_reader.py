@@ -13,8 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ranksight.schema import _DUCKDB_TYPES as DUCKDB_TYPES
-from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, column_names, duckdb_columns
+from ranksight.schema import DUCKDB_TYPES, KINDS, RANKS_DIR, SPOOL_SUFFIX, duckdb_columns
 
 
 class RunDirError(ValueError):
@@ -102,7 +101,8 @@ def open_run(run_path: str, con=None):
         pattern = segment_glob(run_path, kind)
         parts = []
         if has_store:
-            parts.append(f"SELECT {', '.join(column_names(kind))} FROM {_STORE_ALIAS}.{kind}")
+            table = f"{_STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
+            parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
         files = glob.glob(pattern)
         pending = {os.path.basename(p) for p in files} - set(ingested.get(kind, ()))
         # A finished (or long silent) run whose segments are all in the store reads the store alone:

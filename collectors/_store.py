@@ -20,7 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from ranksight.schema import KINDS, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, column_names, duckdb_columns
+from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, column_names, duckdb_columns
 
 from ._spool_reader import RunDirError, check_run_dir, segment_glob, select_list
 
@@ -48,6 +48,9 @@ def store_path(run_path: str) -> str:
 def _create_schema(con) -> None:
     for kind in KINDS:
         con.execute(f"CREATE TABLE IF NOT EXISTS {kind} ({duckdb_columns(kind)})")
+        # A store written by an older version lacks newer (nullable) columns: add them, rows keep NULL.
+        for column in KINDS[kind]:
+            con.execute(f"ALTER TABLE {kind} ADD COLUMN IF NOT EXISTS {column.name} {DUCKDB_TYPES[column.type]}")
     con.execute(
         f"CREATE TABLE IF NOT EXISTS {SEGMENTS_TABLE} "
         "(kind VARCHAR NOT NULL, file VARCHAR NOT NULL, rows BIGINT NOT NULL, ingested_ns BIGINT NOT NULL)"

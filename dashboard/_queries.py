@@ -21,6 +21,7 @@ PHASE_LABELS = {
     "comm_exposed_s": "exposed comm",
     "optimizer_s": "optimizer",
     "other_s": "other",
+    "gpu_ahead_s": "GPU ahead of host",
 }
 
 
@@ -137,9 +138,10 @@ def total_from_breakdown(rows: list[dict]) -> dict:
     }
     for p in PHASES:
         key = f"{p[:-2]}_share"
-        out[key] = sum((r.get(key) or 0) * w for r, w in zip(rows, weights)) / total_s if total_s else None
-    # step_breakdown counts a missing phase as 0; H2D is only ever missing (CPU) or measured (GPU).
-    out["h2d_measured"] = bool(out["h2d_share"])
+        measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
+        # A phase no rank could measure (H2D and GPU-ahead on a CPU job) stays absent, as in breakdown_total.
+        out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
+    out["h2d_measured"] = out["h2d_share"] is not None
     return out
 
 

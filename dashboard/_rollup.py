@@ -13,13 +13,14 @@ import glob
 import os
 import threading
 
-from ranksight.collectors import PHASES, open_run
+from ranksight.collectors import PERIOD_SQL, PHASE_SQL, PHASES, open_run
 from ranksight.schema import KINDS
 
 WARMUP_STEPS = 5
 """Leading steps per rank kept apart (compilation, allocator and bucket warm-up), as in ``step_breakdown``."""
 
-_SUMS = PHASES + ("step_s", "allreduce_s")
+# Column -> SQL summed per rollup row; step_sum is the step period, as in ``step_breakdown``.
+_SUMS = {**{p: PHASE_SQL[p] for p in PHASES}, "step_s": PERIOD_SQL, "allreduce_s": "allreduce_s"}
 
 
 def chunk_steps_for(world_size: int) -> int:
@@ -76,13 +77,13 @@ class Rollup:
             )
             if not files:
                 return False
-            sums = ", ".join(f"sum({c}) AS {c[:-2]}_sum" for c in _SUMS)
+            sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in _SUMS.items())
             self.con.execute(
                 f"""
                 INSERT INTO rollup
                 SELECT rank, any_value(node), step // $chunk AS chunk, step < $warm AS warm, count(*),
                        min(step), max(step), min(time_ns), max(time_ns), {sums},
-                       sum(coalesce(gpu_compute_s, compute_s)), max(step_s), count(h2d_s)
+                       sum(coalesce(gpu_compute_s, compute_s)), max({PERIOD_SQL}), count(h2d_s)
                 FROM read_parquet($files, union_by_name=true) GROUP BY rank, chunk, warm
                 """,
                 {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, "files": files},

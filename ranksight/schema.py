@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added ``steps.gpu_gap_s``. Readers give NULL for a column an older segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -56,6 +57,12 @@ STEPS: tuple[Column, ...] = IDENTITY + (
     # GPU-only, filled by the GPU signals (CUDA events), null on CPU jobs.
     Column("gpu_compute_s", "float64", "Forward + backward time on the GPU (CUDA events)."),
     Column("gpu_step_s", "float64", "Step time on the GPU stream (CUDA events)."),
+    Column(
+        "gpu_gap_s",
+        "float64",
+        "GPU stream idle before the step: previous step's end to this step's start (CUDA events); "
+        "about 0 when the host had queued the step ahead.",
+    ),
 )
 
 BUCKETS: tuple[Column, ...] = IDENTITY + (
@@ -99,7 +106,7 @@ KINDS: dict[str, tuple[Column, ...]] = {
 }
 
 _ARROW_TYPES = {"string": "string", "int64": "int64", "int32": "int32", "float64": "float64", "bool": "bool_"}
-_DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "int32": "INTEGER", "float64": "DOUBLE", "bool": "BOOLEAN"}
+DUCKDB_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "int32": "INTEGER", "float64": "DOUBLE", "bool": "BOOLEAN"}
 
 
 def column_names(kind: str) -> list[str]:
@@ -116,7 +123,7 @@ def arrow_schema(kind: str):
 
 def duckdb_columns(kind: str) -> str:
     """Return a DuckDB column list (``name TYPE, ...``) for a record kind."""
-    return ", ".join(f"{c.name} {_DUCKDB_TYPES[c.type]}" for c in KINDS[kind])
+    return ", ".join(f"{c.name} {DUCKDB_TYPES[c.type]}" for c in KINDS[kind])
 
 
 #: Names used in the ``samples`` kind (``name`` column), with their meaning. The agent's samplers

@@ -127,15 +127,20 @@ def run_checklist(items: list[ChecklistItem], features: dict[int, dict]) -> list
             value = eval_expr(item.value, env)
             if value is not None and not isinstance(value, bool) and math.isfinite(value):
                 values.append(value)
+        unit = "ratio" if item.value.text.strip().endswith(_RATIO_SUFFIXES) else "number"
         if not values:
-            out.append({"item": item.item, "group": item.group, "status": "n/a", "value": None})
+            out.append({"item": item.item, "group": item.group, "status": "n/a", "value": None, "unit": unit})
             continue
         worst = max(values) if item.compare == ">=" else min(values)
         status = "fail" if _beyond(worst, item.fail, item.compare) else "pass"
         if status == "pass" and _beyond(worst, item.warn, item.compare):
             status = "warn"
-        out.append({"item": item.item, "group": item.group, "status": status, "value": _round(worst)})
+        out.append({"item": item.item, "group": item.group, "status": status, "value": _round(worst), "unit": unit})
     return out
+
+
+# Feature names in 0-1 (schema convention: the unit is in the name), shown as percentages.
+_RATIO_SUFFIXES = ("_ratio", "_share", "_spread", "_overlap")
 
 
 def _beyond(value: float, threshold: float, compare: str) -> bool:

@@ -89,6 +89,7 @@ def write_run(
         "bucket_bytes": np.full(n, 1000, np.int64),
         "gpu_compute_s": [None] * n,
         "gpu_step_s": [None] * n,
+        "gpu_gap_s": [None] * n,
     }
     schema = arrow_schema("steps")
     pq.write_table(
@@ -143,14 +144,17 @@ def test_rollup_shares_match_the_shared_step_breakdown(demo_run):
         assert ours[rank]["steps"] == r["steps"] == DEMO_STEPS - 5
         assert ours[rank]["step_mean_s"] == pytest.approx(r["step_mean_s"], rel=1e-9)
         for p in PHASES:
-            if p != "h2d_s":
+            if p in ("h2d_s", "gpu_ahead_s"):  # CPU job: absent, not zero, in both
+                assert ours[rank][f"{p[:-2]}_share"] is None and r[f"{p[:-2]}_share"] is None
+            else:
                 assert ours[rank][f"{p[:-2]}_share"] == pytest.approx(r[f"{p[:-2]}_share"], rel=1e-9, abs=1e-12)
-        assert ours[rank]["h2d_share"] is None  # CPU job: absent, not zero
     total = q.breakdown_total(rollup.cursor())
     from_diagnosis = q.total_from_breakdown(list(ref.values()))  # what the Verdict page shows
     assert from_diagnosis["rows"] == total["rows"]
     for p in PHASES:
-        if p != "h2d_s":
+        if p in ("h2d_s", "gpu_ahead_s"):
+            assert from_diagnosis[f"{p[:-2]}_share"] is None and total[f"{p[:-2]}_share"] is None
+        else:
             assert from_diagnosis[f"{p[:-2]}_share"] == pytest.approx(total[f"{p[:-2]}_share"], rel=1e-9)
     assert from_diagnosis["h2d_measured"] is False
     assert total["data_wait_share"] > 0.15, total  # the planted slow loader (compute varies with machine load)

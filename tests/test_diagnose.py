@@ -134,7 +134,7 @@ def test_json_output_keeps_the_documented_schema(tmp_path, capsys):
     assert set(first["fix"]) == {"text", "snippet"} and 0 < first["confidence"] <= 1
     assert [r["rank"] for r in out["breakdown"]["ranks"]] == [0, 1]
     assert out["breakdown"]["ranks"][0]["data_wait_share"] == pytest.approx(0.25)
-    assert all(set(c) == {"item", "group", "status", "value"} for c in out["checklist"])
+    assert all(set(c) == {"item", "group", "status", "value", "unit"} for c in out["checklist"])
 
 
 def test_human_output_puts_the_verdict_first(tmp_path, capsys):

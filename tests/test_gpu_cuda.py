@@ -189,3 +189,38 @@ def test_snapshot_fragmentation_matches_allocator_counters():
     assert frag["free_bytes"] == stats["reserved_bytes.all.current"] - stats["active_bytes.all.current"]
     assert 0.0 <= frag["fragmentation_ratio"] < 1.0
     del keep
+
+
+def test_gpu_gap_tells_a_hidden_loader_wait_from_a_starving_one(monitor):
+    """gpu_gap_s (previous step end → this step begin on the GPU) is ~0 while the host is ahead of a
+    GPU-bound loop, and about the loader wait when the GPU has nothing queued during it."""
+    import statistics
+    import time
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def slow_loader(n, wait_s):
+        for _ in range(n):
+            time.sleep(wait_s)  # e.g. decoding in the main process
+            yield None
+
+    def run(mon, wait_s, matmuls):
+        model = torch.nn.Linear(4096, 4096, bias=False).cuda()  # watch() attaches the GPU marks to a CUDA model
+        mon.watch(model)
+        for _ in mon.loader(slow_loader(16, wait_s)):
+            with mon.step(), torch.no_grad():
+                for _ in range(matmuls):
+                    model(a)
+        torch.cuda.synchronize()
+        mon.close()
+        rows = [r for r in _read(mon.run_path, "steps") if r["step"] >= 3]
+        gaps = [r["gpu_gap_s"] for r in rows if r["gpu_gap_s"] is not None]
+        assert len(gaps) >= 10, rows
+        return statistics.median(gaps), statistics.median(r["data_wait_s"] for r in rows)
+
+    gap, wait = run(monitor(trace_first_step=10**9), 0.02, 1)  # 20 ms wait, well under 1 ms of GPU work
+    assert wait == pytest.approx(0.02, rel=0.5)
+    assert 0.8 * wait <= gap <= wait + 0.005
+    gap, wait = run(monitor(trace_first_step=10**9), 0.002, 40)  # 2 ms wait behind tens of ms of matmuls
+    assert wait >= 0.0015
+    assert gap < 0.0005  # the host had queued the next step already: the wait cost the GPU nothing

@@ -210,11 +210,12 @@ def test_trace_window_state_machine_on_cpu(monitor):
                     w.end(step)
             payloads.extend(e[2] for e in list(monitor._events) if e[0] == EV_GPU and e[2] not in payloads)
 
-    run(14)
-    assert w.windows_done == 2  # steps 2-3 (+ step 4 while it stops), then 6 steps later: 10-11 (+ 12)
+    run(15)
+    # Prepared at step 2, traced 3-4 (+ step 5 while it stops); 6 steps later prepared at 11, traced 12-13 (+ 14).
+    assert w.windows_done == 2
     assert not torch._C._autograd._profiler_enabled()
     _, result, first, last = payloads[0]
-    assert (first, last) == (2, 4)
+    assert (first, last) == (3, 5)
     assert events_from_kineto(result) == events_from_kineto(result, use_activity_type=False)
     rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
     assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
@@ -228,8 +229,15 @@ def test_trace_window_state_machine_on_cpu(monitor):
 
     w.next_step = 0
     w.begin(0)
-    w.abort()
+    assert w.state == w.WARMING and not torch._C._autograd._profiler_enabled()
+    w.abort()  # prepared only
     assert not torch._C._autograd._profiler_enabled()
+    w.next_step = 0
+    w.begin(0)
+    w.begin(1)
+    assert w.state == w.TRACING and torch._C._autograd._profiler_enabled()
+    w.abort()  # mid-window
+    assert w.state == w.IDLE and not torch._C._autograd._profiler_enabled()
 
 
 def test_chrome_events_normalise_times_and_kinds(tmp_path):

@@ -192,14 +192,15 @@ def test_checklist_is_na_on_cpu_and_judges_the_worst_rank(ruleset):
     cpu = run_checklist(ruleset.checklist, frame(r0=HEALTHY, r1=HEALTHY))
     assert {c["status"] for c in cpu} == {"n/a"}  # not compiled, no GPU, one bucket
     gpu = {**HEALTHY, "memory_fragmentation_ratio": 0.1, "kernel_busy_ratio": 0.95, "compiled": 1}
+    gpu |= {"memory_headroom_ratio": 0.05, "memory_alloc_retries_total": 0}  # under memory pressure
     worse = {**gpu, "memory_fragmentation_ratio": 0.3, "kernel_busy_ratio": 0.4, "graph_breaks": 12}
+    item = "allocator fragmentation under memory pressure (1 - largest free / total free)"
     by_item = {c["item"]: c for c in run_checklist(ruleset.checklist, frame(r0=gpu, r1=worse))}
-    assert by_item["allocator fragmentation (1 - largest free / total free)"] == {
-        "item": "allocator fragmentation (1 - largest free / total free)",
-        "group": "memory planning",
-        "status": "warn",
-        "value": 0.3,
-    }
+    assert by_item[item] == {"item": item, "group": "memory planning", "status": "warn", "value": 0.3, "unit": "ratio"}
+    assert by_item["allocator retries"]["unit"] == "number"
+    # Plenty of free device memory: holes in the cache cost nothing, the item does not judge them.
+    roomy = {**worse, "memory_headroom_ratio": 0.9, "memory_fragmentation_ratio": 0.87}
+    assert {c["item"]: c for c in run_checklist(ruleset.checklist, frame(r0=roomy))}[item]["status"] == "n/a"
     assert by_item["GPU kernel busy share"]["status"] == "fail"
     assert by_item["graph breaks"]["status"] == "fail"
     assert by_item["recompiles after warm-up"]["status"] == "pass"

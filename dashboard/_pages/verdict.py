@@ -56,7 +56,7 @@ def verdict(path: str) -> None:
                         "status": c.get("status"),
                         "item": c.get("item"),
                         "group": c.get("group"),
-                        "value": _fmt(c.get("value")),
+                        "value": _fmt(c.get("value"), c.get("unit")),
                     }
                     for c in checklist
                 ]
@@ -69,8 +69,12 @@ def _ranks(ranks: list) -> str:
     )
 
 
-def _fmt(v) -> str:
-    return "—" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+def _fmt(v, unit: str | None = None) -> str:
+    if v is None:
+        return "—"
+    if unit == "ratio":
+        return f"{100 * v:.1f} %"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if require_run(ctx):

@@ -74,13 +74,13 @@ def render_checklist(result: dict) -> str:
     rows = []
     for c in result["checklist"]:
         v = c["value"]
-        # Ratios read as percentages; counts (whole numbers: retries, free blocks, syncs) as numbers.
-        is_ratio = isinstance(v, float) and 0 <= v <= 1 and not v.is_integer()
-        shown = (
-            "-"
-            if v is None
-            else (pct(v).strip() if is_ratio else _value(int(v) if isinstance(v, float) and v.is_integer() else v))
-        )
+        # Ratios read as percentages (1.0 too: NVML's 100 %); counts (retries, free blocks) as numbers.
+        if v is None:
+            shown = "-"
+        elif c.get("unit") == "ratio":
+            shown = pct(v).strip()
+        else:
+            shown = _value(int(v) if isinstance(v, float) and v.is_integer() else v)
         rows.append([c["item"], c["group"], _STATUS[c["status"]], shown])
     return table(["item", "group", "status", "value"], rows) if rows else "(no checklist items)"
 

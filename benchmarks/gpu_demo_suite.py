@@ -1,0 +1,134 @@
+"""The demo's planted faults on a GPU, then their diagnosis: the evidence behind docs/diagnosis.md.
+
+Two halves, because the GPU machine has no DuckDB:
+
+``python benchmarks/gpu_demo_suite.py run --out DIR [--faults ...] [--steps N] [--ranks N]``
+    on the CUDA machine: one ``ranksight demo`` job per fault, run folders under ``DIR/runs``, and
+    ``DIR/demo_runs.json`` with each job's wall time and its median host / GPU step clocks (read
+    with pyarrow alone).
+``python benchmarks/gpu_demo_suite.py report DIR``
+    anywhere with DuckDB: ``ranksight.rules.diagnose`` on each run; prints scenario → first finding →
+    confidence and writes ``DIR/demo_diagnosis.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+DEFAULT_FAULTS = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
+# What each planted fault must be diagnosed as first (None: no warning or critical finding at all).
+EXPECTED = {
+    "none": None,
+    "input": ("data_pipeline", "input-bound"),
+    "pageable": ("data_pipeline", "pageable-copies"),
+    "cpu-op": ("parallelism", "cpu-ops"),
+    "host-sync": ("data_pipeline", "input-path-syncs"),
+    "fragmentation": ("parallelism", "fragmentation"),
+}
+
+
+def _median(rows: list[dict], key: str):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _clocks(run_path: str) -> dict:
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(run_path, "steps")
+    rows = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".parquet"):
+            rows.extend(pq.read_table(os.path.join(folder, name)).to_pylist())
+    rows = [r for r in rows if r["step"] >= 5]
+    keys = ("step_s", "data_wait_s", "gpu_step_s", "gpu_gap_s", "h2d_s", "gpu_compute_s")
+    return {"steps": len(rows), **{f"median_{k}": _median(rows, k) for k in keys}}
+
+
+def run(args) -> int:
+    from ranksight.demo import DemoConfig, run_demo
+
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    out = {"argv": sys.argv, "runs": {}}
+    try:
+        import torch
+
+        out["torch"], out["device"] = torch.__version__, torch.cuda.get_device_name(0)
+    except Exception as exc:  # noqa: BLE001 - recorded, the runs say the rest
+        out["device"] = f"unknown ({exc})"
+    for fault in args.faults:
+        name = f"gpu-{fault}-r{args.ranks}"
+        cfg = DemoConfig(
+            fault=fault,
+            ranks=args.ranks,
+            steps=args.steps,
+            run_dir=os.path.join(args.out, "runs"),
+            job="gpu-demo",
+            run_id=name,
+        )
+        t0 = time.perf_counter()
+        try:
+            path = run_demo(cfg)
+            out["runs"][name] = {"fault": fault, "wall_s": time.perf_counter() - t0, **_clocks(path)}
+        except Exception as exc:  # noqa: BLE001 - one failing fault must not lose the others
+            out["runs"][name] = {"fault": fault, "error": f"{type(exc).__name__}: {exc}"}
+        print(name, json.dumps(out["runs"][name]), flush=True)
+    with open(os.path.join(args.out, "demo_runs.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
+def report(args) -> int:
+    from ranksight.rules import diagnose
+
+    runs_dir = os.path.join(args.dir, "runs")
+    table, ok = [], True
+    for name in sorted(os.listdir(runs_dir)):
+        fault = name.split("-", 1)[1].rsplit("-r", 1)[0]
+        result = diagnose(os.path.join(runs_dir, name))
+        serious = [f for f in result["findings"] if f["severity"] != "info"]
+        first = serious[0] if serious else None
+        got = (first["axis"], first["rule"]) if first else None
+        right = got == EXPECTED.get(fault, got)
+        ok &= right
+        table.append(
+            {
+                "run": name,
+                "fault": fault,
+                "first": got,
+                "severity": first["severity"] if first else None,
+                "confidence": first["confidence"] if first else None,
+                "evidence": first["evidence"] if first else None,
+                "others": [f["rule"] for f in serious[1:]],
+                "right": right,
+                "breakdown": result["breakdown"],
+            }
+        )
+        shown = f"{got[0]} / {got[1]} ({first['severity']}, {first['confidence']:.2f})" if first else "no warning"
+        print(f"{name:28s} {shown:55s} {'right' if right else 'WRONG'}")
+    with open(os.path.join(args.dir, "demo_diagnosis.json"), "w") as f:
+        json.dump(table, f, indent=1, default=str)
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the demo faults (on a CUDA machine)")
+    r.add_argument("--out", required=True)
+    r.add_argument("--faults", nargs="+", default=list(DEFAULT_FAULTS))
+    r.add_argument("--steps", type=int, default=60)
+    r.add_argument("--ranks", type=int, default=1)
+    d = sub.add_parser("report", help="diagnose the runs of a 'run' folder")
+    d.add_argument("dir")
+    args = p.parse_args()
+    return run(args) if args.cmd == "run" else report(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

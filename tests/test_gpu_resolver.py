@@ -1,0 +1,79 @@
+"""The GPU resolver's bookkeeping on CPU: rows held until the GPU reaches them, gaps between steps.
+
+CUDA events cannot exist without a GPU, so ``_StreamEvent`` stands in for ``torch.cuda.Event``: a
+timestamp the "GPU" reaches at some point, ``query()`` true once it has. The same logic on real
+events runs in ``tests/test_gpu_cuda.py`` on the H200.
+"""
+
+from __future__ import annotations
+
+from ranksight.agent._gpu_hooks import GpuResolver
+
+
+class _StreamEvent:
+    def __init__(self, gpu_ms: float, clock: dict) -> None:
+        self.gpu_ms, self._clock = gpu_ms, clock
+
+    def query(self) -> bool:
+        return self._clock["gpu_ms"] >= self.gpu_ms
+
+    def elapsed_time(self, other: _StreamEvent) -> float:
+        return other.gpu_ms - self.gpu_ms
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.released: list = []
+
+    def release(self, events) -> None:
+        self.released.extend(events)
+
+
+def _marks(step: int, begin_ms: float, end_ms: float, clock: dict) -> list:
+    return [(None, step, ("b", _StreamEvent(begin_ms, clock))), (None, step, ("e", _StreamEvent(end_ms, clock)))]
+
+
+def _row(step: int) -> dict:
+    return {"step": step, "step_s": 0.01, "gpu_step_s": None, "gpu_gap_s": None, "h2d_s": None}
+
+
+def test_rows_wait_for_the_gpu_then_get_their_columns_and_gaps():
+    clock = {"gpu_ms": 0.0}
+    pool = _Pool()
+    res = GpuResolver(pool, max_hold_s=60)
+    # The host queued steps 0-3 at once; on the GPU each takes 30 ms, with a 5 ms idle gap before step 2.
+    spans = {0: (0, 30), 1: (30, 60), 2: (65, 95), 3: (95, 125)}
+    marks = [m for s, (b, e) in spans.items() for m in _marks(s, b, e, clock)]
+    clock["gpu_ms"] = 40.0  # the GPU has finished step 0 only
+    out = res(marks, [_row(s) for s in spans], final=False)
+    assert [r["step"] for r in out] == [0]  # 1-3 are held, not written without their GPU columns
+    assert out[0]["gpu_step_s"] == 0.03 and out[0]["gpu_gap_s"] is None  # no previous step to measure from
+    clock["gpu_ms"] = 200.0
+    out = res([], [], final=False)
+    assert [r["step"] for r in out] == [1, 2, 3]
+    assert [round(r["gpu_gap_s"] * 1e3, 6) for r in out] == [0.0, 5.0, 0.0]
+    assert all(r["gpu_step_s"] == 0.03 for r in out)
+    assert res.dropped_total == 0
+    assert len(pool.released) == 7  # every event back in the pool but step 3's end, kept for step 4's gap
+    res([], [], final=True)
+    assert len(pool.released) == 8
+
+
+def test_a_row_held_too_long_or_at_close_goes_out_without_gpu_columns():
+    clock = {"gpu_ms": 0.0}
+    res = GpuResolver(_Pool(), max_hold_s=0.0)  # never hold
+    out = res(_marks(0, 0, 30, clock), [_row(0)], final=False)
+    assert [r["gpu_step_s"] for r in out] == [None] and res.dropped_total == 1
+    res = GpuResolver(_Pool(), max_hold_s=60)
+    assert res(_marks(0, 0, 30, clock), [_row(0)], final=False) == []
+    out = res([], [], final=True)  # closing: nothing is waited for
+    assert [r["step"] for r in out] == [0] and out[0]["gpu_step_s"] is None
+
+
+def test_salvage_returns_every_row_once_in_order():
+    clock = {"gpu_ms": 0.0}
+    res = GpuResolver(_Pool(), max_hold_s=60)
+    res(_marks(0, 0, 30, clock) + _marks(1, 30, 60, clock), [_row(0), _row(1)], final=False)
+    late = [_row(2)]
+    assert [r["step"] for r in res.salvage(late)] == [0, 1, 2]
+    assert res.salvage([]) == []
