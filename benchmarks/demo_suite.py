@@ -1,14 +1,14 @@
-"""The demo's planted faults on a GPU, then their diagnosis: the evidence behind docs/diagnosis.md.
+"""The demo's planted faults, then their diagnosis: the evidence behind docs/diagnosis.md.
 
 Two halves, because the GPU machine has no DuckDB:
 
-``python benchmarks/gpu_demo_suite.py run --out DIR [--faults ...] [--steps N] [--ranks N]``
-    on the CUDA machine: one ``ranksight demo`` job per fault, run folders under ``DIR/runs``, and
+``python benchmarks/demo_suite.py run --out DIR [--faults ...] [--steps N] [--ranks N]``
+    one ``ranksight demo`` job per fault (GPU faults need CUDA), run folders under ``DIR/runs``, and
     ``DIR/demo_runs.json`` with each job's wall time and its median host / GPU step clocks (read
     with pyarrow alone).
-``python benchmarks/gpu_demo_suite.py report DIR``
+``python benchmarks/demo_suite.py report DIR``
     anywhere with DuckDB: ``ranksight.rules.diagnose`` on each run; prints scenario → first finding →
-    confidence and writes ``DIR/demo_diagnosis.json``.
+    confidence (and the ranks), checks them against ``EXPECTED`` and writes ``DIR/demo_diagnosis.json``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ import statistics
 import sys
 import time
 
-DEFAULT_FAULTS = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
+GPU_DEFAULT = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
+CPU_DEFAULT = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 # What each planted fault must be diagnosed as first (None: no warning or critical finding at all).
 EXPECTED = {
     "none": None,
     "input": ("data_pipeline", "input-bound"),
+    "sync": ("sync", "exposed-allreduce"),
+    "straggler": ("sync", "straggler"),
+    "graph-break": ("parallelism", "graph-breaks"),
+    "unused-params": ("parallelism", "unused-parameter-scan"),
     "pageable": ("data_pipeline", "pageable-copies"),
     "cpu-op": ("parallelism", "cpu-ops"),
     "host-sync": ("data_pipeline", "input-path-syncs"),
@@ -61,14 +66,18 @@ def run(args) -> int:
         out["torch"], out["device"] = torch.__version__, torch.cuda.get_device_name(0)
     except Exception as exc:  # noqa: BLE001 - recorded, the runs say the rest
         out["device"] = f"unknown ({exc})"
+    if not args.faults:
+        import torch
+
+        args.faults = list(GPU_DEFAULT if torch.cuda.is_available() else CPU_DEFAULT)
     for fault in args.faults:
-        name = f"gpu-{fault}-r{args.ranks}"
+        name = f"{args.prefix}-{fault}-r{args.ranks}"
         cfg = DemoConfig(
             fault=fault,
             ranks=args.ranks,
             steps=args.steps,
             run_dir=os.path.join(args.out, "runs"),
-            job="gpu-demo",
+            job="demo-suite",
             run_id=name,
         )
         t0 = time.perf_counter()
@@ -89,12 +98,15 @@ def report(args) -> int:
     runs_dir = os.path.join(args.dir, "runs")
     table, ok = [], True
     for name in sorted(os.listdir(runs_dir)):
-        fault = name.split("-", 1)[1].rsplit("-r", 1)[0]
+        fault = name.split("-", 1)[1].rsplit("-r", 1)[0]  # PREFIX-FAULT-rRANKS
         result = diagnose(os.path.join(runs_dir, name))
         serious = [f for f in result["findings"] if f["severity"] != "info"]
         first = serious[0] if serious else None
         got = (first["axis"], first["rule"]) if first else None
+        ranks = int(name.rsplit("-r", 1)[1])
         right = got == EXPECTED.get(fault, got)
+        if fault == "straggler" and first:  # the demo slows the last rank down
+            right &= first["ranks"] == [ranks - 1]
         ok &= right
         table.append(
             {
@@ -103,13 +115,18 @@ def report(args) -> int:
                 "first": got,
                 "severity": first["severity"] if first else None,
                 "confidence": first["confidence"] if first else None,
+                "ranks": first["ranks"] if first else None,
                 "evidence": first["evidence"] if first else None,
                 "others": [f["rule"] for f in serious[1:]],
                 "right": right,
                 "breakdown": result["breakdown"],
             }
         )
-        shown = f"{got[0]} / {got[1]} ({first['severity']}, {first['confidence']:.2f})" if first else "no warning"
+        shown = (
+            f"{got[0]} / {got[1]} ({first['severity']}, {first['confidence']:.2f}, ranks {first['ranks']})"
+            if first
+            else "no warning"
+        )
         print(f"{name:28s} {shown:55s} {'right' if right else 'WRONG'}")
     with open(os.path.join(args.dir, "demo_diagnosis.json"), "w") as f:
         json.dump(table, f, indent=1, default=str)
@@ -119,9 +136,11 @@ def report(args) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run the demo faults (on a CUDA machine)")
+    r = sub.add_parser("run", help="run the demo faults")
     r.add_argument("--out", required=True)
-    r.add_argument("--faults", nargs="+", default=list(DEFAULT_FAULTS))
+    default = f"default: {' '.join(GPU_DEFAULT)} on a GPU, else {' '.join(CPU_DEFAULT)}"
+    r.add_argument("--faults", nargs="+", help=default)
+    r.add_argument("--prefix", default="gpu", help="run folder names: PREFIX-FAULT-rRANKS")
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--ranks", type=int, default=1)
     d = sub.add_parser("report", help="diagnose the runs of a 'run' folder")
