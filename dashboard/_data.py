@@ -14,15 +14,16 @@ import streamlit as st
 
 from ranksight.collectors import RunDirError
 
-from . import _queries
+from . import _queries, _warm
 from ._rollup import Rollup
+from ._warm import spool_signature
 
 PULL_TTL_S = 30
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _rollup(run_path: str) -> Rollup:
-    return Rollup(run_path)
+    return _warm.take_rollup(run_path) or Rollup(run_path)
 
 
 def rollup(run_path: str) -> Rollup:
@@ -83,6 +84,9 @@ def runs(root: str) -> list[dict]:
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=64, show_spinner=False)
 def _diagnosis(run_path: str, signature: tuple) -> dict:
+    warm = _warm.take_diagnosis(run_path, signature)  # made while the server started
+    if warm is not None:
+        return warm
     from ranksight.rules import diagnose
 
     return diagnose(run_path)
@@ -102,22 +106,6 @@ DIAGNOSE_EVERY_S = 10.0
 _last_signature: dict[str, tuple[tuple, float]] = {}
 
 
-def spool_signature(run_path: str) -> tuple:
-    """(segments, newest mtime) of the step segments: changes exactly when new steps were written."""
-    import os
-
-    count, newest = 0, 0
-    try:
-        with os.scandir(os.path.join(run_path, "steps")) as it:
-            for e in it:
-                if e.name.endswith(".parquet") and not e.name.startswith("."):
-                    count += 1
-                    newest = max(newest, e.stat().st_mtime_ns)
-    except OSError:
-        pass
-    return (count, newest)
-
-
 def diagnosis(run_path: str) -> dict | None:
     """The rules' verdict on the run (None when this ranksight has no diagnosis yet).
 
@@ -126,6 +114,10 @@ def diagnosis(run_path: str) -> dict | None:
     """
     if not diagnosis_available():
         return None
+    if run_path not in _last_signature:
+        warm = _warm.finished(run_path)  # waits for the server's warm-up rather than diagnosing twice
+        if warm is not None:
+            _last_signature[run_path] = warm
     sig, now = spool_signature(run_path), time.monotonic()
     last = _last_signature.get(run_path)
     if last and last[0] != sig and now - last[1] < DIAGNOSE_EVERY_S:

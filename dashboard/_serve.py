@@ -23,13 +23,12 @@ def serve_env(path: str | None, prometheus: str | None = None, refresh_s: float 
 
 
 def serve_command(port: int = 8501, host: str = "127.0.0.1") -> list[str]:
-    """``streamlit run`` on the app: headless, bound to ``host`` (loopback by default), usage stats off."""
+    """``streamlit run`` on the app (through ``_launch``, which first starts the warm-up of the run the
+    landing page opens): headless, bound to ``host`` (loopback by default), usage stats off."""
     return [
         sys.executable,
         "-m",
-        "streamlit",
-        "run",
-        APP_PATH,
+        "ranksight.dashboard._launch",
         "--server.headless",
         "true",
         "--server.address",

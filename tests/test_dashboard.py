@@ -229,6 +229,25 @@ def test_compare_runs_reports_deltas_and_findings(tmp_path):
     assert delta == {"appeared": ["exposed-allreduce"], "cleared": ["input-bound"], "kept": ["straggler"]}
 
 
+def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monkeypatch):
+    from ranksight.dashboard import _launch, _warm
+    from ranksight.dashboard._source import ENV_PATH
+    from ranksight.rules import diagnose
+
+    monkeypatch.setenv(ENV_PATH, os.path.dirname(demo_run))  # a runs root: the newest run opens first
+    assert _launch.first_run_path() == demo_run
+    _warm.start(demo_run)
+    signature, _ = _warm.finished(demo_run)
+    assert signature == _warm.spool_signature(demo_run)
+    assert _warm.take_diagnosis(demo_run, (0, 0)) is None  # made from other segments: not used
+    warm = _warm.take_diagnosis(demo_run, signature)
+    assert warm == diagnose(demo_run) and warm["findings"][0]["rule"] == "input-bound"
+    assert _warm.take_diagnosis(demo_run, signature) is None  # handed over once
+    rollup = _warm.take_rollup(demo_run)  # waits for it
+    assert rollup is not None and rollup.version >= 1
+    assert _warm.take_rollup(demo_run) is None
+
+
 def test_resolve_takes_a_run_or_a_root(tmp_path):
     run = write_run(str(tmp_path / "r1"), 1, 3)
     assert resolve(run).root == str(tmp_path) and resolve(run).run == "r1"

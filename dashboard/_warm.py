@@ -1,0 +1,111 @@
+"""Work the dashboard server starts before anyone opens a page: the diagnosis and rollup of the run
+it will open first.
+
+Why: the landing page shows ``diagnose(run)``, which reads every step row (about 2 s at 1,024 ranks x
+10,000 steps on 2 cores), and the first script run also pays for importing the rules, pandas and
+altair. Done on a thread while the server starts, a user who opens the browser a few seconds later
+finds the verdict ready. Each result is handed over once; the page's own caching takes it from there.
+This module needs no Streamlit: the launcher fills it before Streamlit's runtime exists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+WAIT_S = 120.0
+"""How long a page waits for a warm-up still running, rather than starting the same work twice."""
+
+
+@dataclass
+class _Job:
+    done: threading.Event = field(default_factory=threading.Event)
+    signature: Optional[tuple] = None
+    finished: float = 0.0
+    diagnosis: Optional[dict] = None
+    rollup: Any = None
+    rollup_done: threading.Event = field(default_factory=threading.Event)
+
+
+_jobs: dict[str, _Job] = {}
+_lock = threading.Lock()
+
+
+def start(run_path: str, with_rollup: bool = True) -> None:
+    """Diagnose ``run_path`` (then build its rollup) on a daemon thread."""
+    with _lock:
+        if run_path in _jobs:
+            return
+        job = _jobs[run_path] = _Job()
+    threading.Thread(target=_work, args=(run_path, job, with_rollup), name="ranksight-warm", daemon=True).start()
+
+
+def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
+    try:
+        job.signature = spool_signature(run_path)
+        from ranksight.rules import diagnose
+
+        job.diagnosis = diagnose(run_path)
+        job.finished = time.monotonic()
+    except Exception:  # the page diagnoses again and reports the problem in one line
+        job.diagnosis = None
+    finally:
+        job.done.set()
+    # After the diagnosis, not beside it: on a small machine the two would only slow each other down,
+    # and the landing page needs the diagnosis first.
+    try:
+        if with_rollup:
+            from ._rollup import Rollup
+
+            job.rollup = Rollup(run_path)
+        import altair  # noqa: F401  (the pages' imports, paid here rather than on the first view)
+        import pandas  # noqa: F401
+    except Exception:
+        job.rollup = None
+    finally:
+        job.rollup_done.set()
+
+
+def spool_signature(run_path: str) -> tuple:
+    """(segments, newest mtime) of the step segments: changes exactly when new steps were written."""
+    import os
+
+    count, newest = 0, 0
+    try:
+        with os.scandir(os.path.join(run_path, "steps")) as it:
+            for e in it:
+                if e.name.endswith(".parquet") and not e.name.startswith("."):
+                    count += 1
+                    newest = max(newest, e.stat().st_mtime_ns)
+    except OSError:
+        pass
+    return (count, newest)
+
+
+def finished(run_path: str) -> Optional[tuple[tuple, float]]:
+    """(signature, when) of the warm diagnosis of ``run_path``, waiting for it if it is running."""
+    job = _jobs.get(run_path)
+    if job is None or not job.done.wait(WAIT_S) or job.diagnosis is None:
+        return None
+    return job.signature, job.finished
+
+
+def take_diagnosis(run_path: str, signature: tuple) -> Optional[dict]:
+    """The warm diagnosis if it was made from exactly these segments; handed over once."""
+    job = _jobs.get(run_path)
+    if job is None or not job.done.is_set() or job.signature != signature or job.diagnosis is None:
+        return None
+    result, job.diagnosis = job.diagnosis, None
+    return result
+
+
+def take_rollup(run_path: str) -> Any:
+    """The warm rollup of ``run_path``, waiting for it if it is being built (None without a warm-up);
+    handed over once."""
+    job = _jobs.get(run_path)
+    if job is None or not job.rollup_done.wait(WAIT_S) or job.rollup is None:
+        return None
+    result, job.rollup = job.rollup, None
+    return result
