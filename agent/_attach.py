@@ -162,15 +162,13 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
 
 def attach_optimizer(m: Monitor, optimizer: Any) -> None:
     """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks (torch >= 2.0)."""
-    clock = m._clock
+    begin, end = m.optimizer_begin, m.optimizer_end
 
     def pre(opt, args, kwargs):
-        if m._in_step:
-            m._opt_begin_ns = clock()
+        begin()
 
     def post(opt, args, kwargs):
-        if m._in_step and m._opt_begin_ns:
-            m._opt_end_ns = clock()
+        end()
 
     if not hasattr(optimizer, "register_step_pre_hook"):
         m._warn_once("optimizer", "optimizer has no step hooks (torch < 2.0?): optimizer time is not measured")

@@ -185,6 +185,37 @@ class Monitor:
         """Wrap a data loader so the time blocked waiting for each batch is measured."""
         return LoaderWrapper(self, iterable)
 
+    # Marks for framework callbacks that cannot wrap the loop in ``mon.step()`` or hook the optimizer
+    # themselves (what ranksight.integrations use). Each is a clock read and an integer store.
+    now_ns = staticmethod(time.perf_counter_ns)
+    """The agent's clock: take it where a batch wait starts and pass it to :meth:`step_begin`."""
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (between step begin and end)."""
+        return self._in_step
+
+    def forward_begin(self) -> None:
+        """Mark the first forward of the open step (``watch()`` does this with a forward pre-hook)."""
+        if self._in_step and self._fwd_ns == 0:
+            self._fwd_ns = self._clock()
+
+    def optimizer_begin(self) -> None:
+        """Mark ``optimizer.step()`` starting in the open step (``watch(optimizer=)`` does this itself)."""
+        if self._in_step:
+            self._opt_begin_ns = self._clock()
+
+    def optimizer_end(self) -> bool:
+        """Mark ``optimizer.step()`` done; False (and ignored) without a matching :meth:`optimizer_begin`."""
+        if self._in_step and self._opt_begin_ns:
+            self._opt_end_ns = self._clock()
+            return True
+        return False
+
+    def discard_step(self) -> None:
+        """Drop the open step without recording it (e.g. an evaluation loop opened it)."""
+        self._in_step = False
+
     def watch(self, model: Any, optimizer: Any = None) -> Monitor:
         """Attach to a model (plain, DDP-wrapped or compiled) and optionally its optimizer."""
         if not self._active:

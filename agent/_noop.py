@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,6 +41,21 @@ class NoopMonitor:
 
     def loader(self, iterable: Iterable) -> Iterable:
         return iterable
+
+    now_ns = staticmethod(time.perf_counter_ns)
+    in_step = False
+
+    def forward_begin(self) -> None:
+        return None
+
+    def optimizer_begin(self) -> None:
+        return None
+
+    def optimizer_end(self) -> bool:
+        return False
+
+    def discard_step(self) -> None:
+        return None
 
     def watch(self, model: Any, optimizer: Any = None) -> NoopMonitor:
         return self

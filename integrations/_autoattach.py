@@ -79,7 +79,7 @@ class _ZeroEdit:
         """The live monitor, started on first use; None when off or closed (e.g. by the script's own init)."""
         m = self.m
         if m is not None:
-            return m if m._active else None
+            return m if m.enabled else None
         if self.off:
             return None
         try:
@@ -110,12 +110,12 @@ class _ZeroEdit:
 
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         m = self.m
-        if m is None or not m._active:
+        if m is None or not m.enabled:
             return
         try:
             steps = self.steps
             steps.optimizer_post(optimizer, args, kwargs)  # type: ignore[union-attr]
-            if not steps.loader_driven and not m._in_step:  # type: ignore[union-attr]
+            if not steps.loader_driven and not m.in_step:  # type: ignore[union-attr]
                 m.step_begin()  # no DataLoader in this loop: a step runs from one optimizer step to the next
             if self._find_steps_left > 0:
                 self._look_for_model(optimizer)
@@ -145,14 +145,13 @@ class _ZeroEdit:
         # step that holds the optimizer's parameters is the outermost model (pre-hooks run parent first).
         m = self.m
         try:
-            if m is None or not m._in_step or not self._param_ids:
+            if m is None or not m.in_step or not self._param_ids:
                 return
             ids = self._param_ids
             if not any(id(p) in ids for p in itertools.islice(module.parameters(), 16)):
                 return
             self._stop_looking()
-            if m._fwd_ns == 0:
-                m._fwd_ns = m._clock()
+            m.forward_begin()
             m.watch(module)
         except Exception as exc:
             self._stop_looking()
@@ -181,7 +180,7 @@ def _patch_torch(torch: Any) -> None:
             m = state.monitor()
             if m is None:
                 return it
-            return TimedIterator(it, state.steps, m._clock)
+            return TimedIterator(it, state.steps, m.now_ns)
         except Exception:
             return it
 

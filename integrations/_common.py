@@ -2,8 +2,8 @@
 for loops that have no ``mon.step()`` (a step opens when a batch arrives and closes when the
 optimizer steps).
 
-The marks written here are the monitor's own hot-path fields (see ``agent/_monitor.py``): integer
-stores and clock reads only, no I/O, no locks, no device synchronisation.
+The marks go through the monitor's public mark API (``step_begin``, ``optimizer_begin``, ...: see
+``agent/_monitor.py``): integer stores and clock reads only, no I/O, no locks, no device synchronisation.
 """
 
 from __future__ import annotations
@@ -99,26 +99,23 @@ class ImplicitSteps:
     def fetched(self, source: Any, begin_ns: int) -> None:
         """A batch arrived from ``source`` after waiting since ``begin_ns``."""
         m = self._m
-        if m._active and not m._in_step:
+        if m.enabled and not m.in_step:
             m.step_begin(begin_ns)
             self._opened_by = source
 
     def exhausted(self, source: Any) -> None:
         """``source`` ran out; drop the step it opened if no optimizer step closed it."""
         m = self._m
-        if m._in_step and self._opened_by is source:
-            m._in_step = False  # not a training step: an evaluation loop or a partial accumulation
+        if m.in_step and self._opened_by is source:
+            m.discard_step()  # not a training step: an evaluation loop or a partial accumulation
             self._opened_by = None
 
     def optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        m = self._m
-        if m._in_step:
-            m._opt_begin_ns = m._clock()
+        self._m.optimizer_begin()
 
     def optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         m = self._m
-        if m._in_step and m._opt_begin_ns:
-            m._opt_end_ns = m._clock()
+        if m.optimizer_end():  # the step closes with the optimizer step it saw begin
             m.step_end()
             if self._opened_by is not None:
                 self.loader_driven = True

@@ -66,7 +66,7 @@ class AccelerateTracker:
         """Return ``loader`` timed (the loader itself when ranksight is disabled)."""
         if self._steps is None:
             return loader
-        return TimedLoader(loader, self._steps, self.monitor._clock)
+        return TimedLoader(loader, self._steps, self.monitor.now_ns)
 
     def close(self) -> None:
         """Remove the hooks and flush the agent's records; also runs at exit."""

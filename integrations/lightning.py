@@ -69,7 +69,7 @@ class RanksightCallback(Callback):
         for opt in trainer.optimizers:
             if hasattr(opt, "register_step_post_hook"):
                 self._handles.append(opt.register_step_post_hook(self._optimizer_done))
-        self._waited_since = m._clock()
+        self._waited_since = m.now_ns()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self._m is None:
@@ -84,7 +84,7 @@ class RanksightCallback(Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         m = self._m
         if m is not None:
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         m = self._m
@@ -93,22 +93,22 @@ class RanksightCallback(Callback):
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         m = self._m
-        if m is not None and m._in_step:
-            m._opt_begin_ns = m._clock()
+        if m is not None:
+            m.optimizer_begin()
 
     def _optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         m = self._m
-        if m is not None and m._in_step and m._opt_begin_ns:
-            m._opt_end_ns = m._clock()
+        if m is not None:
+            m.optimizer_end()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         m = self._m
         if m is not None:
             m.step_end()
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         # Validation inside the training epoch is not data wait for the next training batch.
         m = self._m
         if m is not None:
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()

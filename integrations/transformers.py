@@ -61,7 +61,7 @@ class RanksightCallback(TrainerCallback):
             wrapped = find_ddp_wrapper(model)
         if wrapped is not None:
             m.watch(wrapped)  # optimizer marks come from the Trainer's own optimizer-step events
-        self._waited_since = m._clock()
+        self._waited_since = m.now_ns()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._m is not None:
@@ -72,7 +72,7 @@ class RanksightCallback(TrainerCallback):
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
         if m is not None:
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
@@ -81,25 +81,25 @@ class RanksightCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
-        if m is not None and m._in_step:
-            m._opt_begin_ns = m._clock()
+        if m is not None:
+            m.optimizer_begin()
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
-        if m is not None and m._in_step and m._opt_begin_ns:
-            m._opt_end_ns = m._clock()
+        if m is not None:
+            m.optimizer_end()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
         if m is not None:
             m.step_end()
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()
 
     def _restart_wait(self, *args: Any, **kwargs: Any) -> None:
         # Logging, evaluation and saving run between steps; they are not data wait.
         m = self._m
         if m is not None:
-            self._waited_since = m._clock()
+            self._waited_since = m.now_ns()
 
     on_log = _restart_wait
     on_evaluate = _restart_wait

@@ -152,6 +152,41 @@ def test_single_process_run_records_phases(tmp_path, single_process):
     assert meta.status == "finished" and meta.data["model"]["parameters"] == 9
 
 
+def test_public_marks_record_a_step_from_framework_callbacks(tmp_path, single_process):
+    """The mark API the integrations use: a step opened from a callback, with each phase marked."""
+    import time
+
+    mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="marks", flush_interval_s=0.2)
+    for _ in range(3):
+        waited = mon.now_ns()
+        time.sleep(0.004)  # the batch wait
+        mon.step_begin(waited)
+        assert mon.in_step
+        time.sleep(0.002)
+        mon.forward_begin()
+        time.sleep(0.006)  # forward + backward
+        assert not mon.optimizer_end()  # no optimizer step began: nothing to close
+        mon.optimizer_begin()
+        time.sleep(0.003)
+        assert mon.optimizer_end()
+        mon.step_end()
+    mon.step_begin(mon.now_ns())  # an evaluation loop opened a step, then ran out
+    mon.discard_step()
+    assert not mon.in_step
+    mon.close()
+    rows = open_run(str(tmp_path / "marks")).execute(
+        "SELECT data_wait_s, compute_s, optimizer_s, step_s FROM steps ORDER BY step"
+    ).fetchall()
+    assert len(rows) == 3  # the discarded step left no row
+    for wait, compute, opt, step in rows:
+        assert 0.004 <= wait < 0.05 and 0.006 <= compute < 0.05 and 0.003 <= opt < 0.05
+        assert step >= wait + compute + opt
+    off = ranksight.init(enabled=False)
+    off.step_begin(off.now_ns())
+    off.forward_begin(), off.optimizer_begin(), off.discard_step()
+    assert not off.in_step and off.optimizer_end() is False
+
+
 def test_disabled_adds_no_files_no_threads_no_hooks(tmp_path, monkeypatch, single_process):
     monkeypatch.setenv("RANKSIGHT_DISABLED", "1")
     threads = threading.active_count()
