@@ -174,9 +174,11 @@ def test_public_marks_record_a_step_from_framework_callbacks(tmp_path, single_pr
     mon.discard_step()
     assert not mon.in_step
     mon.close()
-    rows = open_run(str(tmp_path / "marks")).execute(
-        "SELECT data_wait_s, compute_s, optimizer_s, step_s FROM steps ORDER BY step"
-    ).fetchall()
+    rows = (
+        open_run(str(tmp_path / "marks"))
+        .execute("SELECT data_wait_s, compute_s, optimizer_s, step_s FROM steps ORDER BY step")
+        .fetchall()
+    )
     assert len(rows) == 3  # the discarded step left no row
     for wait, compute, opt, step in rows:
         assert 0.004 <= wait < 0.05 and 0.006 <= compute < 0.05 and 0.003 <= opt < 0.05
