@@ -114,6 +114,8 @@ class Assembler:
             "gpu_compute_s": None,
             "gpu_step_s": None,
             "gpu_gap_s": None,
+            "gpu_comm_exposed_s": None,
+            "gpu_optimizer_s": None,
         }
         brows = [
             {

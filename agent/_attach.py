@@ -125,10 +125,13 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
     append = m._append
     sizes: dict[int, int] = {}
 
-    def done_mark(step: int, index: int):
+    def done_mark(step: int, index: int, is_last: bool):
         def on_done(fut):
             try:
                 append((EV_BUCKET_DONE, step, index, clock()))
+                gpu = m._gpu
+                if is_last and gpu is not None:  # GPU-time mark of the last all-reduce's completion
+                    gpu.bucket_done(step)
             except Exception:
                 pass
             return fut.value()
@@ -136,22 +139,23 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
         return on_done
 
     def timed_allreduce(process_group, bucket):
-        step, index = m._step, -1
+        step, index, is_last = m._step, -1, False
         try:
             index = bucket.index()
+            is_last = bucket.is_last()
             nbytes = sizes.get(index)
             if nbytes is None:
                 buf = bucket.buffer()
                 nbytes = sizes[index] = buf.numel() * buf.element_size()
-            append((EV_BUCKET_READY, step, index, nbytes, clock(), bucket.is_last()))
+            append((EV_BUCKET_READY, step, index, nbytes, clock(), is_last))
             if m._gpu is not None:  # GPU-time mark of the last bucket (agent/_gpu_hooks.py)
-                m._gpu.bucket_ready(step, bucket.is_last())
+                m._gpu.bucket_ready(step, is_last)
         except Exception as exc:
             m._fail("comm_hook", exc)
         fut = allreduce_hook(process_group, bucket)
         if index < 0:
             return fut
-        return fut.then(done_mark(step, index))
+        return fut.then(done_mark(step, index, is_last))
 
     try:
         ddp.register_comm_hook(state=ddp.process_group, hook=timed_allreduce)

@@ -8,9 +8,13 @@ Hot path (training / autograd threads): ``Event.record()`` on the current stream
 yet is held for later flushes (``GpuResolver``), never waited for.
 
 GPU phases per step, on the stream the step ran on:
-    h2d_s          step begin → first forward (the batch's copies to the device and what precedes them)
-    gpu_compute_s  first forward → last DDP bucket ready (else optimizer step, else step end)
-    gpu_step_s     step begin → step end
+    h2d_s               step begin → first forward (the batch's copies to the device and what precedes them)
+    gpu_compute_s       first forward → last DDP bucket ready (else optimizer step, else step end)
+    gpu_comm_exposed_s  last bucket ready → its all-reduce done on the GPU: the all-reduce backward did not
+                        hide. With NCCL the host learns nothing here (its futures complete when the
+                        collective is enqueued), so this is the only honest measure of exposed comm.
+    gpu_optimizer_s     optimizer step → step end
+    gpu_step_s          step begin → step end
     gpu_gap_s      previous step's end → this step's begin: how long the GPU stream sat idle for the host
                    (data wait, work between steps). About 0 when the host had queued this step already,
                    so a host-side wait that cost nothing is told apart from one that starved the GPU.
@@ -46,7 +50,6 @@ class GpuMarks:
         self._fwd_marked = True
         self._opt_marked = True
         self.events_on = True
-        self._bucket_marks = False  # with DDP, the last-bucket mark ends compute: no optimizer mark needed
         self.window = None  # TraceWindow, when the sampled kernel-level window is on
 
     def _take(self) -> Optional[Any]:
@@ -95,15 +98,19 @@ class GpuMarks:
             self._mark(self._m._step, "f")
 
     def optimizer(self) -> None:
-        if not self._opt_marked and self._m._in_step and not self._bucket_marks:
+        if not self._opt_marked and self._m._in_step:
             self._opt_marked = True
             self._mark(self._m._step, "o")
 
     def bucket_ready(self, step: int, is_last: bool) -> None:
         """DDP comm hook: mark when the last gradient bucket became ready (end of backward compute)."""
         if is_last:
-            self._bucket_marks = True
             self._mark(step, "r")
+
+    def bucket_done(self, step: int) -> None:
+        """The last bucket's all-reduce callback: runs on a stream that waits for the collective (a CUDA
+        future's callbacks do), so this event completes when the all-reduce has on the GPU."""
+        self._mark(step, "d")
 
     def _window_failed(self, exc: BaseException) -> None:
         w, self.window = self.window, None
@@ -198,12 +205,17 @@ class GpuResolver:
         prev = self._prev_end
         if prev is not None and prev[0] == row["step"] - 1 and prev[1].query():
             row["gpu_gap_s"] = max(0.0, prev[1].elapsed_time(b) * 1e-3)
-        f = marks.get("f")
+        f, r, d, o = marks.get("f"), marks.get("r"), marks.get("d"), marks.get("o")
         if f is not None and f.query():
             row["h2d_s"] = b.elapsed_time(f) * 1e-3
-            end = marks.get("r") or marks.get("o") or e
+            end = r or o or e
             if end.query():
                 row["gpu_compute_s"] = max(0.0, f.elapsed_time(end) * 1e-3)
+        if r is not None and d is not None and r.query() and d.query():
+            # Capped at the step's end: a collective still running then belongs to no phase of this step.
+            row["gpu_comm_exposed_s"] = min(max(0.0, r.elapsed_time(d)), max(0.0, r.elapsed_time(e))) * 1e-3
+        if o is not None and o.query():
+            row["gpu_optimizer_s"] = max(0.0, o.elapsed_time(e) * 1e-3)
         self.resolved_total += 1
 
 

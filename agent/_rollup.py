@@ -32,10 +32,25 @@ class MetricDef:
 
 
 METRICS: tuple[MetricDef, ...] = (
-    MetricDef("ranksight_step_seconds", "histogram", "s", "Wall time of a training step (data wait included)."),
-    MetricDef("ranksight_data_wait_ratio", "gauge", "1", "Share of step time blocked on the data loader (last flush)."),
+    MetricDef(
+        "ranksight_step_seconds",
+        "histogram",
+        "s",
+        "Time of a training step, data wait included (on a GPU rank the GPU stream's step period).",
+    ),
+    MetricDef(
+        "ranksight_data_wait_ratio",
+        "gauge",
+        "1",
+        "Share of step time blocked on the data loader, on a GPU rank only while the GPU idled (last flush).",
+    ),
     MetricDef("ranksight_allreduce_seconds_total", "counter", "s", "Time spent in gradient all-reduce (all buckets)."),
-    MetricDef("ranksight_comm_exposed_ratio", "gauge", "1", "Share of step time waiting on all-reduce after compute."),
+    MetricDef(
+        "ranksight_comm_exposed_ratio",
+        "gauge",
+        "1",
+        "Share of step time waiting on all-reduce after compute (on a GPU rank, on the GPU's clock).",
+    ),
     MetricDef("ranksight_h2d_copy_ratio", "gauge", "1", "Host-to-device copy time over the sampled window span."),
     MetricDef("ranksight_gpu_utilization_ratio", "gauge", "1", "NVML utilization: share of time a kernel ran."),
     MetricDef("ranksight_memory_fragmentation_ratio", "gauge", "1", "1 - largest free block / total free bytes."),
@@ -109,17 +124,17 @@ class Rollup:
         has_wait = has_exposed = False
         times = []
         for r in rows:
-            step_s = r.get("step_s")
+            step_s, data_wait, comm = _on_step_clock(r)
             if not _finite(step_s):
                 continue
             times.append(step_s)
             counts[bisect.bisect_left(STEP_BUCKETS_S, step_s)] += 1  # le: a value equal to a bound goes in it
             total += step_s
-            if _finite(r.get("data_wait_s")):
-                wait += r["data_wait_s"]
+            if _finite(data_wait):
+                wait += data_wait
                 has_wait = True
-            if _finite(r.get("comm_exposed_s")):
-                exposed += r["comm_exposed_s"]
+            if _finite(comm):
+                exposed += comm
                 has_exposed = True
             if _finite(r.get("allreduce_s")):
                 allreduce += r["allreduce_s"]
@@ -160,3 +175,19 @@ class Rollup:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _on_step_clock(row: dict) -> tuple:
+    """(step period, data wait, exposed comm) of one step row, read as ``collectors.PHASE_SQL`` reads it.
+
+    A GPU rank's figures come from the GPU stream (CUDA events): the host runs ahead of a GPU-bound
+    job, and NCCL completes the host's all-reduce futures at enqueue. A CPU rank's are the host's.
+    """
+    gpu_step = row.get("gpu_step_s")
+    if not _finite(gpu_step):
+        return row.get("step_s"), row.get("data_wait_s"), row.get("comm_exposed_s")
+    wait = row.get("data_wait_s")
+    gap = row.get("gpu_gap_s")
+    gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
+    exposed_wait = min(wait, gap) if _finite(wait) else None
+    return gap + gpu_step, exposed_wait, row.get("gpu_comm_exposed_s")

@@ -87,6 +87,8 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
             "gpu_compute_s": compute,
             "gpu_step_s": step_s - data,  # a host-bound rank: the GPU idles through the data wait
             "gpu_gap_s": data,
+            "gpu_comm_exposed_s": comm,
+            "gpu_optimizer_s": opt,
         }
         schema = arrow_schema("steps")
         table = pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)

@@ -74,6 +74,8 @@ def build_spool(run_path: str, rows: int, ranks: int, segment_rows: int) -> int:
                 "gpu_compute_s": pa.nulls(n, pa.float64()),
                 "gpu_step_s": pa.nulls(n, pa.float64()),
                 "gpu_gap_s": pa.nulls(n, pa.float64()),
+                "gpu_comm_exposed_s": pa.nulls(n, pa.float64()),
+                "gpu_optimizer_s": pa.nulls(n, pa.float64()),
             }
             table = pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
             pq.write_table(

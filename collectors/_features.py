@@ -34,9 +34,8 @@ FEATURES: dict[str, str] = {
     "comm_exposed_share": "Share of step time waiting for all-reduce after backward ended.",
     "optimizer_share": "Share of step time in optimizer.step().",
     "other_share": "Share of step time outside the named phases.",
-    "gpu_ahead_share": "Share of the step period the GPU was still busy after the host's step ended: work the host "
-    "queued ahead, i.e. a GPU-bound step whose host-side waits were hidden (GPU only).",
-    "allreduce_share": "Sum of per-bucket all-reduce time over step time (overlapped or not).",
+    "allreduce_share": "Sum of per-bucket all-reduce time over step time (overlapped or not); host-measured, so "
+    "absent under NCCL, whose futures complete when the collective is enqueued.",
     "comm_to_compute": "Exposed comm time over compute time.",
     "comm_overlap": "1 - exposed comm / all-reduce time: how much all-reduce hid behind backward.",
     "comm_floor_share": "Exposed comm share of the rank that waits least (copied to every rank): the slowest rank "
@@ -55,6 +54,7 @@ FEATURES: dict[str, str] = {
     "compiled": "1 when the model runs under torch.compile (compile records or an OptimizedModule), else 0.",
     "ddp": "1 when the model is DDP-wrapped, else 0.",
     "find_unused_parameters": "DDP's find_unused_parameters (1/0); absent without DDP.",
+    "ddp_backend_gloo": "1 when DDP all-reduces through gloo, 0 for another backend; absent without DDP.",
     "unused_parameter_size": "Bytes of parameters DDP found unused in its latest sampled iteration.",
     "ddp_stats_iteration": "Iteration of DDP's latest runtime logging sample (0: none yet).",
     "bucket_cap_bytes": "DDP bucket_cap_mb in bytes.",
@@ -92,6 +92,10 @@ def compute_features(con, metas: list, warmup_steps: int = 5, breakdown: list[di
         f.update(_step_features(next((r for r in rows if r["rank"] == rank), None), extra.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
         f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
+        if f.pop("_backend", None) == "nccl":
+            # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
+            # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
+            f["allreduce_share"] = f["comm_overlap"] = f["allreduce_bytes_per_s"] = None
         feats[rank] = f
     _cross_rank(con, warmup_steps, feats, extra)
     return feats
@@ -156,6 +160,8 @@ def _meta_features(meta: dict) -> dict:
     if ddp:
         f["find_unused_parameters"] = int(bool(ddp.get("find_unused_parameters")))
         f["bucket_cap_bytes"] = ddp.get("bucket_cap_bytes")
+        f["_backend"] = ddp.get("backend")
+        f["ddp_backend_gloo"] = int(ddp.get("backend") == "gloo")
     logging_data = meta.get("ddp_logging") or {}
     iteration = logging_data.get("iteration")
     f["ddp_stats_iteration"] = iteration if isinstance(iteration, (int, float)) else None

@@ -6,34 +6,45 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
-PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s", "gpu_ahead_s")
+PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
 """The step phases a breakdown shows; their shares of the step period add up to 1 (see ``PHASE_SQL``)."""
 
-PERIOD_SQL = "greatest(step_s, coalesce(gpu_gap_s, 0) + coalesce(gpu_step_s, 0))"
-"""What one step costs: the slower of the host's clock and the GPU stream's (idle gap before the step
-plus the step itself).
+_ON_GPU = "gpu_step_s IS NOT NULL"
+_GPU_GAP = "coalesce(gpu_gap_s, data_wait_s, 0)"
 
-The host runs ahead of a GPU-bound job until the launch queue fills, so early on (and in any short
-run) its step time is shorter than the GPU's; in steady state the two are equal. On a CPU rank the
-period is the step's wall time."""
+PERIOD_SQL = f"CASE WHEN {_ON_GPU} THEN {_GPU_GAP} + gpu_step_s ELSE step_s END"
+"""What one step costs. On a CPU rank its wall time. On a GPU rank the GPU stream's time from the
+previous step's end to this one's (the idle gap before the step plus the step): the host runs ahead
+of a GPU-bound job, so its own clock says when it queued work, not what the work cost; in steady
+state the two agree."""
 
-_EXPOSED_WAIT = "least(coalesce(data_wait_s, 0), coalesce(gpu_gap_s, data_wait_s, 0))"
-# The data wait that starved the GPU: a host wait only costs the GPU what its stream sat idle before
-# the step (gpu_gap_s). With no GPU clock (a CPU rank) all of it counts.
+_EXPOSED_WAIT = f"least(coalesce(data_wait_s, 0), {_GPU_GAP})"
+# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle before
+# the step (gpu_gap_s); the rest was hidden behind queued work.
+
+
+def _phase(gpu: str, cpu: str) -> str:
+    return f"CASE WHEN {_ON_GPU} THEN {gpu} ELSE {cpu} END"
+
+
+_GPU_NAMED = (
+    f"{_EXPOSED_WAIT} + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0) + coalesce(gpu_comm_exposed_s, 0)"
+    " + coalesce(gpu_optimizer_s, 0)"
+)
 
 PHASE_SQL: dict[str, str] = {
-    **{p: f"coalesce({p}, 0)" for p in PHASES[:-2]},
-    "data_wait_s": _EXPOSED_WAIT,
-    "h2d_s": "h2d_s",  # NULL on a CPU rank, so its share stays absent rather than zero
-    # On a GPU rank h2d_s is GPU time, and the host's side of the copy sits in other_s: count it once.
-    "other_s": "greatest(coalesce(other_s, 0) - coalesce(h2d_s, 0), 0)",
-    # GPU time the host did not account for: the GPU busy on queued work while the host waited for
-    # data (the hidden part of the wait) or had already finished its step. NULL without a GPU clock.
-    "gpu_ahead_s": f"CASE WHEN gpu_step_s IS NOT NULL THEN {PERIOD_SQL} - step_s + coalesce(data_wait_s, 0) "
-    f"- {_EXPOSED_WAIT} END",
+    "data_wait_s": _phase(_EXPOSED_WAIT, "coalesce(data_wait_s, 0)"),
+    "h2d_s": "h2d_s",  # GPU time; NULL on a CPU rank, so its share stays absent rather than zero
+    "compute_s": _phase("coalesce(gpu_compute_s, 0)", "coalesce(compute_s, 0)"),
+    # With NCCL the host's all-reduce futures complete at enqueue: only the GPU's clock sees the wait.
+    "comm_exposed_s": _phase("coalesce(gpu_comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)"),
+    "optimizer_s": _phase("coalesce(gpu_optimizer_s, 0)", "coalesce(optimizer_s, 0)"),
+    # GPU: the rest of the period (host work between steps, the gap after an all-reduce until the
+    # optimizer). CPU: the host's own remainder.
+    "other_s": _phase(f"greatest({PERIOD_SQL} - ({_GPU_NAMED}), 0)", "coalesce(other_s, 0)"),
 }
-"""SQL for each phase of one step row; each phase is a share of ``PERIOD_SQL`` and they add up to it
-(phases a rank cannot measure are NULL: a CPU rank has no H2D or GPU clock)."""
+"""SQL for each phase of one step row, as a share of ``PERIOD_SQL``: GPU-stream phases on a GPU rank
+(CUDA events), host phases on a CPU rank. They add up to the period."""
 
 
 def step_breakdown(con, warmup_steps: int = 5) -> list[dict]:

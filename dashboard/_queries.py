@@ -21,7 +21,6 @@ PHASE_LABELS = {
     "comm_exposed_s": "exposed comm",
     "optimizer_s": "optimizer",
     "other_s": "other",
-    "gpu_ahead_s": "GPU ahead of host",
 }
 
 
@@ -139,7 +138,7 @@ def total_from_breakdown(rows: list[dict]) -> dict:
     for p in PHASES:
         key = f"{p[:-2]}_share"
         measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
-        # A phase no rank could measure (H2D and GPU-ahead on a CPU job) stays absent, as in breakdown_total.
+        # A phase no rank could measure (H2D on a CPU job) stays absent, as in breakdown_total.
         out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
     out["h2d_measured"] = out["h2d_share"] is not None
     return out

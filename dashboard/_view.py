@@ -109,8 +109,7 @@ def share_sentence(total: dict) -> str:
     parts = []
     for key, label in PHASE_LABELS.items():
         v = total.get(f"{key[:-2]}_share")
-        gpu_only = key in ("h2d_s", "gpu_ahead_s")  # measured with CUDA events: absent on a CPU job
-        if v is not None and not (gpu_only and not total.get("h2d_measured")):
+        if v is not None and not (key == "h2d_s" and not total.get("h2d_measured")):
             parts.append((v, label))
     return " · ".join(f"{label} {pct(v)}" for v, label in sorted(parts, reverse=True))
 
@@ -127,7 +126,7 @@ def shares_long(rows: list[dict], index: str) -> pd.DataFrame:
 
 
 _PHASE_ORDER = list(PHASE_LABELS.values())
-_PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac", "#72b7b2"]
+_PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
 
 
 def stacked_by_rank(rows: list[dict]) -> alt.Chart:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 2
-"""2 added ``steps.gpu_gap_s``. Readers give NULL for a column an older segment or store lacks."""
+"""2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``. Readers give NULL for a column an
+older segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -63,6 +64,12 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "GPU stream idle before the step: previous step's end to this step's start (CUDA events); "
         "about 0 when the host had queued the step ahead.",
     ),
+    Column(
+        "gpu_comm_exposed_s",
+        "float64",
+        "Last gradient bucket ready to its all-reduce done, on the GPU (CUDA events): comm backward did not hide.",
+    ),
+    Column("gpu_optimizer_s", "float64", "optimizer.step() start to step end, on the GPU (CUDA events)."),
 )
 
 BUCKETS: tuple[Column, ...] = IDENTITY + (

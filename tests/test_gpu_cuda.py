@@ -224,3 +224,44 @@ def test_gpu_gap_tells_a_hidden_loader_wait_from_a_starving_one(monitor):
     gap, wait = run(monitor(trace_first_step=10**9), 0.002, 40)  # 2 ms wait behind tens of ms of matmuls
     assert wait >= 0.0015
     assert gap < 0.0005  # the host had queued the next step already: the wait cost the GPU nothing
+
+
+def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, monkeypatch):
+    """One-rank NCCL DDP (what one GPU allows): the last bucket's all-reduce is timed on the GPU
+    (gpu_comm_exposed_s), because NCCL completes the host future at enqueue (host all-reduce ~0)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        mon = monitor(trace_first_step=10**9)
+        model = DDP(_model(), bucket_cap_mb=1)  # several buckets
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        mon.watch(model, optimizer=opt)
+        x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+        _train(mon, model, opt, 20, x, y)
+        torch.cuda.synchronize()
+        mon.close()
+    finally:
+        dist.destroy_process_group()
+    rows = [r for r in _read(mon.run_path, "steps") if r["step"] >= 3]
+    timed = [r for r in rows if r["gpu_comm_exposed_s"] is not None]
+    assert len(timed) >= 10, rows
+    for r in timed:
+        assert 0 <= r["gpu_comm_exposed_s"] <= r["gpu_step_s"]
+        assert r["gpu_optimizer_s"] is not None and 0 < r["gpu_optimizer_s"] <= r["gpu_step_s"]
+        assert r["buckets"] >= 2
+    import statistics
+
+    # The host saw each collective "done" as soon as it was enqueued.
+    assert statistics.median(r["allreduce_s"] for r in rows) < 0.005
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

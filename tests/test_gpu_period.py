@@ -1,9 +1,10 @@
-"""A GPU rank's step breakdown is read against the GPU's clock as well as the host's.
+"""A GPU rank's step breakdown is read on the GPU stream's clock, not the host's.
 
-The step rows here are shaped like those an H200 run recorded (``docs/diagnosis.md``): a GPU-bound
-job whose host runs ahead of the GPU, so its ~1 ms waits for the loader are hidden behind queued
-kernels, and an input-starved one, where the GPU stream sits idle for the host's wait. They go
-through the agent's own spool writer into a real run directory, then through the real readers.
+The step rows here are shaped like those the H200 runs recorded (``docs/diagnosis.md``): a GPU-bound
+job whose host runs ahead of the GPU, so its ~1 ms waits for the loader hide behind queued kernels;
+an input-starved one, where the GPU stream idles through the host's wait; and an NCCL-like DDP job,
+whose host sees its all-reduce futures complete at enqueue while the GPU waits 12 ms for them. They
+go through the agent's own spool writer into a real run directory, then through the real readers.
 """
 
 from __future__ import annotations
@@ -22,92 +23,137 @@ from ranksight.dashboard._rollup import Rollup
 from ranksight.rules import diagnose
 
 STEPS = 40
+MS = 1e-3
 
 
-def _gpu_rows(step_s, data_wait_s, gpu_step_s, gpu_gap_s, compute_s):
+def _rows(shape: dict) -> list[dict]:
     rows = []
     for i in range(STEPS):
-        jitter = 1 + 0.02 * ((i * 7) % 5 - 2)  # deterministic +-4 %, so medians are not degenerate
-        step = step_s * jitter
+        j = 1 + 0.02 * ((i * 7) % 5 - 2)  # deterministic +-4 %, so medians are not degenerate
+        host = {k: v * j for k, v in shape["host"].items()}
+        gpu = {k: v * j for k, v in shape["gpu"].items()}
+        named = sum(host.get(k, 0) for k in ("data_wait_s", "compute_s", "comm_exposed_s", "optimizer_s"))
         rows.append(
             {
                 "step": i,
                 "time_ns": time.time_ns() + i * 10**7,
-                "step_s": step,
-                "data_wait_s": data_wait_s * jitter,
-                "h2d_s": 5e-5,
-                "compute_s": compute_s * jitter,
-                "optimizer_s": 2e-4,
-                "other_s": max(0.0, step - data_wait_s * jitter - compute_s * jitter - 2e-4),
-                "gpu_compute_s": gpu_step_s * 0.95,
-                "gpu_step_s": gpu_step_s,
-                "gpu_gap_s": gpu_gap_s,
+                **host,
+                "other_s": max(0.0, host["step_s"] - named),
+                **gpu,
+                "buckets": shape.get("buckets"),
+                "bucket_bytes": shape.get("bucket_bytes"),
             }
         )
     return rows
 
 
-def _write_run(root, name: str, ranks: int, **shape) -> str:
+def _write_run(root, name: str, ranks: int, shape: dict, backend: str | None = None) -> str:
     path = os.path.join(str(root), name)
     for rank in range(ranks):
         ident = Identity("gpu-period", name, "n0", rank, rank, ranks, 4000 + rank)
         w = SpoolWriter(path, ident)
-        w.write("steps", _gpu_rows(**shape))
-        w.write_meta(
-            {
-                **ident.labels(),
-                "status": "finished",
-                "heartbeat_ns": time.time_ns(),
-                "steps": STEPS,
-                "model": {"devices": ["cuda:0"], "parameter_bytes": 10**8, "class": "Net"},
-            }
-        )
+        w.write("steps", _rows(shape))
+        meta = {**ident.labels(), "status": "finished", "heartbeat_ns": time.time_ns(), "steps": STEPS}
+        meta["model"] = {"devices": ["cuda:0"], "parameter_bytes": 10**8, "class": "Net"}
+        if backend:
+            meta["ddp"] = {"backend": backend, "find_unused_parameters": False, "bucket_cap_bytes": 25 << 20}
+        w.write_meta(meta)
     return path
 
 
-# Host 12 ms a step (1.2 ms of it waiting for the loader), GPU 33.7 ms: the host is ahead, nothing idles.
-GPU_BOUND = dict(step_s=0.012, data_wait_s=0.0012, gpu_step_s=0.0337, gpu_gap_s=2e-6, compute_s=0.010)
-# Host 40 ms a step, 30 ms of it waiting; the GPU works 8 ms and idles 30 ms before each step.
-STARVED = dict(step_s=0.040, data_wait_s=0.030, gpu_step_s=0.008, gpu_gap_s=0.030, compute_s=0.007)
+# Host 12 ms a step (1.2 ms of it waiting for the loader); the GPU works 33.7 ms and never idles.
+GPU_BOUND = {
+    "host": {"step_s": 12 * MS, "data_wait_s": 1.2 * MS, "compute_s": 10 * MS, "optimizer_s": 0.2 * MS},
+    "gpu": {
+        "gpu_gap_s": 0.002 * MS,
+        "gpu_step_s": 33.7 * MS,
+        "h2d_s": 0.05 * MS,
+        "gpu_compute_s": 33.4 * MS,
+        "gpu_optimizer_s": 0.2 * MS,
+    },
+}
+# Host 40 ms a step, 30 ms of it waiting; the GPU idles 30 ms before each step, then keeps pace (10 ms).
+STARVED = {
+    "host": {"step_s": 40 * MS, "data_wait_s": 30 * MS, "compute_s": 7 * MS, "optimizer_s": 0.5 * MS},
+    "gpu": {
+        "gpu_gap_s": 30 * MS,
+        "gpu_step_s": 10 * MS,
+        "h2d_s": 0.2 * MS,
+        "gpu_compute_s": 7 * MS,
+        "gpu_optimizer_s": 0.5 * MS,
+    },
+}
+# DDP over NCCL: the host's futures complete at enqueue (0.05 ms "exposed"), the GPU waits 12 ms.
+NCCL_EXPOSED = {
+    "host": {
+        "step_s": 30 * MS,
+        "data_wait_s": 0.1 * MS,
+        "compute_s": 20 * MS,
+        "comm_exposed_s": 0.05 * MS,
+        "allreduce_s": 0.3 * MS,
+        "optimizer_s": 0.5 * MS,
+    },
+    "gpu": {
+        "gpu_gap_s": 0.01 * MS,
+        "gpu_step_s": 30 * MS,
+        "h2d_s": 0.1 * MS,
+        "gpu_compute_s": 17 * MS,
+        "gpu_comm_exposed_s": 12 * MS,
+        "gpu_optimizer_s": 0.6 * MS,
+    },
+    "buckets": 4,
+    "bucket_bytes": 100 << 20,
+}
 
 
-@pytest.mark.parametrize("shape", [GPU_BOUND, STARVED], ids=["gpu-bound", "starved"])
-def test_phases_add_up_to_the_step_period_and_rollup_agrees(tmp_path, shape):
-    path = _write_run(tmp_path, "run", 2, **shape)
+@pytest.mark.parametrize("shape", [GPU_BOUND, STARVED, NCCL_EXPOSED], ids=["gpu-bound", "starved", "nccl"])
+def test_phases_add_up_to_the_gpu_period_and_rollup_agrees(tmp_path, shape):
+    path = _write_run(tmp_path, "run", 2, shape)
     rows = step_breakdown(open_run(path))
     ours = {r["rank"]: r for r in q.breakdown_per_rank(Rollup(path).cursor())}
     for r in rows:
-        total = sum(r[f"{p[:-2]}_share"] for p in PHASES)
-        assert total == pytest.approx(1.0, abs=0.01), r
-        period = max(shape["step_s"], shape["gpu_step_s"] + shape["gpu_gap_s"])
-        assert r["step_median_s"] == pytest.approx(period, rel=0.05)
+        assert sum(r[f"{p[:-2]}_share"] for p in PHASES) == pytest.approx(1.0, abs=0.01), r
+        gpu = shape["gpu"]
+        assert r["step_median_s"] == pytest.approx(gpu["gpu_gap_s"] + gpu["gpu_step_s"], rel=0.05)
         for p in PHASES:
             assert ours[r["rank"]][f"{p[:-2]}_share"] == pytest.approx(r[f"{p[:-2]}_share"], rel=1e-9)
 
 
 def test_a_hidden_loader_wait_is_not_input_bound(tmp_path):
-    path = _write_run(tmp_path, "gpu-bound", 2, **GPU_BOUND)
+    path = _write_run(tmp_path, "gpu-bound", 2, GPU_BOUND)
     row = step_breakdown(open_run(path))[0]
     assert row["data_wait_share"] < 0.001  # the GPU never waited for it
-    assert row["data_wait_host_share"] == pytest.approx(0.0012 / 0.0337, rel=0.1)
-    assert row["gpu_ahead_share"] > 0.6  # GPU-bound: the host finished long before the GPU did
+    assert row["data_wait_host_share"] == pytest.approx(1.2 / 33.7, rel=0.1)
+    assert row["compute_share"] > 0.95
     rules = [f["rule"] for f in diagnose(path)["findings"] if f["severity"] != "info"]
     assert "input-bound" not in rules, rules
 
 
 def test_an_exposed_loader_wait_is_input_bound(tmp_path):
-    path = _write_run(tmp_path, "starved", 2, **STARVED)
+    path = _write_run(tmp_path, "starved", 2, STARVED)
     row = step_breakdown(open_run(path))[0]
     assert row["data_wait_share"] == pytest.approx(0.75, abs=0.03)
     first = diagnose(path)["findings"][0]
     assert (first["axis"], first["rule"], first["severity"]) == ("data_pipeline", "input-bound", "critical")
 
 
-def test_a_store_from_before_gpu_gap_is_read_and_migrated(tmp_path):
-    path = _write_run(tmp_path, "old", 1, **STARVED)
+def test_exposed_allreduce_under_nccl_is_read_on_the_gpu(tmp_path):
+    path = _write_run(tmp_path, "nccl", 2, NCCL_EXPOSED, backend="nccl")
+    row = step_breakdown(open_run(path))[0]
+    assert row["comm_exposed_share"] == pytest.approx(12 / 30, rel=0.05)  # the host alone would say 0.2 %
+    result = diagnose(path)
+    first = result["findings"][0]
+    assert (first["axis"], first["rule"]) == ("sync", "exposed-allreduce"), result["findings"]
+    # Host-timed all-reduce is meaningless under NCCL: absent, not a made-up overlap of 0.
+    assert "comm_overlap" not in first["evidence"] or first["evidence"]["comm_overlap"] is None
+
+
+def test_a_store_from_before_the_gpu_columns_is_read_and_migrated(tmp_path):
+    path = _write_run(tmp_path, "old", 1, STARVED)
     ingest(path)
-    with duckdb.connect(store_path(path)) as con:  # what schema version 1 wrote: no gpu_gap_s
-        con.execute("ALTER TABLE steps DROP COLUMN gpu_gap_s")
+    with duckdb.connect(store_path(path)) as con:  # what schema version 1 wrote
+        for column in ("gpu_gap_s", "gpu_comm_exposed_s", "gpu_optimizer_s"):
+            con.execute(f"ALTER TABLE steps DROP COLUMN {column}")
     for f in os.listdir(os.path.join(path, "steps")):
         os.remove(os.path.join(path, "steps", f))  # the store alone holds the rows now
     con = open_run(path)
@@ -115,7 +161,26 @@ def test_a_store_from_before_gpu_gap_is_read_and_migrated(tmp_path):
     # Without the gap the whole host wait counts, as before the column existed.
     assert step_breakdown(con)[0]["data_wait_share"] == pytest.approx(0.75, abs=0.03)
     ident = Identity("gpu-period", "old", "n0", 0, 0, 1, 5000)
-    SpoolWriter(path, ident).write("steps", _gpu_rows(**STARVED)[:3])
+    SpoolWriter(path, ident).write("steps", _rows(STARVED)[:3])
     ingest(path)
     with duckdb.connect(store_path(path), read_only=True) as con:
         assert con.execute("SELECT count(*), count(gpu_gap_s) FROM steps").fetchone() == (STEPS + 3, 3)
+
+
+@pytest.mark.parametrize("shape", [GPU_BOUND, STARVED, NCCL_EXPOSED], ids=["gpu-bound", "starved", "nccl"])
+def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
+    """What Prometheus and OTLP export (the agent's rollup) agrees with the stored breakdown."""
+    from ranksight.agent._rollup import Rollup as MetricRollup
+
+    rows = _rows(shape)
+    live = MetricRollup()
+    live.update("steps", rows)
+    snap = live.snapshot()
+    path = _write_run(tmp_path, "run", 1, shape)
+    ref = step_breakdown(open_run(path), warmup_steps=0)[0]
+    assert snap.step_sum_s / snap.step_count == pytest.approx(ref["step_mean_s"], rel=1e-9)
+    assert snap.gauges["ranksight_data_wait_ratio"] == pytest.approx(ref["data_wait_share"], rel=1e-9)
+    if "gpu_comm_exposed_s" in shape["gpu"]:
+        assert snap.gauges["ranksight_comm_exposed_ratio"] == pytest.approx(ref["comm_exposed_share"], rel=1e-9)
+    else:  # no DDP: no all-reduce to expose, so no gauge (the breakdown shows 0 %)
+        assert "ranksight_comm_exposed_ratio" not in snap.gauges

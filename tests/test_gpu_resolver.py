@@ -34,7 +34,8 @@ def _marks(step: int, begin_ms: float, end_ms: float, clock: dict) -> list:
 
 
 def _row(step: int) -> dict:
-    return {"step": step, "step_s": 0.01, "gpu_step_s": None, "gpu_gap_s": None, "h2d_s": None}
+    gpu = ("gpu_step_s", "gpu_gap_s", "h2d_s", "gpu_compute_s", "gpu_comm_exposed_s", "gpu_optimizer_s")
+    return {"step": step, "step_s": 0.01, **dict.fromkeys(gpu)}
 
 
 def test_rows_wait_for_the_gpu_then_get_their_columns_and_gaps():
@@ -57,6 +58,22 @@ def test_rows_wait_for_the_gpu_then_get_their_columns_and_gaps():
     assert len(pool.released) == 7  # every event back in the pool but step 3's end, kept for step 4's gap
     res([], [], final=True)
     assert len(pool.released) == 8
+
+
+def test_ddp_marks_give_exposed_comm_and_optimizer_on_the_gpu_clock():
+    clock = {"gpu_ms": 1000.0}
+    res = GpuResolver(_Pool(), max_hold_s=60)
+    # begin 0, forward 1, last bucket ready 20, its all-reduce done 32, optimizer 33, end 35 (GPU ms).
+    marks = _marks(0, 0, 35, clock) + [
+        (None, 0, (kind, _StreamEvent(ms, clock))) for kind, ms in (("f", 1), ("r", 20), ("d", 32), ("o", 33))
+    ]
+    (row,) = res(marks, [_row(0)], final=False)
+    got = {k: round(row[k] * 1e3, 6) for k in ("h2d_s", "gpu_compute_s", "gpu_comm_exposed_s", "gpu_optimizer_s")}
+    assert got == {"h2d_s": 1.0, "gpu_compute_s": 19.0, "gpu_comm_exposed_s": 12.0, "gpu_optimizer_s": 2.0}
+    # A collective still running at step end is capped there (it belongs to no phase of this step).
+    marks = _marks(1, 40, 60, clock) + [(None, 1, (k, _StreamEvent(ms, clock))) for k, ms in (("r", 50), ("d", 70))]
+    (row,) = res(marks, [_row(1)], final=False)
+    assert round(row["gpu_comm_exposed_s"] * 1e3, 6) == 10.0
 
 
 def test_a_row_held_too_long_or_at_close_goes_out_without_gpu_columns():

@@ -178,6 +178,18 @@ def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
     assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["cpu-ops", "launch-bound"]
 
 
+def test_gloo_on_gpu_is_named_and_explains_its_syncs(ruleset):
+    cpu = {**HEALTHY, "model_on_gpu": 0, "ddp_backend_gloo": 1}  # gloo is right for CPU tensors
+    assert "gloo-on-gpu" not in rules_of(evaluate(ruleset.rules, frame(r0=cpu, r1=cpu)))
+    nccl = {**HEALTHY, "model_on_gpu": 1, "ddp_backend_gloo": 0}
+    assert "gloo-on-gpu" not in rules_of(evaluate(ruleset.rules, frame(r0=nccl, r1=nccl)))
+    # Two ranks sharing one GPU through gloo, as measured on the H200: 3 host syncs per step.
+    shared = {**nccl, "ddp_backend_gloo": 1, "host_syncs_per_step": 3.0, "idle_host_wait_ratio": 0.3}
+    found = evaluate(ruleset.rules, frame(r0=shared, r1=shared))
+    assert rules_of(found)[:2] == ["gloo-on-gpu", "input-path-syncs"]
+    assert found[0]["axis"] == "sync" and found[0]["ranks"] == [0, 1] and found[0]["severity"] == "warning"
+
+
 def test_memory_imbalance_names_the_heavy_rank(ruleset):
     base = {**HEALTHY, "memory_reserved_spread": 0.5}
     heavy = {**base, "memory_reserved_excess": 0.8, "memory_reserved_bytes": 18e9}

@@ -13,7 +13,6 @@ _LABELS = {
     "comm_exposed_s": "comm",
     "optimizer_s": "optim",
     "other_s": "other",
-    "gpu_ahead_s": "gpu ahead",
 }
 
 
@@ -35,15 +34,13 @@ def render_breakdown(run_path: str, warmup: int = 5) -> str:
     metas = {m.rank: m for m in read_rank_meta(run_path)}
     if not rows:
         return f"{run_path}: no steps recorded yet"
-    # "gpu ahead" needs the GPU's clock: a CPU job has no such column.
-    phases = [p for p in PHASES if p != "gpu_ahead_s" or any(r["gpu_ahead_share"] is not None for r in rows)]
-    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in phases] + ["allreduce %"]
+    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in PHASES] + ["allreduce %"]
     body = []
     for r in rows:
         meta = metas.get(r["rank"])
         body.append(
             [str(r["rank"]), meta.status if meta else "?", str(r["steps"]), ms(r["step_median_s"])]
-            + [pct(r[f"{p[:-2]}_share"]) for p in phases]
+            + [pct(r[f"{p[:-2]}_share"]) for p in PHASES]
             + [pct(r["allreduce_share"])]
         )
     return table(headers, body)
