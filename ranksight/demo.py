@@ -64,6 +64,19 @@ class DemoConfig:
             self.run_id = f"{self.job}-{self.fault}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
+MULTI_RANK_FAULTS = ("sync", "straggler", "unused-params")  # what they plant needs DDP across ranks
+
+
+def default_ranks(fault: str) -> int:
+    """2 ranks, except on a machine with one GPU for a fault that does not need several: two ranks
+    there would share the GPU through gloo (NCCL refuses them), which is itself a finding (gloo-on-gpu)."""
+    import torch
+
+    if fault not in MULTI_RANK_FAULTS and torch.cuda.is_available() and torch.cuda.device_count() == 1:
+        return 1
+    return 2
+
+
 class NeedsGPUError(RuntimeError):
     """The fault plants a GPU-only mistake and this machine has no CUDA device."""
 

@@ -93,6 +93,8 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
     for f in order:
+        if f["severity"] == "info":
+            continue  # "probably fine" explains nothing: it must not displace a warning or a critical
         for other in rules[f["rule"]].explains:
             if other in fired and other not in explained_by and other != f["rule"]:
                 explained_by[other] = f["rule"]

@@ -105,6 +105,18 @@ def test_straggler_ranks_ahead_of_the_sync_finding_it_explains(ruleset):
     assert "consequence of straggler" in findings[1]["summary"]
 
 
+def test_an_info_level_straggler_does_not_displace_a_critical_sync_finding(ruleset):
+    # Measured on the loaded 2-core machine: the sync fault with one rank at 0.66 of the other's speed.
+    floor = {"comm_floor_share": 0.4, "comm_floor_to_compute": 1.0, "comm_exposed_share": 0.4}
+    slowish = {**HEALTHY, **floor, "straggler_score": 0.66, "slowest_step_share": 1.0, "compute_vs_median": 1.2}
+    findings = evaluate(ruleset.rules, frame(r0={**HEALTHY, **floor}, r1=slowish))
+    assert [(f["rule"], f["severity"]) for f in findings][:2] == [
+        ("exposed-allreduce", "critical"),
+        ("straggler", "info"),
+    ]
+    assert "consequence" not in findings[0]["summary"]
+
+
 def test_straggler_levels_leave_contention_sized_gaps_at_info(ruleset):
     for score, expected in ((0.8, None), (0.74, "info"), (0.58, "warning"), (0.4, "critical")):
         slow = {**HEALTHY, "straggler_score": score, "slowest_step_share": 1.0}

@@ -42,3 +42,15 @@ def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
         "ranksight demo: fault 'pageable' needs a GPU (CUDA) and torch sees none; "
         "CPU faults: none, input, sync, straggler, graph-break, unused-params"
     )
+
+
+def test_demo_ranks_default_to_what_the_machine_can_run_healthily():
+    import torch
+
+    from ranksight.demo import MULTI_RANK_FAULTS, default_ranks
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for fault in ("none", "input", *MULTI_RANK_FAULTS):
+        # One GPU: one rank, unless the fault plants something only DDP across ranks can show.
+        expected = 1 if gpus == 1 and fault not in MULTI_RANK_FAULTS else 2
+        assert default_ranks(fault) == expected, fault

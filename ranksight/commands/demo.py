@@ -17,7 +17,12 @@ def add_parser(sub):
         "ranksight attached and one planted fault, then print what it measured.",
     )
     p.add_argument("--fault", default="none", choices=FAULTS, help="the fault to plant (default none)")
-    p.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="number of ranks (default 2; 1 on a one-GPU machine unless the fault needs several ranks)",
+    )
     p.add_argument("--steps", type=int, default=60, help="training steps per rank (default 60)")
     p.add_argument("--run-dir", default="ranksight-runs", help="parent folder of runs (default ranksight-runs)")
     p.add_argument("--run-id", default="", help="run id (default: demo-<fault>-<time>)")
@@ -30,13 +35,14 @@ def run(args) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("the demo trains a real model and needs torch: pip install torch") from None
-    from ranksight.demo import DemoConfig, NeedsGPUError, check_device, run_demo
+    from ranksight.demo import DemoConfig, NeedsGPUError, check_device, default_ranks, run_demo
 
     from .diagnose import diagnose_or_fail, render_checklist, render_findings
     from .summary import render_breakdown
 
     try:
-        cfg = DemoConfig(fault=args.fault, ranks=args.ranks, steps=args.steps, run_dir=args.run_dir, run_id=args.run_id)
+        ranks = args.ranks if args.ranks is not None else default_ranks(args.fault)
+        cfg = DemoConfig(fault=args.fault, ranks=ranks, steps=args.steps, run_dir=args.run_dir, run_id=args.run_id)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     try:
