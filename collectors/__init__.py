@@ -4,7 +4,7 @@ from ._features import FEATURES, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, step_breakdown
 from ._spool_reader import RankMeta, RunDirError, check_run_dir, open_run, read_rank_meta, segment_glob
-from ._store import IngestResult, ingest, store_path
+from ._store import IngestResult, PruneResult, ingest, prune, store_path
 
 __all__ = [
     "FEATURES",
@@ -15,7 +15,9 @@ __all__ = [
     "PERIOD_SQL",
     "step_breakdown",
     "IngestResult",
+    "PruneResult",
     "ingest",
+    "prune",
     "store_path",
     "PrometheusError",
     "PrometheusReader",

@@ -75,7 +75,7 @@ def segment_glob(run_path: str, kind: str) -> str:
     return os.path.join(glob.escape(run_path), kind, f"[!.]*{SPOOL_SUFFIX}")
 
 
-_STORE_ALIAS = "ranksight_store"
+STORE_ALIAS = "ranksight_store"
 SILENT_FLUSHES = 30  # a rank without a heartbeat for this many flush intervals writes no more segments
 
 
@@ -95,13 +95,13 @@ def open_run(run_path: str, con=None):
     con = con or duckdb.connect()
     store = store_path(run_path)
     has_store = _attach_store(con, store)
-    ingested = ingested_segments(con, _STORE_ALIAS) if has_store else {}
+    ingested = ingested_segments(con, STORE_ALIAS) if has_store else {}
     quiet = has_store and _no_rank_writing(run_path)
     for kind in KINDS:
         pattern = segment_glob(run_path, kind)
         parts = []
         if has_store:
-            table = f"{_STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
+            table = f"{STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
             parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
         files = glob.glob(pattern)
         pending = {os.path.basename(p) for p in files} - set(ingested.get(kind, ()))
@@ -162,9 +162,9 @@ def _attach_store(con, path: str) -> bool:
     """Attach a run's store read-only (it is replaced by rename, never written in place)."""
     if not os.path.exists(path):
         return False
-    con.execute(f"DETACH DATABASE IF EXISTS {_STORE_ALIAS}")
+    con.execute(f"DETACH DATABASE IF EXISTS {STORE_ALIAS}")
     try:
-        con.execute(f"ATTACH {_sql_literal(path)} AS {_STORE_ALIAS} (READ_ONLY)")
+        con.execute(f"ATTACH {_sql_literal(path)} AS {STORE_ALIAS} (READ_ONLY)")
     except Exception as exc:  # duckdb.Error: not a DuckDB file, newer format...
         raise RunDirError(f"{path}: cannot read the run's store ({str(exc).splitlines()[0]})") from None
     return True

@@ -27,6 +27,13 @@ from ._spool_reader import RunDirError, check_run_dir, segment_glob, select_list
 STORE_NAME = "store.duckdb"
 LOCK_NAME = ".store.lock"
 SEGMENTS_TABLE = "_segments"
+SEGMENT_COLUMN = "_segment"
+"""Store-only column: the spool segment each row came from, so a reader can pick up exactly the
+segments it has not seen yet, also after ``prune`` deleted their files (NULL for rows an older
+ingest wrote)."""
+PRUNE_AFTER_S = 60.0
+"""Default age (since ingest) before ``prune`` deletes a segment: queries that listed the file just
+before it was ingested have this long to finish reading it."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ def _create_schema(con) -> None:
         # A store written by an older version lacks newer (nullable) columns: add them, rows keep NULL.
         for column in KINDS[kind]:
             con.execute(f"ALTER TABLE {kind} ADD COLUMN IF NOT EXISTS {column.name} {DUCKDB_TYPES[column.type]}")
+        con.execute(f"ALTER TABLE {kind} ADD COLUMN IF NOT EXISTS {SEGMENT_COLUMN} VARCHAR")
     con.execute(
         f"CREATE TABLE IF NOT EXISTS {SEGMENTS_TABLE} "
         "(kind VARCHAR NOT NULL, file VARCHAR NOT NULL, rows BIGINT NOT NULL, ingested_ns BIGINT NOT NULL)"
@@ -114,9 +122,10 @@ def ingest(run_path: str) -> IngestResult:
                     "SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]
                 ).fetchall()
                 counts = dict(per_file)
-                source = "read_parquet(?, union_by_name=true)"
+                source = "read_parquet(?, union_by_name=true, filename=true)"
                 con.execute(
-                    f"INSERT INTO {kind} ({cols}) SELECT {select_list(con, source, kind, [files])} FROM {source}",
+                    f"INSERT INTO {kind} ({cols}, {SEGMENT_COLUMN}) "
+                    f"SELECT {select_list(con, source, kind, [files])}, parse_filename(filename) FROM {source}",
                     [files],
                 )
                 now = time.time_ns()
@@ -140,6 +149,52 @@ def ingest(run_path: str) -> IngestResult:
     finally:
         os.close(lock_fd)
     return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one prune deleted."""
+
+    files: int
+    bytes: int
+    kept_recent: int  # ingested segments younger than the grace period, left in place
+
+
+def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
+    """Delete spool segments the store holds, once they were ingested ``older_than_s`` ago.
+
+    Only what the store's ``_segments`` table lists is touched, so nothing that is not in the store can
+    go. Holds the ingest lock meanwhile (an ingest running elsewhere makes this fail, clearly).
+    """
+    import duckdb
+
+    check_run_dir(run_path)
+    target = store_path(run_path)
+    if not os.path.exists(target):
+        raise RunDirError(f"{run_path}: no store to prune against yet (run `ranksight ingest` first)")
+    lock_fd = _locked(run_path)
+    try:
+        with duckdb.connect(target, read_only=True) as con:
+            listed = con.execute(f"SELECT kind, file, ingested_ns FROM {SEGMENTS_TABLE}").fetchall()
+        cutoff = time.time_ns() - int(older_than_s * 1e9)
+        files = nbytes = recent = 0
+        for kind, name, ingested_ns in listed:
+            path = os.path.join(run_path, kind, name)
+            if kind not in KINDS or not is_segment_name(name) or os.path.basename(name) != name:
+                continue  # never follow a name out of the run's spool folders
+            if ingested_ns > cutoff:
+                recent += os.path.exists(path)
+                continue
+            try:
+                size = os.path.getsize(path)
+                os.remove(path)
+            except FileNotFoundError:
+                continue  # pruned before
+            files += 1
+            nbytes += size
+    finally:
+        os.close(lock_fd)
+    return PruneResult(files, nbytes, recent)
 
 
 def ingested_segments(con, schema: str = "store") -> dict[str, list[str]]:

@@ -13,7 +13,9 @@ import glob
 import os
 import threading
 
-from ranksight.collectors import PERIOD_SQL, PHASE_SQL, PHASES, open_run
+from ranksight.collectors import PERIOD_SQL, PHASE_SQL, PHASES, open_run, store_path
+from ranksight.collectors._spool_reader import STORE_ALIAS
+from ranksight.collectors._store import SEGMENT_COLUMN, ingested_segments
 from ranksight.schema import KINDS
 
 WARMUP_STEPS = 5
@@ -37,9 +39,10 @@ class Rollup:
 
     def __init__(self, run_path: str, chunk_steps: int | None = None) -> None:
         self.run_path = run_path
+        self._store_sig = self._store_signature()  # before attaching: a newer store is then seen as new
         self.con = open_run(run_path)
         self._lock = threading.Lock()
-        self._loaded: set[str] = set()
+        self._loaded: set[str] = set()  # step segment file names folded in, from the spool or the store
         self._kinds_with_files = self._present_kinds()
         if chunk_steps is None:
             ws = self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
@@ -54,6 +57,9 @@ class Rollup:
                 compute_eff_sum DOUBLE, step_max_s DOUBLE, h2d_n BIGINT)"""
         )
         self.version = 0
+        with self._lock:
+            if self._fold_store(everything=True):
+                self.version += 1
         self.refresh()
 
     def _present_kinds(self) -> frozenset[str]:
@@ -66,31 +72,64 @@ class Rollup:
     def refresh(self) -> bool:
         """Fold the step segments that appeared since the last call into the rollup; True if any did."""
         with self._lock:
-            kinds = self._present_kinds()
-            if kinds != self._kinds_with_files:  # a kind got its first segment: turn its empty table into a view
-                for k in kinds - self._kinds_with_files:
-                    self.con.execute(f"DROP TABLE IF EXISTS {k}")
-                open_run(self.run_path, self.con)
+            kinds, store_sig = self._present_kinds(), self._store_signature()
+            if kinds != self._kinds_with_files or store_sig != self._store_sig:
+                # A kind got its first segment or lost its last (pruned), or a new store was renamed into
+                # place: rebuild the views on the run (spool + the store now there).
+                open_run(self.run_path, self.con)  # replaces each kind's table or view
                 self._kinds_with_files = kinds
-            files = sorted(
-                set(glob.glob(os.path.join(glob.escape(self.run_path), "steps", "*.parquet"))) - self._loaded
-            )
-            if not files:
-                return False
-            sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in _SUMS.items())
-            self.con.execute(
-                f"""
-                INSERT INTO rollup
-                SELECT rank, any_value(node), step // $chunk AS chunk, step < $warm AS warm, count(*),
-                       min(step), max(step), min(time_ns), max(time_ns), {sums},
-                       sum(coalesce(gpu_compute_s, compute_s)), max({PERIOD_SQL}), count(h2d_s)
-                FROM read_parquet($files, union_by_name=true) GROUP BY rank, chunk, warm
-                """,
-                {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, "files": files},
-            )
-            self._loaded.update(files)
-            self.version += 1
-            return True
+            changed = False
+            if store_sig != self._store_sig:
+                self._store_sig = store_sig
+                changed = self._fold_store(everything=False)
+            paths = glob.glob(os.path.join(glob.escape(self.run_path), "steps", "*.parquet"))
+            files = sorted(p for p in paths if os.path.basename(p) not in self._loaded)
+            if files:
+                self._fold("read_parquet($files, union_by_name=true)", {"files": files})
+                self._loaded.update(os.path.basename(p) for p in files)
+                changed = True
+            if changed:
+                self.version += 1
+            return changed
+
+    def _fold(self, source: str, params: dict) -> None:
+        sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in _SUMS.items())
+        self.con.execute(
+            f"""
+            INSERT INTO rollup
+            SELECT rank, any_value(node), step // $chunk AS chunk, step < $warm AS warm, count(*),
+                   min(step), max(step), min(time_ns), max(time_ns), {sums},
+                   sum(coalesce(gpu_compute_s, compute_s)), max({PERIOD_SQL}), count(h2d_s)
+            FROM {source} GROUP BY rank, chunk, warm
+            """,
+            {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, **params},
+        )
+
+    def _fold_store(self, everything: bool) -> bool:
+        """Fold the store's step rows of segments not folded in yet (all of them at start); True if any.
+
+        Segments a later ingest added are picked by the store's per-row segment name, so they count
+        once whether their spool files are still there or were pruned.
+        """
+        if self._store_sig is None:
+            return False
+        names = set(ingested_segments(self.con, STORE_ALIAS).get("steps", ())) - self._loaded
+        if not names:
+            return False
+        table = f"{STORE_ALIAS}.steps"
+        if everything:  # also rows an older ingest wrote without their segment name
+            self._fold(table, {})
+        else:
+            self._fold(f"{table} WHERE {SEGMENT_COLUMN} IN (SELECT unnest($names))", {"names": sorted(names)})
+        self._loaded.update(names)
+        return True
+
+    def _store_signature(self) -> tuple | None:
+        try:
+            st = os.stat(store_path(self.run_path))
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def close(self) -> None:
         self.con.close()

@@ -175,6 +175,45 @@ def test_rollup_reads_only_new_segments_and_adds_up(tmp_path):
     assert q.run_overview(rollup.cursor())["steps"] == 40
 
 
+def _same_breakdown(rollup_con, path) -> None:
+    ours = q.breakdown_per_rank(rollup_con)
+    ref = step_breakdown(open_run(path))
+    assert [r["steps"] for r in ours] == [r["steps"] for r in ref] and ours
+    for a, b in zip(ours, ref):
+        assert a["data_wait_share"] == pytest.approx(b["data_wait_share"], rel=1e-12)
+
+
+def test_rollup_of_a_run_whose_spool_was_pruned_reads_the_store(tmp_path):
+    from ranksight.collectors import ingest, prune
+
+    path = write_run(str(tmp_path / "stored"), 4, 20, samples=True)
+    ingest(path)
+    prune(path, older_than_s=0)  # the store alone holds the steps now
+    assert os.listdir(os.path.join(path, "steps")) == []
+    rollup = Rollup(path)
+    _same_breakdown(rollup.cursor(), path)
+    assert q.sample_names_present(rollup.cursor()) == ["gpu_utilization_ratio"]
+
+
+def test_live_rollup_counts_every_segment_once_across_ingest_and_prune(tmp_path):
+    from ranksight.collectors import ingest, prune
+
+    path = str(tmp_path / "live")
+    write_run(path, 4, 20, segment="a", status="running")
+    rollup = Rollup(path)  # folds segment a from the spool
+    write_run(path, 4, 20, first_step=20, segment="b", status="running", data_wait_s=0.05)
+    ingest(path)  # a and b into the store ...
+    prune(path, older_than_s=0)  # ... and both spool files gone before the rollup ever read b
+    assert rollup.refresh() is True
+    _same_breakdown(rollup.cursor(), path)
+    write_run(path, 4, 20, first_step=40, segment="c", status="running")
+    assert rollup.refresh() is True  # c from the spool
+    ingest(path)
+    rollup.refresh()  # a new store with c in it: not counted again
+    _same_breakdown(rollup.cursor(), path)
+    assert [r["steps"] for r in q.breakdown_per_rank(rollup.cursor())] == [55] * 4
+
+
 def test_rollup_picks_up_a_kind_that_appears_later(tmp_path):
     path = write_run(str(tmp_path / "r"), 2, 10)
     rollup = Rollup(path)

@@ -14,7 +14,7 @@ import pytest
 
 from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import RunDirError, ingest, open_run
+from ranksight.collectors import RunDirError, ingest, open_run, prune
 from ranksight.collectors._store import LOCK_NAME
 from ranksight.schema import arrow_schema
 
@@ -132,3 +132,46 @@ def test_cli_ingest_prints_one_line_and_rejects_bad_paths(tmp_path):
     (corrupt / "store.duckdb").write_bytes(b"not a database")
     with pytest.raises(RunDirError, match="cannot read the run's store"):
         open_run(str(corrupt))
+
+
+def _per_kind(con) -> dict:
+    return {k: _count(con, k) for k in ("steps", "buckets", "samples")}
+
+
+def test_prune_deletes_only_what_the_store_holds_and_loses_no_row(tmp_path):
+    run = str(tmp_path / "run")
+    w0, w1 = _writer(run, 0), _writer(run, 1)
+    _meta(run, 0, "running")
+    _meta(run, 1, "running")
+    w0.write("steps", _steps(0, 10))
+    w1.write("steps", _steps(0, 10))
+    w0.write("samples", [{"time_ns": time.time_ns(), "step": 3, "name": "gpu_utilization_ratio", "value": 0.5}])
+    with pytest.raises(RunDirError, match="no store to prune against"):
+        prune(run)
+    ingest(run)
+    w0.write("steps", _steps(10, 5))  # after the ingest: not in the store, must stay
+    before = _per_kind(open_run(run))
+    kept = prune(run)  # default grace: just ingested, nothing goes yet
+    assert (kept.files, kept.kept_recent) == (0, 3)
+    done = prune(run, older_than_s=0)
+    assert done.files == 3 and done.bytes > 0
+    left = sorted(os.listdir(os.path.join(run, "steps")))
+    assert len(left) == 1 and left[0].endswith("_000001.parquet")  # the un-ingested segment
+    assert os.listdir(os.path.join(run, "samples")) == []
+    assert _per_kind(open_run(run)) == before == {"steps": 25, "buckets": 0, "samples": 1}
+    ingest(run)  # the last one too, then the spool is empty and the store holds everything
+    prune(run, older_than_s=0)
+    _meta(run, 0, "finished")
+    _meta(run, 1, "finished")
+    assert _per_kind(open_run(run)) == before
+
+
+def test_cli_ingest_prune_reports_and_refuses_a_negative_grace(tmp_path):
+    run = str(tmp_path / "run")
+    _writer(run, 0).write("steps", _steps(0, 3))
+    cmd = [sys.executable, "-m", "ranksight", "ingest", run, "--prune", "--prune-after", "0"]
+    ok = subprocess.run(cmd, capture_output=True, text=True)
+    assert ok.returncode == 0 and "pruned 1 spool segments" in ok.stdout, ok.stdout + ok.stderr
+    assert os.listdir(os.path.join(run, "steps")) == []
+    bad = subprocess.run(cmd[:-1] + ["-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "ranksight ingest: --prune-after must be >= 0, got -1"

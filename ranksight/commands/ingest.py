@@ -1,12 +1,15 @@
-"""``ranksight ingest RUN_DIR``: compact a run's spool into ``RUN_DIR/store.duckdb``.
+"""``ranksight ingest RUN_DIR [--prune]``: compact a run's spool into ``RUN_DIR/store.duckdb``.
 
 Safe on a live or crashed run and beside readers: the store is rebuilt in a temporary file and
 renamed into place, and segments that arrive later are read from the spool until the next ingest.
+``--prune`` then deletes the spool segments the store holds, so a long run's disk does not double.
 """
 
 from __future__ import annotations
 
-from ranksight.collectors import ingest
+from ranksight.cli import UserError
+from ranksight.collectors import ingest, prune
+from ranksight.collectors._store import PRUNE_AFTER_S
 
 
 def add_parser(sub):
@@ -16,10 +19,25 @@ def add_parser(sub):
         description="Compact a run's Parquet spool into RUN_DIR/store.duckdb (incremental; safe while it runs).",
     )
     p.add_argument("run_dir", help="a run folder (one sub-folder of the run root, see `ranksight runs`)")
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="then delete the spool segments the store holds (only what it lists; the store keeps every row)",
+    )
+    p.add_argument(
+        "--prune-after",
+        type=float,
+        default=PRUNE_AFTER_S,
+        metavar="S",
+        help="delete a segment only S seconds after it was ingested, so queries reading it can finish "
+        f"(default {PRUNE_AFTER_S:g})",
+    )
     return p
 
 
 def run(args) -> int:
+    if args.prune and args.prune_after < 0:
+        raise UserError(f"--prune-after must be >= 0, got {args.prune_after:g}")
     result = ingest(args.run_dir)
     kinds = ", ".join(f"{k} {n}" for k, n in result.rows_by_kind.items()) or "nothing new"
     rate = result.rows / result.seconds if result.seconds > 0 else 0.0
@@ -27,4 +45,10 @@ def run(args) -> int:
         f"{result.store_path}: +{result.segments} segments, +{result.rows} rows ({kinds}) "
         f"in {result.seconds:.2f} s ({rate:,.0f} rows/s)"
     )
+    if args.prune:
+        pruned = prune(args.run_dir, args.prune_after)
+        later = ""
+        if pruned.kept_recent:
+            later = f"; {pruned.kept_recent} ingested less than {args.prune_after:g} s ago kept"
+        print(f"pruned {pruned.files} spool segments ({pruned.bytes / 1e6:,.1f} MB){later}")
     return 0
