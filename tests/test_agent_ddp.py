@@ -117,10 +117,10 @@ def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_pa
     # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means.
     assert mean(sync, "comm_exposed_share") > mean(sync, "compute_share")
     assert mean(sync, "allreduce_share") > mean(base, "allreduce_share")
+    # 300x the bytes: well over 4x the time, even when the two jobs run under different load (the
+    # baseline's 215 KB all-reduce is latency-bound and contention moves it most: 5.4 ms measured at load).
     per_step = "SELECT median(allreduce_s) FROM steps WHERE step >= 3"
-    assert (
-        open_run(sync_path).execute(per_step).fetchone()[0] > 10 * open_run(base_path).execute(per_step).fetchone()[0]
-    )
+    assert open_run(sync_path).execute(per_step).fetchone()[0] > 4 * open_run(base_path).execute(per_step).fetchone()[0]
 
 
 def test_sigkilled_rank_keeps_its_flushed_records(tmp_path):

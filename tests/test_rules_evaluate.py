@@ -93,16 +93,20 @@ def test_straggler_is_named_by_rank_and_the_others_wait_is_not_called_a_sync_pro
     assert findings[0]["ranks"] == [1] and findings[0]["severity"] == "critical"
 
 
-def test_straggler_ranks_ahead_of_the_sync_finding_it_explains(ruleset):
-    # Sync-bound everywhere (even the slow rank waits on all-reduce) and one rank slower: both fire,
-    # the straggler first, because the others' share of exposed comm includes waiting for it.
+def test_a_straggler_and_a_real_sync_cost_are_both_reported(ruleset):
+    # Sync-bound even on the slow rank (which waits for no peer) and one rank slower: both are real.
+    # At equal severity the straggler comes first (priority); neither is called the other's consequence.
     floor = {"comm_floor_share": 0.12, "comm_floor_to_compute": 0.6}
     slow = {**HEALTHY, **floor, "straggler_score": 0.55, "slowest_step_share": 0.95, "compute_vs_median": 1.3}
     waiting = {**HEALTHY, **floor, "comm_exposed_share": 0.5, "comm_to_compute": 1.5, "slowest_step_share": 0.05}
     findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
     assert rules_of(findings)[:2] == ["straggler", "exposed-allreduce"]
     assert findings[0]["severity"] == "warning" and findings[1]["severity"] == "warning"
-    assert "consequence of straggler" in findings[1]["summary"]
+    assert "consequence" not in findings[1]["summary"]
+    # A warning straggler next to a critical sync cost: the critical one first (measured under load).
+    heavy = {"comm_floor_share": 0.4, "comm_floor_to_compute": 1.0}
+    slow, waiting = {**slow, **heavy}, {**waiting, **heavy}
+    assert rules_of(evaluate(ruleset.rules, frame(r0=waiting, r1=slow)))[:2] == ["exposed-allreduce", "straggler"]
 
 
 def test_an_info_level_straggler_does_not_displace_a_critical_sync_finding(ruleset):
