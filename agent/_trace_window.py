@@ -226,6 +226,13 @@ class TraceWindow:
         red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
         if red is None:
             return []
+        if self.use_cuda and red.span_ns == 0:
+            # Seen on an H200 with 92 % of device memory taken: the trace held CPU events only.
+            self._m._warn_once(
+                "trace_window_no_gpu",
+                f"the sampled window (steps {first}-{first + red.steps - 1}) captured no GPU activity: "
+                "kernel-level signals (kernel busy, idle, copies) are missing; a full GPU can starve the profiler",
+            )
         now = time.time_ns()
         rows = [{"time_ns": now, "step": first, "name": k, "value": float(v)} for k, v in red.samples.items()]
         if red.cpu_ops_top and red.samples.get("cpu_op_ratio", 0.0) >= 0.01:

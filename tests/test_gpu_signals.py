@@ -220,6 +220,11 @@ def test_trace_window_state_machine_on_cpu(monitor):
     rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
     assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
     assert "kernel_busy_ratio" not in rows  # no GPU in the trace: absent, not zero
+    assert "trace_window_no_gpu" not in monitor._reported  # a CPU model: nothing was expected
+    w.use_cuda = True  # as if the model were on a GPU whose activity the profiler missed
+    w.reduce(payloads[0])
+    assert "trace_window_no_gpu" in monitor._reported  # said once, as a warning event
+    w.use_cuda = False
 
     w.next_step = 0
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
