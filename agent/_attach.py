@@ -164,8 +164,30 @@ def _register_comm_hook(m: Monitor, ddp: Any) -> None:
         m._warn_once("comm_hook", f"per-bucket all-reduce timing is off: could not register a comm hook ({exc})")
 
 
+# Optimizer state kept per parameter element, in parameter-sized tensors (what ZeRO calls K / param size):
+# Adam-family keeps two moments, momentum / RMS methods one.
+# Unknown classes (LBFGS's history, Adafactor's factored moments, third-party optimizers) give None.
+_STATES_PER_PARAM = {
+    "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2, "Rprop": 2,
+    "RMSprop": 1, "Adagrad": 1, "ASGD": 1,
+}  # fmt: skip
+
+
+def _optimizer_facts(optimizer: Any) -> dict:
+    name = type(optimizer).__name__
+    states = _STATES_PER_PARAM.get(name)
+    if name == "SGD":
+        states = int(any(g.get("momentum", 0) for g in getattr(optimizer, "param_groups", [])))
+    return {"class": name, "states_per_param": states}
+
+
 def attach_optimizer(m: Monitor, optimizer: Any) -> None:
-    """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks (torch >= 2.0)."""
+    """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks (torch >= 2.0); record
+    what state it keeps per parameter (for the model-state memory rule)."""
+    try:
+        m._append((EV_INFO, "optimizer", _optimizer_facts(optimizer)))
+    except Exception as exc:
+        m._warn_once("optimizer_facts", f"cannot describe the optimizer ({exc})")
     begin, end = m.optimizer_begin, m.optimizer_end
 
     def pre(opt, args, kwargs):

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from ._monitor import EV_GPU, Monitor
+from ._monitor import EV_GPU, EV_INFO, Monitor
 
 log = logging.getLogger("ranksight")
 
@@ -261,6 +261,11 @@ def attach_gpu(monitor: Monitor, model: Any) -> None:
     worker = monitor._worker
     marks = GpuMarks(monitor, torch, device)
     resolver = GpuResolver(marks)
+    try:  # what the memory rules compare the model's state with
+        props = torch.cuda.get_device_properties(device)
+        monitor._append((EV_INFO, "gpu_device", {"name": props.name, "total_memory_bytes": int(props.total_memory)}))
+    except Exception as exc:
+        monitor._warn_once("gpu_device", f"cannot read the GPU's properties ({exc})")
 
     if extra.get("trace_window", True):
         from ._trace_window import TraceWindow

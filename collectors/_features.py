@@ -60,6 +60,11 @@ FEATURES: dict[str, str] = {
     "bucket_cap_bytes": "DDP bucket_cap_mb in bytes.",
     "parameter_bytes": "Bytes of model parameters.",
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
+    "device_memory_bytes": "Total memory of the rank's GPU.",
+    "model_state_bytes": "Weights + gradients + optimizer state (parameter_bytes x (2 + the optimizer's states per "
+    "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
+    "model_state_share": "model_state_bytes over device_memory_bytes: what a replicated (unsharded) model takes of "
+    "each GPU before any activation.",
     "records_dropped_total": "Records the agent dropped (its buffer was full).",
     "agent_errors_total": "Errors inside the agent (it turned the failing part off).",
     "memory_reserved_excess": "This rank's reserved GPU memory over the median across ranks, minus 1.",
@@ -155,6 +160,12 @@ def _meta_features(meta: dict) -> dict:
         f["parameter_bytes"] = model.get("parameter_bytes")
         devices = model.get("devices") or []
         f["model_on_gpu"] = int(any(str(d).startswith("cuda") for d in devices))
+    f["device_memory_bytes"] = (meta.get("gpu_device") or {}).get("total_memory_bytes")
+    states = (meta.get("optimizer") or {}).get("states_per_param")
+    if isinstance(states, int) and isinstance(f.get("parameter_bytes"), (int, float)):
+        f["model_state_bytes"] = f["parameter_bytes"] * (2 + states)
+        if f["device_memory_bytes"]:
+            f["model_state_share"] = f["model_state_bytes"] / f["device_memory_bytes"]
     ddp = meta.get("ddp")
     f["ddp"] = int(bool(ddp))
     if ddp:

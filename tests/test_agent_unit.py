@@ -150,6 +150,29 @@ def test_single_process_run_records_phases(tmp_path, single_process):
     assert all(r[4] is None for r in rows)  # no DDP: exposed comm is absent, not zero
     (meta,) = read_rank_meta(str(tmp_path / "r1"))
     assert meta.status == "finished" and meta.data["model"]["parameters"] == 9
+    assert meta.data["optimizer"] == {"class": "SGD", "states_per_param": 0}  # no momentum: no state
+
+
+def test_optimizer_state_per_parameter_feeds_the_model_state_features(tmp_path, single_process):
+    import torch
+
+    from ranksight.collectors import run_features
+
+    mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="adam", flush_interval_s=0.2)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    mon.watch(model, optimizer=opt)
+    with mon.step():
+        model(torch.randn(2, 64)).sum().backward()
+        opt.step()
+    mon.close()
+    (f,) = run_features(str(tmp_path / "adam")).values()
+    assert f["parameter_bytes"] == (64 * 64 + 64) * 4
+    assert f["model_state_bytes"] == f["parameter_bytes"] * 4  # weights, grads, two Adam moments
+    assert f["device_memory_bytes"] is None and f["model_state_share"] is None  # a CPU model: no GPU to fill
+    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert ranksight.agent._attach._optimizer_facts(momentum)["states_per_param"] == 1
+    assert ranksight.agent._attach._optimizer_facts(torch.optim.LBFGS(model.parameters()))["states_per_param"] is None
 
 
 def test_public_marks_record_a_step_from_framework_callbacks(tmp_path, single_process):

@@ -257,6 +257,12 @@ def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, mo
 
     # The host saw each collective "done" as soon as it was enqueued.
     assert statistics.median(r["allreduce_s"] for r in rows) < 0.005
+    # What the model-state rule compares: the device's memory and the optimizer's state per parameter.
+    with open(os.path.join(mon.run_path, "ranks", "rank-00000.json")) as f:
+        meta = json.load(f)
+    assert meta["gpu_device"]["total_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
+    assert meta["optimizer"] == {"class": "AdamW", "states_per_param": 2}
+    assert meta["ddp"]["backend"] == "nccl"
 
 
 def _free_port() -> int:

@@ -206,6 +206,22 @@ def test_gloo_on_gpu_is_named_and_explains_its_syncs(ruleset):
     assert found[0]["axis"] == "sync" and found[0]["ranks"] == [0, 1] and found[0]["severity"] == "warning"
 
 
+def test_replicated_model_state_is_judged_against_the_device(ruleset):
+    ddp = {**HEALTHY, "ddp": 1, "model_on_gpu": 1, "parameter_bytes": 20e9, "device_memory_bytes": 141e9}
+
+    def hit(share, **extra):
+        f = {**ddp, "model_state_share": share, "model_state_bytes": share * 141e9, **extra}
+        found = [x for x in evaluate(ruleset.rules, frame(r0=f, r1=f)) if x["rule"] == "replicated-model-state"]
+        return found[0]["severity"] if found else None
+
+    assert [hit(0.1), hit(0.3), hit(0.57)] == [None, "info", "warning"]  # 5 B params, AdamW fp32: 0.57
+    assert hit(0.57, ddp=0) is None  # FSDP or a single model: nothing replicated by DDP
+    one = {**ddp, "model_state_share": 0.9, "model_state_bytes": 1.2e11}
+    assert "replicated-model-state" not in rules_of(
+        evaluate(ruleset.rules, frame(r0=one))
+    )  # one rank: nothing to shard over
+
+
 def test_memory_imbalance_names_the_heavy_rank(ruleset):
     base = {**HEALTHY, "memory_reserved_spread": 0.5}
     heavy = {**base, "memory_reserved_excess": 0.8, "memory_reserved_bytes": 18e9}
