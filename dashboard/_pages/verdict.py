@@ -1,5 +1,7 @@
 """Verdict first: the rules' findings (root cause first) with evidence, ranks and the fix; the checklist."""
 
+from typing import Optional
+
 import streamlit as st
 
 from ranksight.dashboard import _data
@@ -69,7 +71,7 @@ def _ranks(ranks: list) -> str:
     )
 
 
-def _fmt(v, unit: str | None = None) -> str:
+def _fmt(v, unit: Optional[str] = None) -> str:
     if v is None:
         return "—"
     if unit == "ratio":
