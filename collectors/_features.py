@@ -60,6 +60,8 @@ FEATURES: dict[str, str] = {
     "bucket_cap_bytes": "DDP bucket_cap_mb in bytes.",
     "parameter_bytes": "Bytes of model parameters.",
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
+    "gpu_busy_ratio": "Share of time a kernel ran: the sampled window's kernel_busy_ratio when a window exists "
+    "(exact, over traced steps), else NVML's gpu_utilization_ratio (1 s averages, so coarse in short runs).",
     "device_memory_bytes": "Total memory of the rank's GPU.",
     "model_state_bytes": "Weights + gradients + optimizer state (parameter_bytes x (2 + the optimizer's states per "
     "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
@@ -97,6 +99,8 @@ def compute_features(con, metas: list, warmup_steps: int = 5, breakdown: list[di
         f.update(_step_features(next((r for r in rows if r["rank"] == rank), None), extra.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
         f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
+        busy = f["kernel_busy_ratio"]
+        f["gpu_busy_ratio"] = busy if busy is not None else f["gpu_utilization_ratio"]
         if f.pop("_backend", None) == "nccl":
             # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).

@@ -184,3 +184,15 @@ def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
         assert snap.gauges["ranksight_comm_exposed_ratio"] == pytest.approx(ref["comm_exposed_share"], rel=1e-9)
     else:  # no DDP: no all-reduce to expose, so no gauge (the breakdown shows 0 %)
         assert "ranksight_comm_exposed_ratio" not in snap.gauges
+
+
+def test_gpu_busy_prefers_the_kernel_window_over_nvml(tmp_path):
+    from ranksight.collectors import run_features
+
+    path = _write_run(tmp_path, "busy", 1, GPU_BOUND)
+    w = SpoolWriter(path, Identity("gpu-period", "busy", "n0", 0, 0, 1, 4000))
+    now = time.time_ns()
+    w.write("samples", [{"time_ns": now, "step": 20, "name": "gpu_utilization_ratio", "value": 0.24}])
+    assert run_features(path)[0]["gpu_busy_ratio"] == 0.24  # no window yet: NVML
+    w.write("samples", [{"time_ns": now, "step": 20, "name": "kernel_busy_ratio", "value": 0.84}])
+    assert run_features(path)[0]["gpu_busy_ratio"] == 0.84  # the window's exact share wins

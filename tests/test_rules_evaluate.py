@@ -194,6 +194,16 @@ def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
     assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["cpu-ops", "launch-bound"]
 
 
+def test_gpu_starved_reads_the_busiest_measure_there_is(ruleset):
+    gpu = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.7}
+    # Measured on the H200: a GPT-like model's 1-second run read NVML 0.24, kernels busy 84 % in the window.
+    short_run = {**gpu, "gpu_utilization_ratio": 0.24, "kernel_busy_ratio": 0.84, "gpu_busy_ratio": 0.84}
+    assert "gpu-starved" not in rules_of(evaluate(ruleset.rules, frame(r0=short_run)))
+    starved = {**gpu, "gpu_utilization_ratio": 0.1, "kernel_busy_ratio": 0.15, "gpu_busy_ratio": 0.15}
+    hit = [f for f in evaluate(ruleset.rules, frame(r0=starved)) if f["rule"] == "gpu-starved"]
+    assert hit and hit[0]["severity"] == "critical" and hit[0]["evidence"]["kernel_busy_ratio"] == 0.15
+
+
 def test_gloo_on_gpu_is_named_and_explains_its_syncs(ruleset):
     cpu = {**HEALTHY, "model_on_gpu": 0, "ddp_backend_gloo": 1}  # gloo is right for CPU tensors
     assert "gloo-on-gpu" not in rules_of(evaluate(ruleset.rules, frame(r0=cpu, r1=cpu)))
