@@ -35,6 +35,7 @@ log = logging.getLogger("ranksight")
 
 _NS = 1e-9
 _MAX_EVENTS = 4096  # bound on live CUDA events (pool + in flight); past it a mark is skipped
+_MAX_HELD_ROWS = 10_000  # bound on step rows waiting for the GPU; past it the oldest go out as they are
 
 
 class GpuMarks:
@@ -162,7 +163,8 @@ class GpuResolver:
             since, row = self._held[0]
             marks = pending.get(row["step"])
             end = marks.get("e") if marks else None
-            if end is not None and not final and now - since < self.max_hold_s and not end.query():
+            waiting = not final and now - since < self.max_hold_s and len(self._held) <= _MAX_HELD_ROWS
+            if end is not None and waiting and not end.query():
                 break  # the GPU has not got there yet; later steps are behind it on the stream
             self._held.popleft()
             pending.pop(row["step"], None)

@@ -94,3 +94,15 @@ def test_salvage_returns_every_row_once_in_order():
     late = [_row(2)]
     assert [r["step"] for r in res.salvage(late)] == [0, 1, 2]
     assert res.salvage([]) == []
+
+
+def test_held_rows_are_bounded(monkeypatch):
+    import ranksight.agent._gpu_hooks as hooks
+
+    monkeypatch.setattr(hooks, "_MAX_HELD_ROWS", 2)
+    clock = {"gpu_ms": 0.0}  # a GPU that never gets anywhere
+    res = GpuResolver(_Pool(), max_hold_s=60)
+    marks = [m for s in range(4) for m in _marks(s, 10 * s + 1, 10 * s + 9, clock)]
+    out = res(marks, [_row(s) for s in range(4)], final=False)
+    assert [r["step"] for r in out] == [0, 1]  # the oldest went out, without GPU columns
+    assert all(r["gpu_step_s"] is None for r in out) and res.dropped_total == 2
