@@ -144,6 +144,8 @@ class TraceWindow:
             return
         if self.state == self.WARMING:
             self._enable(step)
+            if self.state == self.IDLE:
+                return
         self._record = self._rf_enter(WINDOW_MARK if self.state == self.TRACING else AFTER_MARK, None)
 
     def end(self, step: int) -> None:
@@ -179,6 +181,13 @@ class TraceWindow:
     def _enable(self, step: int) -> None:
         from torch.autograd.profiler import _enable_profiler
 
+        if self._torch._C._autograd._profiler_enabled():  # the user started one since the warm-up step
+            self.state = self.IDLE
+            self._m._warn_once(
+                "trace_window_backoff",
+                "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
+            )
+            return
         self._started_ns = time.perf_counter_ns()
         _enable_profiler(self._config, self._activities)
         self._first = step
@@ -227,7 +236,7 @@ class TraceWindow:
         if red is None:
             return []
         if self.use_cuda and red.span_ns == 0:
-            # Seen on an H200 with 92 % of device memory taken: the trace held CPU events only.
+            # Seen on an H200 with the device all but full (docs/gpu-validation.md): CPU events only.
             self._m._warn_once(
                 "trace_window_no_gpu",
                 f"the sampled window (steps {first}-{first + red.steps - 1}) captured no GPU activity: "

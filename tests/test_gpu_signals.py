@@ -243,6 +243,12 @@ def test_trace_window_state_machine_on_cpu(monitor):
     assert w.state == w.TRACING and torch._C._autograd._profiler_enabled()
     w.abort()  # mid-window
     assert w.state == w.IDLE and not torch._C._autograd._profiler_enabled()
+    w.next_step = 0
+    w.begin(0)  # prepared; then the user starts a profiler before the window's first step
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        w.begin(1)
+        assert w.state == w.IDLE and w._record is None  # backed off, nothing of ours left open
+    assert monitor.errors == {}
 
 
 def test_chrome_events_normalise_times_and_kinds(tmp_path):
