@@ -169,11 +169,7 @@ class TraceWindow:
         from torch.autograd.profiler import _prepare_profiler
 
         self._schedule(step)
-        if self._torch._C._autograd._profiler_enabled():
-            self._m._warn_once(
-                "trace_window_backoff",
-                "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
-            )
+        if self._user_profiling():
             return
         _prepare_profiler(self._config, self._activities)
         self.state = self.WARMING
@@ -181,17 +177,23 @@ class TraceWindow:
     def _enable(self, step: int) -> None:
         from torch.autograd.profiler import _enable_profiler
 
-        if self._torch._C._autograd._profiler_enabled():  # the user started one since the warm-up step
+        if self._user_profiling():  # started since the warm-up step
             self.state = self.IDLE
-            self._m._warn_once(
-                "trace_window_backoff",
-                "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
-            )
             return
         self._started_ns = time.perf_counter_ns()
         _enable_profiler(self._config, self._activities)
         self._first = step
         self.state = self.TRACING
+
+    def _user_profiling(self) -> bool:
+        """Whether someone else's profiler runs (then this window skips its turn, and says so once)."""
+        if not self._torch._C._autograd._profiler_enabled():
+            return False
+        self._m._warn_once(
+            "trace_window_backoff",
+            "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
+        )
+        return True
 
     def _stop(self, step: int) -> None:
         from torch.autograd.profiler import _disable_profiler

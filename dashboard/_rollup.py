@@ -13,9 +13,16 @@ import glob
 import os
 import threading
 
-from ranksight.collectors import PERIOD_SQL, PHASE_SQL, PHASES, open_run, store_path
-from ranksight.collectors._spool_reader import STORE_ALIAS
-from ranksight.collectors._store import SEGMENT_COLUMN, ingested_segments
+from ranksight.collectors import (
+    PERIOD_SQL,
+    PHASE_SQL,
+    PHASES,
+    SEGMENT_COLUMN,
+    STORE_ALIAS,
+    ingested_segments,
+    open_run,
+    store_path,
+)
 from ranksight.schema import KINDS
 
 WARMUP_STEPS = 5

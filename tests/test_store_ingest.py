@@ -43,13 +43,18 @@ def _view_sql(con, name: str) -> str:
     return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0]
 
 
-def test_live_run_reads_store_plus_new_segments_once(tmp_path):
+def _live_two_ranks(tmp_path) -> tuple[str, SpoolWriter, SpoolWriter]:
+    """A running 2-rank run with 10 steps spooled per rank."""
     run = str(tmp_path / "run")
     w0, w1 = _writer(run, 0), _writer(run, 1)
-    _meta(run, 0, "running")
-    _meta(run, 1, "running")
-    w0.write("steps", _steps(0, 10))
-    w1.write("steps", _steps(0, 10))
+    for rank, w in enumerate((w0, w1)):
+        _meta(run, rank, "running")
+        w.write("steps", _steps(0, 10))
+    return run, w0, w1
+
+
+def test_live_run_reads_store_plus_new_segments_once(tmp_path):
+    run, w0, _ = _live_two_ranks(tmp_path)
     first = ingest(run)
     assert (first.segments, first.rows) == (2, 20)
     old_reader = open_run(run)  # attached to the first store
@@ -139,12 +144,7 @@ def _per_kind(con) -> dict:
 
 
 def test_prune_deletes_only_what_the_store_holds_and_loses_no_row(tmp_path):
-    run = str(tmp_path / "run")
-    w0, w1 = _writer(run, 0), _writer(run, 1)
-    _meta(run, 0, "running")
-    _meta(run, 1, "running")
-    w0.write("steps", _steps(0, 10))
-    w1.write("steps", _steps(0, 10))
+    run, w0, _ = _live_two_ranks(tmp_path)
     w0.write("samples", [{"time_ns": time.time_ns(), "step": 3, "name": "gpu_utilization_ratio", "value": 0.5}])
     with pytest.raises(RunDirError, match="no store to prune against"):
         prune(run)

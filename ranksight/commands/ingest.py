@@ -8,8 +8,7 @@ renamed into place, and segments that arrive later are read from the spool until
 from __future__ import annotations
 
 from ranksight.cli import UserError
-from ranksight.collectors import ingest, prune
-from ranksight.collectors._store import PRUNE_AFTER_S
+from ranksight.collectors import PRUNE_AFTER_S, ingest, prune
 
 
 def add_parser(sub):
