@@ -190,4 +190,5 @@ def _on_step_clock(row: dict) -> tuple:
     gap = row.get("gpu_gap_s")
     gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
     exposed_wait = min(wait, gap) if _finite(wait) else None
-    return gap + gpu_step, exposed_wait, row.get("gpu_comm_exposed_s")
+    comm = row.get("gpu_comm_exposed_s")
+    return gap + gpu_step, exposed_wait, comm if _finite(comm) else row.get("comm_exposed_s")

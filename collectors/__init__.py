@@ -3,7 +3,16 @@
 from ._features import FEATURES, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, step_breakdown
-from ._spool_reader import STORE_ALIAS, RankMeta, RunDirError, check_run_dir, open_run, read_rank_meta, segment_glob
+from ._spool_reader import (
+    STORE_ALIAS,
+    RankMeta,
+    RunDirError,
+    check_run_dir,
+    open_run,
+    read_rank_meta,
+    segment_glob,
+    select_list,
+)
 from ._store import (
     PRUNE_AFTER_S,
     SEGMENT_COLUMN,
@@ -40,4 +49,5 @@ __all__ = [
     "open_run",
     "read_rank_meta",
     "segment_glob",
+    "select_list",
 ]

@@ -28,8 +28,8 @@ def _phase(gpu: str, cpu: str) -> str:
 
 
 _GPU_NAMED = (
-    f"{_EXPOSED_WAIT} + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0) + coalesce(gpu_comm_exposed_s, 0)"
-    " + coalesce(gpu_optimizer_s, 0)"
+    f"{_EXPOSED_WAIT} + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0)"
+    " + coalesce(gpu_comm_exposed_s, comm_exposed_s, 0) + coalesce(gpu_optimizer_s, optimizer_s, 0)"
 )
 
 PHASE_SQL: dict[str, str] = {
@@ -37,8 +37,9 @@ PHASE_SQL: dict[str, str] = {
     "h2d_s": "h2d_s",  # GPU time; NULL on a CPU rank, so its share stays absent rather than zero
     "compute_s": _phase("coalesce(gpu_compute_s, 0)", "coalesce(compute_s, 0)"),
     # With NCCL the host's all-reduce futures complete at enqueue: only the GPU's clock sees the wait.
-    "comm_exposed_s": _phase("coalesce(gpu_comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)"),
-    "optimizer_s": _phase("coalesce(gpu_optimizer_s, 0)", "coalesce(optimizer_s, 0)"),
+    # A GPU row without the GPU figure (an older agent, or its event not resolved) keeps the host's.
+    "comm_exposed_s": _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)"),
+    "optimizer_s": _phase("coalesce(gpu_optimizer_s, optimizer_s, 0)", "coalesce(optimizer_s, 0)"),
     # GPU: the rest of the period (host work between steps, the gap after an all-reduce until the
     # optimizer). CPU: the host's own remainder.
     "other_s": _phase(f"greatest({PERIOD_SQL} - ({_GPU_NAMED}), 0)", "coalesce(other_s, 0)"),

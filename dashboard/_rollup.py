@@ -21,6 +21,7 @@ from ranksight.collectors import (
     STORE_ALIAS,
     ingested_segments,
     open_run,
+    select_list,
     store_path,
 )
 from ranksight.schema import KINDS
@@ -100,6 +101,8 @@ class Rollup:
             return changed
 
     def _fold(self, source: str, params: dict) -> None:
+        # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
+        source = f"(SELECT {select_list(self.con, source, 'steps', params)} FROM {source})"
         sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in _SUMS.items())
         self.con.execute(
             f"""
@@ -127,7 +130,8 @@ class Rollup:
         if everything:  # also rows an older ingest wrote without their segment name
             self._fold(table, {})
         else:
-            self._fold(f"{table} WHERE {SEGMENT_COLUMN} IN (SELECT unnest($names))", {"names": sorted(names)})
+            where = f"(SELECT * FROM {table} WHERE {SEGMENT_COLUMN} IN (SELECT unnest($names)))"
+            self._fold(where, {"names": sorted(names)})
         self._loaded.update(names)
         return True
 

@@ -196,3 +196,20 @@ def test_gpu_busy_prefers_the_kernel_window_over_nvml(tmp_path):
     assert run_features(path)[0]["gpu_busy_ratio"] == 0.24  # no window yet: NVML
     w.write("samples", [{"time_ns": now, "step": 20, "name": "kernel_busy_ratio", "value": 0.84}])
     assert run_features(path)[0]["gpu_busy_ratio"] == 0.84  # the window's exact share wins
+
+
+def test_rows_from_an_older_agent_read_in_the_dashboard_like_the_breakdown(tmp_path):
+    """A segment without the newer GPU columns: the rollup NULLs them (no error) and keeps host comm."""
+    import pyarrow.parquet as pq
+
+    path = _write_run(tmp_path, "old", 2, NCCL_EXPOSED)
+    for name in os.listdir(os.path.join(path, "steps")):
+        f = os.path.join(path, "steps", name)
+        old = pq.read_table(f).drop_columns(["gpu_gap_s", "gpu_comm_exposed_s", "gpu_optimizer_s"])
+        pq.write_table(old, f)
+    ours = q.breakdown_per_rank(Rollup(path).cursor())
+    ref = step_breakdown(open_run(path))
+    for a, b in zip(ours, ref):
+        for p in PHASES:
+            assert a[f"{p[:-2]}_share"] == pytest.approx(b[f"{p[:-2]}_share"], rel=1e-9)
+        assert b["comm_exposed_share"] == pytest.approx(0.05 / 30.1, rel=0.05)  # the host's figure, kept
