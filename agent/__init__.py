@@ -1,8 +1,19 @@
 """The per-rank agent: measures each training step where it runs, and writes the records from its own thread."""
 
-from ._config import Config
-from ._identity import Identity
+from ._config import FRAMEWORKS, Config, GpuOptions
+from ._identity import Identity, derive_run_id
 from ._monitor import LoaderWrapper, Monitor
 from ._noop import NoopMonitor
+from ._protocol import MonitorLike
 
-__all__ = ["Config", "Identity", "LoaderWrapper", "Monitor", "NoopMonitor"]
+__all__ = [
+    "FRAMEWORKS",
+    "Config",
+    "GpuOptions",
+    "Identity",
+    "LoaderWrapper",
+    "Monitor",
+    "MonitorLike",
+    "NoopMonitor",
+    "derive_run_id",
+]

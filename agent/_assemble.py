@@ -3,11 +3,16 @@
 Phases partition the step's wall time ``[t0, end]``, where ``t0`` is the start of the loader wait
 that fed the step (or the step's own start without a wrapped loader):
 
-    data_wait   [fetch_begin, fetch_end]
-    compute     [forward start, last bucket ready]      (no DDP: up to optimizer start or step end)
-    comm_exposed[last bucket ready, min(last bucket done, optimizer start)]
+    data_wait   [fetch_begin, fetch_end] plus time inside ``mon.data()`` blocks (NULL when neither exists)
+    compute     [forward start, last bucket ready]      (no DDP: up to optimizer start or step end),
+                less the data fetches and blocking collectives that ran inside it
+    comm_exposed[last bucket ready, min(last bucket done, optimizer start)], plus the time the thread was
+                held in other collectives and barriers during the step (``comm_blocked_s`` on its own)
     optimizer   [optimizer pre-hook, post-hook]
     other       the rest (batch to device, loss bookkeeping, zero_grad, logging)
+
+Collectives outside DDP's buckets are also summed per (step, op, origin, group) into ``collectives``
+rows, as are the DDP buckets (origin ``ddp``), so that table holds every collective of the step.
 
 Bucket done callbacks arrive on the communication thread and may trail the step mark, so a step is
 finalised once all its buckets are done, or one drain after it was seen, or at close.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._monitor import EV_BUCKET_DONE, EV_BUCKET_READY, EV_STEP
+from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_COLLECTIVE, EV_STEP
 
 _NS = 1e-9
 
@@ -26,6 +31,7 @@ _NS = 1e-9
 class _Pending:
     raw: tuple | None = None
     buckets: dict = field(default_factory=dict)  # bucket index -> [bytes, ready_ns, done_ns, is_last]
+    collectives: list = field(default_factory=list)  # (op, origin, group, bytes, begin_ns, end_ns, blocked_ns)
     age: int = 0
 
 
@@ -36,6 +42,7 @@ class Assembler:
         self._wall_offset_ns = wall_offset_ns
         self._pending: dict[int, _Pending] = {}
         self.last_step = -1
+        self.grad_bytes: int | None = None  # what DDP all-reduces per step, when no comm hook times its buckets
 
     def add(self, event: tuple) -> None:
         """Feed one raw event from the hot path."""
@@ -52,16 +59,23 @@ class Assembler:
             _, step, index, done_ns = event
             b = self._pending.setdefault(step, _Pending()).buckets.setdefault(index, [0, 0, 0, False])
             b[2] = done_ns
+        elif tag == EV_COLLECTIVE:
+            self._pending.setdefault(event[1], _Pending()).collectives.append(event[2:])
 
-    def drain(self, final: bool = False) -> tuple[list[dict], list[dict]]:
-        """Return (step rows, bucket rows) for every step that is complete (or all, when final)."""
+    def drain(self, final: bool = False) -> tuple[list[dict], list[dict], list[dict]]:
+        """Return (step rows, bucket rows, collective rows) for every step that is complete (or all, when
+        final). Collectives issued between steps (an eval, a barrier before the loop) are written for the
+        step index they were issued under, even if that step never ran."""
         steps: list[dict] = []
         buckets: list[dict] = []
+        collectives: list[dict] = []
         for step in sorted(self._pending):
             p = self._pending[step]
             if p.raw is None:
-                # Buckets without a step mark: the step is still running; wait (or drop at close).
+                # Marks without a step mark: the step is still running; wait. At close its collectives
+                # still happened (e.g. a final barrier): keep those; lone bucket marks are dropped.
                 if final:
+                    collectives.extend(_collective_rows(step, p.collectives, (), None))
                     del self._pending[step]
                 continue
             complete = all(b[1] and b[2] for b in p.buckets.values())
@@ -71,15 +85,20 @@ class Assembler:
             row, brows = self._finish(p)
             steps.append(row)
             buckets.extend(brows)
+            collectives.extend(_collective_rows(step, p.collectives, p.buckets.values(), row["allreduce_s"]))
             del self._pending[step]
-        return steps, buckets
+        return steps, buckets, collectives
 
     def _finish(self, p: _Pending) -> tuple[dict, list[dict]]:
-        _, step, begin, end, fetch_b, fetch_e, fwd, opt_b, opt_e = p.raw
-        has_fetch = fetch_e > 0 and fetch_e <= begin
+        _, step, begin, end, fetch_b, fetch_e, fwd, opt_b, opt_e = p.raw[:9]
+        data_ns, pre_data_ns, pre_begin, data_in_compute = p.raw[9:]
+        has_fetch = fetch_e > 0 and fetch_b <= fetch_e <= begin
         t0 = fetch_b if has_fetch else begin
+        if 0 < pre_begin < t0:  # a mon.data() fetch before the step opened: the step starts there
+            t0 = pre_begin
         step_s = (end - t0) * _NS
-        data_wait = (fetch_e - fetch_b) * _NS if has_fetch else None
+        loader_ns = fetch_e - fetch_b if has_fetch else 0
+        data_wait = None if data_ns < 0 and not has_fetch else (loader_ns + pre_data_ns + max(0, data_ns)) * _NS
 
         ready = [b[1] for b in p.buckets.values() if b[1]]
         done = [b[2] for b in p.buckets.values() if b[2]]
@@ -94,10 +113,27 @@ class Assembler:
             compute_end = last_ready
         else:
             compute_end = boundary
+        # Time the thread was held by collectives / data fetches inside [t0, end]; those inside the compute
+        # span come out of compute (a metric all_reduce between forward and backward is not compute).
+        blocked = blocked_in_compute = 0
+        count = nbytes = 0
+        for _op, _origin, _group, size, c_begin, c_end, held in p.collectives:
+            if t0 <= c_end and c_begin <= end:
+                blocked += held
+                count += 1
+                nbytes += size
+                if compute_start is not None and compute_start <= c_begin and c_end <= compute_end:
+                    blocked_in_compute += held
         # Without a forward mark (no watch()), compute cannot be told apart from the rest of the step.
-        compute = max(0, compute_end - compute_start) * _NS if compute_start is not None else None
+        compute = None
+        if compute_start is not None:
+            compute_ns = max(0, compute_end - compute_start) - blocked_in_compute
+            compute_ns -= data_in_compute  # a prefetch after forward (nanoGPT-style) is data, not compute
+            compute = max(0, compute_ns) * _NS
+        comm_blocked = blocked * _NS if p.collectives or self.collectives_on else None
         optimizer = (opt_e - opt_b) * _NS if opt_b and begin <= opt_b <= opt_e <= end else None
-        named = sum(x for x in (data_wait, compute, exposed, optimizer) if x)
+        named = sum(x for x in (data_wait, compute, exposed, comm_blocked, optimizer) if x)
+        bucket_bytes = sum(b[0] for b in p.buckets.values()) if p.buckets else self.grad_bytes
         row = {
             "step": step,
             "time_ns": end + self._wall_offset_ns,
@@ -106,15 +142,19 @@ class Assembler:
             "h2d_s": None,
             "compute_s": compute,
             "comm_exposed_s": exposed,
+            "comm_blocked_s": comm_blocked,
+            "collectives": count if p.collectives or self.collectives_on else None,
+            "collective_bytes": nbytes if p.collectives or self.collectives_on else None,
             "allreduce_s": allreduce,
             "optimizer_s": optimizer,
             "other_s": max(0.0, step_s - named),
             "buckets": len(p.buckets) if p.buckets else None,
-            "bucket_bytes": sum(b[0] for b in p.buckets.values()) if p.buckets else None,
+            "bucket_bytes": bucket_bytes,
             "gpu_compute_s": None,
             "gpu_step_s": None,
             "gpu_gap_s": None,
             "gpu_comm_exposed_s": None,
+            "gpu_comm_blocked_s": None,
             "gpu_optimizer_s": None,
         }
         brows = [
@@ -129,3 +169,28 @@ class Assembler:
             for index, b in sorted(p.buckets.items())
         ]
         return row, brows
+
+    collectives_on = False
+    """Set when collective timing is installed: a step without any then reads 0, not unknown."""
+
+
+def _collective_rows(step: int, calls: list, buckets, allreduce_s) -> list[dict]:
+    """Sum one step's collectives per (op, origin, group); DDP's buckets make one ``ddp`` all_reduce row."""
+    sums: dict[tuple, list] = {}
+    for op, origin, group, size, _begin, _end, held in calls:
+        agg = sums.setdefault((op, origin, group), [0, 0, 0])
+        agg[0] += 1
+        agg[1] += size
+        agg[2] += held
+    rows = [
+        {"step": step, "op": op, "origin": origin, "process_group": group, "count": n, "bytes": size,
+         "blocked_s": held * _NS, "busy_s": None, "gpu_s": None}
+        for (op, origin, group), (n, size, held) in sums.items()
+    ]  # fmt: skip
+    buckets = list(buckets)
+    if buckets:
+        rows.append(
+            {"step": step, "op": "all_reduce", "origin": "ddp", "process_group": "default", "count": len(buckets),
+             "bytes": sum(b[0] for b in buckets), "blocked_s": None, "gpu_s": None, "busy_s": allreduce_s}
+        )  # fmt: skip
+    return rows

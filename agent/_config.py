@@ -3,12 +3,72 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, Union
 
 
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
+"""Who drives the training loop: plain PyTorch, a framework callback, or ``ranksight run``."""
+
+
+@dataclass
+class GpuOptions:
+    """What the agent samples on a GPU rank. Checked at ``init``: a misspelt key is an error there,
+    not a signal silently missing hours later."""
+
+    gpu_events: bool = True
+    """CUDA events around the step's phases (read later, never waited for)."""
+    nvml: bool = True
+    """NVML utilization and memory, about once a second, on the agent thread."""
+    allocator: bool = True
+    """CUDA caching-allocator statistics (fragmentation, retries)."""
+    allocator_every_s: float = 2.0
+    """Period of the allocator statistics."""
+    snapshot_every_s: float = 30.0
+    """Period of the allocator snapshot (largest free block; costs ~0.4 ms)."""
+    trace_window: bool = True
+    """A sampled kernel-level window (torch.profiler over a few steps, reduced off the training thread)."""
+    trace_steps: int = 2
+    """Steps each window traces."""
+    trace_every_steps: int = 300
+    """Steps between windows (and ``trace_every_s`` must also have passed)."""
+    trace_every_s: float = 60.0
+    """Seconds between windows (and ``trace_every_steps`` must also have passed)."""
+    trace_first_step: int = 50
+    """Step of the first window (after compilation and allocator warm-up)."""
+    trace_dir: Optional[str] = None
+    """A folder to also save each window's Chrome trace in."""
+
+    def __post_init__(self) -> None:
+        for name in ("allocator_every_s", "snapshot_every_s", "trace_every_s"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"ranksight: gpu option {name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("trace_steps", "trace_every_steps"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"ranksight: gpu option {name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.trace_first_step) < 0:
+            raise ValueError(f"ranksight: gpu option trace_first_step must be >= 0, got {self.trace_first_step!r}")
+
+    @classmethod
+    def from_value(cls, value: Union[GpuOptions, dict, None]) -> GpuOptions:
+        """Accept options as a ``GpuOptions`` or a dict of its fields; unknown keys raise ``ValueError``."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"ranksight: gpu options must be a GpuOptions or a dict, got {type(value).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(
+                f"ranksight: unknown gpu option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**value)
 
 
 @dataclass
@@ -30,7 +90,10 @@ class Config:
     50,000 step events hold ~21 MB (benchmarks/agent_memory.py) and cover ~5 s of 1 ms steps with 4 buckets
     each: several flush intervals."""
     comm_hook: bool = True
-    """Wrap DDP's all-reduce in a timing communication hook (per-bucket all-reduce time)."""
+    """On gloo, wrap DDP's all-reduce in a timing communication hook (per-bucket all-reduce time). Never on
+    NCCL, whose futures complete at enqueue: there the GPU's clock times the exposed all-reduce."""
+    time_collectives: bool = True
+    """Time every torch.distributed collective and barrier outside DDP's buckets (user, FSDP2, framework)."""
     compile_poll: bool = True
     """Poll torch._dynamo counters for graph breaks and recompiles (only once dynamo is imported)."""
     ddp_stats_every_steps: int = 200
@@ -41,10 +104,21 @@ class Config:
     """Interface the Prometheus endpoint binds to."""
     otlp_endpoint: Optional[str] = None
     """OTLP/HTTP endpoint for metrics; None turns OTLP off."""
+    framework: str = "plain"
+    """The training framework driving the loop (the integrations set it), so fixes speak its API."""
+    gpu: Any = field(default_factory=GpuOptions)
+    """GPU sampling options: a :class:`GpuOptions` or a dict of its fields (checked here)."""
     extra: dict = field(default_factory=dict)
-    """Free-form settings for optional parts (GPU sampling periods, ...)."""
+    """Older spelling of ``gpu`` (a dict of GPU options); merged into ``gpu`` and checked alike."""
 
     def __post_init__(self) -> None:
+        gpu = self.gpu
+        if self.extra:
+            base = {f.name: getattr(gpu, f.name) for f in fields(GpuOptions)} if isinstance(gpu, GpuOptions) else {}
+            gpu = {**base, **(gpu if isinstance(gpu, dict) else {}), **self.extra}
+        self.gpu = GpuOptions.from_value(gpu)
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"ranksight: framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if not isinstance(self.job, str) or not self.job:
             raise ValueError("ranksight: job must be a non-empty string")
         if self.flush_interval_s <= 0:
@@ -74,6 +148,10 @@ class Config:
         otlp = env.get("RANKSIGHT_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if otlp:
             values["otlp_endpoint"] = otlp
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in overrides if k not in known)
+        if unknown:
+            raise ValueError(f"ranksight: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         # Explicit arguments win over the environment, except the kill switch, which always wins.
         values.update({k: v for k, v in overrides.items() if v is not None})
         if _env_flag("RANKSIGHT_DISABLED"):

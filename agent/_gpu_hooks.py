@@ -13,6 +13,12 @@ GPU phases per step, on the stream the step ran on:
     gpu_comm_exposed_s  last bucket ready → its all-reduce done on the GPU: the all-reduce backward did not
                         hide. With NCCL the host learns nothing here (its futures complete when the
                         collective is enqueued), so this is the only honest measure of exposed comm.
+                        On NCCL no per-bucket hook runs: the end of backward is marked by one
+                        post-accumulate-grad hook, and the all-reduce is done when the optimizer's
+                        first kernel can start (DDP makes the stream wait for it), so this reads
+                        end of backward → optimizer start.
+    gpu_comm_blocked_s  the time other collectives (metric all_reduce, barrier, FSDP2's on the compute
+                        stream) held the step's stream: CUDA events around each call.
     gpu_optimizer_s     optimizer step → step end
     gpu_step_s          step begin → step end
     gpu_gap_s      previous step's end → this step's begin: how long the GPU stream sat idle for the host
@@ -29,7 +35,9 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from ._monitor import EV_GPU, EV_INFO, Monitor
+from ._config import GpuOptions
+from ._events import EV_GPU, EV_INFO
+from ._monitor import Monitor
 
 log = logging.getLogger("ranksight")
 
@@ -108,6 +116,30 @@ class GpuMarks:
         if is_last:
             self._mark(step, "r")
 
+    def backward_done(self) -> None:
+        """End of backward (post-accumulate-grad hook of the gradient computed last); the latest one wins
+        under gradient accumulation."""
+        if self._m._in_step:
+            self._mark(self._m._step, "r")
+
+    def collective_begin(self) -> Optional[Any]:
+        """Before a collective call: an event on the current stream (None when events are off or used up)."""
+        if not self.events_on:
+            return None
+        ev = self._take()
+        if ev is not None:
+            ev.record()
+        return ev
+
+    def collective_end(self, step: int, begin: Any) -> None:
+        """After the call returned: the pair measures how long the call held the current stream."""
+        end = self._take()
+        if end is None:
+            self._pool.append(begin)
+            return
+        end.record()
+        self._append((EV_GPU, step, ("c", begin, end)))
+
     def bucket_done(self, step: int) -> None:
         """The last bucket's all-reduce callback: runs on a stream that waits for the collective (a CUDA
         future's callbacks do), so this event completes when the all-reduce has on the GPU."""
@@ -150,6 +182,9 @@ class GpuResolver:
             if payload[0] == "w":
                 self.windows.append(payload)
                 continue
+            if payload[0] == "c":
+                pending.setdefault(step, {}).setdefault("c", []).append(payload[1:])
+                continue
             slot = pending.setdefault(step, {})
             old = slot.get(payload[0])
             if old is not None:  # e.g. several "last" buckets: keep the latest mark
@@ -171,17 +206,22 @@ class GpuResolver:
             if marks:
                 self._fill(row, marks)
                 self._keep_end(row["step"], marks)
-                self._marks.release(marks.values())
+                self._release(marks)
             ready.append(row)
         # Marks whose step row was already written (or will never be) are dropped, not kept forever.
         newest = max((r["step"] for r in ready), default=None)
         if final or newest is not None:
             for step in [s for s in pending if final or s <= newest]:
-                self._marks.release(pending.pop(step).values())
+                self._release(pending.pop(step))
         if final and self._prev_end is not None:
             self._marks.release([self._prev_end[1]])
             self._prev_end = None
         return ready
+
+    def _release(self, marks: dict) -> None:
+        pairs = marks.pop("c", ())
+        self._marks.release([ev for pair in pairs for ev in pair])
+        self._marks.release(marks.values())
 
     def salvage(self, step_rows: list[dict]) -> list[dict]:
         """After a failure: every row this flush brought or the resolver held, in step order, once."""
@@ -213,9 +253,14 @@ class GpuResolver:
             end = r or o or e
             if end.query():
                 row["gpu_compute_s"] = max(0.0, f.elapsed_time(end) * 1e-3)
-        if r is not None and d is not None and r.query() and d.query():
+        done = d if d is not None else o  # no per-bucket hook (NCCL): the optimizer starts once it is done
+        if r is not None and done is not None and r.query() and done.query():
             # Capped at the step's end: a collective still running then belongs to no phase of this step.
-            row["gpu_comm_exposed_s"] = min(max(0.0, r.elapsed_time(d)), max(0.0, r.elapsed_time(e))) * 1e-3
+            row["gpu_comm_exposed_s"] = min(max(0.0, r.elapsed_time(done)), max(0.0, r.elapsed_time(e))) * 1e-3
+        pairs = marks.get("c")
+        if pairs:
+            held = [a.elapsed_time(z) for a, z in pairs if a.query() and z.query()]
+            row["gpu_comm_blocked_s"] = sum(max(0.0, x) for x in held) * 1e-3 if held else None
         if o is not None and o.query():
             row["gpu_optimizer_s"] = max(0.0, o.elapsed_time(e) * 1e-3)
         self.resolved_total += 1
@@ -244,59 +289,52 @@ def _device_of(model: Any, torch: Any) -> Optional[int]:
     return None
 
 
-def attach_gpu(monitor: Monitor, model: Any) -> None:
+def attach_gpu(monitor: Monitor, model: Any, backward_hook: bool = False) -> None:
     """Set up GPU marks, the resolver and the GPU samplers for a model that lives on a CUDA device.
 
-    Settings come from ``Config.extra`` (all optional): ``gpu_events`` (True), ``nvml`` (True),
-    ``allocator`` (True), ``allocator_every_s`` (2), ``snapshot_every_s`` (30), ``trace_window`` (True),
-    ``trace_every_steps`` (300) and ``trace_every_s`` (60) (both must pass between windows),
-    ``trace_steps`` (2), ``trace_first_step`` (50),
-    ``trace_dir`` (None: a folder to also save each window's Chrome trace in).
+    What is sampled comes from ``Config.gpu`` (:class:`~ranksight.agent.GpuOptions`). ``backward_hook``
+    marks the end of backward with one post-accumulate-grad hook (DDP on NCCL, where no per-bucket
+    hook runs).
     """
     import torch
 
-    extra = monitor.config.extra or {}
+    opts: GpuOptions = monitor.config.gpu
     device = _device_of(model, torch)
     if device is None:
         monitor._warn_once("gpu_model", "CUDA is available but the model has no CUDA parameters: GPU signals are off")
         return
-    worker = monitor._worker
     marks = GpuMarks(monitor, torch, device)
     resolver = GpuResolver(marks)
+    samplers: list = []
     try:  # what the memory rules compare the model's state with
         props = torch.cuda.get_device_properties(device)
         monitor._append((EV_INFO, "gpu_device", {"name": props.name, "total_memory_bytes": int(props.total_memory)}))
     except Exception as exc:
         monitor._warn_once("gpu_device", f"cannot read the GPU's properties ({exc})")
 
-    if extra.get("trace_window", True):
+    if opts.trace_window:
         from ._trace_window import TraceWindow
 
         marks.window = TraceWindow(
             monitor,
-            steps=int(extra.get("trace_steps", 2)),
-            every_steps=int(extra.get("trace_every_steps", 300)),
-            every_s=float(extra.get("trace_every_s", 60.0)),
-            first_step=int(extra.get("trace_first_step", 50)),
-            trace_dir=extra.get("trace_dir"),
+            steps=opts.trace_steps,
+            every_steps=opts.trace_every_steps,
+            every_s=opts.trace_every_s,
+            first_step=opts.trace_first_step,
+            trace_dir=opts.trace_dir,
         )
-        worker.samplers.append(TraceSampler(resolver, marks.window))
-    if extra.get("nvml", True):
+        samplers.append(TraceSampler(resolver, marks.window))
+    if opts.nvml:
         from ._nvml import NvmlSampler
 
-        worker.samplers.append(NvmlSampler(monitor, device))
-    if extra.get("allocator", True):
+        samplers.append(NvmlSampler(monitor, device))
+    if opts.allocator:
         from ._allocator import AllocatorSampler
 
-        worker.samplers.append(
-            AllocatorSampler(
-                monitor,
-                device,
-                every_s=float(extra.get("allocator_every_s", 2.0)),
-                snapshot_every_s=float(extra.get("snapshot_every_s", 30.0)),
-            )
+        samplers.append(
+            AllocatorSampler(monitor, device, every_s=opts.allocator_every_s, snapshot_every_s=opts.snapshot_every_s)
         )
-    if extra.get("gpu_events", True):
+    if opts.gpu_events:
         fwd = marks.forward
 
         def on_forward(module, args):
@@ -320,7 +358,26 @@ def attach_gpu(monitor: Monitor, model: Any) -> None:
             monitor._hook_handles.append(register_optimizer_step_pre_hook(on_optimizer))
         except ImportError:
             pass
+        if backward_hook:
+            _hook_backward_end(monitor, model, marks)
     else:
         marks.events_on = False
-    worker.gpu_resolver = resolver
-    monitor._gpu = marks
+    monitor._wire_gpu(marks, resolver, samplers)
+
+
+def _hook_backward_end(monitor: Monitor, model: Any, marks: GpuMarks) -> None:
+    """Mark the end of backward with the gradient computed last: the first trainable parameter's (the
+    layers nearest the input finish backward last)."""
+    param = next((p for p in model.parameters() if p.requires_grad), None)
+    if param is None or not hasattr(param, "register_post_accumulate_grad_hook"):
+        monitor._warn_once("backward_mark", "cannot mark the end of backward (torch < 2.1?): exposed all-reduce is off")
+        return
+    done = marks.backward_done
+
+    def on_grad(tensor):
+        try:
+            done()
+        except Exception as exc:
+            monitor._fail("backward_mark", exc)
+
+    monitor._hook_handles.append(param.register_post_accumulate_grad_hook(on_grad))

@@ -116,3 +116,36 @@ def resolve(job: str, run_id: str | None) -> Identity:
         pid=os.getpid(),
         node_rank=node_rank,
     )
+
+
+class IdentityHolder:
+    """This rank's identity, fixed once the launcher or the process group says it for sure.
+
+    Before ``torch.distributed`` is initialised a rank may not know who it is (a plain
+    ``python train.py`` that calls ``init_process_group`` later): the agent thread asks again at each
+    flush, and writes nothing under a guessed identity unless it must (steps recorded, or closing).
+    """
+
+    def __init__(self, job: str, run_id: str | None) -> None:
+        self._job = job
+        self._run_id = run_id
+        self._identity: Identity | None = None
+        self.settled = False
+
+    def settle(self, force: bool = False) -> bool:
+        """Resolve the identity if it is known for sure (or ``force``); True once it is final."""
+        if self.settled:
+            return True
+        sure = is_settled()
+        if sure or force:
+            self._identity = resolve(self._job, self._run_id)
+            self.settled = sure or force
+        return self.settled
+
+    def get(self) -> Identity:
+        """The identity now (resolved on first use; final once :meth:`settle` says so)."""
+        if self._identity is None or not self.settled:
+            sure = is_settled()
+            self._identity = resolve(self._job, self._run_id)
+            self.settled = sure
+        return self._identity

@@ -14,19 +14,15 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from . import _exit_watch
 from ._config import Config
-from ._identity import Identity, is_settled, resolve
+from ._events import EV_INFO, EV_STEP
+from ._identity import Identity, IdentityHolder
+from ._report import Reporter
 
 log = logging.getLogger("ranksight")
-
-# Tags of the raw events the hot path appends; the worker decodes them.
-EV_STEP = "S"  # (tag, step, begin_ns, end_ns, fetch_begin_ns, fetch_end_ns, fwd_ns, opt_begin_ns, opt_end_ns)
-EV_BUCKET_READY = "B"  # (tag, step, bucket, bytes, ready_ns, is_last)
-EV_BUCKET_DONE = "D"  # (tag, step, bucket, done_ns)
-EV_INFO = "I"  # (tag, name, payload): rare structured facts (DDP config, model size, ...)
-EV_GPU = "G"  # (tag, step, payload): GPU-side marks, resolved later by the GPU sampler
 
 
 def _is_compiling_fn():
@@ -77,6 +73,9 @@ class _StepContext:
                 m._in_step = False
                 fb, fe = m._fetch_begin_ns, m._fetch_end_ns
                 m._fetch_begin_ns = m._fetch_end_ns = 0
+                data_ns = m._data_ns if m._data_measured else -1
+                pre_ns, pre_begin, in_compute = m._pre_data_ns, m._pre_data_begin_ns, m._data_in_compute_ns
+                m._data_ns = m._pre_data_ns = m._pre_data_begin_ns = m._data_in_compute_ns = 0
                 step = m._step
                 if m._gpu is not None:
                     try:
@@ -84,7 +83,10 @@ class _StepContext:
                     except Exception as exc:
                         m._gpu = None
                         m._fail("gpu", exc)
-                m._append((EV_STEP, step, m._step_begin_ns, end, fb, fe, m._fwd_ns, m._opt_begin_ns, m._opt_end_ns))
+                m._append(
+                    (EV_STEP, step, m._step_begin_ns, end, fb, fe, m._fwd_ns, m._opt_begin_ns, m._opt_end_ns, data_ns,
+                     pre_ns, pre_begin, in_compute)
+                )  # fmt: skip
                 m._produced += 1
                 m._step = step + 1
                 # DDP samples its runtime stats on its first iterations and then every 100: step 10 is the
@@ -94,6 +96,45 @@ class _StepContext:
             except Exception as exc:
                 m._fail("step", exc)
         return False  # the user's exception, if any, goes on
+
+
+class _DataContext:
+    """The reusable context manager that ``Monitor.data()`` returns: time inside it is data wait.
+
+    Inside a step it adds to that step's data wait; before a step opens (a fetch at the top of the
+    loop) it also moves the step's start back to the fetch, as a wrapped loader's wait does.
+    """
+
+    __slots__ = ("_m", "_begin_ns")
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._m = monitor
+        self._begin_ns = 0
+
+    def __enter__(self) -> _DataContext:
+        m = self._m
+        if m._active:
+            self._begin_ns = m._clock()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        m = self._m
+        begin = self._begin_ns
+        if begin and m._active:
+            self._begin_ns = 0
+            if not m._data_measured:
+                m._data_measured = True
+                m._append((EV_INFO, "data_source", "marks"))
+            if m._in_step:
+                elapsed = m._clock() - begin
+                m._data_ns += elapsed
+                if m._fwd_ns and not m._opt_begin_ns:  # a prefetch between forward and optimizer
+                    m._data_in_compute_ns += elapsed
+            else:
+                m._pre_data_ns += m._clock() - begin
+                if not m._pre_data_begin_ns:
+                    m._pre_data_begin_ns = begin
+        return False
 
 
 class LoaderWrapper:
@@ -110,6 +151,11 @@ class LoaderWrapper:
     def __iter__(self) -> Iterator:
         m = self._monitor
         clock = m._clock
+        m._data_measured = True
+        if not m._loader_described:
+            m._loader_described = True
+            m._append((EV_INFO, "loader", describe_loader(self._loader)))
+            m._append((EV_INFO, "data_source", "loader"))
         it = iter(self._loader)
         while True:
             begin = clock()
@@ -126,6 +172,37 @@ class LoaderWrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
+
+
+def describe_loader(loader: Any) -> dict:
+    """The DataLoader settings a fix is fitted to (None for what this loader does not have)."""
+    facts: dict = {"class": type(loader).__name__}
+    for name in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size"):
+        value = getattr(loader, name, None)
+        facts[name] = value if isinstance(value, (bool, int, float, str)) or value is None else str(value)
+    return facts
+
+
+def _host_facts(config: Config) -> dict:
+    """Cores this rank may use and what shares them: the numbers the oversubscription check reads."""
+    facts: dict = {"cpu_count": os.cpu_count()}
+    try:
+        facts["cpus_allowed"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        facts["cpus_allowed"] = os.cpu_count()
+    local_ws = os.environ.get("LOCAL_WORLD_SIZE", "")
+    facts["local_world_size"] = int(local_ws) if local_ws.isdigit() else None
+    torch = sys.modules.get("torch")
+    try:
+        facts["torch_threads"] = torch.get_num_threads() if torch is not None else None
+    except Exception:
+        facts["torch_threads"] = None
+    facts["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    try:
+        facts["load_avg_1m"] = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        facts["load_avg_1m"] = None
+    return facts
 
 
 class Monitor:
@@ -146,6 +223,12 @@ class Monitor:
         self._step_begin_ns = 0
         self._fetch_begin_ns = 0
         self._fetch_end_ns = 0
+        self._data_ns = 0  # time inside mon.data() blocks in the open step
+        self._pre_data_ns = 0  # time inside mon.data() blocks between the last step and this one
+        self._pre_data_begin_ns = 0  # start of the first of those
+        self._data_in_compute_ns = 0  # the part of _data_ns between the first forward and the optimizer
+        self._data_measured = False  # a wrapped loader or a mon.data() block was seen: data wait is known
+        self._loader_described = False
         self._fwd_ns = 0
         self._opt_begin_ns = 0
         self._opt_end_ns = 0
@@ -154,15 +237,32 @@ class Monitor:
         self._ddp_stats_every = max(1, config.ddp_stats_every_steps)
         self._is_compiling = _is_compiling_fn()
         self._step_ctx = _StepContext(self)
+        self._data_ctx = _DataContext(self)
         self._hook_handles: list = []
-        self._identity: Optional[Identity] = None
-        self.errors: dict[str, int] = {}
-        self._reported: set[str] = set()
-        from ._worker import Worker
+        self._closers: list = []  # undo what watch() installed beyond hook handles (patched functions)
+        self._identity_holder = IdentityHolder(config.job, config.run_id)
+        self._reporter = Reporter(self._append, self._stop_recording)
+        self.errors = self._reporter.errors
+        self.exit_status: Optional[str] = None  # "crashed" / "terminated" once the process is going down so
+        from ._worker import Worker  # noqa: PLC0415 -- the thread is built last, from the parts above
 
-        self._worker = Worker(self)
+        self._worker = Worker(
+            config,
+            events=self._events,
+            produced=lambda: self._produced,
+            steps=lambda: self._step,
+            identity=self._identity_holder,
+            reporter=self._reporter,
+            wall_offset_ns=self._wall_offset_ns,
+            status=lambda: self.exit_status,
+        )
+        self._append((EV_INFO, "host", _host_facts(config)))
+        self._append((EV_INFO, "framework", config.framework))
+        self._collectives_on = False
+        self._time_collectives()
         self._worker.start()
         atexit.register(self.close)
+        _exit_watch.install(self)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork_in_child)
 
@@ -175,6 +275,7 @@ class Monitor:
         """Open a step from a framework callback; ``waited_since_ns`` (perf_counter_ns) starts its data wait."""
         if waited_since_ns and self._active:
             self._fetch_begin_ns, self._fetch_end_ns = waited_since_ns, self._clock()
+            self._data_measured = True
         self._step_ctx.__enter__()
 
     def step_end(self) -> None:
@@ -184,6 +285,29 @@ class Monitor:
     def loader(self, iterable: Iterable) -> LoaderWrapper:
         """Wrap a data loader so the time blocked waiting for each batch is measured."""
         return LoaderWrapper(self, iterable)
+
+    def data(self) -> _DataContext:
+        """Mark a data fetch that is not a loader: ``with mon.data(): x, y = get_batch()``.
+
+        Use it before the step or inside it (a prefetch after forward); the time counts as data wait.
+        A rank that neither wraps a loader nor marks fetches reports its data wait as not measured.
+        """
+        return self._data_ctx
+
+    def note_data_source(self, source: str) -> None:
+        """Say how this rank's input is measured (``"framework"`` for an integration that times its loop's
+        fetches): data wait then reads 0 for a step that waited for nothing, not "not measured"."""
+        self._data_measured = True
+        self._append((EV_INFO, "data_source", source))
+
+    def report_failure(self, component: str, exc: BaseException) -> None:
+        """For integrations: a part of theirs failed; count it and report it once (never raises)."""
+        self._reporter.count(component, exc)
+
+    def add_sampler(self, sampler: Callable[[], list]) -> None:
+        """Run ``sampler()`` on the agent thread at every flush; it returns ``samples`` rows
+        (``{"time_ns", "step", "name", "value"}``). A sampler that raises is counted and removed."""
+        self._worker.add_sampler(sampler)
 
     # Marks for framework callbacks that cannot wrap the loop in ``mon.step()`` or hook the optimizer
     # themselves (what ranksight.integrations use). Each is a clock read and an integer store.
@@ -230,36 +354,35 @@ class Monitor:
             self._fail("watch", exc)
         return self
 
-    def close(self) -> None:
-        """Flush what is pending to the spool and stop the agent thread; also runs at exit."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush what is pending to the spool and stop the agent thread; also runs at exit.
+
+        ``timeout_s`` bounds the wait for the final flush (a signal handler passes a short one)."""
         if self._closed:
             return
         self._closed = True
         self._active = False
-        for handle in self._hook_handles:
+        for handle in [*self._hook_handles, *self._closers]:
             try:
                 handle.remove()
-            except Exception:
-                pass
+            except Exception as exc:  # a hook torch already dropped (its module is gone): nothing to undo
+                log.debug("ranksight: removing a hook failed: %s", exc)
         self._hook_handles.clear()
+        self._closers.clear()
         window = getattr(self._gpu, "window", None)
         if window is not None:  # never leave a sampled profiler window running after close
             window.abort()
         try:
-            self._worker.stop()
+            self._worker.stop(timeout_s)
         except Exception as exc:
             log.warning("ranksight: final flush failed: %s", exc)
-        try:
-            atexit.unregister(self.close)
-        except Exception:
-            pass
+        atexit.unregister(self.close)
+        _exit_watch.forget(self)
 
     @property
     def identity(self) -> Identity:
         """This rank's identity (job, run, node, rank, ...), resolved on first use."""
-        if self._identity is None or not self._identity_settled:
-            self._settle_identity(force=True)
-        return self._identity  # type: ignore[return-value]
+        return self._identity_holder.get()
 
     @property
     def run_path(self) -> str:
@@ -277,38 +400,38 @@ class Monitor:
         return self._step
 
     # ---------------------------------------------------------------- internals
-    _identity_settled = False
+    def _wire_gpu(self, marks: Any, resolver: Any, samplers: list) -> None:
+        """Install the GPU parts ``attach_gpu`` built: marks on the hot path, resolver and samplers on the
+        agent thread. The one place GPU parts meet the monitor."""
+        for sampler in samplers:
+            self._worker.add_sampler(sampler)
+        self._worker.gpu_resolver = resolver
+        self._gpu = marks
 
-    def _settle_identity(self, force: bool = False) -> bool:
-        """Fix rank, node and run id once the launcher or process group tells them for sure."""
-        if self._identity_settled:
-            return True
-        settled = is_settled()
-        if settled or force:
-            self._identity = resolve(self.config.job, self.config.run_id)
-            self._identity_settled = settled
-        return settled
+    def _time_collectives(self) -> None:
+        """Time torch.distributed's collectives for this monitor (once torch is imported; idempotent)."""
+        if self._collectives_on or "torch" not in sys.modules or not self.config.time_collectives:
+            return
+        from . import _collectives
+
+        try:
+            if _collectives.install(self):
+                self._collectives_on = True
+                self._closers.append(_collectives.handle(self))
+                self._worker.collectives_timed()
+        except Exception as exc:
+            self._fail("collectives", exc)
+
+    def _stop_recording(self) -> None:
+        self._active = False
 
     def _fail(self, component: str, exc: BaseException) -> None:
         """Count an agent error, report it once per component, and keep training going."""
-        self.errors[component] = self.errors.get(component, 0) + 1
-        if component not in self._reported:
-            self._reported.add(component)
-            log.warning("ranksight: %s failed and is switched off (%s: %s)", component, type(exc).__name__, exc)
-            try:
-                self._append((EV_INFO, "error", (component, f"{type(exc).__name__}: {exc}")))
-            except Exception:
-                pass
-        if component == "step":
-            self._active = False
+        self._reporter.fail(component, exc)
 
     def _warn_once(self, key: str, message: str) -> None:
         """Log a degradation warning once and keep it as an event record."""
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        log.warning("ranksight: %s", message)
-        self._append((EV_INFO, "warning", (key, message)))
+        self._reporter.warn_once(key, message)
 
     def _after_fork_in_child(self) -> None:
         # A forked child (e.g. a DataLoader worker) has no agent thread and must not write the spool.

@@ -42,6 +42,28 @@ class NoopMonitor:
     def loader(self, iterable: Iterable) -> Iterable:
         return iterable
 
+    def data(self) -> _NullStep:
+        return _NULL_STEP
+
+    def note_data_source(self, source: str) -> None:
+        return None
+
+    def add_sampler(self, sampler: Any) -> None:
+        return None
+
+    def report_failure(self, component: str, exc: BaseException) -> None:
+        return None
+
+    @property
+    def identity(self) -> None:
+        """No identity: nothing is recorded."""
+        return None
+
+    @property
+    def run_path(self) -> None:
+        """No run folder: nothing is written."""
+        return None
+
     now_ns = staticmethod(time.perf_counter_ns)
     in_step = False
 

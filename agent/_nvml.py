@@ -94,8 +94,8 @@ class NvmlSampler:
         try:
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             rows.append({"time_ns": now, "step": step, "name": "gpu_memory_used_bytes", "value": float(mem.used)})
-        except Exception:
-            pass
+        except Exception as exc:  # utilization still comes; the memory figure is counted as missing
+            self._m._reporter.count("nvml_memory", exc)
         return rows
 
     def _utilization_rows(self, nv: Any, h: Any, now: int, step: int) -> list[dict]:

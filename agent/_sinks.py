@@ -8,41 +8,37 @@ skipped with one warning; training is never affected.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
+from ._config import Config
+from ._identity import Identity
+from ._report import Reporter
 from ._rollup import Rollup
-
-if TYPE_CHECKING:
-    from ._monitor import Monitor
 
 
 class RollupFeeder:
     """Folds each flush's rows (and the agent's health counters) into the shared rollup."""
 
-    def __init__(self, rollup: Rollup, monitor: Monitor) -> None:
+    def __init__(self, rollup: Rollup, reporter: Reporter, dropped: Callable[[], int]) -> None:
         self.rollup = rollup
-        self._m = monitor
+        self._reporter = reporter
+        self._dropped = dropped
 
     def write(self, kind: str, rows: list[dict]) -> None:
         """Update the rollup with one kind's rows."""
         self.rollup.update(kind, rows)
-        worker = getattr(self._m, "_worker", None)
-        self.rollup.set_agent_counters(
-            sum(list(self._m.errors.values())), getattr(worker, "records_dropped_total", 0) or 0
-        )
+        self.rollup.set_agent_counters(self._reporter.errors_total, self._dropped() or 0)
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def make_sinks(m: Monitor) -> list:
-    """Return the sinks configured for this monitor (none by default: the spool is always on)."""
-    cfg = m.config
+def make_sinks(cfg: Config, identity: Identity, reporter: Reporter, dropped: Callable[[], int]) -> list:
+    """Return the sinks configured for this rank (none by default: the spool is always on)."""
     if cfg.prometheus_port is None and not cfg.otlp_endpoint:
         return []
     rollup = Rollup()
     sinks: list = []
-    identity = m.identity
     if cfg.prometheus_port is not None:
         base = int(cfg.prometheus_port)
         port = 0 if base == 0 else base + identity.local_rank
@@ -51,25 +47,25 @@ def make_sinks(m: Monitor) -> list:
 
             sinks.append(PrometheusSink(rollup, identity, cfg.prometheus_host, port, cfg.run_dir))
         except OSError as exc:
-            m._warn_once(
+            reporter.warn_once(
                 "prometheus",
                 f"cannot serve Prometheus metrics on {cfg.prometheus_host}:{port} ({exc}); "
                 "the endpoint is off for this rank, training goes on",
             )
         except ImportError as exc:
-            m._warn_once("prometheus", f"prometheus-client is not installed ({exc}); the endpoint is off")
+            reporter.warn_once("prometheus", f"prometheus-client is not installed ({exc}); the endpoint is off")
     if cfg.otlp_endpoint:
         try:
             from ._otlp import OtlpSink
 
             sinks.append(OtlpSink(rollup, identity, cfg.otlp_endpoint, cfg.flush_interval_s))
         except ImportError as exc:
-            m._warn_once(
+            reporter.warn_once(
                 "otlp",
                 f"OTLP export needs `pip install ranksight[otlp]` ({exc.name or exc}); metrics are not sent over OTLP",
             )
         except Exception as exc:  # bad URL and such: degrade, never fail the job
-            m._warn_once("otlp", f"cannot start the OTLP exporter for {cfg.otlp_endpoint!r} ({exc}); OTLP is off")
+            reporter.warn_once("otlp", f"cannot start the OTLP exporter for {cfg.otlp_endpoint!r} ({exc}); OTLP is off")
     if not sinks:
         return []
-    return [RollupFeeder(rollup, m), *sinks]
+    return [RollupFeeder(rollup, reporter, dropped), *sinks]

@@ -64,7 +64,7 @@ class Ev(NamedTuple):
     corr: int  # correlation id linking a runtime call to the GPU activity it launched (0 if none)
 
 
-_CHROME_KIND = {
+ACTIVITY_KIND = {  # profiler category (Kineto activity type / Chrome "cat") -> Ev kind
     "cpu_op": "op",
     "cuda_runtime": "rt",
     "cuda_driver": "rt",
@@ -81,7 +81,7 @@ def events_from_chrome(trace: dict) -> list[Ev]:
     for e in trace.get("traceEvents", ()):
         if e.get("ph") != "X":
             continue
-        kind = _CHROME_KIND.get(e.get("cat", ""))
+        kind = ACTIVITY_KIND.get(e.get("cat", ""))
         if kind is None:
             continue
         start = int(round(float(e["ts"]) * 1000))

@@ -16,20 +16,10 @@ import os
 import time
 from typing import Any, Optional
 
-from ._monitor import EV_GPU, EV_INFO
-from ._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev, reduce_window
+from ._events import EV_GPU, EV_INFO
+from ._trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
 
 log = logging.getLogger("ranksight")
-
-_KIND = {
-    "cpu_op": "op",
-    "cuda_runtime": "rt",
-    "cuda_driver": "rt",
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy",
-    "gpu_memset": "memset",
-    "user_annotation": "ann",
-}
 
 
 def _kind_without_activity_type(e: Any, cpu: Any) -> Optional[str]:
@@ -58,7 +48,7 @@ def events_from_kineto(result: Any, use_activity_type: bool = True) -> list[Ev]:
     out = []
     for e in result.events():
         if use_activity_type and hasattr(e, "activity_type"):
-            kind = _KIND.get(e.activity_type())
+            kind = ACTIVITY_KIND.get(e.activity_type())
         else:
             kind = _kind_without_activity_type(e, DeviceType.CPU)
         if kind is None:
@@ -223,8 +213,8 @@ class TraceWindow:
                 if warming:  # prepared only: start it so that it can be stopped (as torch.profiler does)
                     _enable_profiler(self._config, self._activities)
                 _disable_profiler()
-            except Exception:
-                pass
+            except Exception as exc:  # counted: a profiler left running would slow every later step
+                self._m._reporter.count("trace_window_stop", exc)
             self._record = None
 
     # ------------------------------------------------------------ agent thread

@@ -8,6 +8,7 @@ agent happens here, never on the training thread.
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import sys
 import threading
@@ -19,43 +20,83 @@ from ranksight.schema import SCHEMA_VERSION
 
 from ._assemble import Assembler
 from ._compile import CompilePoller
-from ._monitor import EV_GPU, EV_INFO, EV_STEP, Monitor
+from ._config import Config
+from ._events import EV_GPU, EV_INFO, STEP_MARKS
+from ._identity import IdentityHolder
+from ._report import Reporter
 
 if TYPE_CHECKING:
+    from collections import deque
+
     from ._gpu_hooks import GpuResolver
 
 log = logging.getLogger("ranksight")
 
 # Only step marks are counted for drop accounting: they are appended by the training thread alone,
 # so the producer's counter needs no lock (bucket marks come from autograd / communication threads).
-_COUNTED = (EV_STEP,)
+_COUNTED = STEP_MARKS
+_KINDS = ("steps", "buckets", "collectives", "compile", "samples", "events")
 
 
 class Worker(threading.Thread):
     """Daemon thread that turns marks into rows every ``flush_interval_s`` and at close."""
 
-    def __init__(self, monitor: Monitor) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        events: deque,
+        produced: Callable[[], int],
+        steps: Callable[[], int],
+        identity: IdentityHolder,
+        reporter: Reporter,
+        wall_offset_ns: int,
+        status: Callable[[], Optional[str]],
+    ) -> None:
         super().__init__(name="ranksight-agent", daemon=True)
-        self.m = monitor
+        self.config = config
+        self._events = events
+        self._produced = produced
+        self._steps = steps
+        self._identity = identity
+        self.reporter = reporter
+        self._exit_status = status
         self._stop_event = threading.Event()
-        self._assembler = Assembler(monitor._wall_offset_ns)
-        self._compile = CompilePoller() if monitor.config.compile_poll else None
+        self._assembler = Assembler(wall_offset_ns)
+        self._compile = CompilePoller() if config.compile_poll else None
         self._consumed = 0
         self.records_dropped_total = 0
         self.sinks: list = []  # objects with write(kind, rows) and close(); see _make_sinks
         self.samplers: list[Callable[[], list[dict]]] = []  # agent-thread samplers returning sample rows
         self.gpu_resolver: Optional[GpuResolver] = None  # set by attach_gpu on a GPU rank
         self._backlog: dict[str, list[dict]] = {}
+        self._late_gpu_marks: list = []
         self._spool = None
-        self._spool_failed = False
+        self._sinks_made = False
         self._started_ns = time.time_ns()
         self._info: dict = {}
         self._finished = False
         self._flush_lock = threading.Lock()  # agent thread vs close() on a dead thread; never the hot path
 
     # ------------------------------------------------------------ thread
+    def collectives_timed(self) -> None:
+        """Collective timing is on: a step without collectives reads 0 blocked time, not unknown."""
+        self._assembler.collectives_on = True
+
+    def add_sampler(self, sampler: Callable[[], list[dict]]) -> None:
+        """Register an agent-thread sampler (see ``Monitor.add_sampler``)."""
+        self.samplers.append(sampler)
+
+    @property
+    def identity(self):
+        return self._identity.get()
+
+    @property
+    def run_path(self) -> str:
+        return os.path.join(self.config.run_dir, self._identity.get().run)
+
     def run(self) -> None:
-        interval = self.m.config.flush_interval_s
+        interval = self.config.flush_interval_s
         while not self._stop_event.wait(interval):
             self._safe_flush(final=False)
         self._safe_flush(final=True)
@@ -65,40 +106,67 @@ class Worker(threading.Thread):
         self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout_s)
-        if not self._finished:  # thread never started or died: flush from here
-            self._safe_flush(final=True)
+        if not self._finished:  # thread never started, died, or is still flushing (bounded wait)
+            self._safe_flush(final=True, wait_s=timeout_s)
         for sink in self.sinks:
             try:
                 sink.close()
             except Exception as exc:
                 log.warning("ranksight: closing %s failed: %s", type(sink).__name__, exc)
 
-    def _safe_flush(self, final: bool) -> None:
+    def _safe_flush(self, final: bool, wait_s: float = -1) -> None:
+        if not self._flush_lock.acquire(timeout=wait_s):
+            self.reporter.warn_once("final_flush", f"the final flush did not get its turn within {wait_s:.1f} s")
+            return
         try:
-            with self._flush_lock:
-                if self._finished:
-                    return
-                self.flush(final)
-                if final:
-                    self._finished = True
+            if self._finished:
+                return
+            self.flush(final)
+            if final:
+                self._finished = True
         except Exception as exc:
-            self.m._fail("agent_thread", exc)
+            self.reporter.fail("agent_thread", exc)
+        finally:
+            self._flush_lock.release()
 
     # ------------------------------------------------------------ flush
     def flush(self, final: bool) -> None:
         """Drain marks, build rows, write every sink, refresh this rank's metadata."""
-        m = self.m
-        if not m._settle_identity():
-            if not final and m._step == 0:
+        if not self._identity.settle():
+            if not final and self._steps() == 0:
                 return  # no process group yet and nothing recorded: wait to learn the rank
-            m._settle_identity(force=True)
-            m._identity_settled = True
-        if self._spool is None and not self._spool_failed:
+            self._identity.settle(force=True)
+        if self._spool is None:
             self._open_spool()
 
-        rows: dict[str, list[dict]] = {"steps": [], "buckets": [], "compile": [], "samples": [], "events": []}
+        rows: dict[str, list[dict]] = {kind: [] for kind in _KINDS}
+        gpu_marks = self._drain_events(rows)
+        steps, buckets, collectives = self._assembler.drain(final=final)
+        rows["buckets"], rows["collectives"] = buckets, collectives
+        rows["steps"] = self._resolve_gpu(gpu_marks, steps, final)
+        if self._compile is not None:
+            try:
+                for r in self._compile.poll():
+                    r["time_ns"], r["step"] = time.time_ns(), self._assembler.last_step
+                    rows["compile"].append(r)
+            except Exception as exc:
+                self.reporter.fail("compile_poll", exc)
+                self._compile = None
+        for sampler in list(self.samplers):
+            try:
+                rows["samples"].extend(sampler())
+            except Exception as exc:
+                self.reporter.fail(getattr(sampler, "__name__", "sampler"), exc)
+                self.samplers.remove(sampler)
+        # Facts and warnings reported while this flush ran (by the resolver, a sampler) go out with it.
+        self._drain_events(rows, info_only=True)
+        self._write(rows)
+        self._write_meta(final)
+
+    def _drain_events(self, rows: dict[str, list[dict]], info_only: bool = False) -> list:
+        """Move the hot path's events into the assembler / rows; return the GPU marks."""
         gpu_marks: list = []
-        events = m._events
+        events = self._events
         for _ in range(len(events)):
             try:
                 ev = events.popleft()
@@ -114,37 +182,28 @@ class Worker(threading.Thread):
             else:
                 self._assembler.add(ev)
         # What the bounded deque pushed out before we got to it.
-        dropped = m._produced - self._consumed - sum(1 for e in events if e[0] in _COUNTED)
+        dropped = self._produced() - self._consumed - sum(1 for e in list(events) if e[0] in _COUNTED)
         if dropped > self.records_dropped_total:
             self.records_dropped_total = dropped
+        if info_only and gpu_marks:
+            self._late_gpu_marks.extend(gpu_marks)
+            return []
+        if self._late_gpu_marks:
+            gpu_marks = self._late_gpu_marks + gpu_marks
+            self._late_gpu_marks = []
+        return gpu_marks
 
-        steps, buckets = self._assembler.drain(final=final)
-        rows["steps"], rows["buckets"] = steps, buckets
+    def _resolve_gpu(self, gpu_marks: list, steps: list[dict], final: bool) -> list[dict]:
         resolver = self.gpu_resolver
-        if resolver is not None:
-            try:
-                # Rows whose GPU events are not complete yet are held back by the resolver, not dropped.
-                rows["steps"] = resolver(gpu_marks, steps, final)
-            except Exception as exc:
-                m._fail("gpu_events", exc)
-                self.gpu_resolver = None  # off from now on; the rows it held go out as they are
-                rows["steps"] = resolver.salvage(steps)
-        if self._compile is not None:
-            try:
-                for r in self._compile.poll():
-                    r["time_ns"], r["step"] = time.time_ns(), self._assembler.last_step
-                    rows["compile"].append(r)
-            except Exception as exc:
-                m._fail("compile_poll", exc)
-        for sampler in list(self.samplers):
-            try:
-                rows["samples"].extend(sampler())
-            except Exception as exc:
-                m._fail(getattr(sampler, "__name__", "sampler"), exc)
-                self.samplers.remove(sampler)
-
-        self._write(rows)
-        self._write_meta(final)
+        if resolver is None:
+            return steps
+        try:
+            # Rows whose GPU events are not complete yet are held back by the resolver, not dropped.
+            return resolver(gpu_marks, steps, final)
+        except Exception as exc:
+            self.reporter.fail("gpu_events", exc)
+            self.gpu_resolver = None  # off from now on; the rows it held go out as they are
+            return resolver.salvage(steps)
 
     def _on_info(self, name: str, payload, rows: dict) -> None:
         if name in ("warning", "error", "info"):
@@ -154,24 +213,34 @@ class Worker(threading.Thread):
             )
         else:
             self._info[name] = payload
+            if name == "ddp" and not payload.get("comm_hook", True):
+                self._assembler.grad_bytes = payload.get("grad_bytes")
 
     def _open_spool(self) -> None:
+        """Open the spool, retried at every flush until it works (a run directory that becomes writable
+        later loses nothing the in-memory bound kept); the exporters start either way, once."""
         from ._spool import SpoolWriter
 
-        try:
-            self._spool = SpoolWriter(self.m.run_path, self.m.identity)
+        if not self._sinks_made:
+            self._sinks_made = True
             self._make_sinks()
+        try:
+            self._spool = SpoolWriter(self.run_path, self.identity)
         except Exception as exc:
-            self._spool_failed = True
-            self.m._warn_once(
-                "spool", f"cannot write the run directory {self.m.run_path!r} ({exc}); records are not spooled"
+            self.reporter.warn_once(
+                "spool",
+                f"cannot write the run directory {self.run_path!r} ({exc}); rows are kept in memory (bounded) "
+                "and the spool is retried at every flush",
             )
 
     def _make_sinks(self) -> None:
         """Start the optional exporters (Prometheus, OTLP) configured for this rank."""
         from ._sinks import make_sinks
 
-        self.sinks.extend(make_sinks(self.m))
+        try:
+            self.sinks.extend(make_sinks(self.config, self.identity, self.reporter, lambda: self.records_dropped_total))
+        except Exception as exc:
+            self.reporter.fail("exporters", exc)
 
     def _write(self, rows: dict[str, list[dict]]) -> None:
         for sink in self.sinks:
@@ -180,19 +249,22 @@ class Worker(threading.Thread):
                     try:
                         sink.write(kind, batch)
                     except Exception as exc:
-                        self.m._fail(type(sink).__name__, exc)
-        if self._spool is None:
-            return
-        limit = self.m.config.max_buffered_events
+                        self.reporter.fail(type(sink).__name__, exc)
+        limit = self.config.max_buffered_events
         for kind, batch in rows.items():
             pending = self._backlog.pop(kind, []) + batch
             if not pending:
                 continue
             try:
+                if self._spool is None:
+                    raise OSError("the run directory is not writable yet")
                 self._spool.write(kind, pending)
             except Exception as exc:
                 # Disk full, directory gone...: keep the rows (bounded) and try again next flush.
-                self.m._warn_once("spool_write", f"writing the spool failed ({exc}); retrying, rows kept in memory")
+                if self._spool is not None:
+                    self.reporter.warn_once(
+                        "spool_write", f"writing the spool failed ({exc}); retrying, rows kept in memory"
+                    )
                 if len(pending) > limit:
                     self.records_dropped_total += len(pending) - limit
                     pending = pending[-limit:]
@@ -201,25 +273,26 @@ class Worker(threading.Thread):
     def _write_meta(self, final: bool) -> None:
         if self._spool is None:
             return
-        m = self.m
+        identity = self.identity
+        errors = dict(self.reporter.errors)
         torch = sys.modules.get("torch")
         meta = {
             "schema_version": SCHEMA_VERSION,
             "ranksight_version": __version__,
-            **m.identity.labels(),
-            "node_rank": m.identity.node_rank,
-            "status": "finished" if final else "running",
+            **identity.labels(),
+            "node_rank": identity.node_rank,
+            "status": (self._exit_status() or "finished") if final else "running",
             "started_ns": self._started_ns,
             "heartbeat_ns": time.time_ns(),
-            "flush_interval_s": m.config.flush_interval_s,
-            "steps": m._step,
+            "flush_interval_s": self.config.flush_interval_s,
+            "steps": self._steps(),
             "torch_version": getattr(torch, "__version__", None),
             "python_version": platform.python_version(),
             "hostname": platform.node(),
             "argv": sys.argv[:20],
             "counters": {
-                "agent_errors_total": sum(m.errors.values()),
-                "agent_errors": dict(m.errors),
+                "agent_errors_total": sum(errors.values()),
+                "agent_errors": errors,
                 "records_dropped_total": self.records_dropped_total,
                 "graph_breaks_total": self._compile.graph_breaks_total if self._compile else 0,
                 "recompiles_total": self._compile.recompiles_total if self._compile else 0,
@@ -230,4 +303,4 @@ class Worker(threading.Thread):
         try:
             self._spool.write_meta(meta)
         except Exception as exc:
-            m._warn_once("meta_write", f"writing rank metadata failed ({exc})")
+            self.reporter.warn_once("meta_write", f"writing rank metadata failed ({exc})")

@@ -87,7 +87,7 @@ def bench(target_s: float, rounds: int, block: int, d: int, layers: int, t: int,
         run_dir=run_dir,
         job="gpu-overhead",
         run_id=f"overhead-{int(target_s * 1000)}ms",
-        extra=dict(trace_first_step=10**9, trace_every_steps=10**9, trace_every_s=10**9),  # windows only where forced
+        gpu=dict(trace_first_step=10**9, trace_every_steps=10**9, trace_every_s=10**9),  # windows only where forced
     )
     mon.watch(agent_model, optimizer=opt_a)
     window = mon._gpu.window if mon._gpu is not None else None

@@ -62,7 +62,7 @@ def run_scenario(name: str, args, out: str) -> dict:
         job="gpu-validate",
         run_id=f"val-{name}",
         flush_interval_s=0.5,
-        extra=dict(
+        gpu=dict(
             trace_first_step=args.window_at,
             trace_steps=2,
             trace_every_steps=10_000,
@@ -180,7 +180,7 @@ def nccl_single_rank(args, out: str) -> dict:
             job="gpu-validate",
             run_id="val-nccl1",
             flush_interval_s=0.5,
-            extra=dict(trace_first_step=args.window_at, trace_steps=2, trace_every_steps=10_000, trace_dir=trace_dir),
+            gpu=dict(trace_first_step=args.window_at, trace_steps=2, trace_every_steps=10_000, trace_dir=trace_dir),
         )
         mon.watch(model, optimizer=opt)
         for i in range(args.steps):
@@ -222,7 +222,7 @@ def _gloo_rank(rank: int, world: int, args, out: str) -> None:
         run_dir=os.path.join(out, "runs"),
         job="gpu-validate",
         flush_interval_s=0.5,
-        extra=dict(trace_first_step=10, trace_steps=2, trace_every_steps=10_000),
+        gpu=dict(trace_first_step=10, trace_steps=2, trace_every_steps=10_000),
     )
     mon.watch(model, optimizer=opt)
     extra = torch.randn(4096, 4096, device="cuda")

@@ -89,7 +89,7 @@ class _ZeroEdit:
             if user is not None and user.enabled:  # the script is instrumented already: step aside
                 self.off = True
                 return None
-            m = ranksight.init(comm_hook=os.environ.get(COMM_HOOK_ENV, "1") != "0")
+            m = ranksight.init(comm_hook=os.environ.get(COMM_HOOK_ENV, "1") != "0", framework="run")
         except Exception as exc:
             self.off = True
             log.warning("ranksight run: agent not started (%s: %s)", type(exc).__name__, exc)

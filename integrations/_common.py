@@ -8,15 +8,15 @@ The marks go through the monitor's public mark API (``step_begin``, ``optimizer_
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Callable, Optional
 
 
 def _disabled(init_kwargs: dict) -> bool:
-    from ranksight.agent._config import _env_flag
-
-    return init_kwargs.get("enabled") is False or _env_flag("RANKSIGHT_DISABLED")
+    flag = os.environ.get("RANKSIGHT_DISABLED", "").strip().lower() in ("1", "true", "yes", "on")
+    return init_kwargs.get("enabled") is False or flag
 
 
 def _live_group():
@@ -39,7 +39,7 @@ def _candidate_run_id(world_size: int) -> str:
     Under torchrun or SLURM the agent's own derivation is shared by all ranks. Elsewhere (Lightning's
     subprocess launcher, where rank 0 *is* the launcher) rank 0's own process is the job's launcher.
     """
-    from ranksight.agent._identity import derive_run_id
+    from ranksight.agent import derive_run_id
 
     env = os.environ
     if env.get("SLURM_JOB_ID") or "TORCHELASTIC_RUN_ID" in env:
@@ -67,17 +67,66 @@ def agree_run_id(broadcast: Optional[Callable[[Any], Any]] = None) -> Optional[s
     return box[0]
 
 
-def start_monitor(init_kwargs: dict, broadcast: Optional[Callable[[Any], Any]] = None):
+def start_monitor(init_kwargs: dict, broadcast: Optional[Callable[[Any], Any]] = None, framework: str = "plain"):
     """Start the agent for a framework run; a no-op monitor (and no collective) when disabled."""
     import ranksight
     from ranksight.agent import NoopMonitor
 
     if _disabled(init_kwargs):
         return NoopMonitor(None)
-    kwargs = dict(init_kwargs)
+    kwargs = {"framework": framework, **init_kwargs}
     if not kwargs.get("run_id"):
         kwargs["run_id"] = agree_run_id(broadcast)
     return ranksight.init(**kwargs)
+
+
+class LoaderFetchTimer:
+    """Time what a framework's loop spends inside DataLoader iterators' ``__next__``, and nothing else.
+
+    Frameworks fetch the batch inside their own loop (Lightning's prefetching fetcher, the Hugging Face
+    Trainer's epoch iterator) and do their own work between batches (logging, moving the batch,
+    callbacks). Timing the gap between two batches counted that work as data wait: a healthy Lightning
+    run whose ``__next__`` took 0.09 ms read 22 % input-bound. Instead, while armed, every
+    ``DataLoader`` iterator's ``__next__`` runs inside ``monitor.data()``. It is installed on the
+    iterator base class for the fit and removed at its end; disarmed (validation, evaluation), it is
+    one attribute read per batch.
+    """
+
+    def __init__(self, monitor: Any, training: Optional[Callable[[], bool]] = None) -> None:
+        self._m = monitor
+        self.armed = False
+        self._training = training  # e.g. ``lambda: model.training``: an eval loop between steps is not input
+        self._cls: Any = None
+        self._original: Any = None
+
+    def install(self) -> bool:
+        """Start timing; False when torch's DataLoader iterator cannot be found (nothing is timed)."""
+        try:
+            from torch.utils.data.dataloader import _BaseDataLoaderIter
+        except ImportError:
+            return False
+        if self._cls is not None:
+            return True
+        original = _BaseDataLoaderIter.__next__
+        timer = self
+
+        def timed_next(it):
+            if not timer.armed or (timer._training is not None and not timer._training()):
+                return original(it)
+            with timer._m.data():
+                return original(it)
+
+        self._cls, self._original = _BaseDataLoaderIter, original
+        _BaseDataLoaderIter.__next__ = timed_next
+        self._m.note_data_source("framework")
+        return True
+
+    def remove(self) -> None:
+        """Put torch's ``__next__`` back."""
+        if self._cls is not None:
+            self._cls.__next__ = self._original
+            self._cls = self._original = None
+        self.armed = False
 
 
 class ImplicitSteps:
@@ -122,6 +171,15 @@ class ImplicitSteps:
                 self._opened_by = None
 
 
+def _report(steps: Any, component: str, exc: Exception) -> None:
+    """Count and report (once) a failure of the step marks through the monitor, never raise."""
+    report = getattr(getattr(steps, "_m", None), "report_failure", None)
+    if callable(report):
+        report(component, exc)
+    else:
+        logging.getLogger("ranksight").warning("ranksight: %s failed: %s", component, exc)
+
+
 class TimedIterator:
     """An iterator that reports each batch's wait to :class:`ImplicitSteps`; other attributes pass through."""
 
@@ -142,13 +200,13 @@ class TimedIterator:
         except StopIteration:
             try:
                 self._steps.exhausted(self)
-            except Exception:
-                pass
+            except Exception as exc:  # the marks must never break the user's loop
+                _report(self._steps, "loader_marks", exc)
             raise
         try:
             self._steps.fetched(self, begin)
-        except Exception:
-            pass
+        except Exception as exc:
+            _report(self._steps, "loader_marks", exc)
         return item
 
     def __len__(self) -> int:

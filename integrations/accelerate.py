@@ -46,7 +46,7 @@ class AccelerateTracker:
 
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, **init_kwargs: Any) -> None:
         self.accelerator = accelerator
-        self.monitor = start_monitor(init_kwargs)
+        self.monitor = start_monitor(init_kwargs, framework="accelerate")
         """The agent's monitor (a no-op monitor when disabled)."""
         self._steps: Optional[ImplicitSteps] = None
         self._handles: list = []

@@ -3,9 +3,9 @@
 The callback drives the same per-rank agent as ``ranksight.init()``, through Lightning's public hooks:
 
 - a step runs from ``on_train_batch_start`` to ``on_train_batch_end``;
-- data wait is the time from the previous batch's end (or the epoch's start, or the end of a
-  validation run) to the next batch's start: Lightning fetches the batch, and moves it to the
-  device, in that gap;
+- data wait is the time spent inside the training DataLoader's ``__next__`` between two training
+  batches (Lightning's fetcher calls it there), not the whole gap: Lightning's own work between
+  batches (logging, moving the batch, callbacks) is not data wait;
 - the optimizer phase runs from ``on_before_optimizer_step`` (after Lightning's closure has run
   forward and backward) to the optimizer's own step post-hook;
 - the strategy's model (``DistributedDataParallel`` under ``strategy="ddp"``) gets the agent's forward
@@ -28,7 +28,7 @@ except ImportError:  # the standalone package name
             "ranksight.integrations.lightning needs Lightning: pip install 'ranksight[lightning]'"
         ) from None
 
-from ._common import start_monitor
+from ._common import LoaderFetchTimer, start_monitor
 
 __all__ = ["RanksightCallback"]
 
@@ -48,14 +48,16 @@ class RanksightCallback(Callback):
         self.monitor: Any = None
         """The agent's monitor for the current fit (a no-op monitor when disabled), set in ``setup``."""
         self._m: Any = None  # the live monitor, or None: every hook checks this first
-        self._waited_since = 0
+        self._fetch: Optional[LoaderFetchTimer] = None
         self._handles: list = []
 
     # ------------------------------------------------------------ lifecycle
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self._m is not None:
             return
-        self.monitor = start_monitor(self._init_kwargs, broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0))
+        self.monitor = start_monitor(
+            self._init_kwargs, broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0), framework="lightning"
+        )
         self._m = self.monitor if self.monitor.enabled else None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -69,7 +71,9 @@ class RanksightCallback(Callback):
         for opt in trainer.optimizers:
             if hasattr(opt, "register_step_post_hook"):
                 self._handles.append(opt.register_step_post_hook(self._optimizer_done))
-        self._waited_since = m.now_ns()
+        self._fetch = LoaderFetchTimer(m)
+        if self._fetch.install():
+            self._fetch.armed = True
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self._m is None:
@@ -77,19 +81,23 @@ class RanksightCallback(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._fetch is not None:
+            self._fetch.remove()
         self._m.close()
         self._m = None
 
     # ------------------------------------------------------------ per batch (hot path)
+    def _arm(self, armed: bool) -> None:
+        if self._fetch is not None:
+            self._fetch.armed = armed
+
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        m = self._m
-        if m is not None:
-            self._waited_since = m.now_ns()
+        self._arm(True)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         m = self._m
         if m is not None:
-            m.step_begin(self._waited_since)
+            m.step_begin()
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         m = self._m
@@ -105,10 +113,9 @@ class RanksightCallback(Callback):
         m = self._m
         if m is not None:
             m.step_end()
-            self._waited_since = m.now_ns()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._arm(False)  # validation batches are not the training loop's data wait
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        # Validation inside the training epoch is not data wait for the next training batch.
-        m = self._m
-        if m is not None:
-            self._waited_since = m.now_ns()
+        self._arm(True)

@@ -4,9 +4,9 @@ Through the ``TrainerCallback`` hooks the callback drives the same per-rank agen
 
 - a step is one optimizer step, from ``on_step_begin`` to ``on_step_end`` (with gradient accumulation
   it spans all its micro-batches);
-- data wait is the time from the previous step's end (or the epoch's start) to the next step's
-  begin: the Trainer fetches all of a step's micro-batches in that gap. Logging, evaluation and
-  checkpointing also run there, so the wait restarts at ``on_log`` / ``on_evaluate`` / ``on_save``;
+- data wait is the time spent inside the DataLoader's ``__next__`` between two steps while the model
+  is in training mode (the Trainer fetches a step's micro-batches there): the Trainer's own work in
+  that gap (logging, checkpointing) and evaluation batches are not data wait;
 - the optimizer phase runs from ``on_pre_optimizer_step`` to ``on_optimizer_step``;
 - the model gets the agent's forward pre-hook and, under DDP, the all-reduce timing hook.
 
@@ -24,7 +24,7 @@ except ImportError:
         "ranksight.integrations.transformers needs transformers: pip install 'ranksight[transformers]'"
     ) from None
 
-from ._common import find_ddp_wrapper, start_monitor
+from ._common import LoaderFetchTimer, find_ddp_wrapper, start_monitor
 
 __all__ = ["RanksightCallback"]
 
@@ -46,13 +46,13 @@ class RanksightCallback(TrainerCallback):
         self.monitor: Any = None
         """The agent's monitor for the current ``train()`` (a no-op monitor when disabled)."""
         self._m: Any = None  # the live monitor, or None: every hook checks this first
-        self._waited_since = 0
+        self._fetch: Optional[LoaderFetchTimer] = None
 
     # ------------------------------------------------------------ lifecycle
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self._m is not None:
             return
-        self.monitor = start_monitor(self._init_kwargs)
+        self.monitor = start_monitor(self._init_kwargs, framework="transformers")
         if not self.monitor.enabled:
             return
         m = self._m = self.monitor
@@ -61,23 +61,23 @@ class RanksightCallback(TrainerCallback):
             wrapped = find_ddp_wrapper(model)
         if wrapped is not None:
             m.watch(wrapped)  # optimizer marks come from the Trainer's own optimizer-step events
-        self._waited_since = m.now_ns()
+        inner = model if model is not None else wrapped
+        training = (lambda: inner.training) if inner is not None and hasattr(inner, "training") else None
+        self._fetch = LoaderFetchTimer(m, training)
+        self._fetch.armed = self._fetch.install()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._m is not None:
+            if self._fetch is not None:
+                self._fetch.remove()
             self._m.close()
             self._m = None
 
     # ------------------------------------------------------------ per step (hot path)
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        m = self._m
-        if m is not None:
-            self._waited_since = m.now_ns()
-
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
         if m is not None:
-            m.step_begin(self._waited_since)
+            m.step_begin()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         m = self._m
@@ -93,14 +93,3 @@ class RanksightCallback(TrainerCallback):
         m = self._m
         if m is not None:
             m.step_end()
-            self._waited_since = m.now_ns()
-
-    def _restart_wait(self, *args: Any, **kwargs: Any) -> None:
-        # Logging, evaluation and saving run between steps; they are not data wait.
-        m = self._m
-        if m is not None:
-            self._waited_since = m.now_ns()
-
-    on_log = _restart_wait
-    on_evaluate = _restart_wait
-    on_save = _restart_wait

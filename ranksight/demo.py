@@ -269,7 +269,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         job=cfg.job,
         flush_interval_s=cfg.flush_interval_s,
         ddp_stats_every_steps=DDP_STATS_EVERY_STEPS,
-        extra=dict(GPU_SAMPLING) if device.type == "cuda" else {},
+        gpu=dict(GPU_SAMPLING) if device.type == "cuda" else None,
     )
     model, loader, loss_fn = _build(cfg, rank, device)
     if cfg.ranks > 1:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
-"""2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``. Readers give NULL for a column an
-older segment or store lacks."""
+SCHEMA_VERSION = 3
+"""2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``; 3 added ``steps.comm_blocked_s``,
+``collectives``, ``collective_bytes``, ``gpu_comm_blocked_s`` and the ``collectives`` kind, and made a NULL
+``data_wait_s`` mean "not measured". Readers give NULL for a column an older segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -46,7 +47,12 @@ STEPS: tuple[Column, ...] = IDENTITY + (
     Column("step", "int64", "Step index on this rank, from 0.", False),
     Column("time_ns", "int64", "Wall-clock time (Unix ns) at the end of the step.", False),
     Column("step_s", "float64", "Wall time of the step: data wait plus the step body.", False),
-    Column("data_wait_s", "float64", "Time blocked in the wrapped loader for this step's batch."),
+    Column(
+        "data_wait_s",
+        "float64",
+        "Time blocked in the wrapped loader for this step's batch plus time inside mon.data() blocks; "
+        "NULL when the rank measures no input (no wrapped loader, no mon.data()).",
+    ),
     Column("h2d_s", "float64", "Host-to-device copy time (GPU only)."),
     Column("compute_s", "float64", "Forward + backward until the last gradient bucket was ready."),
     Column("comm_exposed_s", "float64", "Time after backward compute ended spent waiting on all-reduce."),
@@ -70,6 +76,19 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "Last gradient bucket ready to its all-reduce done, on the GPU (CUDA events): comm backward did not hide.",
     ),
     Column("gpu_optimizer_s", "float64", "optimizer.step() start to step end, on the GPU (CUDA events)."),
+    Column(
+        "comm_blocked_s",
+        "float64",
+        "Host time the step was held in torch.distributed collectives and barriers outside DDP's gradient buckets "
+        "(metric all_reduce, barrier, object collectives, FSDP all-gather / reduce-scatter); NULL when not timed.",
+    ),
+    Column("collectives", "int32", "Collectives counted in comm_blocked_s."),
+    Column("collective_bytes", "int64", "Tensor bytes of those collectives."),
+    Column(
+        "gpu_comm_blocked_s",
+        "float64",
+        "Time those collectives held the step's GPU stream (CUDA events around each call; GPU only).",
+    ),
 )
 
 BUCKETS: tuple[Column, ...] = IDENTITY + (
@@ -79,6 +98,24 @@ BUCKETS: tuple[Column, ...] = IDENTITY + (
     Column("ready_s", "float64", "When the bucket became ready, seconds after the step began."),
     Column("allreduce_s", "float64", "From bucket ready to its all-reduce future completing."),
     Column("is_last", "bool", "Whether DDP flagged it as the last bucket of the step."),
+)
+
+COLLECTIVES: tuple[Column, ...] = IDENTITY + (
+    Column("step", "int64", "Step the collectives were issued in (the next step's index between steps).", False),
+    Column("op", "string", "all_reduce, barrier, all_gather_single, reduce_scatter_tensor, broadcast, ...", False),
+    Column(
+        "origin",
+        "string",
+        "Who issued it: ddp (gradient buckets), fsdp, framework (Lightning, transformers, accelerate), "
+        "torch (other torch internals) or user.",
+        False,
+    ),
+    Column("process_group", "string", "Process group: 'default' or '<description>/<size>'.", False),
+    Column("count", "int32", "Calls summed in this row.", False),
+    Column("bytes", "int64", "Tensor bytes sent or reduced (0 for barriers and object collectives)."),
+    Column("blocked_s", "float64", "Time the calling thread was held (an async op: issue plus its wait())."),
+    Column("busy_s", "float64", "Time the collectives were in flight, overlapped or not (DDP buckets, host clock)."),
+    Column("gpu_s", "float64", "Time they held the issuing GPU stream (CUDA events)."),
 )
 
 COMPILE: tuple[Column, ...] = IDENTITY + (
@@ -107,6 +144,7 @@ EVENTS: tuple[Column, ...] = IDENTITY + (
 KINDS: dict[str, tuple[Column, ...]] = {
     "steps": STEPS,
     "buckets": BUCKETS,
+    "collectives": COLLECTIVES,
     "compile": COMPILE,
     "samples": SAMPLES,
     "events": EVENTS,

@@ -11,8 +11,8 @@ import pytest
 import ranksight
 from ranksight.agent import Config
 from ranksight.agent._assemble import Assembler
+from ranksight.agent._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_STEP
 from ranksight.agent._identity import derive_run_id, resolve
-from ranksight.agent._monitor import EV_BUCKET_DONE, EV_BUCKET_READY, EV_STEP
 from ranksight.collectors import open_run, read_rank_meta
 
 MS = 1_000_000  # ns
@@ -20,7 +20,7 @@ MS = 1_000_000  # ns
 
 # ----------------------------------------------------------------- phase arithmetic (pure)
 def _step(step, begin, end, fetch=(0, 0), fwd=0, opt=(0, 0)):
-    return (EV_STEP, step, begin, end, fetch[0], fetch[1], fwd, opt[0], opt[1])
+    return (EV_STEP, step, begin, end, fetch[0], fetch[1], fwd, opt[0], opt[1], 0 if fetch[1] else -1, 0, 0, 0)
 
 
 def test_phases_partition_the_step():
@@ -31,7 +31,7 @@ def test_phases_partition_the_step():
     a.add((EV_BUCKET_DONE, 0, 1, 80 * MS))  # out of order: the last bucket finishes first
     a.add((EV_BUCKET_DONE, 0, 0, 70 * MS))
     a.add(_step(0, 10 * MS, 100 * MS, fetch=(0, 10 * MS), fwd=15 * MS, opt=(85 * MS, 95 * MS)))
-    (row,), buckets = a.drain()
+    (row,), buckets, _ = a.drain()
     assert row["step_s"] == pytest.approx(0.100)
     assert row["data_wait_s"] == pytest.approx(0.010)
     assert row["compute_s"] == pytest.approx(0.045)  # forward start -> last bucket ready
@@ -47,22 +47,22 @@ def test_step_waits_for_a_late_bucket_done_then_gives_up_after_one_drain():
     a = Assembler(wall_offset_ns=0)
     a.add((EV_BUCKET_READY, 0, 0, 100, 40 * MS, True))
     a.add(_step(0, 0, 100 * MS, fwd=1 * MS, opt=(90 * MS, 95 * MS)))
-    assert a.drain() == ([], [])  # done mark not here yet
+    assert a.drain() == ([], [], [])  # done mark not here yet
     a.add((EV_BUCKET_DONE, 0, 0, 85 * MS))
-    (row,), _ = a.drain()
+    (row,), _, _ = a.drain()
     assert row["comm_exposed_s"] == pytest.approx(0.045)
     b = Assembler(wall_offset_ns=0)
     b.add((EV_BUCKET_READY, 3, 0, 100, 40 * MS, True))
     b.add(_step(3, 0, 100 * MS, fwd=1 * MS))
     b.drain()
-    (row,), (bucket,) = b.drain()  # second drain: emitted without the lost done mark
+    (row,), (bucket,), _ = b.drain()  # second drain: emitted without the lost done mark
     assert bucket["allreduce_s"] is None and row["step"] == 3
 
 
 def test_without_watch_or_loader_only_step_time_is_known():
     a = Assembler(wall_offset_ns=5)
     a.add(_step(0, 10, 10 + 20 * MS))
-    (row,), buckets = a.drain()
+    (row,), buckets, _ = a.drain()
     assert row["step_s"] == pytest.approx(0.020) and row["time_ns"] == 10 + 20 * MS + 5
     assert row["data_wait_s"] is None and row["compute_s"] is None and row["comm_exposed_s"] is None
     assert buckets == []

@@ -56,7 +56,7 @@ def monitor(tmp_path, monkeypatch):
 
     def make(**opts):
         mon = ranksight.init(
-            run_dir=str(tmp_path), job="gpu-test", run_id=f"t{len(mons)}", flush_interval_s=0.3, extra=opts
+            run_dir=str(tmp_path), job="gpu-test", run_id=f"t{len(mons)}", flush_interval_s=0.3, gpu=opts
         )
         mons.append(mon)
         return mon

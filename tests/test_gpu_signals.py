@@ -192,7 +192,7 @@ def test_cpu_job_has_gpu_signals_absent_not_zero(monitor):
 def test_trace_window_state_machine_on_cpu(monitor):
     """The window starts when due, stops after its steps, backs off under a user's profiler, and reduces."""
     torch = pytest.importorskip("torch")
-    from ranksight.agent._monitor import EV_GPU
+    from ranksight.agent._events import EV_GPU
     from ranksight.agent._trace_window import TraceWindow, events_from_kineto
 
     w = TraceWindow(monitor, steps=2, every_steps=6, every_s=0, first_step=2, use_cuda=False)
@@ -220,17 +220,17 @@ def test_trace_window_state_machine_on_cpu(monitor):
     rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
     assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
     assert "kernel_busy_ratio" not in rows  # no GPU in the trace: absent, not zero
-    assert "trace_window_no_gpu" not in monitor._reported  # a CPU model: nothing was expected
+    assert "trace_window_no_gpu" not in monitor._reporter.reported  # a CPU model: nothing was expected
     w.use_cuda = True  # as if the model were on a GPU whose activity the profiler missed
     w.reduce(payloads[0])
-    assert "trace_window_no_gpu" in monitor._reported  # said once, as a warning event
+    assert "trace_window_no_gpu" in monitor._reporter.reported  # said once, as a warning event
     w.use_cuda = False
 
     w.next_step = 0
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         run(3)
     assert w.windows_done == 2  # backed off
-    assert "trace_window_backoff" in monitor._reported
+    assert "trace_window_backoff" in monitor._reporter.reported
 
     w.next_step = 0
     w.begin(0)

@@ -137,6 +137,7 @@ def test_timed_iterator_never_raises_into_the_loop_when_marks_fail(monitor):
             raise RuntimeError("boom")
 
     assert list(TimedIterator(iter([1, 2, 3]), Broken(monitor), monitor._clock)) == [1, 2, 3]
+    assert monitor.errors == {"loader_marks": 3}  # counted, not swallowed; reported once
 
 
 def test_disabled_start_monitor_starts_nothing(tmp_path, monkeypatch):

@@ -101,7 +101,7 @@ def test_metrics_arrive_with_names_units_and_rank_attributes(tmp_path, receiver,
     mon = Monitor(
         Config(run_dir=str(tmp_path), job="otlp", run_id="r1", flush_interval_s=0.2, otlp_endpoint=receiver.url)
     )
-    mon._worker.samplers.append(
+    mon.add_sampler(
         lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.625}]
     )
     _steps(mon, 30)

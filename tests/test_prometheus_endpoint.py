@@ -91,7 +91,7 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
         names = ("gpu_utilization_ratio", "h2d_copy_ratio", "memory_fragmentation_ratio", "kernels_per_step")
         return [{"time_ns": time.time_ns(), "step": 0, "name": n, "value": v} for n in names]
 
-    mon._worker.samplers.append(fake_gpu_sampler)
+    mon.add_sampler(fake_gpu_sampler)
     try:
         _run_steps(mon, 40)
         target = _endpoint(str(tmp_path))
@@ -126,7 +126,7 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian package prometheus)")
 def test_promtool_check_metrics_reports_nothing(tmp_path, rank_env):
     mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0))
-    mon._worker.samplers.append(
+    mon.add_sampler(
         lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.5}]
     )
     try:
@@ -220,7 +220,7 @@ def test_a_failing_sampler_is_counted_in_agent_errors(tmp_path, rank_env):
     def broken_sampler():
         raise RuntimeError("NVML went away")
 
-    mon._worker.samplers.append(broken_sampler)
+    mon.add_sampler(broken_sampler)
     try:
         _run_steps(mon, 5)
         target = _endpoint(str(tmp_path))

@@ -30,7 +30,7 @@ def writer_main(rank: int, world: int, run_dir: str, duration_s: float, out_dir:
     from ranksight.agent import Config, Monitor
 
     mon = Monitor(Config(run_dir=run_dir, job="store", run_id=RUN_ID, flush_interval_s=0.25))
-    mon._worker.samplers.append(
+    mon.add_sampler(
         lambda: [{"time_ns": time.time_ns(), "step": mon.steps_recorded, "name": "idle_ratio", "value": 0.5}]
     )
     deadline = time.monotonic() + duration_s
