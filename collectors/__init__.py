@@ -1,53 +1,61 @@
-"""Get the records of all ranks into one queryable place (DuckDB), live and after a crash."""
+"""Get the records of all ranks into one queryable place (DuckDB), live and after a crash.
+
+The run directory belongs to this package: the CLI, the rules and the dashboard find runs
+(``list_runs``), read them (``open_run``, ``read_rank_meta``, ``spool_signature``, ``segment_files``)
+and compact them (``ingest``, ``prune``) through the names below, never through its modules.
+"""
 
 from ._features import FEATURES, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, step_breakdown
-from ._spool_reader import (
-    STORE_ALIAS,
+from ._rundir import (
     RankMeta,
     RunDirError,
     check_run_dir,
-    open_run,
     read_rank_meta,
-    segment_glob,
-    select_list,
-)
-from ._store import (
-    PRUNE_AFTER_S,
-    SEGMENT_COLUMN,
-    IngestResult,
-    PruneResult,
-    ingest,
-    ingested_segments,
-    prune,
+    segment_files,
+    spool_signature,
     store_path,
+    store_signature,
 )
+from ._runs import LIVE_FLUSHES, list_runs
+from ._spool_reader import open_run
+from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
+from ._tables import SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list
 
 __all__ = [
+    # finding and reading runs
+    "LIVE_FLUSHES",
+    "RankMeta",
+    "RunDirError",
+    "check_run_dir",
+    "list_runs",
+    "open_run",
+    "read_rank_meta",
+    "segment_files",
+    "spool_signature",
+    # queries and features over an open run
     "FEATURES",
-    "compute_features",
-    "run_features",
+    "PERIOD_SQL",
     "PHASES",
     "PHASE_SQL",
-    "PERIOD_SQL",
+    "compute_features",
+    "run_features",
     "step_breakdown",
+    # the compacted store
+    "PRUNE_AFTER_S",
     "IngestResult",
     "PruneResult",
     "ingest",
     "prune",
-    "ingested_segments",
-    "SEGMENT_COLUMN",
-    "PRUNE_AFTER_S",
-    "STORE_ALIAS",
     "store_path",
+    "store_signature",
+    # what open_run defines on its connection, for readers that add their own views (the dashboard's rollup)
+    "SEGMENT_COLUMN",
+    "STORE_ALIAS",
+    "ingested_segments",
+    "select_list",
+    # multi-node jobs
     "PrometheusError",
     "PrometheusReader",
-    "RankMeta",
-    "RunDirError",
-    "check_run_dir",
-    "open_run",
-    "read_rank_meta",
-    "segment_glob",
-    "select_list",
 ]

@@ -14,23 +14,24 @@ clear message); a crash mid-ingest leaves only a temporary file, and the store s
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import shutil
 import time
 from dataclasses import dataclass
 
-from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, column_names, duckdb_columns
+from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 
-from ._spool_reader import RunDirError, check_run_dir, segment_glob, select_list
+from ._rundir import (
+    LOCK_NAME,
+    STORE_NAME,
+    RunDirError,
+    check_run_dir,
+    is_segment_name,
+    segment_files,
+    store_path,
+)
+from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list
 
-STORE_NAME = "store.duckdb"
-LOCK_NAME = ".store.lock"
-SEGMENTS_TABLE = "_segments"
-SEGMENT_COLUMN = "_segment"
-"""Store-only column: the spool segment each row came from, so a reader can pick up exactly the
-segments it has not seen yet, also after ``prune`` deleted their files (NULL for rows an older
-ingest wrote)."""
 PRUNE_AFTER_S = 60.0
 """Default age (since ingest) before ``prune`` deletes a segment: queries that listed the file just
 before it was ingested have this long to finish reading it."""
@@ -45,11 +46,6 @@ class IngestResult:
     rows: int  # rows added by this ingest
     rows_by_kind: dict
     seconds: float
-
-
-def store_path(run_path: str) -> str:
-    """Where a run's compacted store lives."""
-    return os.path.join(run_path, STORE_NAME)
 
 
 def _create_schema(con) -> None:
@@ -111,9 +107,7 @@ def ingest(run_path: str) -> IngestResult:
             added = 0
             con.execute("BEGIN TRANSACTION")
             for kind in KINDS:
-                files = sorted(
-                    p for p in glob.glob(segment_glob(run_path, kind)) if (kind, os.path.basename(p)) not in known
-                )
+                files = [p for p in segment_files(run_path, kind) if (kind, os.path.basename(p)) not in known]
                 if not files:
                     continue
                 cols = ", ".join(column_names(kind))
@@ -195,16 +189,3 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
     finally:
         os.close(lock_fd)
     return PruneResult(files, nbytes, recent)
-
-
-def ingested_segments(con, schema: str = "store") -> dict[str, list[str]]:
-    """Segment file names held by an attached store, per kind."""
-    out: dict[str, list[str]] = {k: [] for k in KINDS}
-    for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
-        out.setdefault(kind, []).append(file)
-    return out
-
-
-def is_segment_name(name: str) -> bool:
-    """Whether a file name is a finished spool segment (not a temporary file)."""
-    return name.endswith(SPOOL_SUFFIX) and not name.startswith(TMP_PREFIX)

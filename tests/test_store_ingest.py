@@ -14,8 +14,8 @@ import pytest
 
 from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import RunDirError, ingest, open_run, prune
-from ranksight.collectors._store import LOCK_NAME
+from ranksight.collectors import LIVE_FLUSHES, RunDirError, ingest, list_runs, open_run, prune
+from ranksight.collectors._rundir import LOCK_NAME
 from ranksight.schema import arrow_schema
 
 
@@ -30,9 +30,10 @@ def _steps(first: int, n: int) -> list[dict]:
     ]
 
 
-def _meta(run_path: str, rank: int, status: str) -> None:
+def _meta(run_path: str, rank: int, status: str, silent_s: float = 0.0) -> None:
+    heartbeat_ns = time.time_ns() - int(silent_s * 1e9)
     with open(os.path.join(run_path, "ranks", f"rank-{rank:05d}.json"), "w") as f:
-        json.dump({"rank": rank, "status": status, "heartbeat_ns": time.time_ns(), "flush_interval_s": 2.0}, f)
+        json.dump({"rank": rank, "status": status, "heartbeat_ns": heartbeat_ns, "flush_interval_s": 2.0}, f)
 
 
 def _count(con, table: str = "steps") -> int:
@@ -83,6 +84,18 @@ def test_finished_and_fully_ingested_run_reads_the_store_alone(tmp_path):
     assert "read_parquet" not in _view_sql(con, "steps") and _count(con) == 8
     w.write("steps", _steps(8, 2))  # a late segment after all: it is pending, so it is read again
     assert _count(open_run(run)) == 10
+
+
+@pytest.mark.parametrize("silent_flushes, live", [(LIVE_FLUSHES - 1, True), (LIVE_FLUSHES + 1, False)])
+def test_list_runs_and_open_run_share_one_liveness_rule(tmp_path, silent_flushes, live):
+    """A running rank is live until LIVE_FLUSHES flush intervals without a heartbeat: listed as live,
+    and a compacted run keeps reading its spool (a segment may still come); then stopped, store alone."""
+    run, _, _ = _live_two_ranks(tmp_path)
+    ingest(run)
+    for rank in (0, 1):
+        _meta(run, rank, "running", silent_s=silent_flushes * 2.0)
+    assert [r["status"] for r in list_runs(str(tmp_path))] == ["live" if live else "stopped"]
+    assert ("read_parquet" in _view_sql(open_run(run), "steps")) == live
 
 
 def test_young_run_and_reopened_connection(tmp_path):

@@ -1,0 +1,39 @@
+"""DuckDB names and helpers that both the reader (``open_run``) and the store (``ingest``) use."""
+
+from __future__ import annotations
+
+from ranksight.schema import DUCKDB_TYPES, KINDS
+
+STORE_ALIAS = "ranksight_store"
+"""The schema name ``open_run`` attaches a run's store under (``ranksight_store.steps`` ...)."""
+SEGMENTS_TABLE = "_segments"
+"""Store table listing each ingested spool segment: kind, file name, rows, when it was ingested."""
+SEGMENT_COLUMN = "_segment"
+"""Store-only column: the spool segment each row came from, so a reader can pick up exactly the
+segments it has not seen yet, also after ``prune`` deleted their files (NULL for rows an older
+ingest wrote)."""
+
+
+def select_list(con, source: str, kind: str, params: list | dict | None = None) -> str:
+    """The schema's columns of ``kind`` from ``source``, in order, with NULLs for columns it lacks.
+
+    Segments written by an older agent may lack newer (nullable) columns; union_by_name fills them
+    with NULL only when some file has them, so a column no file has yet is typed here explicitly.
+    """
+    present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}", params or []).fetchall()}
+    return ", ".join(
+        c.name if c.name in present else f"CAST(NULL AS {DUCKDB_TYPES[c.type]}) AS {c.name}" for c in KINDS[kind]
+    )
+
+
+def ingested_segments(con, schema: str = STORE_ALIAS) -> dict[str, list[str]]:
+    """Segment file names held by an attached store, per kind (by default the one ``open_run`` attached)."""
+    out: dict[str, list[str]] = {k: [] for k in KINDS}
+    for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
+        out.setdefault(kind, []).append(file)
+    return out
+
+
+def sql_literal(text: str) -> str:
+    """Quote a path for DuckDB DDL (views cannot take bound parameters)."""
+    return "'" + text.replace("'", "''") + "'"
