@@ -136,8 +136,8 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
     Building the rollup (one pass over every step segment) is timed on its own: the dashboard does it
     once per run and server process, then only reads new segments.
     """
+    from ranksight.dashboard import Rollup
     from ranksight.dashboard import _queries as q
-    from ranksight.dashboard._rollup import Rollup
 
     t = time.perf_counter()
     rollup = Rollup(run_path)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, Callable
 
 import streamlit as st
 
-from ranksight.collectors import RunDirError
+from ranksight.collectors import RunDirError, list_runs, spool_signature
 
-from . import _queries, _warm
+from . import _warm
 from ._rollup import Rollup
-from ._warm import spool_signature
 
 PULL_TTL_S = 30
 
@@ -58,27 +58,26 @@ def prefetch(run_path: str) -> None:
 
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=256, show_spinner=False)
-def _pull(run_path: str, version: int, name: str, args: tuple, _rollup_obj: Rollup):
-    return getattr(_queries, name)(_rollup_obj.cursor(), *args)
+def _pull(run_path: str, version: int, query: str, args: tuple, _fn: Callable[..., Any], _rollup_obj: Rollup):
+    # Keyed by the query's qualified name: the function itself is left out of the hash (leading underscore).
+    return _fn(_rollup_obj.cursor(), *args)
 
 
-def pull(run_path: str, name: str, *args):
-    """Run ``_queries.<name>(cursor, *args)`` on the run, cached until new records arrive."""
+def pull(run_path: str, fn: Callable[..., Any], *args):
+    """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run, cached until new records arrive."""
     r = rollup(run_path)
-    return _pull(run_path, r.version, name, args, r)
+    return _pull(run_path, r.version, f"{fn.__module__}.{fn.__qualname__}", args, fn, r)
 
 
-def pull_pair(path_a: str, path_b: str, name: str, *args):
-    """Run ``_queries.<name>(cursor_a, cursor_b, *args)`` on two runs (the comparison)."""
+def pull_pair(path_a: str, path_b: str, fn: Callable[..., Any], *args):
+    """Run ``fn(cursor_a, cursor_b, *args)`` (a function of ``_queries``) on two runs (the comparison)."""
     a, b = rollup(path_a), rollup(path_b)
-    return getattr(_queries, name)(a.cursor(), b.cursor(), *args)
+    return fn(a.cursor(), b.cursor(), *args)
 
 
 @st.cache_data(ttl=2, show_spinner=False)
 def runs(root: str) -> list[dict]:
     """The runs under ``root`` with their live status (re-read every 2 s)."""
-    from ranksight.commands.runs import list_runs
-
     return list_runs(root)
 
 
@@ -92,28 +91,17 @@ def _diagnosis(run_path: str, signature: tuple) -> dict:
     return diagnose(run_path)
 
 
-def diagnosis_available() -> bool:
-    """Whether the installed rules package provides ``diagnose``."""
-    try:
-        import ranksight.rules as rules
-    except Exception:
-        return False
-    return hasattr(rules, "diagnose")
-
-
 DIAGNOSE_EVERY_S = 10.0
 """A live run gets new segments every flush; re-diagnose it at most this often (a big job's verdict takes seconds)."""
 _last_signature: dict[str, tuple[tuple, float]] = {}
 
 
-def diagnosis(run_path: str) -> dict | None:
-    """The rules' verdict on the run (None when this ranksight has no diagnosis yet).
+def diagnosis(run_path: str) -> dict:
+    """The rules' verdict on the run (``ranksight.rules.diagnose``).
 
     Keyed by the spool's signature, not the rollup, so the landing page needs no rollup; while
     segments keep arriving the previous verdict is reused for up to ``DIAGNOSE_EVERY_S``.
     """
-    if not diagnosis_available():
-        return None
     if run_path not in _last_signature:
         warm = _warm.finished(run_path)  # waits for the server's warm-up rather than diagnosing twice
         if warm is not None:
@@ -139,7 +127,6 @@ def prometheus_snapshot(url: str) -> dict:
 __all__ = [
     "RunDirError",
     "diagnosis",
-    "diagnosis_available",
     "prometheus_snapshot",
     "pull",
     "pull_pair",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ranksight.collectors import list_runs
+
 from ._serve import APP_PATH
 from ._source import from_env
 
@@ -20,8 +22,6 @@ def first_run_path() -> str | None:
         return None
     if source.run:
         return os.path.join(source.root, source.run)
-    from ranksight.commands.runs import list_runs
-
     runs = list_runs(source.root)
     return runs[0]["path"] if runs else None
 

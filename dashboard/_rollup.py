@@ -9,7 +9,6 @@ is a sum, count, min or max, so partial chunks from two segments simply add up.
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
 
@@ -21,8 +20,10 @@ from ranksight.collectors import (
     STORE_ALIAS,
     ingested_segments,
     open_run,
+    read_rank_meta,
+    segment_files,
     select_list,
-    store_path,
+    store_signature,
 )
 from ranksight.schema import KINDS
 
@@ -47,16 +48,14 @@ class Rollup:
 
     def __init__(self, run_path: str, chunk_steps: int | None = None) -> None:
         self.run_path = run_path
-        self._store_sig = self._store_signature()  # before attaching: a newer store is then seen as new
+        self._store_sig = store_signature(run_path)  # before attaching: a newer store is then seen as new
         self.con = open_run(run_path)
         self._lock = threading.Lock()
         self._loaded: set[str] = set()  # step segment file names folded in, from the spool or the store
         self._kinds_with_files = self._present_kinds()
         if chunk_steps is None:
             ws = self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
-            chunk_steps = chunk_steps_for(
-                ws or len(glob.glob(os.path.join(glob.escape(run_path), "ranks", "rank-*.json")))
-            )
+            chunk_steps = chunk_steps_for(ws or len(read_rank_meta(run_path)))
         self.chunk_steps = int(chunk_steps)
         sums = ", ".join(f"{c[:-2]}_sum DOUBLE" for c in _SUMS)
         self.con.execute(
@@ -71,7 +70,7 @@ class Rollup:
         self.refresh()
 
     def _present_kinds(self) -> frozenset[str]:
-        return frozenset(k for k in KINDS if glob.glob(os.path.join(glob.escape(self.run_path), k, "*.parquet")))
+        return frozenset(k for k in KINDS if segment_files(self.run_path, k))
 
     def cursor(self):
         """A cursor on the rollup's database, for one caller's queries."""
@@ -80,7 +79,7 @@ class Rollup:
     def refresh(self) -> bool:
         """Fold the step segments that appeared since the last call into the rollup; True if any did."""
         with self._lock:
-            kinds, store_sig = self._present_kinds(), self._store_signature()
+            kinds, store_sig = self._present_kinds(), store_signature(self.run_path)
             if kinds != self._kinds_with_files or store_sig != self._store_sig:
                 # A kind got its first segment or lost its last (pruned), or a new store was renamed into
                 # place: rebuild the views on the run (spool + the store now there).
@@ -90,8 +89,7 @@ class Rollup:
             if store_sig != self._store_sig:
                 self._store_sig = store_sig
                 changed = self._fold_store(everything=False)
-            paths = glob.glob(os.path.join(glob.escape(self.run_path), "steps", "*.parquet"))
-            files = sorted(p for p in paths if os.path.basename(p) not in self._loaded)
+            files = [p for p in segment_files(self.run_path, "steps") if os.path.basename(p) not in self._loaded]
             if files:
                 self._fold("read_parquet($files, union_by_name=true)", {"files": files})
                 self._loaded.update(os.path.basename(p) for p in files)
@@ -123,7 +121,7 @@ class Rollup:
         """
         if self._store_sig is None:
             return False
-        names = set(ingested_segments(self.con, STORE_ALIAS).get("steps", ())) - self._loaded
+        names = set(ingested_segments(self.con).get("steps", ())) - self._loaded
         if not names:
             return False
         table = f"{STORE_ALIAS}.steps"
@@ -134,13 +132,6 @@ class Rollup:
             self._fold(where, {"names": sorted(names)})
         self._loaded.update(names)
         return True
-
-    def _store_signature(self) -> tuple | None:
-        try:
-            st = os.stat(store_path(self.run_path))
-        except OSError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def close(self) -> None:
         self.con.close()

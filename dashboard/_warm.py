@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ranksight.collectors import spool_signature
+
 WAIT_S = 120.0
 """How long a page waits for a warm-up still running, rather than starting the same work twice."""
 
@@ -66,22 +68,6 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         job.rollup = None
     finally:
         job.rollup_done.set()
-
-
-def spool_signature(run_path: str) -> tuple:
-    """(segments, newest mtime) of the step segments: changes exactly when new steps were written."""
-    import os
-
-    count, newest = 0, 0
-    try:
-        with os.scandir(os.path.join(run_path, "steps")) as it:
-            for e in it:
-                if e.name.endswith(".parquet") and not e.name.startswith("."):
-                    count += 1
-                    newest = max(newest, e.stat().st_mtime_ns)
-    except OSError:
-        pass
-    return (count, newest)
 
 
 def finished(run_path: str) -> Optional[tuple[tuple, float]]:

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._queries import breakdown_over_time, breakdown_per_rank, breakdown_total
 from ranksight.dashboard._view import (
     context,
     guard,
@@ -22,14 +23,14 @@ st.title("Step-time breakdown")
 
 def per_rank(path: str) -> None:
     with guard("the per-rank breakdown"):
-        total = _data.pull(path, "breakdown_total")
+        total = _data.pull(path, breakdown_total)
         if not total["rows"]:
             st.info("no steps recorded yet")
             return
         st.markdown(f"**All ranks:** {md_escape(share_sentence(total))} · mean step {ms(total['step_mean_s'])}")
         if not total["h2d_measured"]:
             st.caption("H2D copy time is measured on GPUs only (absent on this run)")
-        rows = _data.pull(path, "breakdown_per_rank")
+        rows = _data.pull(path, breakdown_per_rank)
         st.altair_chart(stacked_by_rank(rows), width="stretch")
         with st.expander("per-rank table"):
             st.dataframe(
@@ -56,7 +57,7 @@ def per_rank(path: str) -> None:
 
 def over_time(path: str) -> None:
     with guard("the breakdown over time"):
-        rows = _data.pull(path, "breakdown_over_time")
+        rows = _data.pull(path, breakdown_over_time)
         if rows:
             st.subheader("Over time (all ranks)")
             st.altair_chart(stacked_over_time(rows), width="stretch")

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
-from ranksight.dashboard._queries import findings_delta
+from ranksight.dashboard._queries import compare_runs, findings_delta
 from ranksight.dashboard._view import context, guard, require_run, run_label
 
 ctx = context()
@@ -31,7 +31,7 @@ if require_run(ctx):
         st.text(f"A (before): {labels[ctx.run['path']]}")
         b_path = st.selectbox("B (after)", [r["path"] for r in others], format_func=labels.get)
         with guard("the comparison"):
-            rows = _data.pull_pair(ctx.run["path"], b_path, "compare_runs")
+            rows = _data.pull_pair(ctx.run["path"], b_path, compare_runs)
             st.table(
                 [
                     {
@@ -45,13 +45,9 @@ if require_run(ctx):
                 ]
             )
         with guard("the findings of both runs"):
-            if not _data.diagnosis_available():
-                st.warning("diagnosis not available: findings cannot be compared")
-            else:
-                delta = findings_delta(_data.diagnosis(ctx.run["path"]), _data.diagnosis(b_path))
-                c = st.columns(3)
-                for col, key, title in zip(
-                    c, ("cleared", "appeared", "kept"), ("cleared in B", "appeared in B", "in both")
-                ):
-                    col.markdown(f"**{title}**")
-                    col.text("\n".join(delta[key]) or "none")
+            delta = findings_delta(_data.diagnosis(ctx.run["path"]), _data.diagnosis(b_path))
+            c = st.columns(3)
+            titles = ("cleared in B", "appeared in B", "in both")
+            for col, key, title in zip(c, ("cleared", "appeared", "kept"), titles):
+                col.markdown(f"**{title}**")
+                col.text("\n".join(delta[key]) or "none")

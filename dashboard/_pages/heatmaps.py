@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
-from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS
+from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
 from ranksight.dashboard._view import context, guard, heatmap_chart, live_panel, ms, require_run
 
 ctx = context()
@@ -13,12 +13,12 @@ st.title("Per-rank heatmaps")
 def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
     m = HEATMAP_METRICS[metric]
     with guard(m.label):
-        ranks = _data.pull(path, "rank_order", order)
+        ranks = _data.pull(path, rank_order, order)
         if not ranks:
             if metric == "step_s":
                 st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
             return
-        hm = _data.pull(path, "heatmap", metric, ranks, bins, max_rows)
+        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows)
         st.subheader(m.label)
         if not hm["cells"]:
             st.caption(f"{m.label}: not recorded on this run (GPU signals are absent on a CPU job or without NVML)")
@@ -30,7 +30,7 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
 
 def outliers(path: str) -> None:
     with guard("the straggler table"):
-        rows = _data.pull(path, "rank_outliers", 10)
+        rows = _data.pull(path, rank_outliers, 10)
         st.subheader("Least compute-efficient ranks")
         st.caption("compute score = fastest rank's compute time / this rank's (1.0 = as fast as the best)")
         st.dataframe(

@@ -5,6 +5,7 @@ import time
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._queries import run_overview
 from ranksight.dashboard._view import NO_RUNS, context, guard, live_panel, md_escape, ms
 
 ctx = context()
@@ -30,7 +31,7 @@ else:
 
 def overview(path: str) -> None:
     with guard("the run overview"):
-        o = _data.pull(path, "run_overview")
+        o = _data.pull(path, run_overview)
         c = st.columns(4)
         c[0].metric("ranks", o["ranks"])
         c[1].metric("steps", o["steps"] or 0)

@@ -3,7 +3,13 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
-from ranksight.dashboard._queries import FRAGMENTATION_SIGNALS, UTILIZATION_SIGNALS
+from ranksight.dashboard._queries import (
+    FRAGMENTATION_SIGNALS,
+    UTILIZATION_SIGNALS,
+    compile_events,
+    sample_per_rank,
+    sample_series,
+)
 from ranksight.dashboard._view import context, guard, live_panel, require_run, series_chart, util_chart
 
 ctx = context()
@@ -13,7 +19,7 @@ st.title("Signals")
 def compile_panel(path: str) -> None:
     with guard("graph breaks and recompiles"):
         st.subheader("Graph breaks and recompiles")
-        rows = _data.pull(path, "compile_events")
+        rows = _data.pull(path, compile_events)
         if not rows:
             st.caption("none recorded (the model is not compiled, or compiled without breaks)")
             return
@@ -27,7 +33,7 @@ def compile_panel(path: str) -> None:
 def memory_panel(path: str) -> None:
     with guard("allocator signals"):
         st.subheader("Allocator fragmentation and retries")
-        rows = _data.pull(path, "sample_series", FRAGMENTATION_SIGNALS)
+        rows = _data.pull(path, sample_series, FRAGMENTATION_SIGNALS)
         if not rows:
             st.caption("absent: the CUDA caching allocator is sampled on GPU jobs only")
             return
@@ -37,7 +43,7 @@ def memory_panel(path: str) -> None:
 def util_panel(path: str) -> None:
     with guard("GPU utilization"):
         st.subheader("GPU utilization (NVML) beside kernel-busy share")
-        rows = _data.pull(path, "sample_per_rank", UTILIZATION_SIGNALS)
+        rows = _data.pull(path, sample_per_rank, UTILIZATION_SIGNALS)
         if not rows:
             st.caption("absent: NVML utilization and the sampled kernel window exist on GPU jobs only")
             return

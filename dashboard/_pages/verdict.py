@@ -17,17 +17,11 @@ def verdict(path: str) -> None:
     with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
         diag = _data.diagnosis(path)
         # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
-        if diag is not None:
-            total = total_from_breakdown(diag.get("breakdown", {}).get("ranks", []))
-        else:
-            total = _data.pull(path, "breakdown_total")
+        total = total_from_breakdown(diag.get("breakdown", {}).get("ranks", []))
         if total["rows"]:
             st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
         else:
             st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
-        if diag is None:
-            st.warning("diagnosis not available: this ranksight has no `ranksight.rules.diagnose` yet")
-            return
         findings = diag.get("findings", [])
         if not findings:
             st.success("no findings: nothing in this run crosses a rule's threshold")
