@@ -10,6 +10,10 @@ import argparse
 import importlib
 import sys
 
+from ranksight.commands._errors import UserError
+
+__all__ = ["COMMANDS", "UserError", "build_parser", "main"]
+
 # Subcommand name -> module under ranksight.commands. Keep alphabetical.
 COMMANDS = {
     "dashboard": "dashboard",
@@ -21,10 +25,6 @@ COMMANDS = {
     "runs": "runs",
     "summary": "summary",
 }
-
-
-class UserError(Exception):
-    """A problem the user can fix; printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from ranksight.cli import UserError
+from ._errors import UserError
 
 
 def add_parser(sub):
@@ -103,16 +103,23 @@ def serve_until_interrupted(run_path: str) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    proc = start(run_path, port, quiet=True)
+    banner = (
+        f"\ndashboard: {url('127.0.0.1', port)}?run={os.path.basename(os.path.normpath(run_path))}   (Ctrl-C stops it)"
+    )
+    return serve(run_path, banner, port)
+
+
+def serve(
+    path: str, banner: str, port: int = 8501, host: str = "127.0.0.1", prometheus: str = "", refresh_s: float = 2.0
+) -> int:
+    """Start the server, print ``banner`` once it answers, and serve until it exits or Ctrl-C (then 0)."""
+    proc = start(path, port, host, prometheus, refresh_s, quiet=True)
     try:
-        wait_ready(proc, "127.0.0.1", port)
+        wait_ready(proc, host, port)
     except UserError:
         proc.terminate()
         raise
-    print(
-        f"\ndashboard: {url('127.0.0.1', port)}?run={os.path.basename(os.path.normpath(run_path))}   (Ctrl-C stops it)",
-        flush=True,
-    )
+    print(banner, flush=True)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -126,19 +133,5 @@ def run(args) -> int:
         raise UserError(f"{args.path}: not a directory")
     if not os.path.isdir(args.path):
         print(f"{args.path} does not exist yet: the dashboard will show runs once a job writes there", file=sys.stderr)
-    proc = start(args.path, args.port, args.host, args.prometheus, args.refresh, quiet=True)
-    try:
-        wait_ready(proc, args.host, args.port)
-    except UserError:
-        proc.terminate()
-        raise
-    print(
-        f"ranksight dashboard: {url(args.host, args.port)}  (reading {os.path.abspath(args.path)}; Ctrl-C stops)",
-        flush=True,
-    )
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
-        return 0
+    banner = f"ranksight dashboard: {url(args.host, args.port)}  (reading {os.path.abspath(args.path)}; Ctrl-C stops)"
+    return serve(args.path, banner, args.port, args.host, args.prometheus, args.refresh)

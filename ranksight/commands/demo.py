@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ranksight.cli import UserError
+from ._errors import UserError
 
 
 def add_parser(sub):

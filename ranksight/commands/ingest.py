@@ -7,8 +7,9 @@ renamed into place, and segments that arrive later are read from the spool until
 
 from __future__ import annotations
 
-from ranksight.cli import UserError
 from ranksight.collectors import PRUNE_AFTER_S, ingest, prune
+
+from ._errors import UserError
 
 
 def add_parser(sub):

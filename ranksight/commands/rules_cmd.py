@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ranksight.cli import UserError
+from ._errors import UserError
 
 
 def add_parser(sub):

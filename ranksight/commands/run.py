@@ -17,7 +17,7 @@ import tempfile
 import time
 import uuid
 
-from ranksight.cli import UserError
+from ._errors import UserError
 
 
 def add_parser(sub):
