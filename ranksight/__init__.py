@@ -13,7 +13,8 @@ Importing this package does not import torch; the agent uses the user's torch wh
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
+
 __all__ = ["__version__", "init", "current"]
 
 _current = None

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ranksight",
         description="Per-rank telemetry and diagnosis for distributed PyTorch training.",
     )
-    from ranksight import __version__
+    from ranksight._version import __version__
 
     parser.add_argument("--version", action="version", version=f"ranksight {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
