@@ -1,20 +1,31 @@
-"""Per-rank features of a run: the numbers the diagnosis rules read.
+"""Per-rank features of a run: the numbers the diagnosis rules read, and the context their fixes are fitted to.
 
 One dict per rank, name -> number (or None when the run cannot say: a GPU signal on a CPU job, a DDP
 figure not sampled yet). Absent is never turned into zero, so a rule that needs a GPU signal stays
-silent on a CPU job. Figures that compare ranks (straggler score, memory spread) are computed here,
-once, and copied into every rank's dict, so the rules stay per-rank and pure.
+silent on a CPU job. Figures that compare ranks (who waits for whom at collectives, memory spread)
+are computed here, once, and copied into every rank's dict, so the rules stay per-rank and pure.
+Strings (the framework, the transport) are not numbers: they go to a separate context dict per rank
+(``CONTEXT``), which only fix templates read.
 
 Warm-up steps (compilation, allocator growth, DDP bucket rebuild) are left out of every step figure.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from ranksight.schema import SAMPLE_NAMES
 
-from ._queries import PHASES, step_breakdown
+from ._queries import (
+    NOTCH,
+    PHASES,
+    collective_ops,
+    rank_step_stats,
+    recompile_excess,
+    step_breakdown,
+    wait_asymmetry,
+)
 from ._spool_reader import open_run, read_rank_meta
 
 #: Every feature a rule may name, with its meaning. Rule files are checked against this list.
@@ -22,28 +33,62 @@ FEATURES: dict[str, str] = {
     "rank": "Global rank.",
     "world_size": "Number of ranks in the job.",
     "ranks_reporting": "Ranks with at least one step recorded.",
+    "nodes": "Nodes the reporting ranks run on.",
     "steps": "Steps recorded on this rank after warm-up.",
     "step_median_s": "Median step period: wall time, or the GPU's step time where that is longer.",
     "step_mean_s": "Mean step period (as step_median_s).",
+    "run_time_s": "Sum of the step periods after warm-up.",
     "compute_median_s": "Median forward+backward time (GPU time when every rank has it, else host time).",
     "data_wait_share": "Share of the step period the data loader cost: host wait for a batch, on a GPU rank only "
-    "the part during which the GPU stream sat idle (gpu_gap_s).",
+    "the part during which the GPU stream sat idle (gpu_gap_s). Absent when the rank never measured it.",
+    "data_wait_share_noise": f"Uncertainty of the per-step data wait share: {NOTCH} x IQR / sqrt(steps).",
     "data_wait_host_share": "Share of the step period the host waited for the data loader, hidden or not.",
+    "data_measured": "1 when this rank measured its data wait (wrapped loader or mon.data() marks), else 0.",
+    "ranks_data_measured": "Ranks that measured their data wait (copied to every rank).",
     "h2d_share": "Share of step time in host-to-device copies (GPU only).",
     "compute_share": "Share of step time in forward+backward.",
-    "comm_exposed_share": "Share of step time waiting for all-reduce after backward ended.",
+    "comm_exposed_share": "Share of step time waiting at collectives: DDP's exposed gradient all-reduce plus "
+    "blocking collectives (comm_blocked_s).",
+    "grad_comm_share": "Share of step time waiting for DDP's gradient all-reduce after backward ended.",
+    "comm_blocked_share": "Share of step time blocked in collectives outside DDP's buckets (metric all-reduce, "
+    "barriers, object collectives, FSDP2 waits); absent when the agent did not time them.",
     "optimizer_share": "Share of step time in optimizer.step().",
     "other_share": "Share of step time outside the named phases.",
     "allreduce_share": "Sum of per-bucket all-reduce time over step time (overlapped or not); host-measured, so "
     "absent under NCCL, whose futures complete when the collective is enqueued.",
-    "comm_to_compute": "Exposed comm time over compute time.",
+    "comm_to_compute": "Exposed gradient comm time over compute time.",
     "comm_overlap": "1 - exposed comm / all-reduce time: how much all-reduce hid behind backward.",
-    "comm_floor_share": "Exposed comm share of the rank that waits least (copied to every rank): the slowest rank "
-    "waits for no peer, so this is what all-reduce itself costs.",
-    "comm_floor_to_compute": "Exposed comm over compute on that same rank (copied to every rank).",
+    "comm_floor_share": "Gradient all-reduce cost itself: per step, the exposed all-reduce of the rank that waited "
+    "least (the others also waited for it), summed over steps seen on every rank, over their periods (copied "
+    "to every rank).",
+    "comm_floor_share_noise": f"Uncertainty of comm_floor_share from its per-step spread ({NOTCH} x IQR / sqrt(n)).",
+    "comm_floor_to_compute": "comm_floor_share over the median rank's compute share.",
+    "comm_floor_s": "Mean per-step exposed gradient all-reduce of the rank that waited least, seconds.",
+    "comm_blocked_floor_share": "Blocking collectives' own cost: per step, the blocked time of the rank that was "
+    "blocked least, over the period (copied to every rank); absent when not timed.",
+    "comm_blocked_floor_share_noise": "Uncertainty of comm_blocked_floor_share from its per-step spread.",
+    "collectives_per_step": "Median blocking collectives per step (outside DDP's buckets).",
+    "collective_bytes_per_step": "Median bytes of those collectives per step.",
+    "least_wait_step_share": "Share of steps (seen on every rank) in which this rank waited least at collectives: "
+    "the rank the others wait for.",
+    "straggler_cost_share": "What waiting for this rank costs: over the steps where it waited least, how much "
+    "longer the next-least-waiting rank waited, over the period sum (what fixing it would give back).",
+    "straggler_cost_share_noise": "Uncertainty of straggler_cost_share from its per-step spread.",
+    "least_wait_top_share": "The largest least_wait_step_share of any rank (copied to every rank): near 1 when one "
+    "rank arrives last at nearly every collective, low when the late rank changes from step to step.",
+    "imbalance_cost_share": "Per step, how much longer the second-least-waiting rank waited than the least, "
+    "whoever that was, over the period sum (copied to every rank): the cost of uneven ranks.",
     "buckets_per_step": "Median gradient buckets all-reduced per step.",
     "grad_bytes_per_step": "Median gradient bytes all-reduced per step.",
-    "allreduce_bytes_per_s": "Gradient bytes over all-reduce time: effective all-reduce bandwidth.",
+    "allreduce_bytes_per_s": "Gradient bytes over all-reduce time: effective all-reduce bandwidth (host clock).",
+    "transport_bytes_per_s": "Bandwidth the transport should give an all-reduce (assumed per transport, see "
+    "docs/diagnosis.md): gloo on one node 1 GB/s, NVLink 300 GB/s, PCIe 20 GB/s, InfiniBand 20 GB/s.",
+    "transport_latency_s": "Latency the transport should give one small all-reduce (assumed, as above).",
+    "allreduce_wire_s": "Time the gradient bytes need at the transport's bandwidth: 2(N-1)/N x bytes / bandwidth.",
+    "allreduce_latency_s": "Time the all-reduces of a step need at the transport's latency: buckets x latency.",
+    "allreduce_achieved_bytes_per_s": "Bytes on the wire per second of all-reduce actually measured (per-bucket "
+    "all-reduce time on the host, else the rank's exposed all-reduce).",
+    "allreduce_efficiency": "allreduce_achieved_bytes_per_s over transport_bytes_per_s.",
     "straggler_score": "Fastest rank's median compute over this rank's (1 = fastest; wall time hides it).",
     "compute_vs_median": "This rank's median compute over the median across ranks.",
     "slowest_rank": "Rank with the largest median compute (copied to every rank).",
@@ -51,13 +96,19 @@ FEATURES: dict[str, str] = {
     "graph_breaks": "Graph breaks reported by torch.compile on this rank.",
     "recompiles": "Recompilations on this rank.",
     "recompiles_after_warmup": "Recompilations noticed after the warm-up steps.",
+    "recompile_excess_share": "Time the steps around each recompile took beyond the median step, over the period "
+    "sum: what the recompiles cost (absent without recompiles after warm-up).",
     "compiled": "1 when the model runs under torch.compile (compile records or an OptimizedModule), else 0.",
     "ddp": "1 when the model is DDP-wrapped, else 0.",
+    "fsdp": "1 when the model is sharded with FSDP2 (fully_shard), else 0.",
     "find_unused_parameters": "DDP's find_unused_parameters (1/0); absent without DDP.",
+    "static_graph": "DDP's static_graph (1/0); absent without DDP or when not recorded.",
+    "gradient_as_bucket_view": "DDP's gradient_as_bucket_view (1/0); absent without DDP or when not recorded.",
     "ddp_backend_gloo": "1 when DDP all-reduces through gloo, 0 for another backend; absent without DDP.",
     "unused_parameter_size": "Bytes of parameters DDP found unused in its latest sampled iteration.",
     "ddp_stats_iteration": "Iteration of DDP's latest runtime logging sample (0: none yet).",
     "bucket_cap_bytes": "DDP bucket_cap_mb in bytes.",
+    "bucket_cap_mb": "DDP bucket_cap_mb.",
     "parameter_bytes": "Bytes of model parameters.",
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
     "gpu_busy_ratio": "Share of time a kernel ran: the sampled window's kernel_busy_ratio when a window exists "
@@ -67,6 +118,24 @@ FEATURES: dict[str, str] = {
     "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
     "model_state_share": "model_state_bytes over device_memory_bytes: what a replicated (unsharded) model takes of "
     "each GPU before any activation.",
+    "loader_wrapped": "1 when a DataLoader was wrapped with mon.loader() (its settings are known), else 0.",
+    "loader_num_workers": "The wrapped DataLoader's num_workers.",
+    "loader_pin_memory": "The wrapped DataLoader's pin_memory (1/0).",
+    "loader_prefetch_factor": "The wrapped DataLoader's prefetch_factor (absent with no workers).",
+    "loader_persistent_workers": "The wrapped DataLoader's persistent_workers (1/0).",
+    "loader_batch_size": "The wrapped DataLoader's batch_size.",
+    "cpu_count": "CPUs of the rank's host.",
+    "cpus_allowed": "CPUs this rank may run on (its affinity mask).",
+    "local_world_size": "Ranks on this rank's node.",
+    "torch_threads": "torch's intra-op threads in this rank.",
+    "cpus_per_rank": "cpus_allowed / local_world_size: the cores each rank of the node may count on.",
+    "threads_demanded": "local_world_size x (torch_threads + loader workers): the busy threads the node's ranks "
+    "ask for.",
+    "oversubscription_ratio": "threads_demanded / cpus_allowed (> 1: threads queue for cores).",
+    "host_load_ratio": "1-minute load average over CPUs allowed (sampled; else from the rank's metadata).",
+    "process_cpu_cores": "This rank's process CPU seconds per wall second (sampled).",
+    "host_bound_share": "Share of the step the host's threads drive: compute + optimizer + data wait on a CPU "
+    "rank, the data wait on a GPU rank.",
     "records_dropped_total": "Records the agent dropped (its buffer was full).",
     "agent_errors_total": "Errors inside the agent (it turned the failing part off).",
     "memory_reserved_excess": "This rank's reserved GPU memory over the median across ranks, minus 1.",
@@ -74,31 +143,65 @@ FEATURES: dict[str, str] = {
     **{name: f"Sample: {doc}" for name, doc in SAMPLE_NAMES.items()},
 }
 
+#: Strings fix templates may name (never expressions: the rule language has numbers only).
+CONTEXT: dict[str, str] = {
+    "framework": "plain | lightning | transformers | accelerate | run (how the job was launched/trained).",
+    "parallelism": "ddp | fsdp2 | none.",
+    "data_source": "loader | marks | framework | unknown: where the data wait comes from.",
+    "loader_class": "Class of the wrapped loader.",
+    "backend": "Process group backend of DDP (nccl, gloo) or unknown.",
+    "transport": "gloo-loopback | gloo-tcp | nvlink | infiniband | unknown: what the all-reduce bandwidth is "
+    "judged against.",
+    "top_collectives": "The blocking collectives that cost most, e.g. 'all_reduce x2/step (user)'.",
+}
+
+CONTEXT_DEFAULTS: dict[str, str] = {
+    "framework": "plain",
+    "parallelism": "none",
+    "data_source": "unknown",
+    "loader_class": "",
+    "backend": "unknown",
+    "transport": "unknown",
+    "top_collectives": "",
+}
+"""What a template reads for a context name the run did not provide."""
+
 _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the median
+_HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio")  # read by name, whether or not the schema lists them yet
 
 
-def run_features(run_path: str, warmup_steps: int = 5) -> dict[int, dict]:
+def run_features(run_path: str, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
     """Open a run directory and return its features per rank (see ``FEATURES``)."""
     con = open_run(run_path)
-    return compute_features(con, read_rank_meta(run_path), warmup_steps)
+    return compute_features(con, read_rank_meta(run_path), warmup_steps, since_ns=since_ns)
 
 
-def compute_features(con, metas: list, warmup_steps: int = 5, breakdown: list[dict] | None = None) -> dict[int, dict]:
-    """Features per rank from a connection with the run's views and the ranks' metadata."""
-    rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps=warmup_steps)
+def compute_features(
+    con, metas: list, warmup_steps: int = 5, breakdown: list[dict] | None = None, since_ns: int | None = None
+) -> dict[int, dict]:
+    """Features per rank from a connection with the run's views and the ranks' metadata.
+
+    ``since_ns`` keeps only the steps (and samples, compile events) at or after that time (Unix ns).
+    """
+    rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps, since_ns)
     meta_by_rank = {m.rank: m.data for m in metas}
-    extra = _step_extras(con, warmup_steps)
-    compile_counts = _compile_counts(con, warmup_steps)
-    samples = _sample_values(con, warmup_steps)
+    stats = rank_step_stats(con, warmup_steps, since_ns)
+    compile_counts = _compile_counts(con, warmup_steps, since_ns)
+    samples = _sample_values(con, warmup_steps, since_ns)
+    excess = recompile_excess(con, warmup_steps, since_ns)
     ranks = sorted(set(meta_by_rank) | {r["rank"] for r in rows})
+    local_sizes = _ranks_per_node(meta_by_rank, rows)
     feats: dict[int, dict] = {}
     for rank in ranks:
         f = {name: None for name in FEATURES}
         f["rank"] = rank
-        f.update(_meta_features(meta_by_rank.get(rank, {})))
-        f.update(_step_features(next((r for r in rows if r["rank"] == rank), None), extra.get(rank, {})))
+        meta = meta_by_rank.get(rank, {})
+        f.update(_meta_features(meta))
+        f.update(_step_features(next((r for r in rows if r["rank"] == rank), None), stats.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
         f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
+        f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
+        f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
         busy = f["kernel_busy_ratio"]
         f["gpu_busy_ratio"] = busy if busy is not None else f["gpu_utilization_ratio"]
         if f.pop("_backend", None) == "nccl":
@@ -106,30 +209,109 @@ def compute_features(con, metas: list, warmup_steps: int = 5, breakdown: list[di
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
             f["allreduce_share"] = f["comm_overlap"] = f["allreduce_bytes_per_s"] = None
         feats[rank] = f
-    _cross_rank(con, warmup_steps, feats, extra)
+    _cross_rank(con, warmup_steps, since_ns, feats, stats)
+    for rank, f in feats.items():
+        f.update(transport_model(f, _context_of(meta_by_rank.get(rank, {}), f)["transport"]))
     return feats
 
 
-def _step_extras(con, warmup_steps: int) -> dict[int, dict]:
-    sql = """
-        WITH counted AS (SELECT *, count(*) OVER (PARTITION BY rank) AS n FROM steps),
-             kept AS (SELECT * FROM counted WHERE step >= ? OR n <= ?)
-        SELECT rank, median(buckets) AS buckets_per_step, median(bucket_bytes) AS grad_bytes_per_step,
-               sum(comm_exposed_s) AS exposed_sum, sum(allreduce_s) AS allreduce_sum,
-               sum(bucket_bytes) FILTER (WHERE allreduce_s > 0) AS bytes_sum,
-               median(gpu_compute_s) AS gpu_compute_median_s, count(gpu_compute_s) AS gpu_rows,
-               max(world_size) AS world_size
-        FROM kept GROUP BY rank
+def compute_context(con, metas: list, features: dict[int, dict], warmup_steps: int = 5, since_ns=None) -> dict:
+    """Context strings per rank (``CONTEXT``): what fix templates are fitted to, beside the numbers."""
+    meta_by_rank = {m.rank: m.data for m in metas}
+    ops = collective_ops(con, warmup_steps, since_ns)
+    out = {}
+    for rank, f in features.items():
+        ctx = _context_of(meta_by_rank.get(rank, {}), f)
+        ctx["top_collectives"] = ops.get(rank, "")
+        out[rank] = ctx
+    return out
+
+
+#: What an all-reduce should get from each transport: (bus bandwidth in bytes/s, latency of one small
+#: all-reduce between 2 ranks in s). gloo on one node was measured here (2 ranks, 2 shared cores: 0.25 ms
+#: for 256 B, 1.2 GB/s at 4 MB, 0.9 GB/s at 16 MB); the others are public figures, rounded down: NCCL
+#: all_reduce bus bandwidth on NVLink 4 (H100/H200) 300+ GB/s, PCIe 4 x16 ~20 GB/s, one HDR InfiniBand
+#: NIC per GPU ~20 GB/s; 10 GbE TCP ~1 GB/s.
+TRANSPORTS: dict[str, tuple[float, float]] = {
+    "gloo-loopback": (1.0e9, 250e-6),
+    "gloo-tcp": (1.0e9, 500e-6),
+    "nvlink": (300e9, 20e-6),
+    "pcie": (20e9, 30e-6),
+    "infiniband": (20e9, 30e-6),
+}
+
+
+def transport_model(f: dict, transport: str) -> dict:
+    """What the gradient all-reduce should cost on this transport, and what it achieved.
+
+    Ring all-reduce sends 2(N-1)/N of the bytes per rank (the bandwidth term); each all-reduce also pays
+    a latency that grows with log2(N) (NCCL's trees, gloo's halving-doubling). Bytes that take less time
+    on the wire than the latencies do make a latency-bound all-reduce, whatever its exposed share.
     """
-    cur = con.execute(sql, [warmup_steps, warmup_steps])
-    names = [d[0] for d in cur.description]
-    return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+    out: dict = {}
+    if transport not in TRANSPORTS:
+        return out
+    bandwidth, latency = TRANSPORTS[transport]
+    n = f.get("world_size") or 1
+    out["transport_bytes_per_s"], out["transport_latency_s"] = bandwidth, latency * max(1, math.ceil(math.log2(n)))
+    grad_bytes, buckets = f.get("grad_bytes_per_step"), f.get("buckets_per_step")
+    if n < 2 or not grad_bytes:
+        return out
+    wire_bytes = 2 * (n - 1) / n * grad_bytes
+    out["allreduce_wire_s"] = wire_bytes / bandwidth
+    out["allreduce_latency_s"] = (buckets or 1) * out["transport_latency_s"]
+    # The all-reduce's own time per step: per-bucket host times where they mean something (not NCCL),
+    # else the exposed time of the rank that waited least.
+    per_step = None
+    if f.get("allreduce_share") and f.get("step_mean_s"):
+        per_step = f["allreduce_share"] * f["step_mean_s"]
+    elif f.get("comm_floor_s"):
+        per_step = f["comm_floor_s"]
+    if per_step and per_step > 0:
+        out["allreduce_achieved_bytes_per_s"] = wire_bytes / per_step
+        out["allreduce_efficiency"] = out["allreduce_achieved_bytes_per_s"] / bandwidth
+    return out
 
 
-def _compile_counts(con, warmup_steps: int) -> dict[int, dict]:
-    sql = """
+def _context_of(meta: dict, f: dict) -> dict:
+    ddp = meta.get("ddp") or {}
+    backend = ddp.get("backend") or "unknown"
+    framework = meta.get("framework") or "plain"
+    parallelism = meta.get("parallelism") or ("ddp" if ddp else "none")
+    data_source = meta.get("data_source") or ("loader" if meta.get("loader") else "unknown")
+    multi_node = (f.get("nodes") or 1) > 1
+    if backend == "gloo":
+        transport = "gloo-tcp" if multi_node else "gloo-loopback"
+    elif backend == "nccl":
+        transport = "infiniband" if multi_node else "nvlink"
+    else:
+        transport = "unknown"
+    loader = meta.get("loader") or {}
+    return {
+        "framework": str(framework),
+        "parallelism": str(parallelism),
+        "data_source": str(data_source),
+        "loader_class": str(loader.get("class") or ""),
+        "backend": str(backend),
+        "transport": transport,
+    }
+
+
+def _ranks_per_node(meta_by_rank: dict, rows: list[dict]) -> dict[int, int]:
+    """Ranks sharing each rank's node, counted from the records (LOCAL_WORLD_SIZE may be unset)."""
+    node_of = {r: m.get("node") for r, m in meta_by_rank.items() if m.get("node")}
+    node_of.update({r["rank"]: r["node"] for r in rows if r.get("node")})
+    count: dict = {}
+    for node in node_of.values():
+        count[node] = count.get(node, 0) + 1
+    return {rank: count[node] for rank, node in node_of.items()}
+
+
+def _compile_counts(con, warmup_steps: int, since_ns: int | None) -> dict[int, dict]:
+    where = f"WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    sql = f"""
         SELECT rank, kind, sum(count) AS total, coalesce(sum(count) FILTER (WHERE step >= ?), 0) AS late
-        FROM compile GROUP BY rank, kind
+        FROM compile {where} GROUP BY rank, kind
     """
     out: dict[int, dict] = {}
     for rank, kind, total, late in con.execute(sql, [warmup_steps]).fetchall():
@@ -137,18 +319,28 @@ def _compile_counts(con, warmup_steps: int) -> dict[int, dict]:
     return out
 
 
-def _sample_values(con, warmup_steps: int) -> dict[tuple[int, str], float]:
+def _sample_values(con, warmup_steps: int, since_ns: int | None) -> dict[tuple[int, str], float]:
     # After warm-up when there is anything there, else everything: a short or young run still says something.
-    sql = """
+    where = f"WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    sql = f"""
         SELECT rank, name,
                coalesce(median(value) FILTER (WHERE step >= ?), median(value)) AS typical,
                arg_max(value, time_ns) AS latest
-        FROM samples GROUP BY rank, name
+        FROM samples {where} GROUP BY rank, name
     """
     out = {}
     for rank, name, typical, latest in con.execute(sql, [warmup_steps]).fetchall():
         out[(rank, name)] = float(latest if name.endswith(_COUNTER_SUFFIX) else typical)
     return out
+
+
+def _flag(value):
+    """1/0 for a recorded boolean, None when it was not recorded."""
+    return None if value is None else int(bool(value))
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _meta_features(meta: dict) -> dict:
@@ -172,9 +364,14 @@ def _meta_features(meta: dict) -> dict:
             f["model_state_share"] = f["model_state_bytes"] / f["device_memory_bytes"]
     ddp = meta.get("ddp")
     f["ddp"] = int(bool(ddp))
+    f["fsdp"] = int(meta.get("parallelism") == "fsdp2")
     if ddp:
         f["find_unused_parameters"] = int(bool(ddp.get("find_unused_parameters")))
-        f["bucket_cap_bytes"] = ddp.get("bucket_cap_bytes")
+        f["static_graph"] = _flag(ddp.get("static_graph"))
+        f["gradient_as_bucket_view"] = _flag(ddp.get("gradient_as_bucket_view"))
+        f["bucket_cap_bytes"] = _number(ddp.get("bucket_cap_bytes"))
+        if f["bucket_cap_bytes"]:
+            f["bucket_cap_mb"] = f["bucket_cap_bytes"] / 2**20
         f["_backend"] = ddp.get("backend")
         f["ddp_backend_gloo"] = int(ddp.get("backend") == "gloo")
     logging_data = meta.get("ddp_logging") or {}
@@ -184,11 +381,47 @@ def _meta_features(meta: dict) -> dict:
     # DDP only fills this once it has sampled a runtime iteration (iteration > 0).
     if isinstance(unused, (int, float)) and iteration:
         f["unused_parameter_size"] = unused
+    loader = meta.get("loader") or {}
+    f["loader_wrapped"] = int(bool(loader))
+    if loader:
+        f["loader_num_workers"] = _number(loader.get("num_workers"))
+        f["loader_pin_memory"] = _flag(loader.get("pin_memory"))
+        f["loader_prefetch_factor"] = _number(loader.get("prefetch_factor"))
+        f["loader_persistent_workers"] = _flag(loader.get("persistent_workers"))
+        f["loader_batch_size"] = _number(loader.get("batch_size"))
     f["_model_class"] = model.get("class")
     return f
 
 
-def _step_features(row: dict | None, extra: dict) -> dict:
+def _host_features(meta: dict, f: dict, samples: dict, rank: int, ranks_on_node: int | None) -> dict:
+    """CPU facts: cores, threads, load. The oversubscription check compares the threads the node's ranks
+    ask for (torch threads + loader workers, per rank) with the cores they may use."""
+    host = meta.get("host") or {}
+    out: dict = {
+        "cpu_count": _number(host.get("cpu_count")),
+        "cpus_allowed": _number(host.get("cpus_allowed")) or _number(host.get("cpu_count")),
+        "torch_threads": _number(host.get("torch_threads")),
+        "local_world_size": _number(host.get("local_world_size")) or ranks_on_node,
+    }
+    for name in _HOST_SAMPLES:
+        out[name] = samples.get((rank, name))
+    load = _number(host.get("load_avg_1m"))
+    if out["host_load_ratio"] is None and load is not None and out["cpus_allowed"]:
+        out["host_load_ratio"] = load / out["cpus_allowed"]
+    if out["cpus_allowed"] and out["local_world_size"]:
+        out["cpus_per_rank"] = out["cpus_allowed"] / out["local_world_size"]
+        if out["torch_threads"] is not None:
+            workers = f.get("loader_num_workers") or 0
+            out["threads_demanded"] = out["local_world_size"] * (out["torch_threads"] + workers)
+            out["oversubscription_ratio"] = out["threads_demanded"] / out["cpus_allowed"]
+    on_gpu = f.get("model_on_gpu") == 1
+    wait = f.get("data_wait_share") or 0.0
+    if f.get("compute_share") is not None:
+        out["host_bound_share"] = wait if on_gpu else wait + f["compute_share"] + (f.get("optimizer_share") or 0.0)
+    return out
+
+
+def _step_features(row: dict | None, stats: dict) -> dict:
     if row is None:
         return {}
     f = {
@@ -200,17 +433,24 @@ def _step_features(row: dict | None, extra: dict) -> dict:
         "data_wait_host_share": row["data_wait_host_share"],
         **{f"{p[:-2]}_share": row[f"{p[:-2]}_share"] for p in PHASES},
     }
-    if f["compute_share"] and f["comm_exposed_share"] is not None:
-        f["comm_to_compute"] = f["comm_exposed_share"] / f["compute_share"]
-    allreduce_sum, exposed_sum = extra.get("allreduce_sum"), extra.get("exposed_sum")
+    f["data_measured"] = int(f["data_wait_share"] is not None)
+    f["run_time_s"] = stats.get("run_time_s")
+    f["grad_comm_share"] = stats.get("grad_comm_share")
+    f["comm_blocked_share"] = stats.get("blocked_share")
+    f["data_wait_share_noise"] = stats.get("data_noise")
+    f["collectives_per_step"] = stats.get("collectives_per_step")
+    f["collective_bytes_per_step"] = stats.get("collective_bytes_per_step")
+    if f["compute_share"] and f["grad_comm_share"] is not None:
+        f["comm_to_compute"] = f["grad_comm_share"] / f["compute_share"]
+    allreduce_sum, exposed_sum = stats.get("allreduce_sum"), stats.get("exposed_sum")
     if allreduce_sum and allreduce_sum > 0:
         f["comm_overlap"] = max(0.0, 1.0 - (exposed_sum or 0.0) / allreduce_sum)
-        if extra.get("bytes_sum"):
-            f["allreduce_bytes_per_s"] = extra["bytes_sum"] / allreduce_sum
-    f["buckets_per_step"] = extra.get("buckets_per_step")
-    f["grad_bytes_per_step"] = extra.get("grad_bytes_per_step")
-    if extra.get("world_size"):
-        f["world_size"] = int(extra["world_size"])
+        if stats.get("bytes_sum"):
+            f["allreduce_bytes_per_s"] = stats["bytes_sum"] / allreduce_sum
+    f["buckets_per_step"] = stats.get("buckets_per_step")
+    f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
+    if stats.get("world_size"):
+        f["world_size"] = int(stats["world_size"])
     return f
 
 
@@ -226,18 +466,18 @@ def _compile_features(counts: dict, f: dict) -> dict:
     }
 
 
-def _slowest_step_share(con, warmup_steps: int, ranks: list[int], use_gpu: bool) -> dict[int, float]:
-    """Per rank, how often it was the slowest: a real straggler is slow in nearly every step, while
-    contention on a shared host moves the slowest rank around.
+def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: bool) -> dict[int, float]:
+    """Per rank, how often it had the longest compute (evidence beside the wait asymmetry).
 
     Only steps with a row from every compared rank count. Rows are counted, not distinct ranks (a
     rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
     steps: 1.56 s against 0.21 s)."""
     column = "gpu_compute_s" if use_gpu else "compute_s"
+    since = f"AND time_ns >= {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         WITH kept AS (
                 SELECT rank, step, {column} AS c FROM steps
-                WHERE {column} IS NOT NULL AND rank IN (SELECT unnest(?::INTEGER[]))
+                WHERE {column} IS NOT NULL AND rank IN (SELECT unnest(?::INTEGER[])) {since}
                   AND (step >= ? OR (SELECT max(step) FROM steps) < ?)),
              per_step AS (SELECT step, max(c) AS top FROM kept GROUP BY step HAVING count(*) = ?)
         SELECT k.rank, avg(CASE WHEN k.c = p.top THEN 1.0 ELSE 0.0 END)
@@ -247,41 +487,19 @@ def _slowest_step_share(con, warmup_steps: int, ranks: list[int], use_gpu: bool)
     return {rank: share for rank, share in rows}
 
 
-def _cross_rank(con, warmup_steps: int, feats: dict[int, dict], extra: dict[int, dict]) -> None:
-    """Figures that compare ranks: straggler score from compute time, memory spread."""
+def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats: dict[int, dict]) -> None:
+    """Figures that compare ranks: who waits for whom at collectives, compute scores, memory spread."""
     for f in feats.values():
         f.pop("_model_class", None)
     reporting = [r for r, f in feats.items() if f["steps"]]
+    nodes = {stats[r].get("node") for r in reporting if stats.get(r, {}).get("node")}
+    measured = sum(1 for r in reporting if feats[r]["data_measured"])
     for f in feats.values():
         f["ranks_reporting"] = len(reporting)
-    # GPU compute when every reporting rank has it (host time includes launch queueing), else host compute.
-    use_gpu = reporting and all(extra.get(r, {}).get("gpu_compute_median_s") for r in reporting)
-    compute = {}
-    for r in reporting:
-        value = extra[r]["gpu_compute_median_s"] if use_gpu else feats[r]["compute_median_s"]
-        if value and value > 0:
-            compute[r] = value
-    if use_gpu:
-        for r, value in compute.items():
-            feats[r]["compute_median_s"] = value
-    if len(compute) >= 2:
-        for r, share in _slowest_step_share(con, warmup_steps, sorted(compute), use_gpu).items():
-            feats[r]["slowest_step_share"] = share
-        fastest, median = min(compute.values()), statistics.median(compute.values())
-        slowest = max(compute, key=compute.get)
-        for r, value in compute.items():
-            feats[r]["straggler_score"] = fastest / value
-            feats[r]["compute_vs_median"] = value / median
-        for f in feats.values():
-            f["slowest_rank"] = slowest
-    # Exposed comm on a fast rank is mostly waiting for slower peers; the rank that waits least shows the
-    # all-reduce's own cost, which is what "sync-bound" means.
-    exposed = {r: feats[r]["comm_exposed_share"] for r in reporting if feats[r]["comm_exposed_share"] is not None}
-    if exposed:
-        floor_rank = min(exposed, key=exposed.get)
-        for f in feats.values():
-            f["comm_floor_share"] = exposed[floor_rank]
-            f["comm_floor_to_compute"] = feats[floor_rank]["comm_to_compute"]
+        f["nodes"] = len(nodes) or None
+        f["ranks_data_measured"] = measured
+    _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting)
+    _wait_figures(con, warmup_steps, since_ns, feats, reporting)
     reserved = {r: f["memory_reserved_bytes"] for r, f in feats.items() if f.get("memory_reserved_bytes")}
     if len(reserved) >= 2:
         median, high = statistics.median(reserved.values()), max(reserved.values())
@@ -290,3 +508,59 @@ def _cross_rank(con, warmup_steps: int, feats: dict[int, dict], extra: dict[int,
             f["memory_reserved_spread"] = spread
             if r in reserved:
                 f["memory_reserved_excess"] = reserved[r] / median - 1.0
+
+
+def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> None:
+    # GPU compute when every reporting rank has it (host time includes launch queueing), else host compute.
+    use_gpu = bool(reporting) and all(stats.get(r, {}).get("gpu_compute_median_s") for r in reporting)
+    compute = {}
+    for r in reporting:
+        value = stats[r]["gpu_compute_median_s"] if use_gpu else feats[r]["compute_median_s"]
+        if value and value > 0:
+            compute[r] = value
+    if use_gpu:
+        for r, value in compute.items():
+            feats[r]["compute_median_s"] = value
+    if len(compute) >= 2:
+        for r, share in _slowest_step_share(con, warmup_steps, since_ns, sorted(compute), use_gpu).items():
+            feats[r]["slowest_step_share"] = share
+        fastest, median = min(compute.values()), statistics.median(compute.values())
+        slowest = max(compute, key=compute.get)
+        for r, value in compute.items():
+            feats[r]["straggler_score"] = fastest / value
+            feats[r]["compute_vs_median"] = value / median
+        for f in feats.values():
+            f["slowest_rank"] = slowest
+
+
+def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> None:
+    """Who waits for whom: per step, the rank that waits least at collectives is the one the others wait
+    for; what the all-reduce costs by itself is that rank's wait (see ``wait_asymmetry``)."""
+    if not reporting:
+        return
+    w = wait_asymmetry(con, warmup_steps, since_ns, sorted(reporting))
+    if w is None:
+        return
+    compute_shares = [feats[r]["compute_share"] for r in reporting if feats[r]["compute_share"]]
+    median_compute = statistics.median(compute_shares) if compute_shares else None
+    shared = {
+        "comm_floor_share": w["grad_floor_share"],
+        "comm_floor_share_noise": w["grad_floor_noise"],
+        "comm_floor_s": w["grad_floor_s"],
+        "comm_blocked_floor_share": w["blocked_floor_share"],
+        "comm_blocked_floor_share_noise": w["blocked_floor_noise"],
+        "imbalance_cost_share": w["imbalance_share"] if len(reporting) >= 2 else None,
+    }
+    if median_compute and w["grad_floor_share"] is not None:
+        shared["comm_floor_to_compute"] = w["grad_floor_share"] / median_compute
+    for f in feats.values():
+        f.update(shared)
+    if len(reporting) >= 2:
+        for r in reporting:
+            per = w["per_rank"].get(r, {"least_share": 0.0, "cost_share": 0.0, "cost_noise": 0.0})
+            feats[r]["least_wait_step_share"] = per["least_share"]
+            feats[r]["straggler_cost_share"] = per["cost_share"]
+            feats[r]["straggler_cost_share_noise"] = per["cost_noise"]
+        top = max(feats[r]["least_wait_step_share"] for r in reporting)
+        for f in feats.values():
+            f["least_wait_top_share"] = top

@@ -18,54 +18,264 @@ previous step's end to this one's (the idle gap before the step plus the step): 
 of a GPU-bound job, so its own clock says when it queued work, not what the work cost; in steady
 state the two agree."""
 
-_EXPOSED_WAIT = f"least(coalesce(data_wait_s, 0), {_GPU_GAP})"
-# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle before
-# the step (gpu_gap_s); the rest was hidden behind queued work.
-
 
 def _phase(gpu: str, cpu: str) -> str:
     return f"CASE WHEN {_ON_GPU} THEN {gpu} ELSE {cpu} END"
 
 
+# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle before
+# the step (gpu_gap_s); the rest was hidden behind queued work. NULL data_wait_s means "not measured"
+# (no wrapped loader, no mon.data() marks), and stays NULL: a share of 0 would claim the input is fine.
+_EXPOSED_WAIT = f"CASE WHEN data_wait_s IS NULL THEN NULL ELSE least(data_wait_s, {_GPU_GAP}) END"
+
+GRAD_COMM_SQL = _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)")
+"""DDP's exposed gradient all-reduce of one step row. With NCCL the host's all-reduce futures complete
+at enqueue: only the GPU's clock sees the wait. A GPU row without the GPU figure (an older agent, or
+its event not resolved) keeps the host's."""
+
+BLOCKED_SQL = _phase("coalesce(gpu_comm_blocked_s, comm_blocked_s, 0)", "coalesce(comm_blocked_s, 0)")
+"""Time blocked in collectives outside DDP's gradient buckets (metric all-reduce, barriers, object
+collectives, FSDP2 waits) of one step row; GPU stream time where the agent measured it."""
+
 _GPU_NAMED = (
-    f"{_EXPOSED_WAIT} + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0)"
+    f"coalesce({_EXPOSED_WAIT}, 0) + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0)"
     " + coalesce(gpu_comm_exposed_s, comm_exposed_s, 0) + coalesce(gpu_optimizer_s, optimizer_s, 0)"
 )
+# GPU phases as the CUDA events bound them, before the blocking collectives are carved out of them.
+_GPU_OTHER = f"greatest({PERIOD_SQL} - ({_GPU_NAMED}), 0)"
+_GPU_OPTIMIZER = "coalesce(gpu_optimizer_s, optimizer_s, 0)"
+_GPU_COMPUTE = "coalesce(gpu_compute_s, 0)"
+_GPU_BLOCKED = "coalesce(gpu_comm_blocked_s, comm_blocked_s, 0)"
+# The host's phases already leave the blocked time out (the agent takes it out of compute and other).
+# The GPU's events do not: a metric all-reduce after optimizer.step() lies inside gpu_optimizer_s (its
+# start to the step's end), an FSDP2 all-gather inside gpu_compute_s, anything else in the remainder.
+# So on a GPU rank it is carved out of the remainder, then the optimizer span, then compute: nothing
+# is counted twice and the phases still add up to the period.
+_LEFT_AFTER_OTHER = f"greatest({_GPU_BLOCKED} - {_GPU_OTHER}, 0)"
+_LEFT_AFTER_OPTIMIZER = f"greatest({_LEFT_AFTER_OTHER} - {_GPU_OPTIMIZER}, 0)"
 
 PHASE_SQL: dict[str, str] = {
-    "data_wait_s": _phase(_EXPOSED_WAIT, "coalesce(data_wait_s, 0)"),
+    "data_wait_s": _phase(_EXPOSED_WAIT, "data_wait_s"),
     "h2d_s": "h2d_s",  # GPU time; NULL on a CPU rank, so its share stays absent rather than zero
-    "compute_s": _phase("coalesce(gpu_compute_s, 0)", "coalesce(compute_s, 0)"),
-    # With NCCL the host's all-reduce futures complete at enqueue: only the GPU's clock sees the wait.
-    # A GPU row without the GPU figure (an older agent, or its event not resolved) keeps the host's.
-    "comm_exposed_s": _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)"),
-    "optimizer_s": _phase("coalesce(gpu_optimizer_s, optimizer_s, 0)", "coalesce(optimizer_s, 0)"),
+    "compute_s": _phase(f"greatest({_GPU_COMPUTE} - {_LEFT_AFTER_OPTIMIZER}, 0)", "coalesce(compute_s, 0)"),
+    # Waiting at collectives: DDP's exposed gradient all-reduce plus the blocking collectives.
+    "comm_exposed_s": _phase(
+        f"coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)"
+        f" + least({_GPU_BLOCKED}, {_GPU_OTHER} + {_GPU_OPTIMIZER} + {_GPU_COMPUTE})",
+        "coalesce(comm_exposed_s, 0) + coalesce(comm_blocked_s, 0)",
+    ),
+    "optimizer_s": _phase(f"greatest({_GPU_OPTIMIZER} - {_LEFT_AFTER_OTHER}, 0)", "coalesce(optimizer_s, 0)"),
     # GPU: the rest of the period (host work between steps, the gap after an all-reduce until the
-    # optimizer). CPU: the host's own remainder.
-    "other_s": _phase(f"greatest({PERIOD_SQL} - ({_GPU_NAMED}), 0)", "coalesce(other_s, 0)"),
+    # optimizer), less blocked collectives. CPU: the host's own remainder.
+    "other_s": _phase(f"greatest({_GPU_OTHER} - {_GPU_BLOCKED}, 0)", "coalesce(other_s, 0)"),
 }
 """SQL for each phase of one step row, as a share of ``PERIOD_SQL``: GPU-stream phases on a GPU rank
-(CUDA events), host phases on a CPU rank. They add up to the period."""
+(CUDA events), host phases on a CPU rank. They add up to the period (a NULL data wait counts as 0)."""
+
+STEP_COLUMNS_V3: dict[str, str] = {
+    "comm_blocked_s": "DOUBLE",
+    "gpu_comm_blocked_s": "DOUBLE",
+    "collectives": "BIGINT",
+    "collective_bytes": "BIGINT",
+}
+"""Step columns of schema version 3 that the queries read; NULL where a run (or the schema) lacks them."""
 
 
-def step_breakdown(con, warmup_steps: int = 5) -> list[dict]:
+def steps_source(con, since_ns: int | None = None) -> str:
+    """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
+
+    Rows of an older agent lack the collective columns: they read as NULL, so the phases are what
+    they were. ``since_ns`` keeps only steps that ended at or after it (Unix ns), for "now" verdicts.
+    """
+    present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
+    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in STEP_COLUMNS_V3.items() if c not in present]
+    where = f" WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"
+
+
+def kept_steps_sql(source: str) -> str:
+    """CTEs ``counted`` and ``kept``: the rows of ``source`` with their period, minus each rank's warm-up.
+
+    Takes two parameters: the warm-up steps, twice (a rank with no more rows than that keeps them all).
+    """
+    return f"""
+        counted AS (SELECT *, {PERIOD_SQL} AS period_s, count(*) OVER (PARTITION BY rank) AS n FROM {source}),
+        kept AS (SELECT * FROM counted WHERE step >= ? OR n <= ?)"""
+
+
+def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> list[dict]:
     """Per rank: steps, median and mean step period, and each phase's share of the total period.
 
     The first ``warmup_steps`` steps of each rank (compilation, allocator and bucket warm-up) are left
-    out unless the rank has no more than that. On a CPU rank the period is the step's wall time.
+    out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
+    rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
     sql = f"""
-        WITH counted AS (SELECT *, {PERIOD_SQL} AS period_s, count(*) OVER (PARTITION BY rank) AS n FROM steps),
-             kept AS (SELECT * FROM counted WHERE step >= ? OR n <= ?)
+        WITH {kept_steps_sql(steps_source(con, since_ns))}
         SELECT rank, any_value(node) AS node, count(*) AS steps,
                median(period_s) AS step_median_s, avg(period_s) AS step_mean_s,
                median(compute_s) AS compute_median_s,
                sum(coalesce(allreduce_s, 0)) / nullif(sum(period_s), 0) AS allreduce_share,
-               sum(coalesce(data_wait_s, 0)) / nullif(sum(period_s), 0) AS data_wait_host_share,
+               sum(data_wait_s) / nullif(sum(period_s), 0) AS data_wait_host_share,
                {shares}
         FROM kept GROUP BY rank ORDER BY rank
     """
     cur = con.execute(sql, [warmup_steps, warmup_steps])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+NOTCH = 1.58
+"""Half-width of a median's ~95 % interval in IQRs per sqrt(steps) (McGill, Tukey & Larsen 1978: the
+notches of a box plot). A share is only judged past a threshold when it clears it by that much, so
+step-to-step noise (a loaded host, a few slow steps) cannot tip a verdict."""
+
+
+def notch(values: list[float]) -> float | None:
+    """``NOTCH x IQR / sqrt(n)`` of per-step values; None for fewer than 3 (no spread to judge by)."""
+    xs = sorted(v for v in values if v is not None)
+    if len(xs) < 3:
+        return None
+    q1, _, q3 = _quartiles(xs)
+    return NOTCH * (q3 - q1) / len(xs) ** 0.5
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    def at(p: float) -> float:  # linear interpolation, as DuckDB's quantile_cont
+        pos = p * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return at(0.25), at(0.5), at(0.75)
+
+
+def _iqr_notch(q, n) -> float | None:
+    if q is None or n is None or n < 3 or q[0] is None:
+        return None
+    return NOTCH * (q[1] - q[0]) / n**0.5
+
+
+def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
+    """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
+    blocked collectives, the spread of the per-step data wait share, GPU compute median."""
+    data = PHASE_SQL["data_wait_s"]
+    blocked = f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
+    sql = f"""
+        WITH {kept_steps_sql(steps_source(con, since_ns))}
+        SELECT rank, any_value(node) AS node, sum(period_s) AS run_time_s,
+               median(buckets) AS buckets_per_step, median(bucket_bytes) AS grad_bytes_per_step,
+               sum(comm_exposed_s) AS exposed_sum, sum(allreduce_s) AS allreduce_sum,
+               sum(bucket_bytes) FILTER (WHERE allreduce_s > 0) AS bytes_sum,
+               median(gpu_compute_s) AS gpu_compute_median_s, count(gpu_compute_s) AS gpu_rows,
+               max(world_size) AS world_size,
+               sum({GRAD_COMM_SQL}) / nullif(sum(period_s), 0) AS grad_comm_share,
+               sum({blocked}) / nullif(sum(period_s), 0) AS blocked_share,
+               median(collectives) AS collectives_per_step, median(collective_bytes) AS collective_bytes_per_step,
+               quantile_cont(({data}) / nullif(period_s, 0), [0.25, 0.75]) AS data_q,
+               count(({data}) / nullif(period_s, 0)) AS data_n
+        FROM kept GROUP BY rank
+    """
+    cur = con.execute(sql, [warmup_steps, warmup_steps])
+    names = [d[0] for d in cur.description]
+    out = {}
+    for row in cur.fetchall():
+        r = dict(zip(names, row))
+        r["data_noise"] = _iqr_notch(r.pop("data_q"), r.pop("data_n"))
+        out[r["rank"]] = r
+    return out
+
+
+def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict | None:
+    """Who waits for whom at collectives, from the steps every rank in ``ranks`` recorded.
+
+    A collective ends on every rank at about the same time, so per step the rank that waited least
+    (exposed gradient all-reduce plus blocked collectives, on the GPU's clock where measured) arrived
+    last: the others waited for it. Its own wait is what the collectives cost by themselves (the
+    *floor*); how much longer the next-least-waiting rank waited is what that last arrival cost the
+    step (fixing it gives that back, not more: the next rank is then the last). Returns the floors'
+    shares of the period sum with their per-step spread, the imbalance share, and per rank the share
+    of steps it arrived last and the cost of those arrivals; None when no step has every rank.
+    """
+    source = steps_source(con, since_ns)
+    sql = f"""
+        WITH {kept_steps_sql(source)},
+             w AS (SELECT rank, step, period_s, {GRAD_COMM_SQL} AS grad_s, {BLOCKED_SQL} AS blocked_s,
+                          comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL AS timed
+                   FROM kept WHERE rank IN (SELECT unnest(?::INTEGER[])))
+        SELECT step, avg(period_s) AS period_s, min(grad_s) AS grad_floor_s, min(blocked_s) AS blocked_floor_s,
+               bool_or(timed) AS timed, min(grad_s + blocked_s) AS least_s,
+               CASE WHEN count(*) >= 2 THEN list_sort(list(grad_s + blocked_s))[2] END AS second_s,
+               arg_min(rank, grad_s + blocked_s) AS least_rank
+        FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
+    """
+    rows = con.execute(sql, [warmup_steps, warmup_steps, ranks, len(ranks)]).fetchall()
+    rows = [r for r in rows if r[1] and r[1] > 0]
+    if not rows:
+        return None
+    total = sum(r[1] for r in rows)
+    timed = any(r[4] for r in rows)
+    gaps = [((r[6] - r[5]) if r[6] is not None else 0.0, r[7]) for r in rows]
+    per_rank = {}
+    for rank in ranks:
+        mine = [gap / r[1] if least == rank else 0.0 for (gap, least), r in zip(gaps, rows)]
+        per_rank[rank] = {
+            "least_share": sum(1 for _, least in gaps if least == rank) / len(rows),
+            "cost_share": sum(gap for gap, least in gaps if least == rank) / total,
+            "cost_noise": notch(mine),
+        }
+    return {
+        "steps": len(rows),
+        "grad_floor_share": sum(r[2] for r in rows) / total,
+        "grad_floor_noise": notch([r[2] / r[1] for r in rows]),
+        "grad_floor_s": sum(r[2] for r in rows) / len(rows),
+        "blocked_floor_share": sum(r[3] for r in rows) / total if timed else None,
+        "blocked_floor_noise": notch([r[3] / r[1] for r in rows]) if timed else None,
+        "imbalance_share": sum(gap for gap, _ in gaps) / total,
+        "per_rank": per_rank,
+    }
+
+
+def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, float]:
+    """Per rank, what the steps around each recompile after warm-up took beyond the rank's median step,
+    over its period sum. The compile record's step is the latest one when the event was noticed, so the
+    step before and after it count too (each step once)."""
+    since = f"AND time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    sql = f"""
+        WITH {kept_steps_sql(steps_source(con, since_ns))},
+             med AS (SELECT rank, median(period_s) AS m, sum(period_s) AS total FROM kept GROUP BY rank),
+             rc AS (SELECT DISTINCT rank, step FROM compile WHERE kind = 'recompile' AND step >= ? {since}),
+             hit AS (SELECT DISTINCT k.rank, k.step, k.period_s FROM kept k JOIN rc
+                     ON k.rank = rc.rank AND k.step BETWEEN rc.step - 1 AND rc.step + 1)
+        SELECT med.rank, sum(greatest(hit.period_s - med.m, 0)) / nullif(any_value(med.total), 0)
+        FROM hit JOIN med USING (rank) GROUP BY med.rank
+    """
+    rows = con.execute(sql, [warmup_steps, warmup_steps, warmup_steps]).fetchall()
+    return {rank: share for rank, share in rows if share is not None}
+
+
+def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3) -> dict[int, str]:
+    """Per rank, the blocking collectives (not DDP's buckets) that held the step longest, as text:
+    ``all_reduce x2.0/step (user), barrier x1.0/step (user)``. Empty for a run without the table."""
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "collectives" not in tables:
+        return {}
+    since = ""
+    if since_ns is not None:  # the table has no clock of its own: keep the steps of the window
+        since = f"""AND EXISTS (SELECT 1 FROM steps s WHERE s.rank = c.rank AND s.step = c.step
+                                AND s.time_ns >= {int(since_ns)})"""
+    sql = f"""
+        WITH mine AS (SELECT * FROM collectives c WHERE origin <> 'ddp' AND step >= ? {since}),
+             steps_per_rank AS (SELECT rank, count(DISTINCT step) AS n FROM mine GROUP BY rank),
+             ops AS (SELECT rank, op, origin, sum(count) AS calls, sum(coalesce(gpu_s, blocked_s, 0)) AS held
+                     FROM mine GROUP BY rank, op, origin)
+        SELECT o.rank, o.op, o.origin, o.calls / s.n AS per_step, o.held
+        FROM ops o JOIN steps_per_rank s USING (rank) ORDER BY o.rank, o.held DESC, o.op
+    """
+    out: dict[int, list[str]] = {}
+    for rank, op, origin, per_step, _ in con.execute(sql, [warmup_steps]).fetchall():
+        parts = out.setdefault(rank, [])
+        if len(parts) < limit:
+            parts.append(f"{op} x{per_step:.1f}/step ({origin})")
+    return {rank: ", ".join(parts) for rank, parts in out.items()}
