@@ -3,36 +3,144 @@
 from __future__ import annotations
 
 import os
+import statistics
+import time
 
 from ranksight.collectors import RunDirError, compute_features, open_run, read_rank_meta, step_breakdown
+from ranksight.collectors._features import compute_context
+from ranksight.collectors._queries import kept_steps_sql, steps_source
 
 from ._evaluate import evaluate, run_checklist
-from ._load import load_rules
+from ._load import RuleSet, load_rules
 
 
-def diagnose(run_path: str, rules_dir: str | None = None, *, warmup_steps: int = 5) -> dict:
+def diagnose(
+    run_path: str, rules_dir: str | None = None, *, warmup_steps: int = 5, since_s: float | None = None
+) -> dict:
     """Diagnose a run directory (live, finished or crashed); the object ``ranksight diagnose --json`` prints.
 
+    With ``since_s`` the verdict is the recent window's (steps that ended in the last ``since_s`` seconds
+    of the run's data), and ``change`` says whether and since when it differs from the whole run's.
     Raises RunDirError for a path that is not a run (or has nothing recorded yet) and RuleError for bad
     rule files.
     """
     rules = load_rules(rules_dir)  # bad rules are reported before any data is read
     con = open_run(run_path)
     metas = read_rank_meta(run_path)
-    breakdown = step_breakdown(con, warmup_steps=warmup_steps)
-    if not metas and not breakdown:
+    whole = _judge(con, metas, rules, warmup_steps, None)
+    if not metas and not whole["breakdown"]["ranks"]:
         raise RunDirError(f"{run_path}: no rank has recorded anything yet")
-    features = compute_features(con, metas, warmup_steps, breakdown)
     run_ids = sorted({m.data.get("run") for m in metas if m.data.get("run")})
+    name = run_ids[0] if len(run_ids) == 1 else os.path.basename(os.path.normpath(run_path))
+    if since_s is None:
+        return {"run": name, **whole}
+    end_ns = con.execute("SELECT max(time_ns) FROM steps").fetchone()[0]
+    if end_ns is None:
+        return {"run": name, **whole, "window": None, "change": None}
+    since_ns = int(end_ns - since_s * 1e9)
+    recent = _judge(con, metas, rules, warmup_steps, since_ns)
+    window = {
+        "since_s": since_s,
+        "start_ns": since_ns,
+        "end_ns": int(end_ns),
+        "steps": max((r["steps"] for r in recent["breakdown"]["ranks"]), default=0),
+    }
+    change = verdict_change(whole["findings"], recent["findings"], _step_series(con, warmup_steps), since_ns)
+    return {"run": name, **recent, "window": window, "change": change, "whole_run": {"findings": whole["findings"]}}
+
+
+def _judge(con, metas: list, rules: RuleSet, warmup_steps: int, since_ns: int | None) -> dict:
+    breakdown = step_breakdown(con, warmup_steps, since_ns)
+    features = compute_features(con, metas, warmup_steps, breakdown, since_ns=since_ns)
+    context = compute_context(con, metas, features, warmup_steps, since_ns)
     return {
-        "run": run_ids[0] if len(run_ids) == 1 else os.path.basename(os.path.normpath(run_path)),
-        "findings": evaluate(rules.rules, features),
+        "findings": evaluate(rules.rules, features, context),
         "breakdown": {"ranks": breakdown},
         "checklist": run_checklist(rules.checklist, features),
     }
 
 
-def diagnose_features(run_path: str, *, warmup_steps: int = 5) -> dict[int, dict]:
+def _step_series(con, warmup_steps: int) -> list[tuple[int, float]]:
+    """(end time ns, mean period across ranks) per step after warm-up, in time order."""
+    sql = f"""
+        WITH {kept_steps_sql(steps_source(con))}
+        SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
+    """
+    return [(int(t), float(p)) for t, p in con.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
+
+
+def _first_serious(findings: list[dict]) -> dict | None:
+    return next((f for f in findings if f["severity"] != "info"), None)
+
+
+def verdict_change(whole: list[dict], recent: list[dict], series: list[tuple[int, float]], since_ns: int) -> dict:
+    """Whether the recent window's verdict (first warning or critical finding) differs from the whole run's,
+    and since when the step time has been what it is now.
+
+    The onset is where the step period crossed to the recent level: walking back from the window's start
+    while a 5-step running median stays nearer the recent median than the earlier one.
+    """
+    before, now = _first_serious(whole), _first_serious(recent)
+    key = lambda f: None if f is None else (f["rule"], tuple(f["ranks"]))  # noqa: E731
+    earlier = [p for t, p in series if t < since_ns]
+    later = [p for t, p in series if t >= since_ns]
+    step_before = statistics.median(earlier) if earlier else None
+    step_now = statistics.median(later) if later else None
+    onset = _onset(series, since_ns, step_before, step_now)
+    out = {
+        "changed": key(before) != key(now),
+        "before": None if before is None else {"rule": before["rule"], "severity": before["severity"]},
+        "now": None if now is None else {"rule": now["rule"], "severity": now["severity"]},
+        "since_ns": onset,
+        "since": time.strftime("%H:%M:%S", time.localtime(onset / 1e9)) if onset else None,
+        "step_before_s": step_before,
+        "step_now_s": step_now,
+    }
+    out["text"] = _change_text(out)
+    return out
+
+
+def _onset(series: list[tuple[int, float]], since_ns: int, before: float | None, now: float | None) -> int | None:
+    inside = [i for i, (t, _) in enumerate(series) if t >= since_ns]
+    if not inside:
+        return None
+    start = inside[0]
+    if before is None or now is None or abs(now - before) <= 0.1 * max(before, now):
+        return series[start][0]  # the step time did not move: the window's start is all we can say
+
+    def smooth(i: int) -> float:
+        return statistics.median(p for _, p in series[max(0, i - 2) : i + 3])
+
+    i = start
+    while i > 0 and abs(smooth(i - 1) - now) < abs(smooth(i - 1) - before):
+        i -= 1
+    return series[i][0]
+
+
+def _change_text(c: dict) -> str:
+    now, before = c["now"], c["before"]
+    steps = ""
+    if c["step_before_s"] is not None and c["step_now_s"] is not None:
+        steps = f", step time {_ms(c['step_before_s'])} → {_ms(c['step_now_s'])} ms"
+    if not c["changed"]:
+        what = now["rule"] if now else "no warning or critical finding"
+        return f"unchanged: the whole run says the same ({what}){steps}"
+    if now is None:
+        return f"recovered since {c['since']}: no warning or critical finding now (whole run: {before['rule']}){steps}"
+    was = before["rule"] if before else "no warning or critical finding"
+    return f"{now['rule']} since {c['since']}{steps} (whole run: {was})"
+
+
+def _ms(seconds: float) -> str:
+    value = seconds * 1000
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def diagnose_features(run_path: str, *, warmup_steps: int = 5, since_s: float | None = None) -> dict[int, dict]:
     """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning)."""
     con = open_run(run_path)
-    return compute_features(con, read_rank_meta(run_path), warmup_steps)
+    since_ns = None
+    if since_s is not None:
+        end_ns = con.execute("SELECT max(time_ns) FROM steps").fetchone()[0]
+        since_ns = int(end_ns - since_s * 1e9) if end_ns is not None else None
+    return compute_features(con, read_rank_meta(run_path), warmup_steps, since_ns=since_ns)

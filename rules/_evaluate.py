@@ -1,53 +1,96 @@
 """The pure evaluator: per-rank features in, ranked findings and a checklist out. No I/O.
 
 Each rule is evaluated on every rank's features; the ranks where it fires make one finding, whose
-severity is the worst rank's and whose evidence numbers come from that rank. Findings are then put
-in the order a person should act on them: a root cause before what it explains (a rank that waits
-for data, or computes slower, makes the others wait in all-reduce), then by severity, priority and
-confidence.
+severity is the worst rank's and whose evidence numbers come from that rank. A rule with a ``cost``
+says what share of the step time its fix would give back (``cost_share``, and ``speedup`` =
+1 / (1 - cost_share)). Findings are then put in the order a person should act on them: by severity,
+then by what fixing them gives back, then confidence; and a root cause before what it explains (a
+rank that waits for data, or computes slower, makes the others wait at collectives).
 """
 
 from __future__ import annotations
 
 import math
 import string
+from dataclasses import dataclass
+
+from ranksight.collectors._features import CONTEXT_DEFAULTS
 
 from ._expr import evaluate as eval_expr
 from ._load import SEVERITIES, ChecklistItem, Rule
 
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
+_MAX_COST = 0.99  # a fix cannot give back the whole step; keeps the speedup finite
 
 
-def evaluate(rules: list[Rule], features: dict[int, dict]) -> list[dict]:
-    """Return the findings of ``rules`` over ``features`` (rank -> feature dict), root cause first."""
+@dataclass(frozen=True)
+class _Hit:
+    """A rule firing on one rank."""
+
+    severity: str
+    confidence: float
+    value: float | None
+    cost: float | None
+    env: dict
+
+
+def evaluate(rules: list[Rule], features: dict[int, dict], context: dict[int, dict] | None = None) -> list[dict]:
+    """Return the findings of ``rules`` over ``features`` (rank -> feature dict), root cause first.
+
+    ``context`` (rank -> {name: string}, see ``ranksight.collectors.CONTEXT``) fits the fix text and
+    snippets to the job (its framework, transport); without it the plain-PyTorch fix is given.
+    """
+    context = context or {}
     findings = []
     for rule in rules:
         hits = [hit for rank in sorted(features) if (hit := _fire(rule, features[rank])) is not None]
         if hits:
-            findings.append(_finding(rule, hits, features))
+            findings.append(_finding(rule, hits, features, context))
     return rank_findings(findings, {r.id: r for r in rules})
 
 
-def _fire(rule: Rule, env: dict):
-    """(severity, confidence, value, env) when the rule fires on this rank, else None."""
+def _known(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def cost_share(rule: Rule, env: dict) -> float | None:
+    """The rule's cost on one rank's features, clamped to [0, 0.99]; None when it has none or it is unknown."""
+    if rule.cost is None:
+        return None
+    value = eval_expr(rule.cost, env)
+    return max(0.0, min(_MAX_COST, float(value))) if _known(value) else None
+
+
+def speedup(cost: float | None) -> float | None:
+    """How many times faster a step gets when ``cost`` of it goes away."""
+    return None if cost is None else round(1.0 / (1.0 - cost), 2)
+
+
+def _fire(rule: Rule, env: dict) -> _Hit | None:
+    """The hit when the rule fires on this rank, else None."""
     if rule.when is not None and not eval_expr(rule.when, env):
         return None
     value = eval_expr(rule.value, env) if rule.value is not None else None
+    cost = cost_share(rule, env)
     if rule.levels:
-        if value is None or isinstance(value, bool) or not math.isfinite(value):
+        if not _known(value):
             return None
-        reached = [sev for sev, t in rule.levels if (value >= t if rule.compare == ">=" else value <= t)]
+        # The effect must clear each threshold by its own uncertainty (per-step spread), so noise cannot tip it.
+        noise = eval_expr(rule.noise, env) if rule.noise is not None else None
+        noise = noise if _known(noise) and noise > 0 else 0.0
+        judged = value - noise if rule.compare == ">=" else value + noise
+        reached = [sev for sev, t in rule.levels if _beyond(judged, t, rule.compare)]
         if not reached:
             return None
         severity = reached[-1]
-        margin = _margin(value, rule.levels[0][1], rule.compare)
+        margin = _margin(judged, rule.levels[0][1], rule.compare)
     else:
         severity, margin = rule.severity, 1.0
     steps = env.get("steps")
     settled = 0.5 if steps is None else min(1.0, steps / _SAMPLE_STEPS)
     # At most 0.95: a threshold rule on a few dozen steps is strong evidence, never proof.
     confidence = rule.confidence * (0.5 + 0.3 * margin + 0.15 * settled)
-    return severity, round(confidence, 2), value, env
+    return _Hit(severity, round(confidence, 2), value, cost, env)
 
 
 def _margin(value: float, threshold: float, compare: str) -> float:
@@ -59,37 +102,78 @@ def _margin(value: float, threshold: float, compare: str) -> float:
     return max(0.0, min(1.0, ratio - 1.0))
 
 
-def _finding(rule: Rule, hits: list, features: dict[int, dict]) -> dict:
-    def badness(hit):
-        sev, conf, value, _ = hit
-        extreme = 0.0 if value is None else (value if rule.compare == ">=" else -value)
-        return (SEVERITIES.index(sev), extreme, conf)
+def _finding(rule: Rule, hits: list[_Hit], features: dict[int, dict], context: dict[int, dict]) -> dict:
+    def badness(hit: _Hit):
+        extreme = 0.0 if hit.value is None else (hit.value if rule.compare == ">=" else -hit.value)
+        return (SEVERITIES.index(hit.severity), -1.0 if hit.cost is None else hit.cost, extreme, hit.confidence)
 
     worst = max(hits, key=badness)
-    severity, confidence, value, env = worst
-    ranks = [h[3]["rank"] for h in hits]
+    env = worst.env
+    ranks = [h.env["rank"] for h in hits]
     evidence = {name: _round(env.get(name)) for name in rule.evidence}
-    if value is not None and rule.value is not None and rule.value.text not in evidence:
-        evidence["value"] = _round(value)
-    summary = _fill(rule.summary, {**env, "value": value, "ranks": _ranks_text(ranks, len(features))})
+    if worst.value is not None and rule.value is not None and rule.value.text not in evidence:
+        evidence["value"] = _round(worst.value)
+    ctx = {**CONTEXT_DEFAULTS, **context.get(env["rank"], {})}
+    fill_env = {**env, **ctx}
+    fill_env.update(suggestions(rule, fill_env))
+    fill_env.update(
+        value=worst.value,
+        ranks=_ranks_text(ranks, len(features)),
+        cost_share=worst.cost,
+        speedup=speedup(worst.cost),
+    )
     return {
         "axis": rule.axis,
         "rule": rule.id,
-        "severity": severity,
-        "confidence": max(h[1] for h in hits),
+        "severity": worst.severity,
+        "confidence": max(h.confidence for h in hits),
         "ranks": ranks,
+        "cost_share": _round(worst.cost),
+        "speedup": speedup(worst.cost),
+        "cost_basis": rule.cost_basis if worst.cost is not None else None,
+        "explained_by": None,
         "evidence": evidence,
-        "summary": summary,
-        "fix": {"text": rule.fix_text, "snippet": rule.fix_snippet},
+        "summary": _fill(rule.summary, fill_env),
+        "fix": fit_fix(rule, fill_env, ctx.get("framework") or "plain"),
     }
 
 
+def suggestions(rule: Rule, env: dict) -> dict:
+    """The rule's ``suggest`` values over one rank's features (each may use the ones before it)."""
+    out: dict = {}
+    for name, expr in rule.suggest:
+        value = eval_expr(expr, {**env, **out})
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        out[name] = value
+    return out
+
+
+def fit_fix(rule: Rule, env: dict, framework: str = "plain") -> dict:
+    """The fix for this job: the first ``cases`` entry whose ``when`` holds, then the framework's variant;
+    text and snippet filled from the features, context and suggest values in ``env``."""
+    text, snippet, frameworks = rule.fix_text, rule.fix_snippet, rule.fix_frameworks
+    for case in rule.fix_cases:
+        if eval_expr(case.when, env):
+            text = case.text if case.text is not None else text
+            if case.snippet is not None or case.frameworks:
+                snippet = case.snippet if case.snippet is not None else snippet
+                frameworks = case.frameworks
+            break
+    fitted = "plain"
+    variant = frameworks.get(framework)
+    if variant is not None:
+        text = variant.text if variant.text is not None else text
+        snippet = variant.snippet if variant.snippet is not None else snippet
+        fitted = framework
+    return {"text": _fill(text, env), "snippet": _fill(snippet or "", env), "framework": fitted}
+
+
 def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
-    """Order findings: severity, priority, confidence; then each root cause ahead of what it explains."""
-    order = sorted(
-        findings,
-        key=lambda f: (-SEVERITIES.index(f["severity"]), -rules[f["rule"]].priority, -f["confidence"], f["rule"]),
-    )
+    """Order findings: severity, what fixing them gives back, priority, confidence; then each root cause
+    ahead of what it explains. A cause is worth at least what it explains (fixing it fixes that too), so
+    it takes the higher severity and cost of the two."""
+    order = sorted(findings, key=lambda f: _order_key(f, rules))
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
     for f in order:
@@ -98,6 +182,10 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
         for other in rules[f["rule"]].explains:
             if other in fired and other not in explained_by and other != f["rule"]:
                 explained_by[other] = f["rule"]
+    for _ in range(len(order)):  # chains (a explains b explains c): settle in at most len(order) passes
+        for other, cause in explained_by.items():
+            _inherit(fired[cause], fired[other])
+    order.sort(key=lambda f: _order_key(f, rules))
     # Move each explaining finding just before the first finding it explains; bounded against cycles.
     for _ in range(len(order) * len(order) + 1):
         moved = False
@@ -113,8 +201,30 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
     for f in order:
         cause = explained_by.get(f["rule"])
         if cause:
+            f["explained_by"] = cause
             f["summary"] += f" (likely a consequence of {cause}: fix that first)"
     return order
+
+
+def _order_key(f: dict, rules: dict[str, Rule]):
+    cost = f.get("cost_share")
+    rule = rules.get(f["rule"])
+    return (
+        -SEVERITIES.index(f["severity"]),
+        -(cost if cost is not None else -1.0),
+        -(rule.priority if rule else 0),
+        -f["confidence"],
+        f["rule"],
+    )
+
+
+def _inherit(cause: dict, effect: dict) -> None:
+    if SEVERITIES.index(effect["severity"]) > SEVERITIES.index(cause["severity"]):
+        cause["severity"] = effect["severity"]
+    cost = effect.get("cost_share")
+    if cost is not None and (cause.get("cost_share") is None or cost > cause["cost_share"]):
+        cause["cost_share"], cause["speedup"] = cost, speedup(cost)
+        cause["cost_basis"] = effect.get("cost_basis")
 
 
 def run_checklist(items: list[ChecklistItem], features: dict[int, dict]) -> list[dict]:
@@ -165,7 +275,11 @@ def _ranks_text(ranks: list[int], total: int) -> str:
 
 
 class _Formatter(string.Formatter):
-    """str.format over plain names only (the loader rejects dotted or indexed fields); None reads n/a."""
+    """str.format over plain names only (the loader rejects dotted or indexed fields); None or a name the
+    run cannot fill reads n/a."""
+
+    def get_value(self, key, args, kwargs):
+        return kwargs.get(key) if isinstance(key, str) else super().get_value(key, args, kwargs)
 
     def format_field(self, value, format_spec):
         if value is None:

@@ -2,16 +2,18 @@
 
 Expressions are parsed with Python's own grammar (``ast.parse(mode="eval")``) and then walked by
 this module, which accepts only: numbers, ``true``/``false``, feature names, ``+ - * /``, comparisons,
-``and or not``, and the functions ``min max abs``. Anything else (attributes, subscripts, lambdas,
-other calls) is rejected when the rule file is loaded, so a rule file cannot run code.
+``and or not``, and the functions ``min max abs round floor ceil coalesce``. Anything else (attributes,
+subscripts, lambdas, other calls) is rejected when the rule file is loaded, so a rule file cannot run code.
 
 A feature that is absent (None: a GPU signal on a CPU job, a figure not recorded yet) makes the
 whole expression unknown, so a rule never fires on missing data. Division by zero is unknown too.
+``coalesce(a, b, ...)`` is the one way round that: the first of its arguments that is known.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -24,7 +26,8 @@ _CMPOPS = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
 }
-_FUNCS = {"min": min, "max": max, "abs": abs}
+_FUNCS = {"min": min, "max": max, "abs": abs, "round": round, "floor": math.floor, "ceil": math.ceil}
+_ONE_ARG = ("abs", "round", "floor", "ceil")
 _CONSTS = {"true": True, "false": False, "True": True, "False": False}
 
 
@@ -87,10 +90,12 @@ def _check(node: ast.AST, names: set[str]) -> None:
         for comparator in node.comparators:
             _check(comparator, names)
     elif isinstance(node, ast.Call):
-        if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS:
-            raise ExprError(f"only the functions {', '.join(sorted(_FUNCS))} may be called")
+        if not isinstance(node.func, ast.Name) or node.func.id not in (*_FUNCS, "coalesce"):
+            raise ExprError(f"only the functions {', '.join(sorted((*_FUNCS, 'coalesce')))} may be called")
         if node.keywords or not node.args:
             raise ExprError(f"{node.func.id}() takes one or more positional arguments")
+        if node.func.id in _ONE_ARG and len(node.args) != 1:
+            raise ExprError(f"{node.func.id}() takes one argument")
         for arg in node.args:
             _check(arg, names)
     else:
@@ -142,5 +147,12 @@ def _eval(node: ast.AST, env: dict):
             left = right
         return True
     if isinstance(node, ast.Call):
+        if node.func.id == "coalesce":
+            for arg in node.args:
+                try:
+                    return _eval(arg, env)
+                except Unknown:
+                    continue
+            raise Unknown("coalesce")
         return _FUNCS[node.func.id](*(_eval(arg, env) for arg in node.args))
     raise Unknown(type(node).__name__)  # unreachable for parsed expressions

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ranksight.collectors import FEATURES
+from ranksight.collectors._features import CONTEXT
 
 from ._expr import Expr, ExprError, parse
 
@@ -23,12 +24,21 @@ AXES = ("data_pipeline", "sync", "parallelism")
 SEVERITIES = ("info", "warning", "critical")
 GROUPS = ("graph capture", "memory planning", "kernels")
 COMPARES = (">=", "<=")
+FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
+COST_BASES = ("measured", "estimate")
+COST_LEVELS = (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
+"""Severity bands of a rule's cost (share of step time a fix gives back) when the rule gives no levels:
+3 % is worth a line, 10 % (1.11x faster) is worth fixing, 25 % (1.33x) comes first."""
+TEMPLATE_NAMES = ("ranks", "value", "cost_share", "speedup")
+"""Names every template may use beside features, context and the rule's ``suggest`` values."""
 _ID = re.compile(r"^[a-z][a-z0-9-]*$")
+_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _DURATION = re.compile(r"^[0-9]+[smhd]$")
 _RULE_KEYS = {
     "id", "axis", "title", "when", "value", "compare", "levels", "severity", "confidence", "evidence",
-    "summary", "fix", "explains", "priority", "prometheus",
+    "summary", "fix", "explains", "priority", "prometheus", "cost", "noise", "cost_basis", "suggest",
 }  # fmt: skip
+_FIX_KEYS = ("text", "snippet", "cases", "frameworks")
 _ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
 
 
@@ -38,6 +48,16 @@ class RuleError(ValueError):
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
         super().__init__(f"{len(errors)} error(s) in rule files:\n" + "\n".join(f"  {e}" for e in errors))
+
+
+@dataclass(frozen=True)
+class FixVariant:
+    """Fix text and snippet for one situation: a case (``when``) or a framework; None keeps the default."""
+
+    text: str | None = None
+    snippet: str | None = None
+    when: Expr | None = None
+    frameworks: dict = field(default_factory=dict)  # framework -> FixVariant (text/snippet only)
 
 
 @dataclass(frozen=True)
@@ -61,6 +81,12 @@ class Rule:
     priority: int = 0
     prometheus: dict | None = None
     source: str = ""
+    cost: Expr | None = None  # share of step time a fix gives back (0-1)
+    noise: Expr | None = None  # uncertainty of the value compared with the levels
+    cost_basis: str = "measured"
+    suggest: tuple = ()  # ((name, Expr), ...): values fix templates are filled with
+    fix_cases: tuple = ()  # FixVariant with `when`, first that holds wins
+    fix_frameworks: dict = field(default_factory=dict)  # framework -> FixVariant
 
 
 @dataclass(frozen=True)
@@ -203,7 +229,7 @@ class _Checker:
         value = self.scalar(node, what, (int, float))
         return float(value) if value is not None else None
 
-    def expr(self, node, what: str) -> Expr | None:
+    def expr(self, node, what: str, extra=frozenset()) -> Expr | None:
         text = self.scalar(node, what, (str, int, float))
         if text is None:
             return None
@@ -212,7 +238,7 @@ class _Checker:
         except ExprError as exc:
             self.err(node, f"{what}: {exc}")
             return None
-        unknown = sorted(n for n in expr.names if n not in FEATURES)
+        unknown = sorted(n for n in expr.names if n not in FEATURES and n not in extra)
         if unknown:
             self.err(node, f"{what}: unknown feature(s) {', '.join(unknown)} (see docs/rules.md for the list)")
             return None
@@ -263,12 +289,24 @@ class _Checker:
         title = self.scalar(m["title"][1], f"{where}: title") if "title" in m else None
         when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
         value = self.expr(m["value"][1], f"{where}: value") if "value" in m else None
-        ok &= ("when" not in m or when is not None) and ("value" not in m or value is not None)
+        cost = self.expr(m["cost"][1], f"{where}: cost") if "cost" in m else None
+        noise = self.expr(m["noise"][1], f"{where}: noise") if "noise" in m else None
+        ok &= all(k not in m or v is not None for k, v in (("when", when), ("value", value), ("cost", cost)))
+        ok &= "noise" not in m or noise is not None
         compare = self.scalar(m["compare"][1], f"{where}: compare") if "compare" in m else ">="
         if compare not in COMPARES:
             self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
             ok = False
         levels, severity = self.rule_severity(m, node, where, compare)
+        if "levels" in m and levels is None:
+            ok = False
+        if "noise" in m and levels is None:
+            self.err(m["noise"][1], f"{where}: noise needs levels (it widens the value compared with them)")
+            ok = False
+        cost_basis = self.scalar(m["cost_basis"][1], f"{where}: cost_basis") if "cost_basis" in m else "measured"
+        if cost_basis not in COST_BASES or ("cost_basis" in m and "cost" not in m):
+            self.err(m["cost_basis"][1], f"{where}: cost_basis must be measured or estimate, beside a 'cost'")
+            cost_basis = None
         confidence = self.number(m["confidence"][1], f"{where}: confidence") if "confidence" in m else 1.0
         if confidence is not None and not 0 < confidence <= 1:
             self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
@@ -276,26 +314,30 @@ class _Checker:
         evidence = self.name_list(m, "evidence", where, check_features=True)
         explains = self.name_list(m, "explains", where, check_features=False)
         priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
+        suggest = self.suggest(m["suggest"][1], where) if "suggest" in m else ()
+        names = {n for n, _ in suggest or ()}
         summary = self.scalar(m["summary"][1], f"{where}: summary") if "summary" in m else None
         if summary is not None:
-            summary = self.template(m["summary"][1], summary, where)
-        fix_text, fix_snippet = self.fix(m["fix"][1], where) if "fix" in m else (None, None)
+            summary = self.template(m["summary"][1], summary, where, "summary", names)
+        fix = self.fix(m["fix"][1], where, names) if "fix" in m else None
         prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
-        parts = (rid, axis, title, summary, fix_text, confidence, evidence, explains, priority)
+        parts = (rid, axis, title, summary, fix, confidence, evidence, explains, priority, suggest, cost_basis)
         if not ok or any(p is None for p in parts) or (levels is None and severity is None):
             return None
         if "prometheus" in m and prometheus is None:
             return None
+        base, cases, frameworks = fix
         return Rule(
-            id=rid, axis=axis, title=title, summary=summary, fix_text=fix_text, fix_snippet=fix_snippet or "",
-            when=when, value=value, compare=compare, levels=levels or (), severity=severity,
-            confidence=confidence, evidence=evidence, explains=explains, priority=priority,
-            prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
+            id=rid, axis=axis, title=title, summary=summary, fix_text=base.text, fix_snippet=base.snippet or "",
+            when=when, value=value if value is not None else (cost if levels else None), compare=compare,
+            levels=levels or (), severity=severity, confidence=confidence, evidence=evidence, explains=explains,
+            priority=priority, prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
+            cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
         )  # fmt: skip
 
     def rule_severity(self, m: dict, node, where: str, compare: str):
-        if ("levels" in m) == ("severity" in m):
-            self.err(node, f"{where}: give either 'levels' (with 'value') or a fixed 'severity', not both or neither")
+        if "levels" in m and "severity" in m:
+            self.err(node, f"{where}: give either 'levels' (with 'value' or 'cost') or a fixed 'severity', not both")
             return None, None
         if "severity" in m:
             sev = self.scalar(m["severity"][1], f"{where}: severity")
@@ -303,29 +345,38 @@ class _Checker:
                 self.err(m["severity"][1], f"{where}: severity must be one of {', '.join(SEVERITIES)}")
                 return None, None
             return None, sev
-        if "value" not in m:
-            self.err(node, f"{where}: 'levels' needs a 'value' expression to compare")
-        lm = self.mapping(m["levels"][1], f"{where}: levels")
+        if "levels" not in m:
+            if "cost" in m and "value" not in m:
+                return COST_LEVELS, None  # the cost's default bands
+            self.err(node, f"{where}: give 'levels' (with 'value'), a 'cost' (default levels) or a fixed 'severity'")
+            return None, None
+        if "value" not in m and "cost" not in m:
+            self.err(node, f"{where}: 'levels' needs a 'value' (or a 'cost') expression to compare")
+        return self.levels(m["levels"][1], f"{where}: levels", compare), None
+
+    def levels(self, node, what: str, compare: str):
+        """``{info: x, warning: y, critical: z}`` -> ((severity, threshold), ...) from least to most severe."""
+        lm = self.mapping(node, what)
         if not lm:
             if lm is not None:
-                self.err(m["levels"][1], f"{where}: levels must name at least one severity")
-            return None, None
+                self.err(node, f"{what} must name at least one severity")
+            return None
         levels = []
         for sev, (knode, vnode) in lm.items():
             if sev not in SEVERITIES:
-                self.err(knode, f"{where}: unknown severity {sev!r} (info, warning, critical)")
-                return None, None
-            threshold = self.number(vnode, f"{where}: levels.{sev}")
+                self.err(knode, f"{what}: unknown severity {sev!r} (info, warning, critical)")
+                return None
+            threshold = self.number(vnode, f"{what}.{sev}")
             if threshold is None:
-                return None, None
+                return None
             levels.append((sev, threshold))
         levels.sort(key=lambda lv: SEVERITIES.index(lv[0]))
         thresholds = [t for _, t in levels]
         ordered = sorted(thresholds) if compare == ">=" else sorted(thresholds, reverse=True)
         if thresholds != ordered:
-            self.err(m["levels"][1], f"{where}: thresholds must get stricter from info to critical (compare {compare})")
-            return None, None
-        return tuple(levels), None
+            self.err(node, f"{what}: thresholds must get stricter from info to critical (compare {compare})")
+            return None
+        return tuple(levels)
 
     def name_list(self, m: dict, key: str, where: str, check_features: bool):
         if key not in m:
@@ -345,39 +396,111 @@ class _Checker:
             names.append(name)
         return tuple(names)
 
-    def template(self, node, text: str, where: str):
+    def suggest(self, node, where: str):
+        """``suggest: {name: expression}``: values computed from the features, for the fix templates."""
+        sm = self.mapping(node, f"{where}: suggest")
+        if sm is None:
+            return None
+        out = []
+        for name, (knode, vnode) in sm.items():
+            if not _NAME.match(name) or name in FEATURES or name in CONTEXT or name in TEMPLATE_NAMES:
+                self.err(knode, f"{where}: suggest name {name!r} must be a new lower_case name (not a feature)")
+                return None
+            expr = self.expr(vnode, f"{where}: suggest.{name}", extra={n for n, _ in out})
+            if expr is None:
+                return None
+            out.append((name, expr))
+        return tuple(out)
+
+    def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
         except ValueError as exc:
-            self.err(node, f"{where}: summary template: {exc}")
+            self.err(node, f"{where}: {what} template: {exc}")
             return None
         for name in fields:
-            if name != "ranks" and name != "value" and name not in FEATURES:
-                self.err(node, f"{where}: summary names {{{name}}}, which is not a feature, 'value' or 'ranks'")
+            if name not in TEMPLATE_NAMES and name not in FEATURES and name not in CONTEXT and name not in names:
+                self.err(
+                    node,
+                    f"{where}: {what} names {{{name}}}, which is not a feature, a context name, a suggest value, "
+                    "'value', 'ranks', 'cost_share' or 'speedup' (write {{ and }} for literal braces)",
+                )
                 return None
         return text
 
-    def fix(self, node, where: str):
-        fm = self.mapping(node, f"{where}: fix")
+    def fix(self, node, where: str, names):
+        """``fix: {text, snippet, cases: [{when, text, snippet, frameworks}], frameworks: {name: {text, snippet}}}``.
+
+        Returns (base FixVariant, cases, frameworks) or None.
+        """
+        base, fm = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
+        if base is None:
+            return None
+        cases = []
+        if "cases" in fm:
+            seq = fm["cases"][1]
+            if not isinstance(seq, yaml.SequenceNode):
+                self.err(seq, f"{where}: fix.cases must be a list")
+                return None
+            for i, entry in enumerate(seq.value):
+                what = f"fix.cases[{i}]"
+                case, cm = self.fix_variant(entry, where, what, names, allow=("when", "text", "snippet", "frameworks"))
+                if case is None:
+                    return None
+                if "when" not in cm:
+                    self.err(entry, f"{where}: {what} needs a 'when'")
+                    return None
+                when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
+                if when is None:
+                    return None
+                cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
+        return FixVariant(base.text, base.snippet), tuple(cases), base.frameworks
+
+    def fix_variant(self, node, where: str, what: str, names, required_text=False, allow=("text", "snippet")):
+        """(FixVariant, its key -> (key node, value node) mapping), or (None, None) after an error."""
+        fm = self.mapping(node, f"{where}: {what}")
         if fm is None:
             return None, None
         for key, (knode, _) in fm.items():
-            if key not in ("text", "snippet"):
-                self.err(knode, f"{where}: fix has unknown key {key!r} (text, snippet)")
-        if "text" not in fm:
-            self.err(node, f"{where}: fix needs a 'text'")
+            if key not in allow:
+                self.err(knode, f"{where}: {what} has unknown key {key!r} ({', '.join(allow)})")
+                return None, None
+        if required_text and "text" not in fm:
+            self.err(node, f"{where}: {what} needs a 'text'")
             return None, None
-        text = self.scalar(fm["text"][1], f"{where}: fix.text")
-        snippet = self.scalar(fm["snippet"][1], f"{where}: fix.snippet") if "snippet" in fm else ""
-        return text, snippet
+        out = {}
+        for key in ("text", "snippet"):
+            if key in fm:
+                text = self.scalar(fm[key][1], f"{where}: {what}.{key}")
+                if text is None or self.template(fm[key][1], text, where, f"{what}.{key}", names) is None:
+                    return None, None
+                out[key] = text
+        frameworks = {}
+        if "frameworks" in fm:
+            wm = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks")
+            if wm is None:
+                return None, None
+            for name, (knode, vnode) in wm.items():
+                if name not in FRAMEWORKS:
+                    self.err(knode, f"{where}: {what}.frameworks: unknown framework {name!r} ({', '.join(FRAMEWORKS)})")
+                    return None, None
+                variant, _ = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)
+                if variant is None:
+                    return None, None
+                frameworks[name] = variant
+        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm
 
     def prometheus(self, node, where: str, levels):
         pm = self.mapping(node, f"{where}: prometheus")
         if pm is None:
             return None
         for key, (knode, _) in pm.items():
-            if key not in ("expr", "for"):
-                self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for)")
+            if key not in ("expr", "for", "levels"):
+                self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for, levels)")
+                return None
+        if "levels" in pm:  # thresholds in the series' own units, where the series is not the rule's value
+            levels = self.levels(pm["levels"][1], f"{where}: prometheus.levels", ">=")
+            if levels is None:
                 return None
         if "expr" not in pm:
             self.err(node, f"{where}: prometheus needs an 'expr' (PromQL with {{threshold}})")
@@ -392,7 +515,7 @@ class _Checker:
         if levels and "{threshold}" not in expr:
             self.err(pm["expr"][1], f"{where}: prometheus.expr must contain {{threshold}} (filled per level)")
             return None
-        return {"expr": expr, "for": duration}
+        return {"expr": expr, "for": duration, "levels": levels if "levels" in pm else None}
 
     def item(self, node) -> ChecklistItem | None:
         m = self.mapping(node, "a checklist item")

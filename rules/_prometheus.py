@@ -1,15 +1,29 @@
 """Turn rules into Prometheus alerting rules, so the same thresholds can page someone.
 
-Only rules with a ``prometheus`` block are exported: one alert per severity level, its PromQL taken
-from the block with ``{threshold}`` filled in. Rules that compare ranks (straggler, memory spread)
-or need DDP's own logging data have no series to alert on and are left out (said in the header).
+Only rules with a ``prometheus`` block are exported: one alert per warning or critical level (info
+pages no one), its PromQL taken from the block with ``{threshold}`` filled in with the same
+threshold the diagnosis uses. Rules that compare ranks (straggler, memory spread) or need DDP's own
+logging data have no series to alert on and are left out (said in the header). Fix text placeholders
+(fitted to a job by the diagnosis) read as ``<name>``.
 """
 
 from __future__ import annotations
 
+import string
+
 import yaml
 
 from ._load import Rule
+
+
+def _placeholders(template: str) -> str:
+    """A fix template with each ``{name}`` shown as ``<name>`` (there is no job to fit it to)."""
+    parts = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(literal)
+        if name is not None:
+            parts.append(f"<{name}>")
+    return "".join(parts)
 
 
 def _alert_name(rule_id: str, severity: str, several: bool) -> str:
@@ -23,21 +37,26 @@ def prometheus_rules(rules: list[Rule], group: str = "ranksight") -> dict:
     for rule in rules:
         if not rule.prometheus:
             continue
-        levels = rule.levels or ((rule.severity, None),)
+        own = rule.prometheus.get("levels") or rule.levels
+        if own:
+            levels = [lv for lv in own if lv[0] != "info"]
+        else:
+            levels = [(rule.severity, None)] if rule.severity != "info" else []
         for severity, threshold in levels:
             expr = rule.prometheus["expr"]
             if threshold is not None:
                 expr = expr.replace("{threshold}", repr(threshold))
             alerts.append(
                 {
-                    "alert": _alert_name(rule.id, severity, len(levels) > 1),
+                    "alert": _alert_name(rule.id, severity, bool(own)),
                     "expr": expr,
                     "for": rule.prometheus["for"],
                     "labels": {"severity": severity, "axis": rule.axis, "rule": rule.id},
                     "annotations": {
-                        "summary": f"{rule.title} (run {{{{ $labels.run }}}}, rank {{{{ $labels.rank }}}}, "
-                        f'value {{{{ $value | printf "%.3g" }}}})',
-                        "description": rule.fix_text.strip(),
+                        "summary": f"{rule.title} (run {{{{ $labels.run }}}}"
+                        "{{ if $labels.rank }}, rank {{ $labels.rank }}{{ end }}, "
+                        'value {{ $value | printf "%.3g" }})',
+                        "description": _placeholders(rule.fix_text.strip()),
                     },
                 }
             )

@@ -27,24 +27,50 @@ def frame(**per_rank) -> dict[int, dict]:
 
 HEALTHY = dict(
     data_wait_share=0.004,
+    data_wait_share_noise=0.001,
+    data_measured=1,
+    ranks_data_measured=2,
     compute_share=0.80,
     comm_exposed_share=0.16,
+    grad_comm_share=0.16,
     comm_to_compute=0.2,
-    comm_floor_share=0.16,
-    comm_floor_to_compute=0.2,
+    comm_floor_share=0.02,
+    comm_floor_share_noise=0.01,
+    comm_floor_s=0.0014,
+    comm_blocked_share=0.0,
+    comm_blocked_floor_share=0.0,
     allreduce_share=0.16,
     buckets_per_step=1,
     grad_bytes_per_step=215556,
+    bucket_cap_bytes=25 << 20,
+    bucket_cap_mb=25.0,
+    allreduce_wire_s=0.000216,
+    allreduce_latency_s=0.00025,
+    transport_bytes_per_s=1e9,
     step_median_s=0.07,
     compute_median_s=0.055,
     straggler_score=1.0,
     slowest_step_share=0.5,
     compute_vs_median=1.0,
+    least_wait_step_share=0.5,
+    least_wait_top_share=0.5,
+    straggler_cost_share=0.01,
+    straggler_cost_share_noise=0.01,
+    imbalance_cost_share=0.02,
     graph_breaks=0,
     recompiles=0,
     recompiles_after_warmup=0,
     compiled=0,
     find_unused_parameters=0,
+    cpus_allowed=2,
+    local_world_size=2,
+    torch_threads=1,
+    cpus_per_rank=1.0,
+    threads_demanded=2,
+    oversubscription_ratio=1.0,
+    host_load_ratio=0.9,
+    host_bound_share=0.81,
+    loader_num_workers=0,
 )
 
 
@@ -61,15 +87,20 @@ def test_healthy_cpu_frame_has_no_warning_and_gpu_rules_stay_silent(ruleset):
     assert not gpu_rules & set(rules_of(findings))
 
 
-def test_input_wait_levels_follow_the_anchored_thresholds(ruleset):
-    for share, expected in ((0.03, None), (0.06, "warning"), (0.25, "critical")):
-        f = frame(r0={**HEALTHY, "data_wait_share": share})
+def test_input_wait_is_judged_by_its_cost_past_its_noise(ruleset):
+    for share, noise, expected in ((0.02, 0.0, None), (0.06, 0.0, "info"), (0.12, 0.0, "warning")) + (
+        (0.12, 0.05, "info"),  # 12 % +- 5 %: not surely past 10 %
+        (0.30, 0.0, "critical"),
+        (0.30, 0.08, "warning"),
+    ):
+        f = frame(r0={**HEALTHY, "data_wait_share": share, "data_wait_share_noise": noise})
         hits = [x for x in evaluate(ruleset.rules, f) if x["rule"] == "input-bound"]
-        assert (hits[0]["severity"] if hits else None) == expected, share
+        assert (hits[0]["severity"] if hits else None) == expected, (share, noise)
     hit = next(x for x in evaluate(ruleset.rules, frame(r0={**HEALTHY, "data_wait_share": 0.5})))
-    assert hit["evidence"]["data_wait_share"] == 0.5
+    assert hit["evidence"]["data_wait_share"] == 0.5 and hit["cost_share"] == 0.5 and hit["speedup"] == 2.0
     assert "50%" in hit["summary"]
-    assert hit["fix"]["snippet"] and "num_workers" in hit["fix"]["snippet"]
+    # Two ranks on two CPUs with a torch thread each: no core left for loader workers, so none suggested.
+    assert hit["fix"]["text"].startswith("No core to spare") and "num_workers" not in hit["fix"]["snippet"]
 
 
 def test_confidence_grows_with_margin_and_steps(ruleset):
@@ -82,75 +113,82 @@ def test_confidence_grows_with_margin_and_steps(ruleset):
     assert 0 < conf(0.06, 3) and conf(0.5, 40) <= 0.95
 
 
-def test_straggler_is_named_by_rank_and_the_others_wait_is_not_called_a_sync_problem(ruleset):
-    floor = {"comm_floor_share": 0.01, "comm_floor_to_compute": 0.01}  # the slow rank waits for no one
-    slow = {**HEALTHY, **floor, "compute_share": 0.98, "comm_exposed_share": 0.01, "comm_to_compute": 0.01}
-    slow.update(straggler_score=0.36, slowest_step_share=1.0, compute_vs_median=1.47, compute_median_s=0.36)
-    waiting = {**HEALTHY, **floor, "compute_share": 0.33, "comm_exposed_share": 0.66, "comm_to_compute": 2.0}
-    waiting.update(slowest_step_share=0.0, compute_vs_median=0.53, compute_median_s=0.13)
-    findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
+def _straggler_pair(cost, least=1.0, noise=0.01):
+    """Rank 1 arrives last at collectives; rank 0 waits ``cost`` of the step for it."""
+    waiting = {**HEALTHY, "comm_exposed_share": 0.02 + cost, "least_wait_step_share": 1 - least}
+    waiting.update(straggler_cost_share=0.0, straggler_cost_share_noise=0.0, least_wait_top_share=least)
+    slow = {**HEALTHY, "least_wait_step_share": least, "least_wait_top_share": least, "comm_exposed_share": 0.02}
+    slow.update(straggler_cost_share=cost, straggler_cost_share_noise=noise, compute_vs_median=1 + cost)
+    return frame(r0=waiting, r1=slow)
+
+
+def test_straggler_is_named_by_rank_from_who_waits_and_the_others_wait_is_not_a_sync_problem(ruleset):
+    findings = evaluate(ruleset.rules, _straggler_pair(0.6))
     assert rules_of(findings) == ["straggler"]
-    assert findings[0]["ranks"] == [1] and findings[0]["severity"] == "critical"
+    first = findings[0]
+    assert first["ranks"] == [1] and first["severity"] == "critical"
+    assert first["cost_share"] == 0.6 and first["speedup"] == 2.5
+    assert "rank 1" in first["summary"] and "rank 1" in first["fix"]["text"]
 
 
-def test_a_straggler_and_a_real_sync_cost_are_both_reported(ruleset):
-    # Sync-bound even on the slow rank (which waits for no peer) and one rank slower: both are real.
-    # At equal severity the straggler comes first (priority); neither is called the other's consequence.
-    floor = {"comm_floor_share": 0.12, "comm_floor_to_compute": 0.6}
-    slow = {**HEALTHY, **floor, "straggler_score": 0.55, "slowest_step_share": 0.95, "compute_vs_median": 1.3}
-    waiting = {**HEALTHY, **floor, "comm_exposed_share": 0.5, "comm_to_compute": 1.5, "slowest_step_share": 0.05}
-    findings = evaluate(ruleset.rules, frame(r0=waiting, r1=slow))
-    assert rules_of(findings)[:2] == ["straggler", "exposed-allreduce"]
-    assert findings[0]["severity"] == "warning" and findings[1]["severity"] == "warning"
-    assert "consequence" not in findings[1]["summary"]
-    # A warning straggler next to a critical sync cost: the critical one first (measured under load).
-    heavy = {"comm_floor_share": 0.4, "comm_floor_to_compute": 1.0}
-    slow, waiting = {**slow, **heavy}, {**waiting, **heavy}
-    assert rules_of(evaluate(ruleset.rules, frame(r0=waiting, r1=slow)))[:2] == ["exposed-allreduce", "straggler"]
+def test_a_rank_that_costs_the_others_a_tenth_of_the_step_is_a_warning(ruleset):
+    # The known failure: a rank ~35 % slower got info, because compute ratios missed it.
+    for cost, expected in ((0.02, None), (0.06, "info"), (0.12, "warning"), (0.4, "critical")):
+        hits = [f for f in evaluate(ruleset.rules, _straggler_pair(cost)) if f["rule"] == "straggler"]
+        assert (hits[0]["severity"] if hits else None) == expected, cost
 
 
-def test_an_info_level_straggler_does_not_displace_a_critical_sync_finding(ruleset):
-    # Measured on the loaded 2-core machine: the sync fault with one rank at 0.66 of the other's speed.
-    floor = {"comm_floor_share": 0.4, "comm_floor_to_compute": 1.0, "comm_exposed_share": 0.4}
-    slowish = {**HEALTHY, **floor, "straggler_score": 0.66, "slowest_step_share": 1.0, "compute_vs_median": 1.2}
-    findings = evaluate(ruleset.rules, frame(r0={**HEALTHY, **floor}, r1=slowish))
-    assert [(f["rule"], f["severity"]) for f in findings][:2] == [
-        ("exposed-allreduce", "critical"),
-        ("straggler", "info"),
-    ]
-    assert "consequence" not in findings[0]["summary"]
-
-
-def test_straggler_levels_leave_contention_sized_gaps_at_info(ruleset):
-    for score, expected in ((0.8, None), (0.74, "info"), (0.58, "warning"), (0.4, "critical")):
-        slow = {**HEALTHY, "straggler_score": score, "slowest_step_share": 1.0}
-        hits = [f for f in evaluate(ruleset.rules, frame(r0=HEALTHY, r1=slow)) if f["rule"] == "straggler"]
-        assert (hits[0]["severity"] if hits else None) == expected, score
-
-
-def test_inconsistent_slowness_is_not_called_a_straggler(ruleset):
-    noisy = {**HEALTHY, "straggler_score": 0.7, "slowest_step_share": 0.6, "compute_vs_median": 1.15}
-    findings = evaluate(ruleset.rules, frame(r0=noisy, r1=HEALTHY))
-    assert "straggler" not in rules_of(findings)
+def test_inconsistent_late_arrival_is_contention_not_a_straggler(ruleset):
+    noisy = evaluate(ruleset.rules, _straggler_pair(0.2, least=0.6))
+    assert "straggler" not in rules_of(noisy)
+    imbalance = {**HEALTHY, "imbalance_cost_share": 0.2, "least_wait_top_share": 0.6}
+    findings = evaluate(ruleset.rules, frame(r0=imbalance, r1=imbalance))
     assert [f["severity"] for f in findings if f["rule"] == "compute-imbalance"] == ["info"]
 
 
-def test_a_hungry_rank_is_input_bound_and_the_others_wait_is_not_a_sync_problem(ruleset):
-    floor = {"comm_floor_share": 0.02, "comm_floor_to_compute": 0.04}  # the hungry rank waits for no one
-    hungry = {**HEALTHY, **floor, "data_wait_share": 0.3, "compute_share": 0.5, "comm_exposed_share": 0.02}
-    waiting = {**HEALTHY, **floor, "comm_exposed_share": 0.35, "comm_to_compute": 0.9, "compute_share": 0.4}
+def test_a_noisy_persistent_straggler_stays_below_warning(ruleset):
+    # Measured on the loaded 2-core machine, healthy job: rank 1 last in 93 % of steps, 19 % +- 13 %.
+    hits = [
+        f for f in evaluate(ruleset.rules, _straggler_pair(0.19, least=0.93, noise=0.13)) if f["rule"] == "straggler"
+    ]
+    assert [h["severity"] for h in hits] == ["info"]
+
+
+def test_a_hungry_rank_is_input_bound_and_its_lateness_is_a_consequence(ruleset):
+    hungry = {**HEALTHY, "data_wait_share": 0.3, "least_wait_step_share": 1.0, "least_wait_top_share": 1.0}
+    hungry.update(straggler_cost_share=0.28, straggler_cost_share_noise=0.01)
+    waiting = {**HEALTHY, "comm_exposed_share": 0.35, "least_wait_step_share": 0.0, "least_wait_top_share": 1.0}
     findings = evaluate(ruleset.rules, frame(r0=hungry, r1=waiting))
-    assert rules_of(findings) == ["input-bound"]
+    assert rules_of(findings)[:2] == ["input-bound", "straggler"]
     assert findings[0]["ranks"] == [0] and findings[0]["severity"] == "critical"
+    assert findings[1]["explained_by"] == "input-bound" and "consequence of input-bound" in findings[1]["summary"]
 
 
-def test_sync_bound_is_told_apart_from_healthy_exposed_comm(ruleset):
-    sync = {**HEALTHY, "comm_exposed_share": 0.42, "compute_share": 0.43, "comm_to_compute": 0.98}
-    sync.update(comm_floor_share=0.37, comm_floor_to_compute=0.72)
+def test_exposed_comm_is_classed_by_bytes_not_by_its_share(ruleset):
+    # 56 MB in one bucket on gloo: the bytes take 57 ms on the wire, the round trips 0.25 ms.
+    sync = {**HEALTHY, "comm_floor_share": 0.37, "grad_bytes_per_step": 56e6, "allreduce_wire_s": 0.056}
+    sync.update(bucket_cap_bytes=512 << 20, bucket_cap_mb=512.0, allreduce_efficiency=0.35)
     first = evaluate(ruleset.rules, frame(r0=sync, r1=sync))[0]
     assert (first["axis"], first["rule"], first["severity"]) == ("sync", "exposed-allreduce", "critical")
-    healthy = evaluate(ruleset.rules, frame(r0=HEALTHY, r1=HEALTHY))
-    assert rules_of(healthy) == ["comm-latency"]
+    assert "bucket_cap_mb=13" in first["fix"]["snippet"] and "was 512" in first["fix"]["snippet"]
+    # 84 bytes of gradient with 15 % exposed: latency, never bucket advice, and never "nothing urgent".
+    tiny = {**HEALTHY, "comm_floor_share": 0.15, "grad_bytes_per_step": 84, "allreduce_wire_s": 84e-9}
+    found = evaluate(ruleset.rules, frame(r0=tiny, r1=tiny))
+    assert [(f["rule"], f["severity"]) for f in found][:1] == [("comm-latency", "warning")]
+    text = found[0]["fix"]["text"] + found[0]["fix"]["snippet"]
+    assert "bucket_cap_mb" not in text and "bf16" not in text and "Nothing urgent" not in text
+    assert rules_of(evaluate(ruleset.rules, frame(r0=HEALTHY, r1=HEALTHY))) == []
+
+
+def test_bucket_advice_is_derived_from_the_gradient_and_never_ddps_default(ruleset):
+    def snippet(grad_bytes, cap_mb, buckets=1):
+        f = {**HEALTHY, "comm_floor_share": 0.3, "grad_bytes_per_step": grad_bytes, "allreduce_wire_s": 0.1}
+        f.update(bucket_cap_bytes=cap_mb << 20, bucket_cap_mb=float(cap_mb), buckets_per_step=buckets)
+        return evaluate(ruleset.rules, frame(r0=f, r1=f))[0]["fix"]["snippet"]
+
+    assert "bucket_cap_mb=50," in snippet(200 << 20, 512)
+    assert "bucket_cap_mb=24," in snippet(100 << 20, 512)  # a quarter is DDP's default 25: not that
+    assert "bucket_cap_mb=" not in snippet(400 << 20, 25, buckets=16)  # many buckets already: send less
 
 
 def test_unused_parameter_scan_needs_ddps_own_confirmation(ruleset):
@@ -162,20 +200,24 @@ def test_unused_parameter_scan_needs_ddps_own_confirmation(ruleset):
     assert "unused-parameter-scan" not in rules_of(evaluate(ruleset.rules, frame(r0=really_unused)))
 
 
-def test_graph_breaks_come_before_the_recompiles_they_cause(ruleset):
+def test_graph_breaks_come_before_the_recompiles_they_cause_and_carry_their_cost(ruleset):
     compiled = {**HEALTHY, "compiled": 1, "graph_breaks": 11, "recompiles": 9, "recompiles_after_warmup": 9}
+    compiled.update(recompile_excess_share=0.4, run_time_s=3.0)
     findings = evaluate(ruleset.rules, frame(r0=compiled, r1=compiled))
     assert rules_of(findings)[:2] == ["graph-breaks", "recompiles"]
     assert findings[0]["axis"] == "parallelism"
+    # Fixing the breaks removes the recompiles: the cause is worth at least what it explains.
+    assert findings[0]["cost_share"] == findings[1]["cost_share"] == 0.4
+    assert findings[0]["severity"] == findings[1]["severity"] == "critical"
 
 
 def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
-    gpu = {**HEALTHY, "model_on_gpu": 1, "gpu_utilization_ratio": 0.4, "kernel_busy_ratio": 0.3}
+    gpu = {**HEALTHY, "model_on_gpu": 1, "gpu_utilization_ratio": 0.9, "kernel_busy_ratio": 0.9, "gpu_busy_ratio": 0.9}
     cases = {
         "pageable-copies": {"h2d_copy_ratio": 0.4, "h2d_pageable_ratio": 1.0},
         "cpu-ops": {"cpu_op_ratio": 0.3},
         "input-path-syncs": {"host_syncs_per_step": 4.0},
-        "fragmentation": {"memory_fragmentation_ratio": 0.7, "memory_alloc_retries_total": 3.0},
+        "fragmentation": {"memory_fragmentation_ratio": 0.7, "memory_alloc_retries_total": 3.0, "run_time_s": 60},
         "h2d-bound": {"h2d_share": 0.6},
         "launch-bound": {"idle_host_wait_ratio": 0.5, "short_kernel_ratio": 0.8, "kernels_per_step": 900},
     }
@@ -213,7 +255,9 @@ def test_gloo_on_gpu_is_named_and_explains_its_syncs(ruleset):
     shared = {**nccl, "ddp_backend_gloo": 1, "host_syncs_per_step": 3.0, "idle_host_wait_ratio": 0.3}
     found = evaluate(ruleset.rules, frame(r0=shared, r1=shared))
     assert rules_of(found)[:2] == ["gloo-on-gpu", "input-path-syncs"]
-    assert found[0]["axis"] == "sync" and found[0]["ranks"] == [0, 1] and found[0]["severity"] == "warning"
+    assert found[0]["axis"] == "sync" and found[0]["ranks"] == [0, 1]
+    # The syncs it causes cost 30 % of the GPU's time: fixing the cause gives that back.
+    assert found[0]["severity"] == "critical" and found[0]["cost_share"] == 0.3
 
 
 def test_replicated_model_state_is_judged_against_the_device(ruleset):

@@ -36,13 +36,35 @@ def test_export_has_one_alert_per_level_with_labels():
     doc = yaml.safe_load(export_prometheus(load_rules().rules))
     alerts = {a["alert"]: a for a in doc["groups"][0]["rules"]}
     warn, crit = alerts["RanksightInputBoundWarning"], alerts["RanksightInputBoundCritical"]
-    assert warn["expr"] == "avg_over_time(ranksight_data_wait_ratio[5m]) >= 0.05"
-    assert crit["expr"].endswith(">= 0.2")
+    assert warn["expr"] == "avg_over_time(ranksight_data_wait_ratio[5m]) >= 0.1"
+    assert crit["expr"].endswith(">= 0.25")
     assert warn["labels"] == {"severity": "warning", "axis": "data_pipeline", "rule": "input-bound"}
     assert "num_workers" not in warn["annotations"]["summary"] and warn["annotations"]["description"]
+    # The fix is fitted to a job by the diagnosis; exported, its placeholders read as <name>.
+    assert "<workers> DataLoader workers" in warn["annotations"]["description"]
+    assert "{" not in warn["annotations"]["description"]
+    # Info levels page no one: not exported.
+    assert not any(name.endswith("Info") for name in alerts)
     # Rules that compare ranks cannot be written over one rank's series: left out, and said so.
     assert not any(name.startswith("RanksightStraggler") for name in alerts)
     assert "straggler" in export_prometheus(load_rules().rules).splitlines()[1]
+
+
+def _exported_description(path, alert: str) -> str:
+    doc = yaml.safe_load(path.read_text())
+    return next(a for a in doc["groups"][0]["rules"] if a["alert"] == alert)["annotations"]["description"]
+
+
+def test_exported_thresholds_are_the_ones_the_diagnosis_uses():
+    """The same numbers page someone and make a finding warning or critical."""
+    rules = {r.id: r for r in load_rules().rules}
+    doc = yaml.safe_load(export_prometheus(list(rules.values())))
+    for alert in doc["groups"][0]["rules"]:
+        rule = rules[alert["labels"]["rule"]]
+        levels = dict(rule.prometheus.get("levels") or rule.levels)
+        threshold = float(alert["expr"].rsplit(">=", 1)[1])
+        assert threshold == levels[alert["labels"]["severity"]], alert["alert"]
+    assert dict(rules["input-bound"].levels) == {"info": 0.03, "warning": 0.10, "critical": 0.25}
 
 
 @needs_promtool
@@ -77,7 +99,7 @@ def test_alerts_fire_on_the_right_rank_in_promtools_rule_tests(exported, tmp_pat
                                 },
                                 "exp_annotations": {
                                     "summary": SUMMARY,
-                                    "description": load_rules().rules[0].fix_text.strip(),
+                                    "description": _exported_description(exported, "RanksightInputBoundCritical"),
                                 },
                             }
                         ],

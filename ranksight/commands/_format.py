@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+ABSENT = "–"
+"""How a figure the run could not measure prints (never as 0)."""
+
 
 def pct(x) -> str:
-    """Format a 0-1 ratio as a percentage, or '-' when absent."""
-    return "-" if x is None else f"{100 * x:5.1f}%"
+    """Format a 0-1 ratio as a percentage, or '–' when absent (not measured)."""
+    return ABSENT if x is None else f"{100 * x:5.1f}%"
 
 
 def ms(x) -> str:
-    """Format seconds as milliseconds, or '-' when absent."""
-    return "-" if x is None else f"{1000 * x:8.2f}"
+    """Format seconds as milliseconds, or '–' when absent."""
+    return ABSENT if x is None else f"{1000 * x:8.2f}"
+
+
+def speedup(cost_share) -> str:
+    """'fixing this could make steps up to 1.4× faster' for a cost share (0-1); '' when unknown."""
+    if cost_share is None or cost_share <= 0:
+        return ""
+    times = 1 / (1 - cost_share)
+    return (
+        f"fixing this could make steps up to {times:.2f}× faster"
+        if times < 1.1
+        else (f"fixing this could make steps up to {times:.1f}× faster")
+    )
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

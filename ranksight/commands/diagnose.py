@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+import time
 
 from ranksight.cli import UserError
 
-from ._format import pct, table
-from .summary import render_breakdown
+from ._format import ms, pct, speedup, table
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 _STATUS = {"pass": "pass", "warn": "WARN", "fail": "FAIL", "n/a": "n/a"}
+_PHASE_LABELS = (
+    ("data_wait_share", "data"),
+    ("h2d_share", "h2d"),
+    ("compute_share", "compute"),
+    ("comm_exposed_share", "comm"),
+    ("optimizer_share", "optim"),
+    ("other_share", "other"),
+)
 
 
 def add_parser(sub):
@@ -26,15 +35,29 @@ def add_parser(sub):
     p.add_argument("--rules", metavar="DIR", default=None, help="extra rule files (*.yaml); same id overrides")
     p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
     p.add_argument("--features", action="store_true", help="print the per-rank features the rules read")
+    p.add_argument(
+        "--since",
+        metavar="DURATION",
+        default=None,
+        help="judge only the last DURATION of the run's data (e.g. 60s, 5m, 1h) and say whether the verdict changed",
+    )
     return p
 
 
-def diagnose_or_fail(run_dir: str, rules_dir: str | None = None, warmup: int = 5) -> dict:
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '1h' -> seconds; UserError for anything else."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smh]?)\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise UserError(f"--since needs a positive duration such as 60s, 5m or 1h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def diagnose_or_fail(run_dir: str, rules_dir: str | None = None, warmup: int = 5, since_s: float | None = None) -> dict:
     """Run the diagnosis; a bad rule file becomes a UserError listing every error."""
     from ranksight.rules import RuleError, diagnose
 
     try:
-        return diagnose(run_dir, rules_dir, warmup_steps=warmup)
+        return diagnose(run_dir, rules_dir, warmup_steps=warmup, since_s=since_s)
     except RuleError as exc:
         raise UserError(str(exc)) from None
 
@@ -42,11 +65,19 @@ def diagnose_or_fail(run_dir: str, rules_dir: str | None = None, warmup: int = 5
 def _value(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    return "–" if v is None else str(v)
+
+
+def _cost_text(f: dict) -> str:
+    text = speedup(f.get("cost_share"))
+    if text and f.get("cost_basis") == "estimate":
+        text += " (estimate)"
+    return text
 
 
 def render_findings(result: dict) -> str:
-    """The verdict and the other findings as text: what, how sure, which ranks, evidence, fix."""
+    """The verdict and the other findings as text: what, how sure, which ranks, what fixing it gives back,
+    evidence, fix."""
     findings = result["findings"]
     serious = [f for f in findings if f["severity"] != "info"]
     lines = []
@@ -55,16 +86,19 @@ def render_findings(result: dict) -> str:
     for i, f in enumerate(findings):
         ranks = ", ".join(str(r) for r in f["ranks"])
         head = "Verdict" if i == 0 and serious else f"Finding {i + 1}"
+        gain = _cost_text(f)
         lines.append(
             f"{head}: [{_MARK[f['severity']]}] {f['axis']} / {f['rule']}  "
-            f"(confidence {f['confidence']:.2f}; ranks {ranks})"
+            f"(confidence {f['confidence']:.2f}; ranks {ranks})" + (f": {gain}" if gain else "")
         )
         lines.append(textwrap.fill(f["summary"], 100, initial_indent="  ", subsequent_indent="  "))
         evidence = ", ".join(f"{k}={_value(v)}" for k, v in f["evidence"].items())
         lines.append(textwrap.fill(f"evidence: {evidence}", 100, initial_indent="  ", subsequent_indent="    "))
-        lines.append(textwrap.fill(f"fix: {f['fix']['text']}", 100, initial_indent="  ", subsequent_indent="    "))
-        if f["fix"].get("snippet"):
-            lines.append(textwrap.indent(f["fix"]["snippet"].rstrip(), "      "))
+        fix = f["fix"]
+        fitted = f" ({fix['framework']})" if fix.get("framework") not in (None, "plain") else ""
+        lines.append(textwrap.fill(f"fix{fitted}: {fix['text']}", 100, initial_indent="  ", subsequent_indent="    "))
+        if fix.get("snippet"):
+            lines.append(textwrap.indent(fix["snippet"].rstrip(), "      "))
         lines.append("")
     return "\n".join(lines).rstrip()
 
@@ -76,7 +110,7 @@ def render_checklist(result: dict) -> str:
         v = c["value"]
         # Ratios read as percentages (1.0 too: NVML's 100 %); counts (retries, free blocks) as numbers.
         if v is None:
-            shown = "-"
+            shown = "–"
         elif c.get("unit") == "ratio":
             shown = pct(v).strip()
         else:
@@ -85,28 +119,64 @@ def render_checklist(result: dict) -> str:
     return table(["item", "group", "status", "value"], rows) if rows else "(no checklist items)"
 
 
-def render_report(result: dict, run_dir: str, warmup: int = 5) -> str:
-    """The whole human report: verdict, findings, breakdown, checklist."""
-    return "\n\n".join(
-        [
-            f"run: {result['run']}",
-            render_findings(result),
-            "Step-time breakdown per rank (after warm-up):\n" + render_breakdown(run_dir, warmup),
-            "Checklist (worst rank):\n" + render_checklist(result),
-        ]
+def render_breakdown_rows(rows: list[dict], statuses: dict[int, str]) -> str:
+    """The per-rank breakdown of a diagnosis (a share the run did not measure prints '–', never 0 %)."""
+    if not rows:
+        return "no steps recorded yet"
+    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{label} %" for _, label in _PHASE_LABELS]
+    body = [
+        [str(r["rank"]), statuses.get(r["rank"], "?"), str(r["steps"]), ms(r["step_median_s"])]
+        + [pct(r[key]) for key, _ in _PHASE_LABELS]
+        + [pct(r.get("allreduce_share"))]
+        for r in rows
+    ]
+    return table(headers + ["allreduce %"], body)
+
+
+def render_window(result: dict) -> str:
+    """What --since judged, and whether the verdict changed."""
+    window, change = result.get("window"), result.get("change")
+    if not window:
+        return "Window: no steps recorded yet"
+
+    def clock(ns):
+        return time.strftime("%H:%M:%S", time.localtime(ns / 1e9))
+
+    head = (
+        f"Window: the last {window['since_s']:g} s of the run's data ({clock(window['start_ns'])}–"
+        f"{clock(window['end_ns'])}, up to {window['steps']} steps per rank after warm-up)"
     )
+    return head + (f"\nChange: {change['text']}" if change else "")
+
+
+def render_report(result: dict, run_dir: str, warmup: int = 5) -> str:
+    """The whole human report: (window,) verdict, findings, breakdown, checklist."""
+    from ranksight.collectors import read_rank_meta
+
+    statuses = {m.rank: m.status for m in read_rank_meta(run_dir)}
+    scope = "in the window" if "window" in result else "after warm-up"
+    parts = [f"run: {result['run']}"]
+    if "window" in result:
+        parts.append(render_window(result))
+    parts += [
+        render_findings(result),
+        f"Step-time breakdown per rank ({scope}):\n" + render_breakdown_rows(result["breakdown"]["ranks"], statuses),
+        "Checklist (worst rank):\n" + render_checklist(result),
+    ]
+    return "\n\n".join(parts)
 
 
 def run(args) -> int:
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    since_s = parse_duration(args.since) if getattr(args, "since", None) is not None else None
     if args.features:
         from ranksight.rules import diagnose_features
 
-        feats = diagnose_features(args.run_dir, warmup_steps=args.warmup)
+        feats = diagnose_features(args.run_dir, warmup_steps=args.warmup, since_s=since_s)
         print(json.dumps({str(r): f for r, f in feats.items()}, indent=1, default=str))
         return 0
-    result = diagnose_or_fail(args.run_dir, args.rules, args.warmup)
+    result = diagnose_or_fail(args.run_dir, args.rules, args.warmup, since_s)
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
