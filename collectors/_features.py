@@ -181,7 +181,7 @@ def compute_features(
 ) -> dict[int, dict]:
     """Features per rank from a connection with the run's views and the ranks' metadata.
 
-    ``since_ns`` keeps only the steps (and samples, compile events) at or after that time (Unix ns).
+    ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns).
     """
     rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps, since_ns)
     meta_by_rank = {m.rank: m.data for m in metas}
@@ -308,7 +308,7 @@ def _ranks_per_node(meta_by_rank: dict, rows: list[dict]) -> dict[int, int]:
 
 
 def _compile_counts(con, warmup_steps: int, since_ns: int | None) -> dict[int, dict]:
-    where = f"WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         SELECT rank, kind, sum(count) AS total, coalesce(sum(count) FILTER (WHERE step >= ?), 0) AS late
         FROM compile {where} GROUP BY rank, kind
@@ -321,7 +321,7 @@ def _compile_counts(con, warmup_steps: int, since_ns: int | None) -> dict[int, d
 
 def _sample_values(con, warmup_steps: int, since_ns: int | None) -> dict[tuple[int, str], float]:
     # After warm-up when there is anything there, else everything: a short or young run still says something.
-    where = f"WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         SELECT rank, name,
                coalesce(median(value) FILTER (WHERE step >= ?), median(value)) AS typical,
@@ -473,7 +473,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
     rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
     steps: 1.56 s against 0.21 s)."""
     column = "gpu_compute_s" if use_gpu else "compute_s"
-    since = f"AND time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         WITH kept AS (
                 SELECT rank, step, {column} AS c FROM steps

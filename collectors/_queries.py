@@ -85,11 +85,11 @@ def steps_source(con, since_ns: int | None = None) -> str:
     """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
 
     Rows of an older agent lack the collective columns: they read as NULL, so the phases are what
-    they were. ``since_ns`` keeps only steps that ended at or after it (Unix ns), for "now" verdicts.
+    they were. ``since_ns`` keeps only steps that ended after it (Unix ns), for "now" verdicts.
     """
     present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
     extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in STEP_COLUMNS_V3.items() if c not in present]
-    where = f" WHERE time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    where = f" WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
     return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"
 
 
@@ -241,7 +241,7 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
     """Per rank, what the steps around each recompile after warm-up took beyond the rank's median step,
     over its period sum. The compile record's step is the latest one when the event was noticed, so the
     step before and after it count too (each step once)."""
-    since = f"AND time_ns >= {int(since_ns)}" if since_ns is not None else ""
+    since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         WITH {kept_steps_sql(steps_source(con, since_ns))},
              med AS (SELECT rank, median(period_s) AS m, sum(period_s) AS total FROM kept GROUP BY rank),
@@ -264,7 +264,7 @@ def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3)
     since = ""
     if since_ns is not None:  # the table has no clock of its own: keep the steps of the window
         since = f"""AND EXISTS (SELECT 1 FROM steps s WHERE s.rank = c.rank AND s.step = c.step
-                                AND s.time_ns >= {int(since_ns)})"""
+                                AND s.time_ns > {int(since_ns)})"""
     sql = f"""
         WITH mine AS (SELECT * FROM collectives c WHERE origin <> 'ddp' AND step >= ? {since}),
              steps_per_rank AS (SELECT rank, count(DISTINCT step) AS n FROM mine GROUP BY rank),

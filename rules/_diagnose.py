@@ -82,8 +82,8 @@ def verdict_change(whole: list[dict], recent: list[dict], series: list[tuple[int
     """
     before, now = _first_serious(whole), _first_serious(recent)
     key = lambda f: None if f is None else (f["rule"], tuple(f["ranks"]))  # noqa: E731
-    earlier = [p for t, p in series if t < since_ns]
-    later = [p for t, p in series if t >= since_ns]
+    earlier = [p for t, p in series if t <= since_ns]
+    later = [p for t, p in series if t > since_ns]
     step_before = statistics.median(earlier) if earlier else None
     step_now = statistics.median(later) if later else None
     onset = _onset(series, since_ns, step_before, step_now)
@@ -101,7 +101,7 @@ def verdict_change(whole: list[dict], recent: list[dict], series: list[tuple[int
 
 
 def _onset(series: list[tuple[int, float]], since_ns: int, before: float | None, now: float | None) -> int | None:
-    inside = [i for i, (t, _) in enumerate(series) if t >= since_ns]
+    inside = [i for i, (t, _) in enumerate(series) if t > since_ns]
     if not inside:
         return None
     start = inside[0]

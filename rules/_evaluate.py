@@ -83,7 +83,9 @@ def _fire(rule: Rule, env: dict) -> _Hit | None:
         if not reached:
             return None
         severity = reached[-1]
-        margin = _margin(judged, rule.levels[0][1], rule.compare)
+        # How far past the band it reached (after the noise): a cost just past 10 % is a weaker warning
+        # than one at 20 %.
+        margin = _margin(judged, dict(rule.levels)[severity], rule.compare)
     else:
         severity, margin = rule.severity, 1.0
     steps = env.get("steps")

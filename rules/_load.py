@@ -314,8 +314,9 @@ class _Checker:
         evidence = self.name_list(m, "evidence", where, check_features=True)
         explains = self.name_list(m, "explains", where, check_features=False)
         priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
-        suggest = self.suggest(m["suggest"][1], where) if "suggest" in m else ()
-        names = {n for n, _ in suggest or ()}
+        suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
+        ok &= suggest_ok
+        names = {n for n, _ in suggest}
         summary = self.scalar(m["summary"][1], f"{where}: summary") if "summary" in m else None
         if summary is not None:
             summary = self.template(m["summary"][1], summary, where, "summary", names)
@@ -397,20 +398,25 @@ class _Checker:
         return tuple(names)
 
     def suggest(self, node, where: str):
-        """``suggest: {name: expression}``: values computed from the features, for the fix templates."""
+        """``suggest: {name: expression}``: values computed from the features, for the fix templates.
+
+        Returns (valid entries, ok): the valid ones are still used to check the templates, so one bad
+        entry does not hide the rule's other errors."""
         sm = self.mapping(node, f"{where}: suggest")
         if sm is None:
-            return None
-        out = []
+            return (), False
+        out, ok = [], True
         for name, (knode, vnode) in sm.items():
             if not _NAME.match(name) or name in FEATURES or name in CONTEXT or name in TEMPLATE_NAMES:
                 self.err(knode, f"{where}: suggest name {name!r} must be a new lower_case name (not a feature)")
-                return None
+                ok = False
+                continue
             expr = self.expr(vnode, f"{where}: suggest.{name}", extra={n for n, _ in out})
             if expr is None:
-                return None
+                ok = False
+                continue
             out.append((name, expr))
-        return tuple(out)
+        return tuple(out), ok
 
     def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
         try:
@@ -418,77 +424,86 @@ class _Checker:
         except ValueError as exc:
             self.err(node, f"{where}: {what} template: {exc}")
             return None
-        for name in fields:
-            if name not in TEMPLATE_NAMES and name not in FEATURES and name not in CONTEXT and name not in names:
-                self.err(
-                    node,
-                    f"{where}: {what} names {{{name}}}, which is not a feature, a context name, a suggest value, "
-                    "'value', 'ranks', 'cost_share' or 'speedup' (write {{ and }} for literal braces)",
-                )
-                return None
+        unknown = [n for n in fields if n not in TEMPLATE_NAMES and n not in FEATURES and n not in CONTEXT]
+        unknown = [n for n in dict.fromkeys(unknown) if n not in names]
+        if unknown:
+            shown = ", ".join(f"{{{n}}}" for n in unknown)
+            self.err(
+                node,
+                f"{where}: {what} names {shown}, which is not a feature, a context name, a suggest value, "
+                "'value', 'ranks', 'cost_share' or 'speedup' (write {{ and }} for literal braces)",
+            )
+            return None
         return text
 
     def fix(self, node, where: str, names):
         """``fix: {text, snippet, cases: [{when, text, snippet, frameworks}], frameworks: {name: {text, snippet}}}``.
 
-        Returns (base FixVariant, cases, frameworks) or None.
+        Returns (base FixVariant, cases, frameworks) or None; every part is checked, errors or not.
         """
-        base, fm = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
-        if base is None:
-            return None
+        base, fm, ok = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
         cases = []
-        if "cases" in fm:
+        if fm is not None and "cases" in fm:
             seq = fm["cases"][1]
             if not isinstance(seq, yaml.SequenceNode):
                 self.err(seq, f"{where}: fix.cases must be a list")
                 return None
             for i, entry in enumerate(seq.value):
                 what = f"fix.cases[{i}]"
-                case, cm = self.fix_variant(entry, where, what, names, allow=("when", "text", "snippet", "frameworks"))
-                if case is None:
-                    return None
+                allow = ("when", "text", "snippet", "frameworks")
+                case, cm, case_ok = self.fix_variant(entry, where, what, names, allow=allow)
+                ok &= case_ok
+                if cm is None:
+                    continue
                 if "when" not in cm:
                     self.err(entry, f"{where}: {what} needs a 'when'")
-                    return None
+                    ok = False
+                    continue
                 when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
-                if when is None:
-                    return None
+                if when is None or not case_ok:
+                    ok = False
+                    continue
                 cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
+        if not ok:
+            return None
         return FixVariant(base.text, base.snippet), tuple(cases), base.frameworks
 
     def fix_variant(self, node, where: str, what: str, names, required_text=False, allow=("text", "snippet")):
-        """(FixVariant, its key -> (key node, value node) mapping), or (None, None) after an error."""
+        """(FixVariant, its key -> (key node, value node) mapping, ok); the mapping is None when the node is
+        not one."""
         fm = self.mapping(node, f"{where}: {what}")
         if fm is None:
-            return None, None
+            return None, None, False
+        ok = True
         for key, (knode, _) in fm.items():
             if key not in allow:
                 self.err(knode, f"{where}: {what} has unknown key {key!r} ({', '.join(allow)})")
-                return None, None
+                ok = False
         if required_text and "text" not in fm:
             self.err(node, f"{where}: {what} needs a 'text'")
-            return None, None
+            ok = False
         out = {}
         for key in ("text", "snippet"):
             if key in fm:
                 text = self.scalar(fm[key][1], f"{where}: {what}.{key}")
                 if text is None or self.template(fm[key][1], text, where, f"{what}.{key}", names) is None:
-                    return None, None
+                    ok = False
+                    continue
                 out[key] = text
         frameworks = {}
-        if "frameworks" in fm:
-            wm = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks")
-            if wm is None:
-                return None, None
+        if "frameworks" in fm and "frameworks" in allow:
+            wm = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks") or {}
+            ok &= bool(wm) or isinstance(fm["frameworks"][1], yaml.MappingNode)
             for name, (knode, vnode) in wm.items():
                 if name not in FRAMEWORKS:
                     self.err(knode, f"{where}: {what}.frameworks: unknown framework {name!r} ({', '.join(FRAMEWORKS)})")
-                    return None, None
-                variant, _ = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)
-                if variant is None:
-                    return None, None
-                frameworks[name] = variant
-        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm
+                    ok = False
+                    continue
+                variant, _, variant_ok = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)
+                ok &= variant_ok
+                if variant_ok:
+                    frameworks[name] = variant
+        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm, ok
 
     def prometheus(self, node, where: str, levels):
         pm = self.mapping(node, f"{where}: prometheus")

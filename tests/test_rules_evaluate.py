@@ -108,7 +108,7 @@ def test_confidence_grows_with_margin_and_steps(ruleset):
         f = frame(r0={**HEALTHY, "data_wait_share": share, "steps": steps})
         return next(x for x in evaluate(ruleset.rules, f) if x["rule"] == "input-bound")["confidence"]
 
-    assert conf(0.06, 40) < conf(0.5, 40)
+    assert conf(0.12, 40) < conf(0.19, 40) < conf(0.5, 40)  # past the warning band (10 %), then critical
     assert conf(0.5, 3) < conf(0.5, 40)
     assert 0 < conf(0.06, 3) and conf(0.5, 40) <= 0.95
 

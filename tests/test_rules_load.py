@@ -122,6 +122,87 @@ def test_every_error_is_reported_at_once_with_file_and_line(tmp_path):
     assert lines == sorted(lines)  # in file order
 
 
+def test_cost_and_fix_template_errors_have_their_lines(tmp_path):
+    path = _write(
+        tmp_path,
+        "fit.yaml",
+        """\
+        rules:
+          - id: one
+            axis: sync
+            title: One
+            cost: data_wait_share * 2
+            noise: data_wait_share_noise
+            cost_basis: guessed
+            suggest:
+              rank: 1
+              workers: coalesce(loader_num_workers, 0) + spare
+            summary: "{workers} workers"
+            fix:
+              text: "use {workers} workers on {transport}, {cores}"
+              snippet: "DataLoader(ds, num_workers={workers})"
+              cases:
+                - text: no when here
+              frameworks:
+                keras: {snippet: "x"}
+                lightning: {snippet: "{workers}", colour: red}
+          - id: two
+            axis: sync
+            title: Two
+            value: data_wait_share
+            noise: data_wait_share_noise
+            severity: info
+            summary: "s"
+            fix: {text: "t"}
+        """,
+    )
+    with pytest.raises(RuleError) as info:
+        load_rules(str(tmp_path))
+    errors = info.value.errors
+    expected = {
+        7: "cost_basis must be measured or estimate",
+        9: "suggest name 'rank' must be a new lower_case name",
+        10: "suggest.workers: unknown feature(s) spare",
+        13: "fix.text names {workers}, {cores}, which is not",
+        16: "fix.cases[0] needs a 'when'",
+        18: "unknown framework 'keras'",
+        19: "has unknown key 'colour'",
+        24: "noise needs levels",
+    }
+    text = "\n".join(errors)
+    for line, message in expected.items():
+        assert any(e.startswith(f"{path}:{line}:") and message in e for e in errors), (line, message, text)
+
+
+def test_cost_rules_get_the_default_bands_and_templates_may_name_context_and_suggestions(tmp_path):
+    _write(
+        tmp_path,
+        "ok.yaml",
+        """\
+        rules:
+          - id: fitted
+            axis: data_pipeline
+            title: Fitted
+            cost: data_wait_share
+            suggest:
+              workers: coalesce(loader_num_workers, 0) + 2
+              more: workers * 2
+            summary: "{workers} on {framework} ({speedup}x, {cost_share:.0%})"
+            fix:
+              text: "{more} workers, literal {{braces}}"
+              cases:
+                - when: more > 100
+                  text: "too many"
+              frameworks:
+                transformers: {snippet: "TrainingArguments(dataloader_num_workers={workers})"}
+        """,
+    )
+    rule = next(r for r in load_rules(str(tmp_path)).rules if r.id == "fitted")
+    assert rule.levels == (("info", 0.03), ("warning", 0.10), ("critical", 0.25)) and rule.value == rule.cost
+    assert [n for n, _ in rule.suggest] == ["workers", "more"]
+    assert set(rule.fix_frameworks) == {"transformers"} and rule.fix_cases[0].text == "too many"
+
+
 def test_yaml_syntax_error_has_a_line(tmp_path):
     path = _write(tmp_path, "broken.yaml", "rules:\n  - id: x\n    axis: [sync\n")
     with pytest.raises(RuleError) as info:
@@ -161,8 +242,14 @@ def test_builtin_rules_cover_the_matrix():
         "alloc-retries",
         "launch-bound",
         "memory-imbalance",
+        "blocking-collectives",
+        "host-oversubscribed",
+        "input-not-measured",
     }
     assert matrix <= ids
+    # Every built-in rule that can be measured says what fixing it gives back.
+    no_cost = {r.id for r in ruleset.rules if r.cost is None}
+    assert no_cost == {"input-not-measured", "fragmentation", "replicated-model-state", "memory-imbalance", "busy-host"}
     assert {r.axis for r in ruleset.rules} == {"data_pipeline", "sync", "parallelism"}
     assert all(r.fix_text and r.summary for r in ruleset.rules)
     assert {c.group for c in ruleset.checklist} == {"graph capture", "memory planning", "kernels"}

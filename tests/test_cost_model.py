@@ -1,0 +1,148 @@
+"""The cost model: what each finding says fixing it gives back, from feature frames, by the pure evaluator."""
+
+from __future__ import annotations
+
+import pytest
+
+from ranksight.rules import evaluate, load_rules, parse_rules
+
+from .test_rules_evaluate import HEALTHY, frame
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules().rules
+
+
+def by_rule(findings: list[dict]) -> dict[str, dict]:
+    return {f["rule"]: f for f in findings}
+
+
+def test_cost_share_and_speedup_arithmetic(rules):
+    f = by_rule(evaluate(rules, frame(r0={**HEALTHY, "data_wait_share": 0.3})))["input-bound"]
+    assert f["cost_share"] == 0.3 and f["speedup"] == pytest.approx(1 / 0.7, abs=0.005)
+    assert f["cost_basis"] == "measured"
+    # The straggler costs the time the others wait for it, taken from the arriving-last rank's figure.
+    slow = {**HEALTHY, "least_wait_step_share": 1.0, "least_wait_top_share": 1.0, "straggler_cost_share": 0.2}
+    waiting = {**HEALTHY, "least_wait_step_share": 0.0, "least_wait_top_share": 1.0, "straggler_cost_share": 0.0}
+    f = by_rule(evaluate(rules, frame(r0=waiting, r1=slow)))["straggler"]
+    assert (f["ranks"], f["cost_share"], f["speedup"]) == ([1], 0.2, 1.25)
+    # Exposed gradient all-reduce costs its exposed time on the rank that waits least.
+    sync = {**HEALTHY, "comm_floor_share": 0.4, "allreduce_wire_s": 0.05, "grad_bytes_per_step": 50e6}
+    f = by_rule(evaluate(rules, frame(r0=sync, r1=sync)))["exposed-allreduce"]
+    assert (f["cost_share"], f["speedup"], f["severity"]) == (0.4, pytest.approx(1.67), "critical")
+    # Blocking collectives cost their own blocked time (the floor across ranks).
+    blocked = {**HEALTHY, "comm_blocked_floor_share": 0.12, "comm_blocked_floor_share_noise": 0.01}
+    f = by_rule(evaluate(rules, frame(r0=blocked, r1=blocked)))["blocking-collectives"]
+    assert (f["cost_share"], f["severity"]) == (0.12, "warning")
+    # GPU: launch-bound costs the GPU idle waiting for the host; gpu-starved what the idle compute span wastes.
+    gpu = {**HEALTHY, "model_on_gpu": 1, "short_kernel_ratio": 0.6, "idle_host_wait_ratio": 0.2}
+    gpu.update(compute_share=0.8, gpu_busy_ratio=0.4)
+    found = by_rule(evaluate(rules, frame(r0=gpu)))
+    assert found["gpu-starved"]["cost_share"] == pytest.approx(0.8 * 0.6)
+    # launch-bound's own cost is 0.2, but it explains the starved GPU: fixing it gives that back too.
+    assert found["launch-bound"]["cost_share"] == pytest.approx(0.48)
+    assert found["gpu-starved"]["explained_by"] == "launch-bound"
+
+
+def test_estimates_say_so(rules):
+    scan = {**HEALTHY, "find_unused_parameters": 1, "unused_parameter_size": 0, "ddp_stats_iteration": 10}
+    f = by_rule(evaluate(rules, frame(r0=scan)))["unused-parameter-scan"]
+    assert f["cost_basis"] == "estimate" and f["cost_share"] == 0.02 and f["severity"] == "warning"
+    breaks = {**HEALTHY, "compiled": 1, "graph_breaks": 11}
+    f = by_rule(evaluate(rules, frame(r0=breaks)))["graph-breaks"]
+    assert f["cost_basis"] == "estimate" and f["cost_share"] == pytest.approx(0.13)
+
+
+def test_severity_comes_from_the_cost_bands(rules):
+    def severity(cost):
+        found = by_rule(evaluate(rules, frame(r0={**HEALTHY, "h2d_share": cost, "model_on_gpu": 1})))
+        return found["h2d-bound"]["severity"] if "h2d-bound" in found else None
+
+    assert [severity(c) for c in (0.02, 0.05, 0.10, 0.24, 0.25)] == [None, "info", "warning", "warning", "critical"]
+
+
+def test_ranking_follows_the_cost_within_a_severity(rules):
+    both = {**HEALTHY, "data_wait_share": 0.12, "comm_blocked_floor_share": 0.2}
+    order = [f["rule"] for f in evaluate(rules, frame(r0=both, r1=both))]
+    assert order[:2] == ["blocking-collectives", "input-bound"]  # 20 % before 12 %, both warnings
+    both["data_wait_share"] = 0.22
+    order = [f["rule"] for f in evaluate(rules, frame(r0=both, r1=both))]
+    assert order[:2] == ["input-bound", "blocking-collectives"]
+
+
+def test_a_cause_takes_the_cost_and_severity_of_what_it_explains(rules):
+    # A hungry rank arrives last; the others' wait for it (35 %) is what feeding it would give back.
+    hungry = {**HEALTHY, "data_wait_share": 0.15, "least_wait_step_share": 1.0, "least_wait_top_share": 1.0}
+    hungry["straggler_cost_share"] = 0.35
+    waiting = {**HEALTHY, "least_wait_step_share": 0.0, "least_wait_top_share": 1.0}
+    first, second = evaluate(rules, frame(r0=hungry, r1=waiting))[:2]
+    assert (first["rule"], second["rule"]) == ("input-bound", "straggler")
+    assert first["cost_share"] == 0.35 and first["severity"] == "critical" and second["explained_by"] == "input-bound"
+
+
+def test_noise_keeps_an_uncertain_effect_below_its_band(rules):
+    def severity(share, noise):
+        f = {**HEALTHY, "comm_floor_share": share, "comm_floor_share_noise": noise}
+        found = by_rule(evaluate(rules, frame(r0=f, r1=f)))
+        return found["comm-latency"]["severity"] if "comm-latency" in found else None
+
+    assert severity(0.15, 0.0) == "warning"
+    assert severity(0.15, 0.06) == "info"  # 15 % +- 6 %: could be 9 %
+    assert severity(0.04, 0.02) is None  # indistinguishable from 2 %
+    # Confidence grows with the margin past the noise.
+    f = {**HEALTHY, "comm_floor_share": 0.2}
+    tight = by_rule(evaluate(rules, frame(r0={**f, "comm_floor_share_noise": 0.0})))["comm-latency"]
+    loose = by_rule(evaluate(rules, frame(r0={**f, "comm_floor_share_noise": 0.05})))["comm-latency"]
+    assert loose["confidence"] < tight["confidence"]
+
+
+def test_oversubscribed_host_is_named_with_its_numbers(rules):
+    # 8 ranks x (4 torch threads + 4 workers) = 64 busy threads on 16 CPUs.
+    host = {**HEALTHY, "cpus_allowed": 16, "local_world_size": 8, "torch_threads": 4, "loader_num_workers": 4}
+    host.update(cpus_per_rank=2.0, threads_demanded=64, oversubscription_ratio=4.0, host_bound_share=0.9)
+    f = by_rule(evaluate(rules, frame(r0=host, r1=host)))["host-oversubscribed"]
+    assert f["cost_share"] == pytest.approx(0.9 * 0.75) and f["cost_basis"] == "estimate"
+    assert "8 ranks x (4 torch threads + 4 loader workers) = 64 busy threads on 16 CPUs (4.0x" in f["summary"]
+    # The workers alone take the cores: fewer workers, one torch thread, never more workers than cores allow.
+    assert "Use 1 worker(s) and 1 torch thread per rank" in f["fix"]["text"]
+    assert "num_workers=1" in f["fix"]["snippet"] and "OMP_NUM_THREADS=1" in f["fix"]["snippet"]
+    # Threads alone oversubscribe: set them to the cores per rank.
+    threads = {**host, "loader_num_workers": 0, "threads_demanded": 32, "oversubscription_ratio": 2.0}
+    f = by_rule(evaluate(rules, frame(r0=threads)))["host-oversubscribed"]
+    assert "OMP_NUM_THREADS=2 torchrun --nproc-per-node 8" in f["fix"]["snippet"]
+    # A job that fits its cores on a loaded host: not this rule, and only info for the load.
+    busy = {**HEALTHY, "host_load_ratio": 3.0}
+    found = by_rule(evaluate(rules, frame(r0=busy, r1=busy)))
+    assert "host-oversubscribed" not in found and found["busy-host"]["severity"] == "info"
+
+
+def test_input_that_was_not_measured_is_said_so_not_zero(rules):
+    unmeasured = {**HEALTHY, "data_wait_share": None, "data_measured": 0, "ranks_data_measured": 0}
+    found = evaluate(rules, frame(r0=unmeasured, r1=unmeasured))
+    f = by_rule(found)["input-not-measured"]
+    assert f["severity"] == "info" and f["ranks"] == [0, 1] and f["cost_share"] is None
+    assert "mon.loader()" in f["fix"]["text"] and "with mon.data():" in f["fix"]["text"]
+    assert "input-bound" not in by_rule(found)
+    one_measures = {**unmeasured, "ranks_data_measured": 1}
+    assert "input-not-measured" not in by_rule(evaluate(rules, frame(r0=one_measures, r1=one_measures)))
+
+
+def test_a_user_rule_can_state_its_own_cost():
+    text = """
+rules:
+  - id: slow-optimizer
+    axis: parallelism
+    title: Optimizer step takes long
+    cost: optimizer_share / 2          # a fused optimizer halves it
+    cost_basis: estimate
+    suggest:
+      share_pct: optimizer_share * 100
+    summary: "optimizer {share_pct:.0f}% on {ranks}, {speedup}x with a fused one"
+    fix: {text: "torch.optim.AdamW(..., fused=True)"}
+"""
+    rule = parse_rules(text, "slow.yaml").rules[0]
+    assert rule.levels == (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
+    f = evaluate([rule], frame(r0={**HEALTHY, "optimizer_share": 0.3}))[0]
+    assert (f["severity"], f["cost_share"], f["speedup"]) == ("warning", 0.15, 1.18)
+    assert f["summary"] == "optimizer 30% on rank 0, 1.18x with a fused one"
