@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_INFO
-from ._monitor import Monitor
+from ._protocol import MonitorLike
 
 
 def _unwrap(model: Any) -> tuple[Any, Any, Any]:
@@ -50,7 +50,7 @@ def _fsdp_units(module: Any) -> int:
     return sum(1 for m in module.modules() if isinstance(m, FSDPModule))
 
 
-def _check_torch_version(m: Monitor, version: str) -> None:
+def _check_torch_version(m: MonitorLike, version: str) -> None:
     """Warn once on a torch older than the 2.4 the agent is tested against; keep going."""
     try:
         major, minor = (int(p) for p in version.split("+")[0].split(".")[:2])
@@ -74,7 +74,7 @@ def _model_facts(model: Any) -> dict:
     }
 
 
-def attach_model(m: Monitor, model: Any) -> None:
+def attach_model(m: MonitorLike, model: Any) -> None:
     """Hook the model's forward start, and DDP's all-reduce when the model is DDP-wrapped."""
     import torch  # the user's torch, imported only now
 
@@ -155,7 +155,7 @@ def _backend_name(ddp: Any) -> str:
         return "unknown"
 
 
-def _register_comm_hook(m: Monitor, ddp: Any) -> None:
+def _register_comm_hook(m: MonitorLike, ddp: Any) -> None:
     """Wrap DDP's default all-reduce so each bucket's ready and done times are recorded.
 
     Done callbacks run on the communication thread and can complete out of order, so every mark
@@ -225,7 +225,7 @@ def _optimizer_facts(optimizer: Any) -> dict:
     return {"class": name, "states_per_param": states}
 
 
-def attach_optimizer(m: Monitor, optimizer: Any) -> None:
+def attach_optimizer(m: MonitorLike, optimizer: Any) -> None:
     """Time ``optimizer.step()`` with the optimizer's own pre/post step hooks (torch >= 2.0); record
     what state it keeps per parameter (for the model-state memory rule)."""
     try:

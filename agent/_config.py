@@ -44,9 +44,11 @@ class GpuOptions:
     """A folder to also save each window's Chrome trace in."""
 
     def __post_init__(self) -> None:
-        for name in ("allocator_every_s", "snapshot_every_s", "trace_every_s"):
+        for name in ("allocator_every_s", "snapshot_every_s"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"ranksight: gpu option {name} must be > 0, got {getattr(self, name)!r}")
+        if not float(self.trace_every_s) >= 0:
+            raise ValueError(f"ranksight: gpu option trace_every_s must be >= 0, got {self.trace_every_s!r}")
         for name in ("trace_steps", "trace_every_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"ranksight: gpu option {name} must be >= 1, got {getattr(self, name)!r}")

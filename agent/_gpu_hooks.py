@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from ._config import GpuOptions
 from ._events import EV_GPU, EV_INFO
-from ._monitor import Monitor
+from ._protocol import MonitorLike
 
 log = logging.getLogger("ranksight")
 
@@ -49,10 +49,16 @@ _MAX_HELD_ROWS = 10_000  # bound on step rows waiting for the GPU; past it the o
 class GpuMarks:
     """Attached as ``Monitor._gpu``; its methods run on the training thread."""
 
-    def __init__(self, monitor: Monitor, torch: Any, device: int) -> None:
+    def __init__(self, monitor: MonitorLike, torch: Any, device: int) -> None:
         self._m = monitor
         self._append = monitor._append
         self._event_cls = torch.cuda.Event
+        self._current_stream = torch.cuda.current_stream
+        self._step_stream = 0
+        self._stream: Any = None  # the stream steps run on, read at the first step (a Stream object per call costs)
+        # Event.record(stream) in C++ directly: the Python wrapper would look the current stream up every time.
+        base = getattr(torch._C, "_CudaEventBase", None)
+        self._record = getattr(base, "record", None) or torch.cuda.Event.record
         self._pool: deque = deque()
         self._created = 0
         self.device = device
@@ -71,11 +77,11 @@ class GpuMarks:
             return self._event_cls(enable_timing=True)
 
     def _mark(self, step: int, kind: str) -> None:
-        if not self.events_on:
+        if not self.events_on or self._stream is None:
             return
         ev = self._take()
         if ev is not None:
-            ev.record()
+            self._record(ev, self._stream)
             self._append((EV_GPU, step, (kind, ev)))
 
     # ---------------------------------------------------------- called by the step context and hooks
@@ -83,6 +89,9 @@ class GpuMarks:
         """Mark the step's start on the GPU stream; start or mark the sampled window when due."""
         self._fwd_marked = False
         self._opt_marked = False
+        if self._stream is None:
+            self._stream = self._current_stream()
+            self._step_stream = self._stream.cuda_stream
         self._mark(step, "b")
         w = self.window
         if w is not None and w.due(step, self._m._step_begin_ns):
@@ -123,12 +132,15 @@ class GpuMarks:
             self._mark(self._m._step, "r")
 
     def collective_begin(self) -> Optional[Any]:
-        """Before a collective call: an event on the current stream (None when events are off or used up)."""
-        if not self.events_on:
+        """Before a collective call on the step's stream: an event there (None when events are off or used
+        up, or when the call runs on a side stream: FSDP2 issues its all-gathers and reduce-scatters on
+        streams of their own, which overlap compute by design and hold the step's stream only where it
+        waits for them, inside its compute)."""
+        if not self.events_on or self._current_stream().cuda_stream != self._step_stream:
             return None
         ev = self._take()
         if ev is not None:
-            ev.record()
+            self._record(ev, self._stream)
         return ev
 
     def collective_end(self, step: int, begin: Any) -> None:
@@ -137,7 +149,7 @@ class GpuMarks:
         if end is None:
             self._pool.append(begin)
             return
-        end.record()
+        self._record(end, self._stream)
         self._append((EV_GPU, step, ("c", begin, end)))
 
     def bucket_done(self, step: int) -> None:
@@ -239,30 +251,41 @@ class GpuResolver:
         self._prev_end = (step, end)
 
     def _fill(self, row: dict, marks: dict) -> None:
+        """Phases from the step's events, each read once as an offset from the step's begin.
+
+        The step's own marks (b, f, r, o, e) are recorded on one stream in that order, so once ``e`` is
+        complete they all are: only ``e`` is queried. ``d`` (recorded in a future callback) may sit on
+        another stream and is queried. Fewer CUDA calls per row matter: they run on the agent thread
+        while the training thread launches kernels, and each takes the GIL.
+        """
         b, e = marks.get("b"), marks.get("e")
-        if b is None or e is None or not (e.query() and b.query()):
+        if b is None or e is None or not e.query():
             self.dropped_total += 1
             return
-        row["gpu_step_s"] = b.elapsed_time(e) * 1e-3
+        at = b.elapsed_time  # ms from the step's begin
+        end_ms = at(e)
+        row["gpu_step_s"] = end_ms * 1e-3
         prev = self._prev_end
-        if prev is not None and prev[0] == row["step"] - 1 and prev[1].query():
+        if prev is not None and prev[0] == row["step"] - 1:  # recorded before b on the same stream
             row["gpu_gap_s"] = max(0.0, prev[1].elapsed_time(b) * 1e-3)
         f, r, d, o = marks.get("f"), marks.get("r"), marks.get("d"), marks.get("o")
-        if f is not None and f.query():
-            row["h2d_s"] = b.elapsed_time(f) * 1e-3
-            end = r or o or e
-            if end.query():
-                row["gpu_compute_s"] = max(0.0, f.elapsed_time(end) * 1e-3)
-        done = d if d is not None else o  # no per-bucket hook (NCCL): the optimizer starts once it is done
-        if r is not None and done is not None and r.query() and done.query():
+        r_ms = at(r) if r is not None else None
+        o_ms = at(o) if o is not None else None
+        if f is not None:
+            f_ms = at(f)
+            row["h2d_s"] = f_ms * 1e-3
+            compute_end = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
+            row["gpu_compute_s"] = max(0.0, compute_end - f_ms) * 1e-3
+        # No per-bucket hook (NCCL): the optimizer's first kernel waits for the all-reduce, so it marks "done".
+        done_ms = (at(d) if d.query() else None) if d is not None else o_ms
+        if r_ms is not None and done_ms is not None:
             # Capped at the step's end: a collective still running then belongs to no phase of this step.
-            row["gpu_comm_exposed_s"] = min(max(0.0, r.elapsed_time(done)), max(0.0, r.elapsed_time(e))) * 1e-3
+            row["gpu_comm_exposed_s"] = max(0.0, min(done_ms, end_ms) - r_ms) * 1e-3
         pairs = marks.get("c")
-        if pairs:
-            held = [a.elapsed_time(z) for a, z in pairs if a.query() and z.query()]
-            row["gpu_comm_blocked_s"] = sum(max(0.0, x) for x in held) * 1e-3 if held else None
-        if o is not None and o.query():
-            row["gpu_optimizer_s"] = max(0.0, o.elapsed_time(e) * 1e-3)
+        if pairs:  # recorded on the step's stream before e (the marks check the stream)
+            row["gpu_comm_blocked_s"] = sum(max(0.0, a.elapsed_time(z)) for a, z in pairs) * 1e-3
+        if o_ms is not None:
+            row["gpu_optimizer_s"] = max(0.0, end_ms - o_ms) * 1e-3
         self.resolved_total += 1
 
 
@@ -289,7 +312,7 @@ def _device_of(model: Any, torch: Any) -> Optional[int]:
     return None
 
 
-def attach_gpu(monitor: Monitor, model: Any, backward_hook: bool = False) -> None:
+def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) -> None:
     """Set up GPU marks, the resolver and the GPU samplers for a model that lives on a CUDA device.
 
     What is sampled comes from ``Config.gpu`` (:class:`~ranksight.agent.GpuOptions`). ``backward_hook``
@@ -365,7 +388,7 @@ def attach_gpu(monitor: Monitor, model: Any, backward_hook: bool = False) -> Non
     monitor._wire_gpu(marks, resolver, samplers)
 
 
-def _hook_backward_end(monitor: Monitor, model: Any, marks: GpuMarks) -> None:
+def _hook_backward_end(monitor: MonitorLike, model: Any, marks: GpuMarks) -> None:
     """Mark the end of backward with the gradient computed last: the first trainable parameter's (the
     layers nearest the input finish backward last)."""
     param = next((p for p in model.parameters() if p.requires_grad), None)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ranksight import __version__
+from ranksight._version import __version__
 from ranksight.schema import SCHEMA_VERSION
 
 from ._assemble import Assembler
@@ -71,6 +71,8 @@ class Worker(threading.Thread):
         self.gpu_resolver: Optional[GpuResolver] = None  # set by attach_gpu on a GPU rank
         self._backlog: dict[str, list[dict]] = {}
         self._late_gpu_marks: list = []
+        self.flush_seconds_total = 0.0
+        self.flushes_total = 0
         self._spool = None
         self._sinks_made = False
         self._started_ns = time.time_ns()
@@ -121,7 +123,11 @@ class Worker(threading.Thread):
         try:
             if self._finished:
                 return
+            t0 = time.perf_counter()
             self.flush(final)
+            # The agent thread's own time, most of it holding the GIL the training thread also needs.
+            self.flush_seconds_total += time.perf_counter() - t0
+            self.flushes_total += 1
             if final:
                 self._finished = True
         except Exception as exc:
@@ -297,6 +303,8 @@ class Worker(threading.Thread):
                 "graph_breaks_total": self._compile.graph_breaks_total if self._compile else 0,
                 "recompiles_total": self._compile.recompiles_total if self._compile else 0,
                 "rows_spooled_total": self._spool.rows_written,
+                "agent_flush_seconds_total": round(self.flush_seconds_total, 6),
+                "agent_flushes_total": self.flushes_total,
             },
             **{k: v for k, v in self._info.items()},
         }

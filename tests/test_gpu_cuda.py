@@ -227,8 +227,8 @@ def test_gpu_gap_tells_a_hidden_loader_wait_from_a_starving_one(monitor):
 
 
 def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, monkeypatch):
-    """One-rank NCCL DDP (what one GPU allows): the last bucket's all-reduce is timed on the GPU
-    (gpu_comm_exposed_s), because NCCL completes the host future at enqueue (host all-reduce ~0)."""
+    """One-rank NCCL DDP: exposed all-reduce is timed on the GPU (gpu_comm_exposed_s: end of backward to the
+    optimizer's start), with no per-bucket Python hook (NCCL completes host futures at enqueue)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -252,17 +252,16 @@ def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, mo
     for r in timed:
         assert 0 <= r["gpu_comm_exposed_s"] <= r["gpu_step_s"]
         assert r["gpu_optimizer_s"] is not None and 0 < r["gpu_optimizer_s"] <= r["gpu_step_s"]
-        assert r["buckets"] >= 2
-    import statistics
-
-    # The host saw each collective "done" as soon as it was enqueued.
-    assert statistics.median(r["allreduce_s"] for r in rows) < 0.005
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert {r["bucket_bytes"] for r in rows} == {grad_bytes}  # what DDP all-reduces per step
+    # No host-side bucket timing on NCCL: the host would see each collective "done" at enqueue.
+    assert all(r["allreduce_s"] is None and r["buckets"] is None for r in rows)
     # What the model-state rule compares: the device's memory and the optimizer's state per parameter.
     with open(os.path.join(mon.run_path, "ranks", "rank-00000.json")) as f:
         meta = json.load(f)
     assert meta["gpu_device"]["total_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
     assert meta["optimizer"] == {"class": "AdamW", "states_per_param": 2}
-    assert meta["ddp"]["backend"] == "nccl"
+    assert meta["ddp"]["backend"] == "nccl" and meta["ddp"]["comm_hook"] is False
 
 
 def _free_port() -> int:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One validation round on a machine with 2 GPUs (NCCL): the agent's overhead on DDP, collective timing
+# against torch.profiler, the demo's sync faults, and the CUDA tests. Work happens in $WORK; the JSON
+# results and the run folders (packed in runs.tgz, for diagnosis elsewhere) are copied to $OUT.
+# ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
+# .whl/ when the machine lacks it (see docs/gpu-validation.md).
+set -u
+OUT=${OUT:-gpu-round}
+W=${WORK:-/tmp/gpu-round}
+mkdir -p "$OUT" "$W"
+PKG=/tmp/rs-pkg
+rm -rf $PKG && mkdir -p $PKG/ranksight && cp -r ranksight/. $PKG/ranksight/
+for d in agent collectors rules dashboard integrations; do cp -r $d $PKG/ranksight/$d; done
+if ! python3 -c 'import duckdb' 2>/dev/null && ls .whl/duckdb-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/duckdb-*.whl
+  PKG=$PKG:/tmp/site
+fi
+export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# The checkout's own ranksight/ folder (without agent/, collectors/...) would shadow the package from the
+# current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
+rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests "$W/t/"
+python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
+torchrun --nproc-per-node 2 benchmarks/gpu_overhead_ddp.py --out "$W/overhead" 2>&1 | tail -3
+for s in metrics fsdp2; do
+  torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
+done
+python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -20
+python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler --ranks 2 --steps 60 2>&1 | tail -5
+python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
+(cd "$W/t" && python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py tests/test_measurement.py 2>&1 | tail -15)
+cp "$W/overhead/gpu_overhead_ddp.json" "$W/coll/gpu_collectives.json" "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
+tar czf "$OUT/runs.tgz" -C "$W" coll/runs demo/runs overhead/runs
+ls -la "$OUT"
