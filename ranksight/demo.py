@@ -9,6 +9,10 @@ GPU). Each fault is a realistic mistake, planted the way users make it:
 - ``straggler``: the last rank does several times the compute (the others wait in all-reduce).
 - ``graph-break``: a compiled model with a data-dependent branch and changing batch shapes.
 - ``unused-params``: ``find_unused_parameters=True`` on a model that uses every parameter.
+- ``straggler30``: the last rank does 30 % more compute (a slightly slower host: the others wait for it).
+- ``blocking``: three metrics all-reduced one by one for logging, counters gathered with
+  ``all_gather_object`` and a barrier, in every step of a short step.
+- ``oversubscribed``: every rank runs as many torch threads as the host has CPUs.
 
 GPU-only faults (their code paths only run on CUDA; on a CPU machine the demo refuses them):
 
@@ -29,7 +33,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
+CPU_FAULTS = (
+    "none", "input", "sync", "straggler", "graph-break", "unused-params", "straggler30", "blocking", "oversubscribed",
+)  # fmt: skip
 GPU_FAULTS = ("pageable", "cpu-op", "host-sync", "fragmentation")
 FAULTS = CPU_FAULTS + GPU_FAULTS
 DDP_STATS_EVERY_STEPS = 10  # read DDP's logging data (unused parameters) often: demo runs are short
@@ -64,7 +70,7 @@ class DemoConfig:
             self.run_id = f"{self.job}-{self.fault}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-MULTI_RANK_FAULTS = ("sync", "straggler", "unused-params")  # what they plant needs DDP across ranks
+MULTI_RANK_FAULTS = ("sync", "straggler", "unused-params", "straggler30", "blocking")  # need DDP across ranks
 
 
 def default_ranks(fault: str) -> int:
@@ -142,9 +148,13 @@ def _build(cfg: DemoConfig, rank: int, device):
         item_sleep_s, num_workers = 0.00001, 0  # 10 us per item in the main process: ~80 ms per batch
     if cfg.fault == "sync":
         width, depth, batch = 1536, 6, 4
+    if cfg.fault == "blocking":
+        batch = 1024  # a short step, as in a job whose per-step work is small next to its logging
     if cfg.fault == "pageable":
         in_features, n_items, pin_memory = 2048, 32768, False  # 128 MiB batches from pageable memory
     slow_factor = 4 if cfg.fault == "straggler" and rank == cfg.ranks - 1 else 1
+    # straggler30: this share of each batch's rows goes through every hidden layer once more (same result).
+    extra_rows = 0.3 if cfg.fault == "straggler30" and rank == cfg.ranks - 1 else 0.0
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -159,6 +169,9 @@ def _build(cfg: DemoConfig, rank: int, device):
                 h = torch.relu(layer(h))
                 for _ in range(slow_factor - 1):  # the straggler's extra work, same result
                     h = h + 0.0 * torch.relu(layer(h))
+                if extra_rows:
+                    k = max(1, round(extra_rows * h.shape[0]))
+                    h = torch.cat([h[:k] + 0.0 * torch.relu(layer(h[:k])), h[k:]])
             if cfg.fault == "cpu-op":
                 # The mistake: no device= here, so the noise is drawn on the CPU every step, then copied.
                 noise = torch.randn(h.shape[0], h.shape[1]) * 1e-3
@@ -258,6 +271,8 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
     import ranksight
 
     torch.set_num_threads(1)
+    if cfg.fault == "oversubscribed":
+        torch.set_num_threads(max(2, os.cpu_count() or 2))  # the default outside torchrun: every core, per rank
     device, backend = _device_and_backend(cfg, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -303,6 +318,11 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
+                    if cfg.fault == "blocking":
+                        for metric in (loss.detach(), loss.detach().abs(), loss.detach() ** 2):
+                            dist.all_reduce(metric.clone())  # each metric averaged for a log line, every step
+                        dist.all_gather_object([None] * cfg.ranks, {"step": step})  # per-rank counters
+                        dist.barrier()  # "keep the ranks together"
             except torch.cuda.OutOfMemoryError:
                 if fragmenter is None:
                     raise

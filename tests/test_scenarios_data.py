@@ -26,7 +26,18 @@ def test_slow_loader_is_input_bound(tmp_path):
     first = result["findings"][0]
     assert (first["axis"], first["rule"]) == ("data_pipeline", "input-bound"), describe(result)
     assert first["ranks"] == [0, 1] and first["severity"] == "critical"
-    assert first["evidence"]["data_wait_share"] >= 0.2
+    assert first["evidence"]["data_wait_share"] >= 0.2 and first["cost_share"] == first["evidence"]["data_wait_share"]
+    # Workers are suggested only where a core is left beside each rank's one torch thread (none on 2 cores).
+    spare = first["evidence"]["cpus_per_rank"] - 1
+    assert ("num_workers" in first["fix"]["snippet"]) == (spare >= 1), first["fix"]
+
+
+def test_torch_threads_for_every_core_in_every_rank_oversubscribe_the_host(tmp_path):
+    result = run_scenario(tmp_path, "oversubscribed")
+    first = result["findings"][0]
+    assert (first["axis"], first["rule"]) == ("parallelism", "host-oversubscribed"), describe(result)
+    assert first["evidence"]["oversubscription_ratio"] > 1 and first["cost_basis"] == "estimate"
+    assert "OMP_NUM_THREADS=" in first["fix"]["snippet"]
 
 
 def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
@@ -40,7 +51,7 @@ def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
     err = capsys.readouterr().err.strip()
     assert err == (
         "ranksight demo: fault 'pageable' needs a GPU (CUDA) and torch sees none; "
-        "CPU faults: none, input, sync, straggler, graph-break, unused-params"
+        "CPU faults: none, input, sync, straggler, graph-break, unused-params, straggler30, blocking, oversubscribed"
     )
 
 
