@@ -4,8 +4,9 @@ each gradient bucket's all-reduce on the host.
 
 On NCCL the per-bucket hook is not registered: NCCL completes its futures at enqueue, so the host
 learns nothing from it, and a Python callback per bucket cost 1.3-2.8 % of a ~17 ms step on two H200s.
-There the exposed all-reduce is read on the GPU's clock, from the end of backward (one
-post-accumulate-grad hook per step) to the optimizer's start (``_gpu_hooks``).
+There the exposed all-reduce is read on the GPU's clock, from the end of backward to the end of DDP's
+wait for its buckets (one post-accumulate-grad hook and one autograd final callback per step,
+``_gpu_hooks``).
 
 All hooks run on the training (or autograd / communication) threads, so each one is a clock read and
 a ``deque.append``; errors inside them are caught, counted, and switch the hook off.

@@ -13,10 +13,9 @@ GPU phases per step, on the stream the step ran on:
     gpu_comm_exposed_s  last bucket ready → its all-reduce done on the GPU: the all-reduce backward did not
                         hide. With NCCL the host learns nothing here (its futures complete when the
                         collective is enqueued), so this is the only honest measure of exposed comm.
-                        On NCCL no per-bucket hook runs: the end of backward is marked by one
-                        post-accumulate-grad hook, and the all-reduce is done when the optimizer's
-                        first kernel can start (DDP makes the stream wait for it), so this reads
-                        end of backward → optimizer start.
+                        On NCCL no per-bucket hook runs: one post-accumulate-grad hook marks the end
+                        of backward and queues an autograd final callback, which runs after DDP made
+                        the stream wait for every bucket; its event marks the all-reduce done.
     gpu_comm_blocked_s  the time other collectives (metric all_reduce, barrier, FSDP2's on the compute
                         stream) held the step's stream: CUDA events around each call.
     gpu_optimizer_s     optimizer step → step end
@@ -130,6 +129,11 @@ class GpuMarks:
         under gradient accumulation."""
         if self._m._in_step:
             self._mark(self._m._step, "r")
+
+    def sync_done(self) -> None:
+        """End of backward, after DDP waited for its all-reduces (an autograd final callback)."""
+        if self._m._in_step:
+            self._mark(self._m._step, "d")
 
     def collective_begin(self) -> Optional[Any]:
         """Before a collective call on the step's stream: an event there (None when events are off or used
@@ -276,8 +280,9 @@ class GpuResolver:
             row["h2d_s"] = f_ms * 1e-3
             compute_end = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
             row["gpu_compute_s"] = max(0.0, compute_end - f_ms) * 1e-3
-        # No per-bucket hook (NCCL): the optimizer's first kernel waits for the all-reduce, so it marks "done".
-        done_ms = (at(d) if d.query() else None) if d is not None else o_ms
+        # "d": the last bucket's all-reduce done (gloo's per-bucket hook, on a stream that waits for it) or,
+        # on NCCL, backward's end after DDP made the stream wait for every bucket.
+        done_ms = at(d) if d is not None and d.query() else None
         if r_ms is not None and done_ms is not None:
             # Capped at the step's end: a collective still running then belongs to no phase of this step.
             row["gpu_comm_exposed_s"] = max(0.0, min(done_ms, end_ms) - r_ms) * 1e-3
@@ -389,17 +394,27 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
 
 
 def _hook_backward_end(monitor: MonitorLike, model: Any, marks: GpuMarks) -> None:
-    """Mark the end of backward with the gradient computed last: the first trainable parameter's (the
-    layers nearest the input finish backward last)."""
+    """Mark the end of backward and the all-reduce's completion on the GPU, with one Python call per step.
+
+    The gradient computed last is the first trainable parameter's (the layers nearest the input finish
+    backward last): its post-accumulate-grad hook marks the end of backward compute and queues a callback
+    that autograd runs when backward is done, after DDP's own finalisation, which makes the stream wait
+    for every bucket's all-reduce. An event recorded there completes when the all-reduce has, on the GPU,
+    however far ahead the host is.
+    """
     param = next((p for p in model.parameters() if p.requires_grad), None)
     if param is None or not hasattr(param, "register_post_accumulate_grad_hook"):
         monitor._warn_once("backward_mark", "cannot mark the end of backward (torch < 2.1?): exposed all-reduce is off")
         return
-    done = marks.backward_done
+    import torch
+
+    engine = torch.autograd.Variable._execution_engine
+    ready, done = marks.backward_done, marks.sync_done
 
     def on_grad(tensor):
         try:
-            done()
+            ready()
+            engine.queue_callback(done)
         except Exception as exc:
             monitor._fail("backward_mark", exc)
 

@@ -227,8 +227,8 @@ def test_gpu_gap_tells_a_hidden_loader_wait_from_a_starving_one(monitor):
 
 
 def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, monkeypatch):
-    """One-rank NCCL DDP: exposed all-reduce is timed on the GPU (gpu_comm_exposed_s: end of backward to the
-    optimizer's start), with no per-bucket Python hook (NCCL completes host futures at enqueue)."""
+    """One-rank NCCL DDP: exposed all-reduce is timed on the GPU (gpu_comm_exposed_s: end of backward to the end
+    of DDP's wait for its buckets), with no per-bucket Python hook (NCCL completes host futures at enqueue)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -111,11 +111,11 @@ def test_fsdp2_all_gather_and_reduce_scatter_are_timed(tmp_path):
             [WARMUP],
         ).fetchall()
     }
-    # torch 2.13 names them *_single; earlier releases all_gather_into_tensor / reduce_scatter_tensor.
-    assert {op.replace("_into_tensor", "_single").replace("_tensor", "_single") for op in ops} >= {
-        "all_gather_single",
-        "reduce_scatter_single",
-    }, ops
+    # torch 2.13 names them *_single, earlier releases all_gather_into_tensor / reduce_scatter_tensor; on gloo
+    # some releases reduce gradients with all_reduce.
+    gathers = [op for op in ops if op.startswith("all_gather")]
+    reduces = [op for op in ops if op.startswith(("reduce_scatter", "all_reduce"))]
+    assert gathers and reduces, ops
     for n, size, held in ops.values():
         assert n >= 12 - WARMUP and size > 0 and held > 0
     agent = _sums(con, 0)
