@@ -146,3 +146,12 @@ rules:
     f = evaluate([rule], frame(r0={**HEALTHY, "optimizer_share": 0.3}))[0]
     assert (f["severity"], f["cost_share"], f["speedup"]) == ("warning", 0.15, 1.18)
     assert f["summary"] == "optimizer 30% on rank 0, 1.18x with a fused one"
+
+
+def test_blocking_collectives_on_a_gpu_explain_the_host_syncs_they_cause(rules):
+    # Two H200s over NCCL, the blocking fault: 9 host syncs per step, the GPU idle 52 % waiting for the host.
+    gpu = {**HEALTHY, "model_on_gpu": 1, "gpu_busy_ratio": 0.42, "host_syncs_per_step": 9.0}
+    gpu.update(idle_host_wait_ratio=0.52, comm_blocked_floor_share=0.21, collectives_per_step=5)
+    first, second = evaluate(rules, frame(r0=gpu, r1=gpu))[:2]
+    assert (first["rule"], second["rule"]) == ("blocking-collectives", "input-path-syncs")
+    assert first["cost_share"] == 0.52 and first["severity"] == "critical"
