@@ -217,13 +217,17 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     total = sum(r[1] for r in rows)
     timed = any(r[4] for r in rows)
     gaps = [((r[6] - r[5]) if r[6] is not None else 0.0, r[7]) for r in rows]
+    last: dict[int, list[float]] = {}  # rank -> its gaps as shares of the step, where it arrived last
+    for (gap, least), r in zip(gaps, rows):
+        last.setdefault(least, []).append(gap / r[1])
     per_rank = {}
     for rank in ranks:
-        mine = [gap / r[1] if least == rank else 0.0 for (gap, least), r in zip(gaps, rows)]
+        mine = last.get(rank, [])
         per_rank[rank] = {
-            "least_share": sum(1 for _, least in gaps if least == rank) / len(rows),
-            "cost_share": sum(gap for gap, least in gaps if least == rank) / total,
-            "cost_noise": notch(mine),
+            "least_share": len(mine) / len(rows),
+            "cost_share": sum(gap for gap, least in gaps if least == rank) / total if mine else 0.0,
+            # the per-step series: its gap share where it arrived last, 0 elsewhere
+            "cost_noise": notch(mine + [0.0] * (len(rows) - len(mine))) if mine else 0.0,
         }
     return {
         "steps": len(rows),
@@ -242,6 +246,9 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
     over its period sum. The compile record's step is the latest one when the event was noticed, so the
     step before and after it count too (each step once)."""
     since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
+    found = f"SELECT count(*) FROM compile WHERE kind = 'recompile' AND step >= ? {since}"
+    if not con.execute(found, [warmup_steps]).fetchone()[0]:
+        return {}  # nothing to measure: skip the scan of every step row
     sql = f"""
         WITH {kept_steps_sql(steps_source(con, since_ns))},
              med AS (SELECT rank, median(period_s) AS m, sum(period_s) AS total FROM kept GROUP BY rank),
