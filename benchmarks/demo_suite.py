@@ -92,6 +92,15 @@ def run(args) -> int:
     return 0
 
 
+def _backend(runs_dir: str, name: str):
+    """The DDP backend rank 0 recorded (gloo when the demo's ranks share one GPU, else nccl)."""
+    try:
+        with open(os.path.join(runs_dir, name, "ranks", "rank-00000.json")) as f:
+            return (json.load(f).get("ddp") or {}).get("backend")
+    except (OSError, ValueError):
+        return None
+
+
 def report(args) -> int:
     from ranksight.rules import diagnose
 
@@ -105,7 +114,7 @@ def report(args) -> int:
         got = (first["axis"], first["rule"]) if first else None
         ranks = int(name.rsplit("-r", 1)[1])
         expected = EXPECTED.get(fault, got)
-        if fault == "none" and ranks > 1 and name.startswith("gpu-"):
+        if fault == "none" and ranks > 1 and name.startswith("gpu-") and _backend(runs_dir, name) == "gloo":
             expected = ("sync", "gloo-on-gpu")  # ranks sharing one GPU must use gloo: NCCL refuses them
         right = got == expected
         if fault == "straggler" and first:  # the demo slows the last rank down

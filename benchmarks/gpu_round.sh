@@ -7,12 +7,12 @@
 set -u
 OUT=${OUT:-gpu-round}
 W=${WORK:-/tmp/gpu-round}
-mkdir -p "$OUT" "$W"
+rm -rf "$W" && mkdir -p "$OUT" "$W"  # a warm machine keeps /tmp: never mix two rounds' run folders
 PKG=/tmp/rs-pkg
 rm -rf $PKG && mkdir -p $PKG/ranksight && cp -r ranksight/. $PKG/ranksight/
 for d in agent collectors rules dashboard integrations; do cp -r $d $PKG/ranksight/$d; done
 if ! python3 -c 'import duckdb' 2>/dev/null && ls .whl/duckdb-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/duckdb-*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/duckdb-*.whl
   PKG=$PKG:/tmp/site
 fi
 export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
