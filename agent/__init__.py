@@ -1,7 +1,7 @@
 """The per-rank agent: measures each training step where it runs, and writes the records from its own thread."""
 
 from ._config import FRAMEWORKS, Config, GpuOptions
-from ._identity import Identity, derive_run_id
+from ._identity import Identity, derive_run_id, live_process_group
 from ._monitor import LoaderWrapper, Monitor
 from ._noop import NoopMonitor
 from ._protocol import MonitorLike
@@ -16,4 +16,5 @@ __all__ = [
     "MonitorLike",
     "NoopMonitor",
     "derive_run_id",
+    "live_process_group",
 ]

@@ -37,7 +37,7 @@ def _int_env(*names: str):
     return None
 
 
-def _dist():
+def live_process_group():
     """torch.distributed if torch is already imported and a process group is up, else None."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -53,7 +53,7 @@ def _dist():
 
 def is_settled() -> bool:
     """True once rank and world size are known for sure (launcher variables or a live process group)."""
-    return _int_env("RANK", "SLURM_PROCID") is not None or _dist() is not None
+    return _int_env("RANK", "SLURM_PROCID") is not None or live_process_group() is not None
 
 
 def _process_start(pid: int) -> float:
@@ -91,7 +91,7 @@ def derive_run_id(world_size: int) -> str:
 def resolve(job: str, run_id: str | None) -> Identity:
     """Read the identity now: launcher variables first, then a live process group, else a single process."""
     env = os.environ
-    dist = _dist()
+    dist = live_process_group()
     rank = _int_env("RANK", "SLURM_PROCID")
     world = _int_env("WORLD_SIZE", "SLURM_NTASKS")
     if rank is None and dist is not None:

@@ -300,6 +300,11 @@ class Monitor:
         self._data_measured = True
         self._append((EV_INFO, "data_source", source))
 
+    def warn(self, key: str, message: str) -> None:
+        """For integrations: a degradation the user should know about, logged once per ``key`` and kept
+        as an event record."""
+        self._reporter.warn_once(key, message)
+
     def report_failure(self, component: str, exc: BaseException) -> None:
         """For integrations: a part of theirs failed; count it and report it once (never raises)."""
         self._reporter.count(component, exc)

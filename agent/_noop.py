@@ -54,6 +54,9 @@ class NoopMonitor:
     def report_failure(self, component: str, exc: BaseException) -> None:
         return None
 
+    def warn(self, key: str, message: str) -> None:
+        return None
+
     @property
     def identity(self) -> None:
         """No identity: nothing is recorded."""

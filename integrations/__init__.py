@@ -3,4 +3,7 @@
 Importing this package imports no framework; each integration module imports its own.
 """
 
-__all__: list[str] = []
+from ._autoattach import ATTACH_ENV, BOOTSTRAP_SOURCE, COMM_HOOK_ENV
+
+__all__ = ["ATTACH_ENV", "BOOTSTRAP_SOURCE", "COMM_HOOK_ENV"]
+"""What ``ranksight run`` hands to the unmodified script it starts (see ``_autoattach``)."""

@@ -159,7 +159,7 @@ class _ZeroEdit:
 
     def _fail(self, exc: BaseException) -> None:
         if self.m is not None:
-            self.m._fail("zero_edit_attach", exc)
+            self.m.report_failure("zero_edit_attach", exc)
 
 
 _STATE = _ZeroEdit()

@@ -21,16 +21,13 @@ def _disabled(init_kwargs: dict) -> bool:
 
 def _live_group():
     """torch.distributed when a process group with more than one rank is up, else None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
+    from ranksight.agent import live_process_group
+
+    dist = live_process_group()
     try:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return dist
-    except Exception:
+        return dist if dist is not None and dist.get_world_size() > 1 else None
+    except Exception:  # a group torn down under us reads as no group
         return None
-    return None
 
 
 def _candidate_run_id(world_size: int) -> str:

@@ -60,7 +60,7 @@ class AccelerateTracker:
             self._handles.append(inner.register_step_pre_hook(self._steps.optimizer_pre))
             self._handles.append(inner.register_step_post_hook(self._steps.optimizer_post))
         else:
-            m._warn_once("optimizer", "optimizer has no step hooks (torch < 2.0?): no step marks from Accelerate")
+            m.warn("optimizer", "optimizer has no step hooks (torch < 2.0?): no step marks from Accelerate")
 
     def loader(self, loader: Iterable) -> Iterable:
         """Return ``loader`` timed (the loader itself when ranksight is disabled)."""

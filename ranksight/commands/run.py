@@ -58,7 +58,7 @@ def _run_id(args) -> str:
 
 
 def _child_env(args, run_id: str, bootstrap_dir: str) -> dict:
-    from ranksight.integrations._autoattach import ATTACH_ENV, COMM_HOOK_ENV
+    from ranksight.integrations import ATTACH_ENV, COMM_HOOK_ENV
 
     env = dict(os.environ)
     env[ATTACH_ENV] = "1"
@@ -97,7 +97,7 @@ def run(args) -> int:
         raise UserError("give the command to run after --, e.g. ranksight run -- python train.py")
     if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
         raise UserError(f"{cmd[0]}: command not found")
-    from ranksight.integrations._autoattach import BOOTSTRAP_SOURCE
+    from ranksight.integrations import BOOTSTRAP_SOURCE
 
     run_id = _run_id(args)
     bootstrap_dir = tempfile.mkdtemp(prefix="ranksight-attach-")
@@ -117,7 +117,7 @@ def run(args) -> int:
 
 
 def _slurm_run_id() -> str:
-    from ranksight.agent._identity import derive_run_id  # imports no torch
+    from ranksight.agent import derive_run_id  # imports no torch
 
     return derive_run_id(1)
 
