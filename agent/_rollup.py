@@ -177,18 +177,44 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _num(row: dict, *names: str) -> float:
+    """The first finite value among ``names`` (coalesce), else 0."""
+    for name in names:
+        value = row.get(name)
+        if _finite(value):
+            return float(value)
+    return 0.0
+
+
 def _on_step_clock(row: dict) -> tuple:
     """(step period, data wait, exposed comm) of one step row, read as ``collectors.PHASE_SQL`` reads it.
 
     A GPU rank's figures come from the GPU stream (CUDA events): the host runs ahead of a GPU-bound
     job, and NCCL completes the host's all-reduce futures at enqueue. A CPU rank's are the host's.
+    Exposed comm covers DDP's gradient all-reduce and the time held in every other collective; a
+    NULL data wait (input not measured) stays None.
     """
     gpu_step = row.get("gpu_step_s")
     if not _finite(gpu_step):
-        return row.get("step_s"), row.get("data_wait_s"), row.get("comm_exposed_s")
+        comm = row.get("comm_exposed_s")
+        blocked = row.get("comm_blocked_s")
+        if _finite(blocked):
+            comm = (comm if _finite(comm) else 0.0) + blocked
+        return row.get("step_s"), row.get("data_wait_s"), comm
     wait = row.get("data_wait_s")
     gap = row.get("gpu_gap_s")
     gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
     exposed_wait = min(wait, gap) if _finite(wait) else None
-    comm = row.get("gpu_comm_exposed_s")
-    return gap + gpu_step, exposed_wait, comm if _finite(comm) else row.get("comm_exposed_s")
+    period = gap + gpu_step
+    # The GPU's marks do not leave the blocked collectives out of compute or the optimizer span: they are
+    # carved out of the remainder, then the optimizer, then compute, as PHASE_SQL does.
+    grad_comm = _num(row, "gpu_comm_exposed_s", "comm_exposed_s")
+    optimizer = _num(row, "gpu_optimizer_s", "optimizer_s")
+    compute = _num(row, "gpu_compute_s")
+    named = (exposed_wait or 0.0) + _num(row, "h2d_s") + compute + grad_comm + optimizer
+    other_raw = max(period - named, 0.0)
+    blocked = _num(row, "gpu_comm_blocked_s", "comm_blocked_s")
+    comm = grad_comm + min(blocked, other_raw + optimizer + compute)
+    has_comm = any(_finite(row.get(n)) for n in ("gpu_comm_exposed_s", "comm_exposed_s", "gpu_comm_blocked_s",
+                                                  "comm_blocked_s"))  # fmt: skip
+    return period, exposed_wait, comm if has_comm else None

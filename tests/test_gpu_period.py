@@ -104,6 +104,20 @@ NCCL_EXPOSED = {
     "buckets": 4,
     "bucket_bytes": 100 << 20,
 }
+# NCCL with a metric all_reduce + barrier after optimizer.step(): it holds the stream 3 ms, inside the
+# optimizer span the events bound; on the host the barrier blocked 2.5 ms.
+NCCL_METRICS = {
+    "host": {**NCCL_EXPOSED["host"], "comm_blocked_s": 2.5 * MS},
+    "gpu": {**NCCL_EXPOSED["gpu"], "gpu_optimizer_s": 3.6 * MS, "gpu_comm_blocked_s": 3 * MS},
+    "buckets": 4,
+    "bucket_bytes": 100 << 20,
+}
+# A CPU rank (no GPU columns) with a metric all_reduce + barrier: 4 ms of a 30 ms step held.
+CPU_METRICS = {
+    "host": {"step_s": 30 * MS, "data_wait_s": 2 * MS, "compute_s": 20 * MS, "comm_exposed_s": 1 * MS,
+             "comm_blocked_s": 4 * MS, "optimizer_s": 1 * MS},
+    "gpu": {},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", [GPU_BOUND, STARVED, NCCL_EXPOSED], ids=["gpu-bound", "starved", "nccl"])
@@ -167,7 +181,11 @@ def test_a_store_from_before_the_gpu_columns_is_read_and_migrated(tmp_path):
         assert con.execute("SELECT count(*), count(gpu_gap_s) FROM steps").fetchone() == (STEPS + 3, 3)
 
 
-@pytest.mark.parametrize("shape", [GPU_BOUND, STARVED, NCCL_EXPOSED], ids=["gpu-bound", "starved", "nccl"])
+@pytest.mark.parametrize(
+    "shape",
+    [GPU_BOUND, STARVED, NCCL_EXPOSED, NCCL_METRICS, CPU_METRICS],
+    ids=["gpu-bound", "starved", "nccl", "nccl-metrics", "cpu-metrics"],
+)
 def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
     """What Prometheus and OTLP export (the agent's rollup) agrees with the stored breakdown."""
     from ranksight.agent._rollup import Rollup as MetricRollup
@@ -180,7 +198,7 @@ def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
     ref = step_breakdown(open_run(path), warmup_steps=0)[0]
     assert snap.step_sum_s / snap.step_count == pytest.approx(ref["step_mean_s"], rel=1e-9)
     assert snap.gauges["ranksight_data_wait_ratio"] == pytest.approx(ref["data_wait_share"], rel=1e-9)
-    if "gpu_comm_exposed_s" in shape["gpu"]:
+    if "gpu_comm_exposed_s" in shape["gpu"] or "comm_blocked_s" in shape["host"]:
         assert snap.gauges["ranksight_comm_exposed_ratio"] == pytest.approx(ref["comm_exposed_share"], rel=1e-9)
     else:  # no DDP: no all-reduce to expose, so no gauge (the breakdown shows 0 %)
         assert "ranksight_comm_exposed_ratio" not in snap.gauges
