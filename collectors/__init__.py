@@ -5,9 +5,9 @@ The run directory belongs to this package: the CLI, the rules and the dashboard 
 and compact them (``ingest``, ``prune``) through the names below, never through its modules.
 """
 
-from ._features import FEATURES, compute_features, run_features
+from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
-from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, step_breakdown
+from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
 from ._rundir import (
     RankMeta,
     RunDirError,
@@ -35,7 +35,12 @@ __all__ = [
     "segment_files",
     "spool_signature",
     # queries and features over an open run
+    "CONTEXT",
+    "CONTEXT_DEFAULTS",
     "FEATURES",
+    "compute_context",
+    "kept_steps_sql",
+    "steps_source",
     "PERIOD_SQL",
     "PHASES",
     "PHASE_SQL",

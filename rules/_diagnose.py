@@ -6,9 +6,16 @@ import os
 import statistics
 import time
 
-from ranksight.collectors import RunDirError, compute_features, open_run, read_rank_meta, step_breakdown
-from ranksight.collectors._features import compute_context
-from ranksight.collectors._queries import kept_steps_sql, steps_source
+from ranksight.collectors import (
+    RunDirError,
+    compute_context,
+    compute_features,
+    kept_steps_sql,
+    open_run,
+    read_rank_meta,
+    step_breakdown,
+    steps_source,
+)
 
 from ._evaluate import evaluate, run_checklist
 from ._load import RuleSet, load_rules

@@ -14,7 +14,7 @@ import math
 import string
 from dataclasses import dataclass
 
-from ranksight.collectors._features import CONTEXT_DEFAULTS
+from ranksight.collectors import CONTEXT_DEFAULTS
 
 from ._expr import evaluate as eval_expr
 from ._load import SEVERITIES, ChecklistItem, Rule

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from ranksight.collectors import FEATURES
-from ranksight.collectors._features import CONTEXT
+from ranksight.collectors import CONTEXT, FEATURES
 
 from ._expr import Expr, ExprError, parse
 
