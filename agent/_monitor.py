@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from . import _exit_watch
 from ._config import Config
 from ._events import EV_INFO, EV_STEP
+from ._host import HostSampler
 from ._identity import Identity, IdentityHolder
 from ._report import Reporter
 
@@ -260,6 +261,7 @@ class Monitor:
         self._append((EV_INFO, "framework", config.framework))
         self._collectives_on = False
         self._time_collectives()
+        self._worker.add_sampler(HostSampler(lambda: self._step))
         self._worker.start()
         atexit.register(self.close)
         _exit_watch.install(self)

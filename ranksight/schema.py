@@ -203,4 +203,7 @@ SAMPLE_NAMES: dict[str, str] = {
     "memory_ooms_total": "Out-of-memory errors seen by the allocator.",
     "memory_fragmentation_ratio": "1 - largest free block / total free bytes in reserved segments.",
     "memory_headroom_ratio": "Free device memory over total device memory.",
+    # The host, sampled at each flush on every rank (CPU and GPU jobs).
+    "process_cpu_cores": "CPU seconds this rank's process used per wall second: the cores it keeps busy.",
+    "host_load_ratio": "1-minute load average over the CPUs this process may run on.",
 }
