@@ -119,6 +119,10 @@ class Config:
             base = {f.name: getattr(gpu, f.name) for f in fields(GpuOptions)} if isinstance(gpu, GpuOptions) else {}
             gpu = {**base, **(gpu if isinstance(gpu, dict) else {}), **self.extra}
         self.gpu = GpuOptions.from_value(gpu)
+        if self.run_id is not None:
+            from ._identity import check_run_id
+
+            check_run_id(self.run_id)
         if self.framework not in FRAMEWORKS:
             raise ValueError(f"ranksight: framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if not isinstance(self.job, str) or not self.job:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -69,23 +70,58 @@ def _process_start(pid: int) -> float:
         return time.time()
 
 
-def derive_run_id(world_size: int) -> str:
-    """Pick a run id that every rank of one launch derives alike, without talking to the others.
+_RUN_ID_OK = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
-    Order: SLURM job (and step), torchrun's rendezvous id, then -- for several ranks on one node
-    (torchrun without --rdzv-id, torch.multiprocessing) -- the launcher process they share, and for a
-    single process its own pid. Multi-node jobs outside SLURM should pass --rdzv-id or RANKSIGHT_RUN_ID.
+
+def check_run_id(run_id: str) -> str:
+    """A run id names a folder under ``run_dir``: letters, digits and ``-_.``, no leading dot, at most 200
+    characters. Anything else (``../x``, an absolute path, glob characters) is refused here, at ``init``."""
+    if not isinstance(run_id, str) or not _RUN_ID_OK.match(run_id):
+        raise ValueError(
+            f"ranksight: run_id {run_id!r} must be 1-200 letters, digits, '-', '_' or '.', not starting with a dot"
+        )
+    return run_id
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character a run id may not hold replaced by '-' (for derived ids)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", text).lstrip(".") or "run"
+    return cleaned[:200]
+
+
+def derive_run_id(world_size: int, job: str = "default") -> str:
+    """Pick a run id that every rank of one launch derives alike, without talking to the others:
+    ``<job>-<YYYYmmdd-HHMMSS>-<short>``, readable and sortable by start time.
+
+    - SLURM: the job's start time (``SLURM_JOB_START_TIME``) and ``slurm<job id>[.<step>]``; without that
+      variable (older Slurm) ``<job>-slurm<job id>[.<step>]``.
+    - torchrun ``--standalone`` (a random rendezvous UUID): the start of the launcher the local ranks share
+      and the UUID's first 6 characters.
+    - torchrun with a rendezvous id you chose (multi-node): ``<job>-<rdzv id>`` — nodes share no clock.
+    - several ranks on one node otherwise (torch.multiprocessing): the shared launcher's start and pid;
+      a single process: its own.
     """
     env = os.environ
+    job = safe_name(job)
     if env.get("SLURM_JOB_ID"):
         step = env.get("SLURM_STEP_ID")
-        return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+        short = f"slurm{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+        start = env.get("SLURM_JOB_START_TIME", "")
+        if start.isdigit():
+            return safe_name(f"{job}-{_stamp(int(start))}-{short}")
+        return safe_name(f"{job}-{short}")
     rdzv = env.get("TORCHELASTIC_RUN_ID", "")
-    if rdzv and rdzv != "none":
-        return rdzv
-    pid = os.getppid() if world_size > 1 else os.getpid()
-    started = time.strftime("%Y%m%d-%H%M%S", time.localtime(_process_start(pid)))
-    return f"{started}-{pid}"
+    rdzv = "" if rdzv == "none" else rdzv
+    if rdzv and not _UUID.match(rdzv):
+        return safe_name(f"{job}-{rdzv}")
+    pid = os.getppid() if world_size > 1 or rdzv else os.getpid()  # torchrun: its agent is the launcher
+    short = rdzv[:6] if rdzv else str(pid)
+    return safe_name(f"{job}-{_stamp(_process_start(pid))}-{short}")
+
+
+def _stamp(unix_s: float) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(unix_s))
 
 
 def resolve(job: str, run_id: str | None) -> Identity:
@@ -108,7 +144,7 @@ def resolve(job: str, run_id: str | None) -> Identity:
     node = env.get("RANKSIGHT_NODE") or socket.gethostname() or f"node{node_rank}"
     return Identity(
         job=job,
-        run=run_id or derive_run_id(world),
+        run=run_id or derive_run_id(world, job),
         node=node,
         rank=rank,
         local_rank=local_rank,

@@ -7,22 +7,55 @@ never sees half a file, and a rank killed mid-write leaves only an ignorable tem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 
 from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
 
 from ._arrow_columns import build_column
 from ._identity import Identity
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write a file so that readers see either the old content or the new, never a mix."""
+
+def atomic_write_bytes(path: str, data: bytes, durable: bool = True) -> None:
+    """Write a file so that readers see either the old content or the new, never a mix.
+
+    The temporary name has a random part and is created exclusively without following links (a planted
+    symlink cannot redirect the write); ``durable`` fsyncs the file before the rename and the folder after,
+    so a crash of the machine does not leave an empty file under the final name.
+    """
     directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return  # a platform without directory handles: the rename is as durable as it gets
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
 
 
 class SpoolWriter:
@@ -35,7 +68,9 @@ class SpoolWriter:
         self._schemas: dict = {}
         self._made: set[str] = set()
         self.rows_written = 0
-        stem = f"{identity.node}_r{identity.rank:05d}_p{identity.pid}"
+        # A random part per writer: a second monitor in one process (init twice, same run id) must not
+        # reuse the first one's segment names and overwrite its rows.
+        stem = f"{identity.node}_r{identity.rank:05d}_p{identity.pid}-{secrets.token_hex(3)}"
         self._stem = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in stem)
         os.makedirs(os.path.join(run_path, RANKS_DIR), exist_ok=True)
 

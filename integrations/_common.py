@@ -30,7 +30,7 @@ def _live_group():
         return None
 
 
-def _candidate_run_id(world_size: int) -> str:
+def _candidate_run_id(world_size: int, job: str) -> str:
     """The run id rank 0 proposes when neither the user nor the environment names one.
 
     Under torchrun or SLURM the agent's own derivation is shared by all ranks. Elsewhere (Lightning's
@@ -40,11 +40,11 @@ def _candidate_run_id(world_size: int) -> str:
 
     env = os.environ
     if env.get("SLURM_JOB_ID") or "TORCHELASTIC_RUN_ID" in env:
-        return derive_run_id(world_size)
-    return derive_run_id(1)
+        return derive_run_id(world_size, job)
+    return derive_run_id(1, job)
 
 
-def agree_run_id(broadcast: Optional[Callable[[Any], Any]] = None) -> Optional[str]:
+def agree_run_id(broadcast: Optional[Callable[[Any], Any]] = None, job: Optional[str] = None) -> Optional[str]:
     """Return one run id for all ranks (rank 0's, sent to the others), or None for a single process.
 
     ``broadcast(obj)`` sends rank 0's object to every rank and returns it (Lightning's
@@ -56,7 +56,8 @@ def agree_run_id(broadcast: Optional[Callable[[Any], Any]] = None) -> Optional[s
     dist = _live_group()
     if dist is None:
         return None
-    candidate = _candidate_run_id(dist.get_world_size()) if dist.get_rank() == 0 else None
+    job = job or os.environ.get("RANKSIGHT_JOB") or "default"
+    candidate = _candidate_run_id(dist.get_world_size(), job) if dist.get_rank() == 0 else None
     if broadcast is not None:
         return broadcast(candidate)
     box = [candidate]
@@ -73,7 +74,7 @@ def start_monitor(init_kwargs: dict, broadcast: Optional[Callable[[Any], Any]] =
         return NoopMonitor(None)
     kwargs = {"framework": framework, **init_kwargs}
     if not kwargs.get("run_id"):
-        kwargs["run_id"] = agree_run_id(broadcast)
+        kwargs["run_id"] = agree_run_id(broadcast, kwargs.get("job"))
     return ranksight.init(**kwargs)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 
 import pytest
@@ -90,7 +91,8 @@ def test_identity_from_torchrun_and_slurm(monkeypatch):
     monkeypatch.setenv("GROUP_RANK", "2")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "rdzv-42")
     ident = resolve("job", None)
-    assert (ident.rank, ident.world_size, ident.local_rank, ident.node_rank, ident.run) == (5, 8, 1, 2, "rdzv-42")
+    # A rendezvous id the user chose (multi-node): the nodes share no clock, so no start time in the id.
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.node_rank, ident.run) == (5, 8, 1, 2, "job-rdzv-42")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_PROCID", "3")
@@ -99,16 +101,32 @@ def test_identity_from_torchrun_and_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_NODEID", "0")
     monkeypatch.setenv("SLURM_JOB_ID", "991")
     monkeypatch.setenv("RANKSIGHT_NODE", "gpu-a")
+    monkeypatch.delenv("SLURM_JOB_START_TIME", raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     ident = resolve("job", None)
-    assert (ident.rank, ident.world_size, ident.local_rank, ident.run, ident.node) == (3, 4, 3, "slurm-991", "gpu-a")
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.run, ident.node) == (3, 4, 3, "job-slurm991", "gpu-a")
+    monkeypatch.setenv("SLURM_JOB_START_TIME", "1764547200")
+    monkeypatch.setenv("SLURM_STEP_ID", "2")
+    run = resolve("my job", None).run  # the job name is made safe for a folder name
+    assert re.fullmatch(r"my-job-\d{8}-\d{6}-slurm991\.2", run), run
 
 
 def test_run_id_is_shared_by_sibling_processes(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    multi = derive_run_id(world_size=4)
-    assert multi.endswith(f"-{os.getppid()}")  # siblings share the launcher: same id on every local rank
-    assert derive_run_id(world_size=1).endswith(f"-{os.getpid()}")
+    multi = derive_run_id(world_size=4, job="exp")
+    # <job>-<launcher start>-<launcher pid>: siblings share the launcher, so every local rank derives it
+    assert re.fullmatch(rf"exp-\d{{8}}-\d{{6}}-{os.getppid()}", multi), multi
+    assert derive_run_id(world_size=1, job="exp").endswith(f"-{os.getpid()}")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "0c1f9a2e-7d4b-4c1e-9f00-1234567890ab")  # torchrun --standalone
+    assert re.fullmatch(r"exp-\d{8}-\d{6}-0c1f9a", derive_run_id(world_size=2, job="exp"))
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/abs/path", ".hidden", "a/b", "x?y", "", "a" * 201])
+def test_unsafe_run_ids_are_refused_at_init(tmp_path, bad):
+    with pytest.raises(ValueError, match="run_id"):
+        ranksight.init(run_dir=str(tmp_path), run_id=bad)
+    assert os.listdir(tmp_path) == []  # nothing written anywhere
 
 
 # ----------------------------------------------------------------- monitor in-process

@@ -74,7 +74,7 @@ def test_plain_python_as_a_slurm_task(tmp_path):
     cmd = RANKSIGHT + ["run", "--run-dir", runs_dir, "--", sys.executable, example("plain_train.py"), "--steps", "6"]
     proc = subprocess.run(cmd, env=_clean_env(SLURM_NODEID="0", **slurm), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    path = os.path.join(runs_dir, "slurm-4242.0")
+    path = os.path.join(runs_dir, "default-slurm4242.0")
     assert f"records in {path}" in proc.stderr
     con = open_run(path)
     assert con.execute("SELECT rank, world_size, count(*) FROM steps GROUP BY ALL").fetchall() == [(0, 1, 6)]
@@ -93,7 +93,7 @@ def test_default_run_id_is_fresh_per_launch(monkeypatch):
     assert first.startswith("exp-") and second.startswith("exp-") and first != second
     assert _run_id(argparse.Namespace(run_id="mine", job="exp")) == "mine"
     monkeypatch.setenv("SLURM_JOB_ID", "77")
-    assert _run_id(args) == ""  # every node derives slurm-77[.step] itself
+    assert _run_id(args) == ""  # every node derives exp-[<start>-]slurm77[.step] itself
 
 
 def test_exit_code_passes_through_and_other_sitecustomize_still_runs(tmp_path):

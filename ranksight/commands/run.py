@@ -53,7 +53,7 @@ def _run_id(args) -> str:
     if os.environ.get("RANKSIGHT_RUN_ID"):
         return os.environ["RANKSIGHT_RUN_ID"]
     if os.environ.get("SLURM_JOB_ID"):
-        return ""  # each node's `ranksight run` must agree: the agent derives slurm-<job>[.<step>]
+        return ""  # each node's `ranksight run` must agree: the agent derives <job>-[<start>-]slurm<id>[.<step>]
     return f"{args.job}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
@@ -112,14 +112,14 @@ def run(args) -> int:
     finally:
         shutil.rmtree(bootstrap_dir, ignore_errors=True)
     if not args.quiet:
-        _report(os.path.join(os.path.abspath(args.run_dir), run_id or _slurm_run_id()))
+        _report(os.path.join(os.path.abspath(args.run_dir), run_id or _slurm_run_id(args.job)))
     return code if code >= 0 else 128 - code
 
 
-def _slurm_run_id() -> str:
+def _slurm_run_id(job: str) -> str:
     from ranksight.agent import derive_run_id  # imports no torch
 
-    return derive_run_id(1)
+    return derive_run_id(1, job)
 
 
 def _report(run_path: str) -> None:
