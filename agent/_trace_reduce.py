@@ -186,8 +186,12 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
 
     cpu_ops_top: list[tuple[str, float]] = []
     if model_on_gpu:
-        ratio, cpu_ops_top = _cpu_ops(events, cpu_lo, cpu_hi, steps, top)
+        # Only inside the traced steps, and not in the DataLoader's own next(): collate between or inside
+        # steps runs in the main process (num_workers=0) on CPU tensors by design, and is input work.
+        step_span = sum(hi - lo for lo, hi in windows)
+        ratio, cpu_ops_top, loader_ns = _cpu_ops(events, windows, steps, top)
         samples["cpu_op_ratio"] = ratio
+        samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     syncs = _host_syncs(events, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = sum(syncs.values()) / steps
     sync_sources = [(name, n / steps) for name, n in syncs.most_common(top)]
@@ -245,33 +249,52 @@ def _by_lane(events: list[Ev], kind: str) -> dict[int, list[Ev]]:
     return lanes
 
 
-def _cpu_ops(events: list[Ev], lo: int, hi: int, steps: int, top: int) -> tuple[float, list[tuple[str, float]]]:
-    """Time in aten ops that launched no GPU work: CPU tensors inside a GPU model's step.
+LOADER_MARK = "enumerate(DataLoader)"
+"""Prefix of the record_function torch's DataLoader wraps each ``next()`` in."""
 
-    An op counts when no CUDA runtime call happened inside it on its thread and it is not a metadata
-    op; nested ops are counted once (the outermost qualifying op).
+
+def _cpu_ops(
+    events: list[Ev], spans: list[tuple[int, int]], steps: int, top: int
+) -> tuple[float, list[tuple[str, float]], int]:
+    """Time in aten ops that launched no GPU work: CPU tensors inside a GPU model's steps.
+
+    An op counts when it starts inside a traced step, no CUDA runtime call happened inside it on its
+    thread, it is not a metadata op and it does not run inside the DataLoader's ``next()`` (those are
+    returned apart: collate on the main process is input work); nested ops are counted once (the
+    outermost qualifying op). Returns (share of the steps' time, top ops per step, loader op ns).
     """
     ops = _by_lane(events, "op")
     rts = _by_lane(events, "rt")
-    total = 0
+    loader_marks = defaultdict(list)
+    for e in events:
+        if e.name.startswith(LOADER_MARK):
+            loader_marks[e.lane].append((e.start_ns, e.end_ns))
+    span_starts = [lo for lo, _ in spans]
+    total = loader = 0
     per_name: Counter = Counter()
     for lane, lane_ops in ops.items():
         rt_starts = [r.start_ns for r in rts.get(lane, ())]
+        marks = loader_marks.get(lane, ())
         covered_until = -1
         for op in lane_ops:
-            if not (lo <= op.start_ns < hi) or not op.name.startswith("aten::") or op.name in METADATA_OPS:
-                continue
-            if op.start_ns < covered_until:
-                continue  # inside an op already counted
+            if not op.name.startswith("aten::") or op.name in METADATA_OPS or op.start_ns < covered_until:
+                continue  # not an op that computes, or inside an op already counted
+            j = bisect.bisect_right(span_starts, op.start_ns) - 1
+            if j < 0 or op.start_ns >= spans[j][1]:
+                continue  # between steps
             i = bisect.bisect_left(rt_starts, op.start_ns)
             if i < len(rt_starts) and rt_starts[i] <= op.end_ns:
                 continue  # launched GPU work (or synced): a GPU op
             dur = op.end_ns - op.start_ns
+            covered_until = op.end_ns
+            if any(lo <= op.start_ns and op.end_ns <= hi for lo, hi in marks):
+                loader += dur
+                continue
             total += dur
             per_name[op.name] += dur
-            covered_until = op.end_ns
-    ratio = total / (hi - lo) if hi > lo else 0.0
-    return ratio, [(name, ns * 1e-9 / steps) for name, ns in per_name.most_common(top)]
+    step_span = sum(hi - lo for lo, hi in spans)
+    ratio = total / step_span if step_span > 0 else 0.0
+    return ratio, [(name, ns * 1e-9 / steps) for name, ns in per_name.most_common(top)], loader
 
 
 def _host_syncs(events: list[Ev], lo: int, hi: int) -> Counter:

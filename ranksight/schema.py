@@ -187,7 +187,10 @@ SAMPLE_NAMES: dict[str, str] = {
     "comm_overlap_ratio": "|union(compute) & union(comm)| / |union(comm)| (Holistic Trace Analysis).",
     "h2d_copy_ratio": "Host-to-device copies over the window span.",
     "h2d_pageable_ratio": "Share of host-to-device copy time that came from pageable memory (0-1).",
-    "cpu_op_ratio": "Aten ops on CPU tensors inside forward/backward while the model is on the GPU, over the step.",
+    "cpu_op_ratio": "Aten ops on CPU tensors inside the traced steps (DataLoader next() left out) while the model is "
+    "on the GPU, over the steps' time.",
+    "loader_cpu_op_ratio": "Aten ops inside the DataLoader's next() in the traced steps (collate in the main process), "
+    "over the steps' time: input work, not a misplaced layer.",
     "host_syncs_per_step": "cudaStreamSynchronize / cudaDeviceSynchronize / synchronous copies per step.",
     "kernels_per_step": "GPU kernels launched per step.",
     "short_kernel_ratio": "Share of kernels whose GPU time is shorter than their CPU launch time.",

@@ -265,3 +265,27 @@ def test_chrome_events_normalise_times_and_kinds(tmp_path):
     with gzip.open(p, "rt") as f:
         (ev,) = events_from_chrome(json.load(f))
     assert (ev.kind, ev.start_ns, ev.end_ns, ev.lane, ev.corr) == ("kernel", 1500, 3500, 7, 3)
+
+
+def test_collate_in_the_main_process_is_input_work_not_cpu_ops():
+    """Ops on CPU tensors between traced steps, or inside the DataLoader's next(), are not layers left on the
+    CPU: only an op inside a step and outside the loader counts as cpu_op (it read 26 % critical before)."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, LOADER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 100 * us, 1, 0),
+        Ev("op", "aten::stack", 110 * us, 140 * us, 1, 0),  # collate between the two steps
+        Ev("ann", WINDOW_MARK, 150 * us, 250 * us, 1, 0),
+        Ev("ann", LOADER_MARK + "#_SingleProcessDataLoaderIter.__next__", 155 * us, 185 * us, 1, 0),
+        Ev("op", "aten::stack", 160 * us, 180 * us, 1, 0),  # a fetch inside the step: still the loader's
+        Ev("op", "aten::layer_norm", 200 * us, 210 * us, 1, 0),  # a layer left on the CPU
+        Ev("op", "aten::mm", 220 * us, 230 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 221 * us, 222 * us, 1, 7),  # launched a kernel: a GPU op
+        Ev("kernel", "gemm", 225 * us, 240 * us, 9, 7),
+        Ev("ann", AFTER_MARK, 260 * us, 261 * us, 1, 0),
+    ]
+    red = reduce_window(events, model_on_gpu=True)
+    assert red.samples["cpu_op_ratio"] == pytest.approx(10 / 200)  # layer_norm only, over the two steps
+    assert red.samples["loader_cpu_op_ratio"] == pytest.approx(20 / 200)
+    assert [name for name, _ in red.cpu_ops_top] == ["aten::layer_norm"]
