@@ -25,7 +25,7 @@ for s in metrics fsdp2; do
   torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
 done
 python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -20
-python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler --ranks 2 --steps 60 2>&1 | tail -5
+python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
 python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
 (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py tests/test_measurement.py 2>&1 | tail -15)
 cp "$W/overhead/gpu_overhead_ddp.json" "$W/coll/gpu_collectives.json" "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
