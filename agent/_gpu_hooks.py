@@ -398,9 +398,9 @@ def _hook_backward_end(monitor: MonitorLike, model: Any, marks: GpuMarks) -> Non
 
     The gradient computed last is the first trainable parameter's (the layers nearest the input finish
     backward last): its post-accumulate-grad hook marks the end of backward compute and queues a callback
-    that autograd runs when backward is done, after DDP's own finalisation, which makes the stream wait
-    for every bucket's all-reduce. An event recorded there completes when the all-reduce has, on the GPU,
-    however far ahead the host is.
+    that autograd runs when backward is done; that one queues the mark itself, which so runs after DDP's
+    own finalisation, which makes the stream wait for every bucket's all-reduce. An event recorded there
+    completes when the all-reduce has, on the GPU, however far ahead the host is.
     """
     param = next((p for p in model.parameters() if p.requires_grad), None)
     if param is None or not hasattr(param, "register_post_accumulate_grad_hook"):
@@ -411,10 +411,20 @@ def _hook_backward_end(monitor: MonitorLike, model: Any, marks: GpuMarks) -> Non
     engine = torch.autograd.Variable._execution_engine
     ready, done = marks.backward_done, marks.sync_done
 
+    def after_ddp():
+        # DDP queues its finalisation (the wait for every bucket) when its last bucket is ready, after
+        # this hook ran: a callback queued now would run before it. Callbacks queued while final callbacks
+        # run go to the end of the queue, so this second hop runs after DDP's wait (on gloo, measured: the
+        # first hop 0.6 ms into backward, the second 52.7 ms, after a peer 50 ms late).
+        try:
+            engine.queue_callback(done)
+        except Exception as exc:
+            monitor._fail("backward_mark", exc)
+
     def on_grad(tensor):
         try:
             ready()
-            engine.queue_callback(done)
+            engine.queue_callback(after_ddp)
         except Exception as exc:
             monitor._fail("backward_mark", exc)
 
