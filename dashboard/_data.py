@@ -69,12 +69,6 @@ def pull(run_path: str, fn: Callable[..., Any], *args):
     return _pull(run_path, r.version, f"{fn.__module__}.{fn.__qualname__}", args, fn, r)
 
 
-def pull_pair(path_a: str, path_b: str, fn: Callable[..., Any], *args):
-    """Run ``fn(cursor_a, cursor_b, *args)`` (a function of ``_queries``) on two runs (the comparison)."""
-    a, b = rollup(path_a), rollup(path_b)
-    return fn(a.cursor(), b.cursor(), *args)
-
-
 @st.cache_data(ttl=2, show_spinner=False)
 def runs(root: str) -> list[dict]:
     """The runs under ``root`` with their live status (re-read every 2 s)."""
@@ -129,7 +123,6 @@ __all__ = [
     "diagnosis",
     "prometheus_snapshot",
     "pull",
-    "pull_pair",
     "rollup",
     "runs",
 ]

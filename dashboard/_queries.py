@@ -144,6 +144,15 @@ def total_from_breakdown(rows: list[dict]) -> dict:
     return out
 
 
+def fix_gain_text(finding: dict) -> str:
+    """'fixing this could make steps up to 1.46× faster' from a finding's ``speedup`` ('' when the rule gives none)."""
+    speedup = finding.get("speedup")
+    if not isinstance(speedup, (int, float)) or speedup <= 1.0:
+        return ""
+    text = f"fixing this could make steps up to {speedup:.2f}× faster"
+    return text + (" (estimate)" if finding.get("cost_basis") == "estimate" else "")
+
+
 def breakdown_over_time(con, bins: int = 60) -> list[dict]:
     """Per time bin (seconds since the first step), each phase's share of step time over all ranks."""
     cur = con.execute(
@@ -277,29 +286,3 @@ def sample_per_rank(con, names: tuple[str, ...]) -> list[dict]:
 def sample_names_present(con) -> list[str]:
     """Sample names the run recorded (GPU signals are absent on a CPU job)."""
     return [r[0] for r in con.execute("SELECT DISTINCT name FROM samples ORDER BY name").fetchall()]
-
-
-def compare_runs(con_a, con_b) -> list[dict]:
-    """Side by side: step time, throughput and each phase's share; delta = B - A (cursors on two rollups)."""
-    a, b = breakdown_total(con_a), breakdown_total(con_b)
-    rows = []
-
-    def add(name, va, vb, unit):
-        delta = None if va is None or vb is None else vb - va
-        rel = None if delta is None or not va else delta / va
-        rows.append({"metric": name, "a": va, "b": vb, "delta": delta, "relative": rel, "unit": unit})
-
-    add("worst step time", a["step_max_s"], b["step_max_s"], "s")
-    add("mean step time", a["step_mean_s"], b["step_mean_s"], "s")
-    thr = [1.0 / x["step_mean_s"] if x["step_mean_s"] else None for x in (a, b)]
-    add("throughput", thr[0], thr[1], "steps/s")
-    for p in PHASES:
-        add(f"{PHASE_LABELS[p]} share", a[f"{p[:-2]}_share"], b[f"{p[:-2]}_share"], "ratio")
-    return rows
-
-
-def findings_delta(diag_a: dict | None, diag_b: dict | None) -> dict:
-    """Which rule findings appeared in run B, cleared since run A, or stayed."""
-    ids_a = {f.get("rule") for f in (diag_a or {}).get("findings", [])}
-    ids_b = {f.get("rule") for f in (diag_b or {}).get("findings", [])}
-    return {"appeared": sorted(ids_b - ids_a), "cleared": sorted(ids_a - ids_b), "kept": sorted(ids_a & ids_b)}

@@ -48,10 +48,19 @@ def context() -> Context:
     return st.session_state["_ranksight_ctx"]
 
 
+def run_started(run: dict) -> str:
+    """When the run started, local time (``list_runs`` gives the last update and the duration since the start)."""
+    import time
+
+    started_ns = run["last_update_ns"] - int(run["duration_s"] * 1e9)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_ns / 1e9))
+
+
 def run_label(run: dict) -> str:
-    """A run's name in pickers: a dot for live runs, then its id (plain text)."""
+    """A run's name in pickers: job, start time and status first, so runs are told apart even when a picker
+    cuts the label short; then size and the run id (plain text)."""
     mark = {"live": "● live", "finished": "finished", "stopped": "stopped"}.get(run["status"], run["status"])
-    return f"{run['run']}  ({mark}, {run['ranks']} ranks, {run['steps']} steps)"
+    return f"{run['job']} · {run_started(run)} · {mark} · {run['ranks']} ranks × {run['steps']} steps · {run['run']}"
 
 
 @contextlib.contextmanager

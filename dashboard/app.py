@@ -30,7 +30,11 @@ with st.sidebar:
             paths,
             key="run_path",
             format_func=lambda p: run_label(next(r for r in runs if r["path"] == p)),
+            help="job · start time · status · size · run id",
         )
+        chosen = next((r for r in runs if r["path"] == st.session_state.get("run_path")), None)
+        if chosen is not None:
+            st.text(chosen["run"])  # the full id, which a narrow sidebar cuts off in the picker
     else:
         st.caption(f"no runs under {md_escape(source.root)}")
 

@@ -12,10 +12,11 @@ import sys
 
 from ranksight.commands._errors import UserError
 
-__all__ = ["COMMANDS", "UserError", "build_parser", "main"]
+__all__ = ["COMMANDS", "RUN_ARGUMENTS", "UserError", "build_parser", "main", "resolve_run_arguments"]
 
 # Subcommand name -> module under ranksight.commands. Keep alphabetical.
 COMMANDS = {
+    "compare": "compare",
     "dashboard": "dashboard",
     "demo": "demo",
     "diagnose": "diagnose",
@@ -24,6 +25,16 @@ COMMANDS = {
     "run": "run",
     "runs": "runs",
     "summary": "summary",
+}
+
+# Arguments that name one run, per subcommand: resolved once, in ``main``, by ``commands._paths.resolve_run``
+# (a run folder, a folder of runs -> its latest run, a bare run id under ./ranksight-runs), so every
+# command accepts the same things and fails with the same one-line errors.
+RUN_ARGUMENTS = {
+    "compare": ("run_a", "run_b"),
+    "diagnose": ("run_dir",),
+    "ingest": ("run_dir",),
+    "summary": ("run_dir",),
 }
 
 
@@ -44,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_run_arguments(args: argparse.Namespace) -> None:
+    """Replace each run argument of the subcommand (``RUN_ARGUMENTS``) with the run folder it names."""
+    from ranksight.commands._paths import resolve_run
+
+    for name in RUN_ARGUMENTS.get(args.command, ()):
+        if hasattr(args, name):
+            setattr(args, name, resolve_run(getattr(args, name)))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     parser = build_parser()
@@ -54,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from ranksight.collectors import RunDirError
 
     try:
+        resolve_run_arguments(args)
         return int(args._run(args) or 0)
     except (UserError, RunDirError) as exc:
         print(f"ranksight {args.command}: {exc}", file=sys.stderr)

@@ -252,21 +252,6 @@ def test_unknown_names_are_refused_not_pasted_into_sql(tmp_path):
     assert q.run_overview(con)["ranks"] == 2  # table still there
 
 
-def test_compare_runs_reports_deltas_and_findings(tmp_path):
-    before = Rollup(write_run(str(tmp_path / "a"), 2, 20, data_wait_s=0.2)).cursor()
-    after = Rollup(write_run(str(tmp_path / "b"), 2, 20, data_wait_s=0.01)).cursor()
-    rows = {r["metric"]: r for r in q.compare_runs(before, after)}
-    assert rows["data wait share"]["delta"] < -0.3
-    assert rows["mean step time"]["delta"] == pytest.approx(-0.19)
-    assert rows["throughput"]["b"] > rows["throughput"]["a"]
-    assert rows["H2D copy share"]["a"] is None  # absent on CPU
-    delta = q.findings_delta(
-        {"findings": [{"rule": "input-bound"}, {"rule": "straggler"}]},
-        {"findings": [{"rule": "straggler"}, {"rule": "exposed-allreduce"}]},
-    )
-    assert delta == {"appeared": ["exposed-allreduce"], "cleared": ["input-bound"], "kept": ["straggler"]}
-
-
 def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monkeypatch):
     from ranksight.collectors import spool_signature
     from ranksight.dashboard import _launch, _warm
@@ -384,6 +369,18 @@ def test_compare_page_with_two_runs(tmp_path, monkeypatch):
     table = at.table[0].value
     row = table[table["metric"] == "data wait share"].iloc[0]
     assert row["B - A"].startswith("-") and row["B - A"].endswith("pt")
+    # The page shows what `ranksight compare` computes: the same function over the two diagnoses.
+    from ranksight.dashboard._compare import compare, speedup_sentence
+    from ranksight.rules import diagnose
+
+    expected = compare(diagnose(str(root / "before")), diagnose(str(root / "after")))
+    assert expected["speedup"] > 1.5
+    assert f"**{speedup_sentence(expected)}**" in [m.value for m in at.markdown]
+    findings = at.table[1].value
+    input_bound = findings[findings["finding"] == "input-bound"].iloc[0]
+    changed = {f["rule"]: f for f in expected["findings"]["changed"]}["input-bound"]  # 48 % -> 4 % data wait
+    assert input_bound["change"] == "changed" and changed["cost_share_b"] < changed["cost_share_a"] / 5
+    assert input_bound["cost A"] == f"{100 * changed['cost_share_a']:.0f} %"
 
 
 def test_empty_root_says_what_to_do(tmp_path, monkeypatch):

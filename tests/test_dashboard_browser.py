@@ -177,22 +177,3 @@ def test_demo_in_a_terminal_ends_with_the_dashboard_url(tmp_path, browser):
         finally:
             os.close(master)
     assert proc.returncode == 0
-
-
-def test_demo_without_a_terminal_does_not_wait_on_a_server(tmp_path):
-    from ranksight.commands.dashboard import serve_until_interrupted
-
-    run = write_run(str(tmp_path / "r"), 1, 3)
-    import io
-    import sys
-    from contextlib import redirect_stdout
-
-    buf = io.StringIO()
-    old = sys.stdin
-    sys.stdin = io.StringIO("")  # not a TTY, as under CI
-    try:
-        with redirect_stdout(buf):
-            assert serve_until_interrupted(run) == 0
-    finally:
-        sys.stdin = old
-    assert "ranksight dashboard " + run in buf.getvalue()

@@ -1,12 +1,21 @@
-"""Verdict first: the rules' findings (root cause first) with evidence, ranks and the fix; the checklist."""
+"""Verdict first: the rules' findings (root cause first) with their cost, evidence, ranks and the fix, the
+per-rank step breakdown beside the first one; the checklist below."""
 
 from typing import Optional
 
 import streamlit as st
 
 from ranksight.dashboard import _data
-from ranksight.dashboard._queries import total_from_breakdown
-from ranksight.dashboard._view import context, guard, live_panel, md_escape, require_run, share_sentence
+from ranksight.dashboard._queries import fix_gain_text, total_from_breakdown
+from ranksight.dashboard._view import (
+    context,
+    guard,
+    live_panel,
+    md_escape,
+    require_run,
+    share_sentence,
+    stacked_by_rank,
+)
 
 _COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
 ctx = context()
@@ -17,32 +26,25 @@ def verdict(path: str) -> None:
     with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
         diag = _data.diagnosis(path)
         # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
-        total = total_from_breakdown(diag.get("breakdown", {}).get("ranks", []))
+        rows = diag.get("breakdown", {}).get("ranks", [])
+        total = total_from_breakdown(rows)
         if total["rows"]:
             st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
         else:
             st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
         findings = diag.get("findings", [])
-        if not findings:
-            st.success("no findings: nothing in this run crosses a rule's threshold")
-        for i, f in enumerate(findings):
-            with st.container(border=True):
-                severity = str(f.get("severity", "?"))
-                st.markdown(f"#### {i + 1}. {md_escape(f.get('rule', '?'))}")
-                st.markdown(
-                    f":{_COLORS.get(severity, 'gray')}-badge[{md_escape(severity)}] {md_escape(f.get('axis', '?'))} · "
-                    f"confidence {float(f.get('confidence') or 0):.0%} · ranks "
-                    f"{md_escape(_ranks(f.get('ranks') or []))}"
-                )
-                st.text(f.get("summary", ""))
-                evidence = f.get("evidence") or {}
-                if evidence:
-                    st.table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()])
-                fix = f.get("fix") or {}
-                if fix.get("text"):
-                    st.markdown(f"**Fix:** {md_escape(fix['text'])}")
-                if fix.get("snippet"):
-                    st.code(fix["snippet"], language="python")
+        first, chart = st.columns([3, 2]) if total["rows"] else (st.container(), None)
+        with first:
+            if findings:
+                _finding(0, findings[0])
+            else:
+                st.success("no findings: nothing in this run crosses a rule's threshold")
+        if chart is not None:
+            with chart:
+                st.markdown("**Step time per rank** (share of each phase, after warm-up)")
+                st.altair_chart(stacked_by_rank(rows), width="stretch")
+        for i, f in enumerate(findings[1:], start=1):
+            _finding(i, f)
         checklist = diag.get("checklist", [])
         if checklist:
             st.subheader("Checklist")
@@ -57,6 +59,30 @@ def verdict(path: str) -> None:
                     for c in checklist
                 ]
             )
+
+
+def _finding(i: int, f: dict) -> None:
+    """One finding: rule, severity, confidence, ranks, what fixing it is worth, summary, evidence, fix."""
+    with st.container(border=True):
+        severity = str(f.get("severity", "?"))
+        st.markdown(f"#### {i + 1}. {md_escape(f.get('rule', '?'))}")
+        st.markdown(
+            f":{_COLORS.get(severity, 'gray')}-badge[{md_escape(severity)}] {md_escape(f.get('axis', '?'))} · "
+            f"confidence {float(f.get('confidence') or 0):.0%} · ranks "
+            f"{md_escape(_ranks(f.get('ranks') or []))}"
+        )
+        gain = fix_gain_text(f)
+        if gain:
+            st.markdown(f"**{md_escape(gain)}**")
+        st.text(f.get("summary", ""))
+        evidence = f.get("evidence") or {}
+        if evidence:
+            st.table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()])
+        fix = f.get("fix") or {}
+        if fix.get("text"):
+            st.markdown(f"**Fix:** {md_escape(fix['text'])}")
+        if fix.get("snippet"):
+            st.code(fix["snippet"], language="python")
 
 
 def _ranks(ranks: list) -> str:

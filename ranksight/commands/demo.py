@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ._errors import UserError
+from .dashboard import add_serve_for
 
 
 def add_parser(sub):
@@ -27,6 +28,8 @@ def add_parser(sub):
     p.add_argument("--run-dir", default="ranksight-runs", help="parent folder of runs (default ranksight-runs)")
     p.add_argument("--run-id", default="", help="run id (default: demo-<fault>-<time>)")
     p.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard on the run afterwards")
+    p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
+    add_serve_for(p)
     return p
 
 
@@ -37,9 +40,12 @@ def run(args) -> int:
         raise UserError("the demo trains a real model and needs torch: pip install torch") from None
     from ranksight.demo import DemoConfig, NeedsGPUError, check_device, default_ranks, run_demo
 
-    from .diagnose import diagnose_or_fail, render_checklist, render_findings
+    from ._report import render_applicable_checklist
+    from .diagnose import diagnose_or_fail, render_findings
     from .summary import render_breakdown
 
+    if args.serve_for is not None and args.serve_for <= 0:
+        raise UserError(f"--serve-for must be > 0 seconds, got {args.serve_for:g}")
     try:
         ranks = args.ranks if args.ranks is not None else default_ranks(args.fault)
         cfg = DemoConfig(fault=args.fault, ranks=ranks, steps=args.steps, run_dir=args.run_dir, run_id=args.run_id)
@@ -55,11 +61,12 @@ def run(args) -> int:
     print(render_breakdown(path))
     result = diagnose_or_fail(path)
     print("\nDiagnosis:\n" + render_findings(result))
-    print("\nChecklist (worst rank):\n" + render_checklist(result))
+    print("\nChecklist (worst rank):\n" + render_applicable_checklist(result))
     print(f"\nrecords: {os.path.abspath(path)}")
-    print(f"details: ranksight diagnose {path}   |   dashboard: ranksight dashboard {os.path.dirname(path) or '.'}")
-    if not getattr(args, "no_dashboard", False):
-        from .dashboard import serve_until_interrupted
+    print(f"details: ranksight diagnose {path}")
+    if getattr(args, "no_dashboard", False):
+        print(f"dashboard: ranksight dashboard {path}")
+        return 0
+    from .dashboard import serve_run
 
-        return serve_until_interrupted(path)
-    return 0
+    return serve_run(path, args.port, args.serve_for)

@@ -123,7 +123,8 @@ def _slurm_run_id(job: str) -> str:
 
 
 def _report(run_path: str) -> None:
-    """Tell where the records went, with the breakdown when there is one."""
+    """Tell where the records went, then the breakdown, the verdict and how to open the dashboard (stderr:
+    stdout is the training command's)."""
     if not os.path.isdir(os.path.join(run_path, "ranks")):
         print(f"ranksight run: no records in {run_path} (no loader iteration or optimizer step seen)", file=sys.stderr)
         return
@@ -134,3 +135,11 @@ def _report(run_path: str) -> None:
     except Exception as exc:  # the summary is a courtesy; the records are on disk either way
         print(f"ranksight run: could not summarise ({exc})", file=sys.stderr)
     print(f"ranksight run: records in {run_path}", file=sys.stderr)
+    try:
+        from ._report import verdict_line
+        from .diagnose import diagnose_or_fail
+
+        print(f"ranksight run: {verdict_line(diagnose_or_fail(run_path))}", file=sys.stderr)
+    except Exception as exc:  # as above: a courtesy
+        print(f"ranksight run: could not diagnose ({exc}); try: ranksight diagnose {run_path}", file=sys.stderr)
+    print(f"ranksight run: dashboard: ranksight dashboard {run_path}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``ranksight summary RUN_DIR``: the per-rank step-time breakdown of a run (live or finished)."""
+"""``ranksight summary [RUN]``: the per-rank step-time breakdown of a run (live or finished)."""
 
 from __future__ import annotations
 
@@ -14,38 +14,74 @@ _LABELS = {
     "optimizer_s": "optim",
     "other_s": "other",
 }
+ALLREDUCE_NOTE = (
+    "allreduce Σ %: DDP's all-reduce time summed over its gradient buckets, over step time. Buckets run\n"
+    "beside backward and beside each other, so it can pass 100 %; the wait the step paid for is comm %."
+)
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "summary",
         help="print the per-rank step-time breakdown of a run",
-        description="Print the per-rank step-time breakdown of a run directory.",
+        description="Print the per-rank step-time breakdown of a run (a run folder, a run id, or the latest run "
+        "of a folder of runs).",
     )
-    p.add_argument("run_dir", help="a run folder, e.g. ranksight-runs/<run-id>")
+    p.add_argument(
+        "run_dir",
+        nargs="?",
+        default=None,
+        help="a run folder, a run id, or a folder of runs (its latest run; default ranksight-runs)",
+    )
     p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
     return p
 
 
+def steps_kept_title(kept: dict[int, int], recorded: dict[int, int], warmup: int) -> str:
+    """'55 steps after 5 warm-up', so the count agrees with the steps the job ran (per rank when they differ)."""
+    if not kept:
+        return "no steps"
+    if len(set(kept.values())) == 1 and len({recorded.get(r, 0) for r in kept}) == 1:
+        n, total = next(iter(kept.values())), recorded.get(next(iter(kept)), 0)
+        if n == total:
+            return f"all {n} steps (too few to leave out {warmup} warm-up)" if warmup and n <= warmup else f"{n} steps"
+        return f"{n} steps after {total - n} warm-up"
+    return f"steps after up to {warmup} warm-up per rank"
+
+
 def render_breakdown(run_path: str, warmup: int = 5) -> str:
-    """Return the breakdown table of a run as text."""
+    """The breakdown table of a run as text: a title with the step counts, the table, the allreduce note."""
     con = open_run(run_path)
     rows = step_breakdown(con, warmup_steps=warmup)
     metas = {m.rank: m for m in read_rank_meta(run_path)}
     if not rows:
         return f"{run_path}: no steps recorded yet"
-    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in PHASES] + ["allreduce %"]
+    recorded = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    kept = {r["rank"]: r["steps"] for r in rows}
+    counts = steps_kept_title(kept, recorded, warmup)
+    title = f"Step-time breakdown per rank ({counts}):"
+    per_rank = counts.startswith("steps after")  # ranks differ: each row says how many of its steps it kept
+    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in PHASES] + ["allreduce Σ %"]
     body = []
     for r in rows:
         meta = metas.get(r["rank"])
         body.append(
-            [str(r["rank"]), meta.status if meta else "?", str(r["steps"]), ms(r["step_median_s"])]
+            [str(r["rank"]), meta.status if meta else "?"]
+            + [_steps_cell(r["steps"], recorded.get(r["rank"], 0), per_rank), ms(r["step_median_s"])]
             + [pct(r[f"{p[:-2]}_share"]) for p in PHASES]
             + [pct(r["allreduce_share"])]
         )
-    return table(headers, body)
+    return "\n".join([title, table(headers, body), ALLREDUCE_NOTE])
+
+
+def _steps_cell(kept: int, recorded: int, per_rank: bool) -> str:
+    return f"{kept} of {recorded}" if per_rank and kept < recorded else str(kept)
 
 
 def run(args) -> int:
-    print(render_breakdown(args.run_dir, args.warmup))
+    if args.warmup < 0:
+        from ._errors import UserError
+
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    print(render_breakdown(args.run_dir, args.warmup))  # ranksight.cli resolved it (commands._paths)
     return 0
