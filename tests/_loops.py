@@ -158,3 +158,49 @@ def truth(out_dir: str, rank: int) -> dict:
     """What rank ``rank`` timed itself: ``fetch_s`` and ``iter_s`` per step."""
     with open(os.path.join(out_dir, f"truth-rank{rank}.json")) as f:
         return json.load(f)
+
+
+def backward_marks_main(rank: int, port: int, out_dir: str) -> None:
+    """A 2-rank gloo DDP job whose rank 1 is 50 ms late into backward; rank 0 records when the agent's
+    end-of-backward and all-reduce-done marks fire (the GPU path's hooks, with host clocks as marks)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    from ranksight.agent._gpu_hooks import _hook_backward_end
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+    )
+    seen: dict = {}
+
+    class Marks:  # stands for GpuMarks: the same two calls, timed on the host
+        def backward_done(self):
+            seen["ready"] = time.perf_counter()
+
+        def sync_done(self):
+            seen["done"] = time.perf_counter()
+
+    class Monitor:
+        _hook_handles: list = []
+
+        def _fail(self, component, exc):
+            raise exc
+
+        def _warn_once(self, key, message):
+            raise AssertionError(message)
+
+    _hook_backward_end(Monitor(), model, Marks())
+    waits = []
+    for _ in range(5):
+        out = model(torch.randn(8, 64))
+        if rank == 1:
+            time.sleep(0.05)
+        begin = time.perf_counter()
+        out.sum().backward()
+        waits.append((seen["ready"] - begin, seen["done"] - begin, time.perf_counter() - begin))
+    with open(os.path.join(out_dir, f"marks-rank{rank}.json"), "w") as f:
+        json.dump(waits, f)
+    dist.destroy_process_group()

@@ -210,3 +210,20 @@ def test_warnings_reported_during_the_final_flush_are_written(tmp_path):
     assert messages == ["RuntimeError: reported while the last flush ran"]
     with open(os.path.join(str(tmp_path), "final", "ranks", "rank-00000.json")) as f:
         assert json.load(f)["counters"]["agent_errors"] == {"late_sampler": len(calls)}
+
+
+def test_the_all_reduce_done_mark_fires_after_ddp_waited_for_its_buckets(tmp_path):
+    """The NCCL path's marks (one post-accumulate hook, one autograd final callback) on a gloo job whose
+    peer is 50 ms late: "done" must come after DDP's wait for the all-reduce, not at the end of backward."""
+    import torch.multiprocessing as mp
+
+    from ._jobs import free_port
+    from ._loops import backward_marks_main
+
+    mp.start_processes(backward_marks_main, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    with open(tmp_path / "marks-rank0.json") as f:
+        marks = json.load(f)[2:]  # after DDP's bucket rebuild
+    for ready, done, backward in marks:
+        assert ready < 0.02  # backward itself is short
+        assert done - ready > 0.03  # the wait for the late peer lies between the two marks
+        assert done <= backward
