@@ -339,6 +339,49 @@ def test_verdict_shows_the_planted_fault_first(demo_run, monkeypatch):
     assert at.code and at.code[0].value.strip() == findings[0]["fix"]["snippet"].strip()  # the copyable fix, as written
 
 
+def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_cost(demo_run, monkeypatch):
+    from ranksight.rules import diagnose
+
+    at = _app(monkeypatch, demo_run)
+    assert not at.exception
+    diag = diagnose(demo_run)
+    first, beside = at.columns[0], at.columns[1]
+    assert any("input\\-bound" in m.value for m in first.markdown)  # the first finding, in the left column
+    speedup = diag["findings"][0]["speedup"]
+    assert speedup > 1.1
+    gain = f"**fixing this could make steps up to {speedup:.2f}× faster**".replace(".", "\\.")
+    assert gain in [m.value for m in first.markdown]
+    charts = [e for e in beside if getattr(e, "type", "") == "vega_lite_chart"]
+    assert len(charts) == 1
+    spec = json.loads(charts[0].proto.spec)
+    assert spec["mark"]["type"] == "bar" and spec["encoding"]["y"]["stack"] == "zero"
+    import pyarrow.ipc
+
+    data = pyarrow.ipc.open_stream(charts[0].proto.datasets[0].data.data).read_all().to_pandas()
+    per_rank = data.groupby("rank")["share"].sum()
+    assert sorted(per_rank.index) == [0, 1] and all(abs(v - 1) < 1e-6 for v in per_rank)  # phases add up
+    wait = {r["rank"]: r["data_wait_share"] for r in diag["breakdown"]["ranks"]}
+    for rank, share in data[data["phase"] == "data wait"][["rank", "share"]].itertuples(index=False):
+        assert share == pytest.approx(wait[rank])
+    assert "H2D copy" not in set(data["phase"])  # CPU job: absent, not a zero bar
+
+
+def test_run_picker_tells_runs_of_one_job_apart(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    write_run(str(root / "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7a"), 2, 10)
+    write_run(str(root / "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7b"), 4, 12, status="running")
+    at = _app(monkeypatch, str(root))
+    assert not at.exception
+    options = at.selectbox[0].options
+    assert len(options) == 2 and len(set(options)) == 2
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() - 10))
+    for label in options:  # job, start time and status lead, before the long id that a picker cuts off
+        job, start, status = label.split(" · ")[:3]
+        assert job == "synthetic" and start.startswith(started[:13]) and status in ("finished", "● live")
+    assert {o.split(" · ")[2] for o in options} == {"finished", "● live"}
+    assert "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7b" in [t.value for t in at.sidebar.text]  # the full id, as text
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_renders_the_demo_run(demo_run, page, monkeypatch):
     at = _app(monkeypatch, os.path.dirname(demo_run))

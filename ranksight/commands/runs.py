@@ -7,22 +7,26 @@ import time
 from ranksight.collectors import list_runs
 
 from ._format import table
+from ._paths import resolve_root
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "runs",
         help="list the runs under a folder",
-        description="List the runs under a folder (default: ./ranksight-runs).",
+        description="List the runs under a folder (default: $RANKSIGHT_RUN_DIR, else ./ranksight-runs), newest first.",
     )
-    p.add_argument("root", nargs="?", default="ranksight-runs", help="folder holding runs (default ranksight-runs)")
+    p.add_argument(
+        "root", nargs="?", default=None, help="folder holding runs (default: $RANKSIGHT_RUN_DIR, else ranksight-runs)"
+    )
     return p
 
 
 def run(args) -> int:
-    runs = list_runs(args.root)
+    root = resolve_root(args.root)  # a missing folder is a one-line error (exit 2), not an empty list
+    runs = list_runs(root)
     if not runs:
-        print(f"no runs under {args.root}: add ranksight.init() to your loop, or run `ranksight demo`")
+        print(f"no runs under {root}: add ranksight.init() to your loop, or run `ranksight demo`")
         return 0
     rows = [
         [
