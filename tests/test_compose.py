@@ -1,4 +1,4 @@
-"""compose/: the docker-compose file is valid and wires Prometheus, the dashboard and the collector."""
+"""compose/: the docker-compose file is valid and wires Prometheus, Grafana, the dashboard and the collector."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_compose_file_validates_and_mounts_the_tested_prometheus_config(tmp_path
     runs.mkdir()
     cfg = _config(tmp_path, {"RANKSIGHT_RUN_DIR": str(runs)})
     services = cfg["services"]
-    assert set(services) == {"prometheus", "dashboard", "otel-collector"}
+    assert set(services) == {"prometheus", "grafana", "dashboard", "otel-collector"}
     prom = services["prometheus"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in prom["volumes"] if ":" in v}
     # The very file the real-Prometheus test loads, and the run root where its file_sd glob points.
@@ -62,6 +62,7 @@ def test_prometheus_config_discovers_runs_through_file_sd():
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
 def test_promtool_accepts_the_prometheus_config(tmp_path):
     shutil.copy(os.path.join(COMPOSE, "prometheus.yml"), tmp_path / "prometheus.yml")
+    shutil.copy(os.path.join(COMPOSE, "ranksight-alerts.yml"), tmp_path / "ranksight-alerts.yml")  # its rule_files
     proc = subprocess.run(
         ["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60
     )
