@@ -7,8 +7,7 @@ import re
 import textwrap
 import time
 
-from ranksight.cli import UserError
-
+from ._errors import UserError
 from ._format import ms, pct, speedup, table
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
