@@ -1,0 +1,689 @@
+"""The diagnosis on realistic training scripts: does ``ranksight diagnose`` name the planted fault?
+
+Runs each (script, fault) of ``benchmarks/workloads/`` — a nanoGPT-style trainer, the PyTorch DDP
+tutorial's trainer, a Hugging Face ``Trainer`` script and a Lightning script, each with the agent
+attached the way its users would attach it — ``--repeats`` times as a 2-rank gloo job on CPU, each in
+its own run directory, then ``ranksight diagnose RUN --json``, and scores the verdict (the first
+finding of severity warning or critical; "silent" when there is none) against the planted fault.
+
+    python benchmarks/diagnosis_corpus.py --repeats 3 --json benchmarks/results/corpus_cpu_DATE.json
+    python benchmarks/diagnosis_corpus.py --scripts ddp_tutorial --faults none input --repeats 1
+
+Printed: one row per run (script, fault, repeat, verdict rule, severity, confidence, ranks, median
+step, and the fault's true share of the step as the script measured it itself), then per fault
+class: runs, errors, recall (the expected rule named first), the straggler's named rank, the healthy
+silent rate, and the flip rate (share of (script, fault) groups whose verdict differs between
+repeats); and per verdict rule its precision (of the runs whose verdict was rule R, how many had the
+fault R stands for).
+
+A run whose script crashes or times out is an "error" row with the tail of its output, never
+skipped. Each job runs in its own session and the whole session is killed when it ends, so no rank
+is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = os.path.join(HERE, "workloads")
+REPO = os.path.dirname(HERE)
+
+ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+EXPECTED = {
+    "none": "silent",
+    "input": "input-bound",
+    "straggler": "straggler",
+    "metric-collectives": "blocking-collectives",
+    "exposed-allreduce": "exposed-allreduce",
+    "unused-params": "unused-parameter-scan",
+    "graph-breaks": "graph-breaks",
+}
+FAULT_OF_RULE = {rule: fault for fault, rule in EXPECTED.items()}
+STRAGGLER_RANK = 1  # every workload plants the extra work on rank 1
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    file: str
+    launcher: str  # "torchrun" or "python" (the script starts its own ranks: Lightning)
+    faults: tuple
+    args: tuple = ()
+
+
+SCRIPTS = {
+    s.name: s
+    for s in (
+        Script("gpt_trainer", "gpt_trainer.py", "torchrun", ALL_FAULTS),
+        Script("ddp_tutorial", "ddp_tutorial.py", "torchrun", ALL_FAULTS),
+        Script("hf_trainer", "hf_trainer.py", "torchrun", ALL_FAULTS),
+        Script("lightning_trainer", "lightning_trainer.py", "python", ALL_FAULTS),
+        # not in the default set: the nanoGPT loop without mon.data() marks (data wait not measured)
+        Script("gpt_trainer_nomarks", "gpt_trainer.py", "torchrun", ALL_FAULTS, ("--no-data-marks",)),
+    )
+}
+DEFAULT_SCRIPTS = ("gpt_trainer", "ddp_tutorial", "hf_trainer", "lightning_trainer")
+RANKS = 2
+WARMUP_STEPS = 5  # what the diagnosis leaves out; the truth share is taken over the same steps
+
+
+@dataclass
+class RunResult:
+    script: str
+    fault: str
+    repeat: int
+    run_id: str
+    run_path: str
+    status: str = "ok"  # ok | error (script crashed) | timeout | diagnose-error
+    returncode: Optional[int] = None
+    elapsed_s: float = 0.0
+    verdict: str = ""  # rule id of the first warning/critical finding, "silent", or "error"
+    severity: str = ""
+    confidence: Optional[float] = None
+    ranks: list = field(default_factory=list)
+    expected: str = ""
+    hit: Optional[bool] = None
+    step_median_s: Optional[float] = None  # median over ranks of the breakdown's step median
+    ranks_reporting: int = 0
+    steps_per_rank: dict = field(default_factory=dict)  # breakdown's step count per rank (after warm-up)
+    findings: list = field(default_factory=list)  # every finding: rule, severity, confidence, ranks
+    breakdown: list = field(default_factory=list)
+    truth: dict = field(default_factory=dict)  # the fault's share of the step, per rank, as the script timed it
+    error_tail: str = ""
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """Kill every process of the job's own session (its ranks, Lightning's child, torchrun's agent)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if sig == signal.SIGTERM:
+            time.sleep(2.0)
+
+
+def _tail(path: str, n_chars: int = 3000) -> str:
+    """The job's first Python traceback (a rank's, not the launcher's summary) and the log's last lines."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    first = text.find("Traceback (most recent call last)")
+    if first < 0 or first >= len(text) - n_chars:
+        return text[-n_chars:]
+    line_start = text.rfind("\n", 0, first) + 1
+    return text[line_start : line_start + n_chars // 2] + "\n[...]\n" + text[-n_chars // 2 :]
+
+
+def launch_command(
+    script: Script, fault: str, steps: int, run_dir: str, run_id: str, compile_backend: str = "eager"
+) -> list:
+    path = os.path.join(WORKLOADS, script.file)
+    script_args = [
+        path,
+        "--fault",
+        fault,
+        "--steps",
+        str(steps),
+        "--run-dir",
+        run_dir,
+        "--run-id",
+        run_id,
+        "--compile-backend",
+        compile_backend,
+        *script.args,
+    ]
+    if script.launcher == "torchrun":
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(RANKS),
+            *script_args,
+        ]
+    return [sys.executable, *script_args]
+
+
+def job_env(truth_dir: str, src: Optional[str] = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSIGHT_")}
+    if src:  # a frozen copy of ranksight (see snapshot_source) ahead of the editable install
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        CORPUS_TRUTH_DIR=truth_dir,
+    )
+    return env
+
+
+def run_job(cmd: list, env: dict, log_path: str, timeout: float) -> tuple:
+    """Run one job to completion in its own session; (returncode or None on timeout, seconds)."""
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=WORKLOADS,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        except BaseException:  # Ctrl-C: take the job down with us
+            _kill_session(proc)
+            proc.wait()
+            raise
+        finally:
+            _kill_session(proc)  # whatever the job left behind (a rank stuck in a collective)
+            if proc.poll() is None:
+                proc.wait()
+    return rc, time.monotonic() - t0
+
+
+def diagnose_json(
+    run_path: str, timeout: float = 120.0, src: Optional[str] = None, warmup: Optional[int] = None
+) -> dict:
+    """``ranksight diagnose RUN --json``, as a user runs it; raises RuntimeError with its stderr."""
+    extra = [] if warmup is None else ["--warmup", str(warmup)]
+    out = subprocess.run(
+        [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(os.path.abspath(run_path)),
+        env=job_env("", src),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"diagnose exit {out.returncode}: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def verdict_of(report: dict) -> Optional[dict]:
+    for finding in report.get("findings", []):
+        if finding.get("severity") in ("warning", "critical"):
+            return finding
+    return None
+
+
+def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
+    """Per rank: steps seen, median step interval, and the planted code's share of the step time."""
+    ranks = {}
+    if not os.path.isdir(truth_dir):
+        return ranks
+    for name in sorted(os.listdir(truth_dir)):
+        try:
+            with open(os.path.join(truth_dir, name)) as f:
+                t = json.load(f)
+        except (OSError, ValueError):
+            continue
+        ends, fault_s = t.get("step_ends", []), t.get("fault_s", [])
+        intervals = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :])]
+        faults = fault_s[warmup + 1 :]
+        total = sum(intervals)
+        ranks[str(t.get("rank"))] = {
+            "steps": len(ends),
+            "step_median_s": round(statistics.median(intervals), 5) if intervals else None,
+            "fault_share": round(sum(faults) / total, 4) if total > 0 else None,
+        }
+    return ranks
+
+
+def run_one(
+    script_name: str,
+    fault: str,
+    repeat: int,
+    steps: int,
+    root: str,
+    timeout: float = 300.0,
+    compile_backend: str = "eager",
+    src: Optional[str] = None,
+) -> RunResult:
+    """One job and its diagnosis; never raises for a failing job (status and error_tail say what failed).
+
+    ``src``: a folder holding a frozen ``ranksight`` package (``snapshot_source``) used by the job and
+    the diagnosis instead of the installed one."""
+    script = SCRIPTS[script_name]
+    run_dir = os.path.join(root, "runs")
+    run_id = f"{script_name}-{fault}-r{repeat}-{uuid.uuid4().hex[:6]}"
+    run_path = os.path.join(run_dir, run_id)
+    log_path = os.path.join(root, "logs", run_id + ".log")
+    truth_dir = os.path.join(root, "truth", run_id)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    os.makedirs(run_dir, exist_ok=True)
+    res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault])
+    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend)
+    rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src), log_path, timeout)
+    res.elapsed_s = round(res.elapsed_s, 1)
+    res.returncode = rc
+    res.truth = truth_summary(truth_dir)
+    if rc is None or rc != 0:
+        res.status = "timeout" if rc is None else "error"
+        res.verdict = "error"
+        res.error_tail = _tail(log_path)
+        return res
+    try:
+        report = diagnose_json(run_path, src=src)
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        res.status, res.verdict, res.error_tail = (
+            "diagnose-error",
+            "error",
+            f"{exc}\n--- job log ---\n{_tail(log_path)}",
+        )
+        return res
+    _fill_from_report(res, report)
+    return res
+
+
+def _fill_from_report(res: RunResult, report: dict) -> None:
+    res.findings = [
+        {k: f.get(k) for k in ("rule", "severity", "confidence", "ranks", "evidence")}
+        for f in report.get("findings", [])
+    ]
+    res.breakdown = report.get("breakdown", {}).get("ranks", [])
+    res.ranks_reporting = len(res.breakdown)
+    res.steps_per_rank = {str(r.get("rank")): r.get("steps") for r in res.breakdown}
+    medians = [r["step_median_s"] for r in res.breakdown if r.get("step_median_s") is not None]
+    res.step_median_s = round(statistics.median(medians), 5) if medians else None
+    v = verdict_of(report)
+    if v is None:
+        res.verdict, res.severity = "silent", ""
+    else:
+        res.verdict, res.severity = v["rule"], v["severity"]
+        res.confidence, res.ranks = v.get("confidence"), list(v.get("ranks") or [])
+    res.hit = res.verdict == res.expected
+
+
+PACKAGE_DIRS = {
+    "ranksight": "ranksight",
+    "agent": "agent",
+    "collectors": "collectors",
+    "rules": "rules",
+    "dashboard": "dashboard",
+    "integrations": "integrations",
+}  # pyproject's package-dir
+
+
+def snapshot_source(how: str, dest: str) -> tuple:
+    """Freeze the ranksight package for a long corpus run while the working tree keeps changing.
+
+    ``tree``: copy the working tree's package folders now; ``head``: the committed HEAD
+    (``git archive``). Lays them out as one importable ``ranksight`` package under ``dest`` (put on
+    PYTHONPATH, it wins over the editable install's finder) and returns (dest, description)."""
+    src_root = REPO
+    if how == "head":
+        src_root = os.path.join(dest, "_head")
+        os.makedirs(src_root, exist_ok=True)
+        archive = subprocess.run(["git", "archive", "HEAD"], capture_output=True, cwd=REPO, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", src_root], input=archive, check=True)
+    pkg = os.path.join(dest, "ranksight")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(os.path.join(src_root, "ranksight"), pkg, ignore=ignore)
+    for sub, folder in PACKAGE_DIRS.items():
+        if sub != "ranksight":
+            shutil.copytree(os.path.join(src_root, folder), os.path.join(pkg, sub), ignore=ignore)
+    if how == "head":
+        shutil.rmtree(src_root, ignore_errors=True)
+        return dest, f"HEAD {_git_commit()[:12]}"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", *PACKAGE_DIRS.values()], capture_output=True, text=True, cwd=REPO
+    ).stdout.count("\n")
+    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {_git_commit()[:12]} ({dirty} changed files)"
+
+
+# ------------------------------------------------------------------------------------------- scoring
+def score(results: list) -> dict:
+    by_fault: dict = {}
+    for fault in dict.fromkeys(r.fault for r in results):
+        rs = [r for r in results if r.fault == fault]
+        ok = [r for r in rs if r.status == "ok"]
+        hits = [r for r in ok if r.hit]
+        verdicts: dict = {}
+        for r in rs:
+            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+        row = {
+            "expected": EXPECTED[fault],
+            "runs": len(rs),
+            "errors": len(rs) - len(ok),
+            "hits": len(hits),
+            "recall": round(len(hits) / len(ok), 3) if ok else None,
+            "verdicts": verdicts,
+        }
+        if fault == "straggler":
+            row["named_rank_1"] = sum(1 for r in hits if r.ranks == [STRAGGLER_RANK])
+        by_fault[fault] = row
+    precision: dict = {}
+    for rule in dict.fromkeys(r.verdict for r in results if r.status == "ok"):
+        rs = [r for r in results if r.status == "ok" and r.verdict == rule]
+        right = [r for r in rs if EXPECTED[r.fault] == rule]
+        precision[rule] = {
+            "runs": len(rs),
+            "right": len(right),
+            "precision": round(len(right) / len(rs), 3),
+            "faults": sorted({r.fault for r in rs}),
+        }
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r.script, r.fault), []).append(r)
+    flips, judged, per_group = 0, 0, {}
+    for (script, fault), rs in groups.items():
+        vs = [r.verdict for r in rs if r.status == "ok"]
+        per_group[f"{script}/{fault}"] = [r.verdict for r in rs]
+        if len(vs) >= 2:
+            judged += 1
+            flips += len(set(vs)) > 1
+    by_script: dict = {}
+    for script in dict.fromkeys(r.script for r in results):
+        rs = [r for r in results if r.script == script and r.status == "ok"]
+        by_script[script] = {
+            "runs": len([r for r in results if r.script == script]),
+            "hits": sum(bool(r.hit) for r in rs),
+            "recall": round(sum(bool(r.hit) for r in rs) / len(rs), 3) if rs else None,
+        }
+    healthy = [r for r in results if r.fault == "none" and r.status == "ok"]
+    ok = [r for r in results if r.status == "ok"]
+    return {
+        "by_script": by_script,
+        "by_fault": by_fault,
+        "precision": precision,
+        "healthy_silent_rate": round(sum(r.verdict == "silent" for r in healthy) / len(healthy), 3)
+        if healthy
+        else None,
+        "flip_rate": round(flips / judged, 3) if judged else None,
+        "flipped_groups": flips,
+        "groups_judged": judged,
+        "verdicts_by_group": per_group,
+        "overall_recall": round(sum(bool(r.hit) for r in ok) / len(ok), 3) if ok else None,
+        "runs": len(results),
+        "errors": len(results) - len(ok),
+    }
+
+
+def _fmt(v, spec: str = "") -> str:
+    if v is None or v == "":
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def _truth_cell(r: RunResult) -> str:
+    shares = [f"r{rank}:{t['fault_share']:.0%}" for rank, t in sorted(r.truth.items()) if t.get("fault_share")]
+    return " ".join(shares) if shares else "-"
+
+
+def report_text(results: list, summary: dict, header: str = "") -> str:
+    lines = [header] if header else []
+    cols = ("script", "fault", "rep", "verdict", "severity", "conf", "ranks", "step ms", "fault share", "status", "s")
+    rows = []
+    for r in results:
+        rows.append(
+            (
+                r.script,
+                r.fault,
+                str(r.repeat),
+                r.verdict + ("" if r.hit or r.status != "ok" else " (miss)"),
+                _fmt(r.severity),
+                _fmt(r.confidence, ".2f"),
+                ",".join(map(str, r.ranks)) or "-",
+                _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f"),
+                _truth_cell(r),
+                r.status,
+                f"{r.elapsed_s:.0f}",
+            )
+        )
+    lines += _table(cols, rows)
+    lines.append("")
+    cols = ("fault", "expected", "runs", "errors", "recall", "verdicts", "note")
+    rows = []
+    for fault, row in summary["by_fault"].items():
+        verdicts = ", ".join(f"{k} x{v}" for k, v in sorted(row["verdicts"].items(), key=lambda kv: -kv[1]))
+        note = f"rank 1 named in {row['named_rank_1']}/{row['hits']}" if fault == "straggler" else ""
+        rows.append(
+            (
+                fault,
+                row["expected"],
+                str(row["runs"]),
+                str(row["errors"]),
+                f"{row['hits']}/{row['runs'] - row['errors']}"
+                + (f" ({row['recall']:.0%})" if row["recall"] is not None else ""),
+                verdicts,
+                note,
+            )
+        )
+    lines += _table(cols, rows)
+    lines.append("")
+    faults = list(dict.fromkeys(r.fault for r in results))
+    cols = ("hits / runs", *faults, "all")
+    rows = []
+    for script, row in summary["by_script"].items():
+        cells = []
+        for fault in faults:
+            rs = [r for r in results if r.script == script and r.fault == fault]
+            errs = sum(r.status != "ok" for r in rs)
+            cells.append(f"{sum(bool(r.hit) for r in rs)}/{len(rs)}" + (f" ({errs} err)" if errs else "") if rs else "")
+        rows.append((script, *cells, f"{row['hits']}/{row['runs']}"))
+    lines += _table(cols, rows)
+    lines.append("")
+    cols = ("verdict rule", "runs", "precision", "from faults")
+    rows = [
+        (rule, str(p["runs"]), f"{p['right']}/{p['runs']} ({p['precision']:.0%})", ", ".join(p["faults"]))
+        for rule, p in sorted(summary["precision"].items())
+    ]
+    lines += _table(cols, rows)
+    lines.append("")
+    hs = summary["healthy_silent_rate"]
+    fr = summary["flip_rate"]
+    lines.append(
+        f"healthy silent rate: {'-' if hs is None else f'{hs:.0%}'}   "
+        f"flip rate: {'-' if fr is None else f'{fr:.0%}'} ({summary['flipped_groups']}/{summary['groups_judged']} "
+        f"(script, fault) groups changed verdict between repeats)   "
+        f"overall recall: {summary['overall_recall']}   runs: {summary['runs']}, errors: {summary['errors']}"
+    )
+    errors = [r for r in results if r.status != "ok"]
+    for r in errors:
+        lines.append("")
+        lines.append(f"--- {r.status}: {r.script} / {r.fault} / repeat {r.repeat} (exit {r.returncode}) ---")
+        lines.append(r.error_tail.rstrip()[-3000:])
+    return "\n".join(lines)
+
+
+def _table(cols: tuple, rows: list) -> list:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+    return out
+
+
+def rediagnose(args) -> int:
+    """Score the kept runs of an earlier ``--out`` again with today's rules (installed or --snapshot)."""
+    root = args.rediagnose
+    with open(os.path.join(root, "results.jsonl")) as fh:
+        old = [RunResult(**json.loads(line)) for line in fh if line.strip()]
+    src, source = None, f"installed package (live working tree {REPO})"
+    if args.snapshot != "none":
+        src, source = snapshot_source(args.snapshot, tempfile.mkdtemp(prefix="ranksight-src-"))
+    results = []
+    for r in old:
+        if r.status in ("ok", "diagnose-error"):
+            fresh = RunResult(
+                r.script,
+                r.fault,
+                r.repeat,
+                r.run_id,
+                r.run_path,
+                expected=EXPECTED[r.fault],
+                returncode=r.returncode,
+                elapsed_s=r.elapsed_s,
+                truth=r.truth,
+            )
+            try:
+                _fill_from_report(fresh, diagnose_json(r.run_path, src=src))
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                fresh.status, fresh.verdict, fresh.error_tail = "diagnose-error", "error", str(exc)
+            r = fresh
+        results.append(r)
+    summary = score(results)
+    text = report_text(
+        results,
+        summary,
+        f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} "
+        f"from {root}\nranksight: {source}",
+    )
+    print(text)
+    if args.text:
+        with open(args.text, "w") as fh:
+            fh.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(
+                {
+                    "rediagnosed": root,
+                    "ranksight_source": source,
+                    "commit": _git_commit(),
+                    "expected": EXPECTED,
+                    "summary": summary,
+                    "runs": [asdict(r) for r in results],
+                },
+                fh,
+                indent=1,
+                default=str,
+            )
+    return 0
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_SCRIPTS), choices=sorted(SCRIPTS))
+    parser.add_argument("--faults", nargs="+", default=list(ALL_FAULTS), choices=ALL_FAULTS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
+    parser.add_argument("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
+    parser.add_argument("--json", default=None, help="write every run and the scores here")
+    parser.add_argument("--text", default=None, help="write the printed report here too")
+    parser.add_argument(
+        "--compile-backend",
+        default="eager",
+        help="torch.compile backend of the graph-breaks runs (graph breaks are dynamo's: the same "
+        "with any backend; inductor takes minutes per run on 2 CPU cores)",
+    )
+    parser.add_argument(
+        "--snapshot",
+        choices=("none", "tree", "head"),
+        default="none",
+        help="run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at "
+        "start, or the committed HEAD (default: the installed package, live)",
+    )
+    parser.add_argument(
+        "--rediagnose",
+        default=None,
+        metavar="OUT_DIR",
+        help="run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)",
+    )
+    args = parser.parse_args(argv)
+    if args.rediagnose:
+        return rediagnose(args)
+
+    root = args.out or tempfile.mkdtemp(prefix="ranksight-corpus-")
+    os.makedirs(root, exist_ok=True)
+    plan = [
+        (s, f, rep) for rep in range(args.repeats) for s in args.scripts for f in args.faults if f in SCRIPTS[s].faults
+    ]
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    commit = _git_commit()  # at the start: others may commit while the corpus runs
+    src, source = None, f"installed package (live working tree {REPO})"
+    if args.snapshot != "none":
+        src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
+    print(f"ranksight: {source}", flush=True)
+    print(
+        f"{len(plan)} runs ({len(args.scripts)} scripts x {len(args.faults)} faults x {args.repeats} repeats), "
+        f"{args.steps} steps each, under {root}",
+        flush=True,
+    )
+    results = []
+    manifest = os.path.join(root, "results.jsonl")  # one line per finished run, for --rediagnose
+    try:
+        for i, (s, f, rep) in enumerate(plan, 1):
+            r = run_one(s, f, rep, args.steps, root, args.timeout, args.compile_backend, src)
+            results.append(r)
+            with open(manifest, "a") as fh:
+                fh.write(json.dumps(asdict(r), default=str) + "\n")
+            extra = (
+                f"  {r.error_tail.strip().splitlines()[-1] if r.error_tail.strip() else ''}" if r.status != "ok" else ""
+            )
+            print(
+                f"[{i}/{len(plan)}] {s} / {f} / {rep}: {r.verdict} {r.severity} "
+                f"({r.status}, {r.elapsed_s:.0f} s){extra}",
+                flush=True,
+            )
+    finally:
+        summary = score(results)
+        header = (
+            f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, {platform.node()}, "
+            f"{os.cpu_count()} CPUs, {RANKS} gloo ranks, {args.steps} steps, repeats {args.repeats}\n"
+            f"ranksight: {source}"
+        )
+        text = report_text(results, summary, header)
+        print()
+        print(text)
+        if args.text:
+            with open(args.text, "w") as fh:
+                fh.write(text + "\n")
+        if args.json:
+            doc = {
+                "command": " ".join(
+                    [
+                        os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py",
+                        *(argv if argv is not None else sys.argv[1:]),
+                    ]
+                ),
+                "started": started,
+                "commit": commit,
+                "ranksight_source": source,
+                "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+                "settings": vars(args),
+                "expected": EXPECTED,
+                "summary": summary,
+                "runs": [asdict(r) for r in results],
+            }
+            with open(args.json, "w") as fh:
+                json.dump(doc, fh, indent=1, default=str)
+        if not args.out:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The PyTorch DDP tutorial's trainer (multigpu_torchrun.py) with the ranksight agent attached.
+
+Same shape as the tutorial: a map-style ``Dataset`` of synthetic samples, ``DistributedSampler`` +
+``DataLoader``, a ``Trainer`` class with ``_run_batch`` / ``_run_epoch`` / ``train`` and
+``sampler.set_epoch``; a small MLP classifier instead of ``nn.Linear(20, 1)`` so a step has some work.
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 ddp_tutorial.py --fault none
+
+Faults (``--fault``), planted the way people make the mistake:
+
+- ``input``: per-sample augmentation in ``__getitem__`` (a Python loop of small numpy ops on each
+  sample) with ``num_workers=0``.
+- ``straggler``: rank 1 runs an extra "consistency" pass through the hidden layers in forward: ~1/3
+  more forward/backward work than rank 0.
+- ``metric-collectives``: torchvision-references-style ``MetricLogger`` (loss, lr, acc1, acc5, grad
+  norm in total and per layer, data time, img/s) synchronised every batch instead of once per epoch
+  (``barrier`` + ``all_reduce`` per meter), plus ``all_gather_object`` of per-rank throughput: 26
+  collectives per step.
+- ``exposed-allreduce``: a 2048-wide MLP (~50 MB of gradients) at batch 8 per rank.
+- ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
+- ``graph-breaks``: ``torch.compile(model)`` of a forward with an input range check in Python
+  (``if x.abs().max() > ...``: a data-dependent branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from _truth import Truth
+from torch import nn
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+import ranksight
+
+FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+
+
+def ddp_setup():
+    init_process_group(backend="gloo")
+
+
+class MyTrainDataset(Dataset):
+    def __init__(self, size, in_features, classes, augment_rounds=0, truth=None):
+        self.size = size
+        g = torch.Generator().manual_seed(0)
+        self.data = torch.rand(size, in_features, generator=g)
+        self.targets = torch.randint(0, classes, (size,), generator=g)
+        self.augment_rounds = augment_rounds
+        self.truth = truth
+
+    def __len__(self):
+        return self.size
+
+    def _augment(self, x):
+        # random feature jitter + dropout + renormalisation, one small numpy op at a time
+        a = x.numpy().copy()
+        rng = np.random.default_rng()
+        for _ in range(self.augment_rounds):
+            a = a + rng.normal(0.0, 0.01, a.shape).astype(np.float32)
+            a = np.where(rng.random(a.shape) < 0.05, 0.0, a).astype(np.float32)
+            a = (a - a.mean()) / (a.std() + 1e-6)
+        return torch.from_numpy(a)
+
+    def __getitem__(self, index):
+        x = self.data[index]
+        if self.augment_rounds:
+            with self.truth.fault():
+                x = self._augment(x)
+        return x, self.targets[index]
+
+
+class Net(nn.Module):
+    def __init__(self, in_features, width, depth, classes, extra_passes=0, range_check=False):
+        super().__init__()
+        self.inp = nn.Linear(in_features, width)
+        self.hidden = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.head = nn.Linear(width, classes)
+        self.extra_passes = extra_passes  # per-rank, not a parameter: DDP does not see it
+        self.range_check = range_check
+
+    def forward(self, x):
+        if self.range_check and x.abs().max() > 1e3:  # data-dependent branch: a graph break
+            x = x.clamp(-1e3, 1e3)
+        h = F.relu(self.inp(x))
+        for layer in self.hidden:
+            h = F.relu(layer(h))
+        for _ in range(self.extra_passes):  # the straggler's extra consistency pass, on a third of the batch
+            z = h[: len(h) // 3]
+            for layer in self.hidden:
+                z = F.relu(layer(z))
+            h = h + 0.0 * z.mean()
+        return self.head(h)
+
+
+def accuracy(output, target, topk=(1,)):
+    """Top-k accuracy in percent (torchvision references' utils.py)."""
+    with torch.no_grad():
+        maxk = max(topk)
+        _, pred = output.topk(maxk, 1, True, True)
+        correct = pred.t().eq(target[None])
+        return [correct[:k].flatten().sum(dtype=torch.float32).item() * (100.0 / len(target)) for k in topk]
+
+
+class SmoothedValue:
+    """Track a series of values (torchvision references' utils.py)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, value, n=1):
+        self.count += n
+        self.total += value * n
+
+    def synchronize_between_processes(self):
+        t = torch.tensor([self.count, self.total], dtype=torch.float64)
+        dist.barrier()
+        dist.all_reduce(t)
+        self.count, self.total = int(t[0].item()), t[1].item()
+
+    @property
+    def global_avg(self):
+        return self.total / max(self.count, 1)
+
+
+class MetricLogger:
+    def __init__(self):
+        self.meters = {}
+
+    def update(self, **kwargs):
+        for k, v in kwargs.items():
+            self.meters.setdefault(k, SmoothedValue()).update(v)
+
+    def synchronize_between_processes(self):
+        for meter in self.meters.values():
+            meter.synchronize_between_processes()
+
+    def __str__(self):
+        return "  ".join(f"{name}: {meter.global_avg:.4f}" for name, meter in self.meters.items())
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, mon, truth, log_metrics=False, find_unused_parameters=False):
+        self.gpu_id = int(os.environ["LOCAL_RANK"])
+        self.model = DDP(model, find_unused_parameters=find_unused_parameters)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.mon = mon
+        self.truth = truth
+        self.log_metrics = log_metrics
+        self.meters = MetricLogger()
+        self.steps_run = 0
+        self.mon.watch(self.model, optimizer=self.optimizer)
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = F.cross_entropy(output, targets)
+        loss.backward()
+        self.optimizer.step()
+        if self.log_metrics:
+            with self.truth.fault():
+                acc1, acc5 = accuracy(output, targets, topk=(1, 5))
+                grad_norm = torch.norm(torch.stack([p.grad.norm() for p in self.model.parameters()]))
+                self.meters.update(
+                    loss=loss.item(),
+                    lr=self.optimizer.param_groups[0]["lr"],
+                    acc1=acc1,
+                    acc5=acc5,
+                    grad_norm=grad_norm.item(),
+                    data=self.data_time,
+                    img_per_s=len(targets) / max(time.perf_counter() - self.last_step_end, 1e-9),
+                    **{
+                        f"grad_norm/{n}": p.grad.norm().item()
+                        for n, p in self.model.module.named_parameters()
+                        if n.endswith("weight")
+                    },
+                )
+                self.meters.synchronize_between_processes()  # every step, so the printed numbers are global
+                per_rank = [None] * dist.get_world_size()
+                dist.all_gather_object(
+                    per_rank, {"rank": self.gpu_id, "img_per_s": self.meters.meters["img_per_s"].total}
+                )
+            if self.gpu_id == 0 and self.steps_run % 10 == 0:
+                print(f"step {self.steps_run} {self.meters}")
+
+    def _run_epoch(self, epoch, max_steps):
+        self.last_step_end = time.perf_counter()
+        b_sz = len(next(iter(self.train_data))[0])
+        print(f"[GPU{self.gpu_id}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
+        self.train_data.sampler.set_epoch(epoch)
+        for source, targets in self.mon.loader(self.train_data):
+            self.data_time = time.perf_counter() - self.last_step_end
+            with self.mon.step():
+                self._run_batch(source, targets)
+            self.truth.step_end()
+            self.last_step_end = time.perf_counter()
+            self.steps_run += 1
+            if self.steps_run >= max_steps:
+                return
+
+    def train(self, max_steps: int):
+        epoch = 0
+        while self.steps_run < max_steps:
+            self._run_epoch(epoch, max_steps)
+            epoch += 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description="simple distributed training job")
+    parser.add_argument("--fault", choices=FAULTS, default="none")
+    parser.add_argument("--steps", type=int, default=30, help="training steps (batches)")
+    parser.add_argument("--batch-size", type=int, default=512, help="input batch size on each rank")
+    parser.add_argument("--run-dir", default="ranksight-runs")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--job", default="ddp-tutorial")
+    parser.add_argument("--compile-backend", default="inductor")
+    args = parser.parse_args()
+    fault = args.fault
+
+    ddp_setup()
+    rank = dist.get_rank()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.manual_seed(0)
+    truth = Truth(rank, fault)
+    in_features, width, depth, classes, batch = 64, 1024, 3, 10, args.batch_size
+    augment_rounds = 0
+    if fault == "input":
+        augment_rounds = 4
+    if fault == "exposed-allreduce":
+        width, batch = 2048, 8
+    extra_passes = 1 if fault == "straggler" and rank == 1 else 0
+
+    dataset = MyTrainDataset(batch * 2 * (args.steps + 4), in_features, classes, augment_rounds, truth)
+    train_data = DataLoader(
+        dataset, batch_size=batch, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
+    )
+    model = Net(in_features, width, depth, classes, extra_passes=extra_passes, range_check=fault == "graph-breaks")
+    if fault == "graph-breaks":
+        model = torch.compile(model, backend=args.compile_backend)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id)
+    trainer = Trainer(
+        model,
+        train_data,
+        optimizer,
+        mon,
+        truth,
+        log_metrics=fault == "metric-collectives",
+        find_unused_parameters=fault == "unused-params",
+    )
+    trainer.train(args.steps)
+    mon.close()
+    truth.write()
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

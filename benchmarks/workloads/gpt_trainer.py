@@ -1,0 +1,399 @@
+"""A nanoGPT-style trainer (train.py + model.py in one file) with the ranksight agent attached.
+
+Written the way nanoGPT and its many forks are: no DataLoader, batches sliced at random offsets from a
+uint16 token file through ``np.memmap`` by ``get_batch(split)``, gradient accumulation with
+``model.require_backward_grad_sync`` on the last micro-step, the next batch prefetched right after
+forward, AdamW with decayed/non-decayed groups, warmup + cosine lr, gradient clipping, and
+``estimate_loss()`` on the master process every ``eval_interval`` iterations. Tiny random model,
+synthetic tokens, nothing downloaded.
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 gpt_trainer.py --fault none
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 gpt_trainer.py --fault input
+
+Faults (``--fault``), each the way people really make the mistake:
+
+- ``input``: the token file sits on a slow network filesystem and every row of ``get_batch`` is a
+  random read (emulated: ``sleep`` per row read).
+- ``straggler``: uneven per-rank micro-batches (the remainder of the global batch lands on the last
+  rank): rank 1 does ~1/3 more forward/backward work.
+- ``metric-collectives``: values averaged over ranks for the log on every iteration: each
+  micro-batch's loss, then grad norm (total and per block), lr and tokens/s, each with ``barrier``
+  + ``all_reduce`` + ``.item()`` (18 collectives per step).
+- ``exposed-allreduce``: the GPT-2 vocabulary (50304) on a 2-layer model, one 32-token sequence per
+  rank and no accumulation: a 26 MB embedding gradient, all-reduced after backward each step.
+- ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
+- ``graph-breaks``: ``torch.compile`` of a model whose forward checks its logits with a Python
+  ``if`` on a tensor (a data-dependent branch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from _truth import Truth
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ranksight
+
+FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+
+
+# ----------------------------------------------------------------------------- model.py
+@dataclass
+class GPTConfig:
+    block_size: int = 64
+    vocab_size: int = 512
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    check_logits: bool = False  # "debug" check in forward (the graph-breaks fault)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's doesn't support simply bias=False)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def get_num_params(self, non_embedding=True):
+        n_params = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n_params -= self.transformer.wpe.weight.numel()
+        return n_params
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None):
+        b, t = idx.size()
+        assert t <= self.config.block_size, f"Cannot forward sequence of length {t}"
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)
+        if self.config.check_logits and not torch.isfinite(logits).all():  # Python branch on a tensor
+            raise FloatingPointError("non-finite logits")
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        param_dict = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
+        decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
+        nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
+        optim_groups = [
+            {"params": decay_params, "weight_decay": weight_decay},
+            {"params": nodecay_params, "weight_decay": 0.0},
+        ]
+        use_fused = device_type == "cuda"
+        extra_args = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(optim_groups, lr=learning_rate, betas=betas, **extra_args)
+
+
+# ----------------------------------------------------------------------------- train.py
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fault", choices=FAULTS, default="none")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps (max_iters)")
+    parser.add_argument("--run-dir", default="ranksight-runs")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--job", default="gpt-trainer")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start on CPU)")
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
+    args = parser.parse_args()
+    fault = args.fault
+
+    # -------------------------------------------------------------- config (nanoGPT's globals)
+    eval_interval = 20
+    eval_iters = 4
+    log_interval = 10
+    gradient_accumulation_steps = 4  # global, divided by world size below
+    batch_size = 8
+    block_size = 64
+    n_layer, n_head, n_embd, vocab_size = 4, 4, 128, 512
+    learning_rate, min_lr, warmup_iters = 6e-4, 6e-5, 10
+    weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.95, 1.0
+    max_iters = lr_decay_iters = args.steps
+    compile_model = args.compile or fault == "graph-breaks"
+    device = "cpu"
+    backend = "gloo"
+    find_unused_parameters = fault == "unused-params"
+    read_latency_s = 0.0
+    if fault == "input":
+        read_latency_s = 0.0025  # per row read, both x and y: a network filesystem's random-read latency
+    if fault == "exposed-allreduce":
+        vocab_size = 50304  # GPT-2's, padded to a multiple of 64
+        batch_size, block_size, gradient_accumulation_steps = 1, 32, 2
+        n_layer = 2
+
+    # -------------------------------------------------------------- DDP
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if ddp:
+        dist.init_process_group(backend=backend)
+        ddp_rank = int(os.environ["RANK"])
+        ddp_world_size = int(os.environ["WORLD_SIZE"])
+        master_process = ddp_rank == 0
+        seed_offset = ddp_rank
+        assert gradient_accumulation_steps % ddp_world_size == 0
+        gradient_accumulation_steps //= ddp_world_size
+    else:
+        ddp_rank, master_process, seed_offset, ddp_world_size = 0, True, 0, 1
+    if fault == "straggler" and ddp_world_size > 1 and ddp_rank == ddp_world_size - 1:
+        # global micro-batch of 8 * world + 3 split "evenly", the remainder to the last rank
+        batch_size += 3
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.manual_seed(1337 + seed_offset)
+    truth = Truth(ddp_rank, fault)
+
+    # -------------------------------------------------------------- data (prepare.py's output)
+    data_dir = tempfile.mkdtemp(prefix=f"gpt-data-r{ddp_rank}-")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 200_000), ("val", 20_000)):
+        rng.integers(0, vocab_size, size=n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
+
+    def get_batch(split):
+        # recreate np.memmap every batch to avoid a memory leak, as per nanoGPT
+        data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+        ix = torch.randint(len(data) - block_size, (batch_size,))
+        rows_x, rows_y = [], []
+        for i in ix:
+            if read_latency_s:
+                with truth.fault():
+                    time.sleep(2 * read_latency_s)  # two random reads on the slow filesystem
+            rows_x.append(torch.from_numpy((data[i : i + block_size]).astype(np.int64)))
+            rows_y.append(torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)))
+        x, y = torch.stack(rows_x), torch.stack(rows_y)
+        return x.to(device), y.to(device)
+
+    # -------------------------------------------------------------- model init
+    model_args = dict(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        block_size=block_size,
+        bias=False,
+        vocab_size=vocab_size,
+        dropout=0.0,
+        check_logits=fault == "graph-breaks",
+    )
+    model = GPT(GPTConfig(**model_args)).to(device)
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), "cpu")
+    if compile_model:
+        if master_process:
+            print("compiling the model... (takes a ~minute)")
+        model = torch.compile(model, backend=args.compile_backend)
+    if ddp:
+        model = DDP(model, find_unused_parameters=find_unused_parameters)
+
+    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id)
+    mon.watch(model, optimizer)
+    data_mark = contextlib.nullcontext if args.no_data_marks else mon.data
+
+    @torch.no_grad()
+    def estimate_loss():
+        out = {}
+        model.eval()
+        for split in ["train", "val"]:
+            losses = torch.zeros(eval_iters)
+            for k in range(eval_iters):
+                X, Y = get_batch(split)
+                logits, loss = model(X, Y)
+                losses[k] = loss.item()
+            out[split] = losses.mean()
+        model.train()
+        return out
+
+    def get_lr(it):
+        if it < warmup_iters:
+            return learning_rate * (it + 1) / (warmup_iters + 1)
+        if it > lr_decay_iters:
+            return min_lr
+        decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+        return min_lr + coeff * (learning_rate - min_lr)
+
+    # -------------------------------------------------------------- training loop
+    with data_mark():
+        X, Y = get_batch("train")  # fetch the very first batch
+    t0 = time.time()
+    iter_num = 0
+    best_val_loss = 1e9
+    raw_model = model.module if ddp else model
+    sync_metrics = fault == "metric-collectives" and ddp
+    tokens_per_iter = gradient_accumulation_steps * ddp_world_size * batch_size * block_size
+
+    def all_reduce_mean(value):
+        # wait for every rank, then average (what Lightning's sync_dist does for each logged value)
+        t = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+        dist.barrier()
+        dist.all_reduce(t)
+        return t.item() / ddp_world_size
+
+    micro_losses, grad_norm = [], 0.0
+    while True:
+        lr = get_lr(iter_num)
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = lr
+
+        if iter_num % eval_interval == 0 and master_process and iter_num > 0:
+            losses = estimate_loss()
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            best_val_loss = min(best_val_loss, float(losses["val"]))
+
+        with mon.step():
+            for micro_step in range(gradient_accumulation_steps):
+                if ddp:
+                    # only sync gradients at the last micro step
+                    model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+                logits, loss = model(X, Y)
+                loss = loss / gradient_accumulation_steps
+                if sync_metrics:
+                    with truth.fault():
+                        # the global loss of every micro-batch, for the loss curve
+                        micro_losses.append(all_reduce_mean(loss.detach() * gradient_accumulation_steps))
+                # immediately async prefetch next batch while model is doing the forward pass
+                with data_mark():
+                    X, Y = get_batch("train")
+                loss.backward()
+            if grad_clip != 0.0:
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            if sync_metrics:
+                with truth.fault():  # per-block gradient norms for the dashboard
+                    block_norms = [
+                        (f"grad_norm/h{i}", torch.stack([p.grad.norm() for p in block.parameters()]).norm())
+                        for i, block in enumerate(raw_model.transformer.h)
+                    ]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if sync_metrics:
+                with truth.fault():
+                    tokens_per_s = tokens_per_iter / max(time.time() - t0, 1e-9)
+                    step_log = {
+                        k: all_reduce_mean(v)
+                        for k, v in (("grad_norm", norm), ("lr", lr), ("tokens_per_s", tokens_per_s), *block_norms)
+                    }
+                    grad_norm = step_log["grad_norm"]
+                    dist.barrier()  # keep the ranks in step for the logs
+        truth.step_end()
+
+        t1 = time.time()
+        dt = t1 - t0
+        t0 = t1
+        if iter_num % log_interval == 0 and master_process:
+            lossf = loss.item() * gradient_accumulation_steps
+            extra = f", global loss {micro_losses[-1]:.4f}, grad norm {grad_norm:.3f}" if sync_metrics else ""
+            print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
+        iter_num += 1
+        if iter_num >= max_iters:
+            break
+
+    del raw_model
+    mon.close()
+    if ddp:
+        dist.barrier()
+        dist.destroy_process_group()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    truth.write()
+
+
+if __name__ == "__main__":
+    main()
