@@ -256,6 +256,9 @@ def run(args) -> int:
         path = resolve_run(args.path)  # a bare run id under the default root, else a one-line error
     else:
         path = resolve_root(args.path)
+    if not 1 <= args.port <= 65535:
+        raise UserError(f"--port must be in 1..65535, got {args.port}")
+    _check_port(args.host, args.port)  # before anything else is said: a taken port is the one line printed
     if not is_run(path):
         latest = latest_run(path)
         print(
