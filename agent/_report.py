@@ -26,20 +26,19 @@ class Reporter:
 
     def fail(self, component: str, exc: BaseException) -> None:
         """A part of the agent failed: count it, report it once; the caller switches that part off."""
-        self.errors[component] = self.errors.get(component, 0) + 1
-        if component not in self._reported:
-            self._reported.add(component)
-            log.warning("ranksight: %s failed and is switched off (%s: %s)", component, type(exc).__name__, exc)
-            self._record("error", component, f"{type(exc).__name__}: {exc}")
+        self._count(component, exc, "failed and is switched off")
         if component == "step":
             self._on_step_failure()
 
     def count(self, component: str, exc: BaseException) -> None:
         """A part failed once but keeps running (e.g. one lost completion mark): count, report once."""
+        self._count(component, exc, "failed once; measuring goes on")
+
+    def _count(self, component: str, exc: BaseException, outcome: str) -> None:
         self.errors[component] = self.errors.get(component, 0) + 1
         if component not in self._reported:
             self._reported.add(component)
-            log.warning("ranksight: %s: %s: %s (counted, measuring goes on)", component, type(exc).__name__, exc)
+            log.warning("ranksight: %s %s (%s: %s)", component, outcome, type(exc).__name__, exc)
             self._record("error", component, f"{type(exc).__name__}: {exc}")
 
     def warn_once(self, key: str, message: str) -> None:
