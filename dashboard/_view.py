@@ -48,19 +48,21 @@ def context() -> Context:
     return st.session_state["_ranksight_ctx"]
 
 
-def run_started(run: dict) -> str:
+def run_started(run: dict, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
     """When the run started, local time (``list_runs`` gives the last update and the duration since the start)."""
     import time
 
     started_ns = run["last_update_ns"] - int(run["duration_s"] * 1e9)
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_ns / 1e9))
+    return time.strftime(fmt, time.localtime(started_ns / 1e9))
 
 
 def run_label(run: dict) -> str:
-    """A run's name in pickers: job, start time and status first, so runs are told apart even when a picker
-    cuts the label short; then size and the run id (plain text)."""
+    """A run's name in pickers: status, start time (month-day hour:minute) and job first, short enough for
+    the sidebar, so runs are told apart where a picker cuts the label (a long job name is what is cut);
+    then size and the run id."""
     mark = {"live": "● live", "finished": "finished", "stopped": "stopped"}.get(run["status"], run["status"])
-    return f"{run['job']} · {run_started(run)} · {mark} · {run['ranks']} ranks × {run['steps']} steps · {run['run']}"
+    started = run_started(run, "%m-%d %H:%M")
+    return f"{mark} · {started} · {run['job']} · {run['ranks']} ranks × {run['steps']} steps · {run['run']}"
 
 
 @contextlib.contextmanager
@@ -138,6 +140,12 @@ _PHASE_ORDER = list(PHASE_LABELS.values())
 _PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
 
 
+def _phase_colors(df: pd.DataFrame) -> alt.Scale:
+    """The phases present (H2D is absent on a CPU job: no legend entry for it), each in its fixed colour."""
+    present = [p for p in _PHASE_ORDER if p in set(df["phase"])] or _PHASE_ORDER
+    return alt.Scale(domain=present, range=[_PHASE_COLORS[_PHASE_ORDER.index(p)] for p in present])
+
+
 def stacked_by_rank(rows: list[dict]) -> alt.Chart:
     df = shares_long(rows, "rank")
     x = alt.X("rank:O", title="rank") if len(rows) <= 64 else alt.X("rank:Q", title="rank")
@@ -147,7 +155,7 @@ def stacked_by_rank(rows: list[dict]) -> alt.Chart:
         .encode(
             x=x,
             y=alt.Y("share:Q", stack="zero", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=alt.Scale(domain=_PHASE_ORDER, range=_PHASE_COLORS)),
+            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=_phase_colors(df)),
             order=alt.Order("phase_order:Q"),
             tooltip=["rank", "phase", alt.Tooltip("share:Q", format=".1%")],
         )
@@ -164,7 +172,7 @@ def stacked_over_time(rows: list[dict]) -> alt.Chart:
         .encode(
             x=alt.X("t_s:Q", title="seconds since the first step"),
             y=alt.Y("share:Q", stack="normalize", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=alt.Scale(domain=_PHASE_ORDER, range=_PHASE_COLORS)),
+            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=_phase_colors(df)),
             order=alt.Order("phase_order:Q"),
             tooltip=[alt.Tooltip("t_s:Q", format=".1f"), "phase", alt.Tooltip("share:Q", format=".1%")],
         )

@@ -9,7 +9,7 @@ import os
 import streamlit as st
 
 from ranksight.dashboard import _data, _source
-from ranksight.dashboard._view import Context, md_escape, run_label
+from ranksight.dashboard._view import Context, md_escape, run_label, run_started
 
 st.set_page_config(page_title="ranksight", layout="wide")
 
@@ -33,8 +33,8 @@ with st.sidebar:
             help="job · start time · status · size · run id",
         )
         chosen = next((r for r in runs if r["path"] == st.session_state.get("run_path")), None)
-        if chosen is not None:
-            st.text(chosen["run"])  # the full id, which a narrow sidebar cuts off in the picker
+        if chosen is not None:  # in full: the id, which a narrow sidebar cuts off in the picker, and the start
+            st.text(f"{chosen['run']}\nstarted {run_started(chosen)}")
     else:
         st.caption(f"no runs under {md_escape(source.root)}")
 

@@ -349,8 +349,12 @@ def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_co
     assert any("input\\-bound" in m.value for m in first.markdown)  # the first finding, in the left column
     speedup = diag["findings"][0]["speedup"]
     assert speedup > 1.1
-    gain = f"**fixing this could make steps up to {speedup:.2f}× faster**".replace(".", "\\.")
-    assert gain in [m.value for m in first.markdown]
+    from ranksight.dashboard._queries import fix_gain_text
+    from ranksight.dashboard._view import md_escape
+
+    gain = fix_gain_text(diag["findings"][0])  # from the finding's speedup, "(estimate)" when the rule estimates it
+    assert gain.startswith(f"fixing this could make steps up to {speedup:.2f}× faster")
+    assert f"**{md_escape(gain)}**" in [m.value for m in first.markdown]
     charts = [e for e in beside if getattr(e, "type", "") == "vega_lite_chart"]
     assert len(charts) == 1
     spec = json.loads(charts[0].proto.spec)
@@ -368,18 +372,23 @@ def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_co
 
 def test_run_picker_tells_runs_of_one_job_apart(tmp_path, monkeypatch):
     root = tmp_path / "runs"
+    written = time.time()
     write_run(str(root / "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7a"), 2, 10)
     write_run(str(root / "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7b"), 4, 12, status="running")
+    # write_run starts its runs 10 s before it writes them
+    starts = {time.localtime(t - 10) for t in (written, time.time())}
     at = _app(monkeypatch, str(root))
     assert not at.exception
     options = at.selectbox[0].options
     assert len(options) == 2 and len(set(options)) == 2
-    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() - 10))
-    for label in options:  # job, start time and status lead, before the long id that a picker cuts off
-        job, start, status = label.split(" · ")[:3]
-        assert job == "synthetic" and start.startswith(started[:13]) and status in ("finished", "● live")
-    assert {o.split(" · ")[2] for o in options} == {"finished", "● live"}
-    assert "3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7b" in [t.value for t in at.sidebar.text]  # the full id, as text
+    for label in options:  # status, start time and job lead, short enough for the sidebar; then the long id
+        status, start, job = label.split(" · ")[:3]
+        assert status in ("finished", "● live") and start in {time.strftime("%m-%d %H:%M", t) for t in starts}
+        assert job == "synthetic" and len(" · ".join((status, start, job))) <= 34  # what Chromium's sidebar shows
+    assert {o.split(" · ")[0] for o in options} == {"finished", "● live"}
+    shown = [t.value for t in at.sidebar.text]  # the full id and start time, as text
+    full = {f"3f2a9c1e-7b4d-4e0f-9a51-8c2d6e1f0b7b\nstarted {time.strftime('%Y-%m-%d %H:%M:%S', t)}" for t in starts}
+    assert full & set(shown), shown
 
 
 @pytest.mark.parametrize("page", PAGES)

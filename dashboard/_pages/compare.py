@@ -101,7 +101,10 @@ if require_run(ctx):
                 ]
             )
             st.subheader("Findings")
-            st.caption("cost: the share of step time a rule says its fix gives back; fix worth: the speedup that makes")
+            st.caption(
+                "cost: the share of step time a rule says its fix gives back; "
+                "fix worth: how much faster steps could get by fixing it"
+            )
             rows = _findings_table(result["findings"])
             if rows:
                 st.table(rows)
