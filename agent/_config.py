@@ -96,6 +96,9 @@ class Config:
     NCCL, whose futures complete at enqueue: there the GPU's clock times the exposed all-reduce."""
     time_collectives: bool = True
     """Time every torch.distributed collective and barrier outside DDP's buckets (user, FSDP2, framework)."""
+    stack_window: bool = True
+    """About once a minute, sample the training thread's Python stack for a second (from a helper thread) to
+    name what the time outside every measured phase ("other") is spent on."""
     compile_poll: bool = True
     """Poll torch._dynamo counters for graph breaks and recompiles (only once dynamo is imported)."""
     ddp_stats_every_steps: int = 200

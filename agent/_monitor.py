@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -22,6 +23,7 @@ from ._events import EV_INFO, EV_STEP
 from ._host import HostSampler
 from ._identity import Identity, IdentityHolder
 from ._report import Reporter
+from ._stack_window import StackWindow
 
 log = logging.getLogger("ranksight")
 
@@ -52,6 +54,8 @@ class _StepContext:
                 if m._is_compiling():
                     return self
                 m._in_step = True
+                if not m._train_thread:
+                    m._train_thread = threading.get_ident()  # whose stack the sampled window reads
                 m._fwd_ns = 0
                 m._opt_begin_ns = 0
                 m._opt_end_ns = 0
@@ -262,6 +266,9 @@ class Monitor:
         self._collectives_on = False
         self._time_collectives()
         self._worker.add_sampler(HostSampler(lambda: self._step))
+        self._train_thread = 0
+        if config.stack_window:
+            self._worker.add_sampler(StackWindow(self))
         self._worker.start()
         atexit.register(self.close)
         _exit_watch.install(self)

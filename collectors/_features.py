@@ -153,6 +153,8 @@ CONTEXT: dict[str, str] = {
     "transport": "gloo-loopback | gloo-tcp | nvlink | infiniband | unknown: what the all-reduce bandwidth is "
     "judged against.",
     "top_collectives": "The blocking collectives that cost most, e.g. 'all_reduce x2/step (user)'.",
+    "other_top": "Where the sampled stack window found the training thread during 'other' time, e.g. "
+    "'log_metrics (train.py:88) 61 %'; empty when no window saw any.",
 }
 
 CONTEXT_DEFAULTS: dict[str, str] = {
@@ -163,6 +165,7 @@ CONTEXT_DEFAULTS: dict[str, str] = {
     "backend": "unknown",
     "transport": "unknown",
     "top_collectives": "",
+    "other_top": "no stack window saw it yet",
 }
 """What a template reads for a context name the run did not provide."""
 
@@ -287,7 +290,13 @@ def _context_of(meta: dict, f: dict) -> dict:
     else:
         transport = "unknown"
     loader = meta.get("loader") or {}
+    window = meta.get("host_other_top") or {}
+    places = window.get("top") if isinstance(window, dict) else None
+    other_top = ", ".join(
+        f"{p.get('where')} {float(p.get('share') or 0):.0%}" for p in (places or [])[:3] if isinstance(p, dict)
+    )
     return {
+        "other_top": other_top or CONTEXT_DEFAULTS["other_top"],
         "framework": str(framework),
         "parallelism": str(parallelism),
         "data_source": str(data_source),

@@ -64,7 +64,26 @@ def _judge(con, metas: list, rules: RuleSet, warmup_steps: int, since_ns: int | 
         "findings": evaluate(rules.rules, features, context),
         "breakdown": {"ranks": breakdown},
         "checklist": run_checklist(rules.checklist, features),
+        "other_time": _other_time(breakdown, metas),
     }
+
+
+OTHER_SHOWN_FROM = 0.05
+"""An "other" share from which the report says what the sampled stack window saw there."""
+
+
+def _other_time(breakdown: list[dict], metas: list) -> list[dict]:
+    """Per rank with a sizeable "other" share: where the agent's sampled stack window found the training
+    thread during that time (``host_other_top`` in the rank file)."""
+    tops = {m.rank: m.data.get("host_other_top") for m in metas}
+    out = []
+    for row in breakdown:
+        share, top = row.get("other_share"), tops.get(row["rank"])
+        if isinstance(share, (int, float)) and share >= OTHER_SHOWN_FROM and isinstance(top, dict) and top.get("top"):
+            out.append(
+                {"rank": row["rank"], "other_share": share, "top": top["top"], "samples": top.get("other_samples")}
+            )
+    return out
 
 
 def _step_series(con, warmup_steps: int) -> list[tuple[int, float]]:

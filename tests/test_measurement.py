@@ -227,3 +227,47 @@ def test_the_all_reduce_done_mark_fires_after_ddp_waited_for_its_buckets(tmp_pat
         assert ready < 0.02  # backward itself is short
         assert done - ready > 0.03  # the wait for the late peer lies between the two marks
         assert done <= backward
+
+
+def test_time_outside_every_phase_gets_a_name(tmp_path):
+    """A step whose 'other' time is a logging helper (after optimizer.step()): the sampled stack window
+    names it, and data waits inside mon.data() are not counted as 'other'."""
+    import time
+
+    import torch
+
+    import ranksight
+    from ranksight.agent._stack_window import StackWindow
+
+    mon = ranksight.init(run_dir=str(tmp_path), job="t", run_id="other", flush_interval_s=0.2, stack_window=False)
+    window = StackWindow(mon, first_after_s=0.0, window_s=0.8, hz=200)
+    mon.add_sampler(window)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon.watch(model, optimizer=opt)
+
+    def log_metrics_slowly():
+        time.sleep(0.008)  # stands for formatting and writing logs every step
+
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        with mon.data():
+            time.sleep(0.004)
+            x = torch.randn(4, 8)
+        with mon.step():
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            log_metrics_slowly()
+    mon.close()
+    meta = read_rank_meta(os.path.join(str(tmp_path), "other"))[0].data
+    top = meta["host_other_top"]
+    assert top["other_samples"] > 20 and top["phases"]["data"] > 10
+    assert top["top"][0]["where"].startswith("log_metrics_slowly (test_measurement.py:")
+    assert top["top"][0]["share"] > 0.8
+    from ranksight.rules import diagnose
+
+    result = diagnose(os.path.join(str(tmp_path), "other"))
+    (finding,) = [f for f in result["findings"] if f["rule"] == "unexplained-host-time"]
+    assert "log_metrics_slowly" in finding["summary"] and finding["severity"] == "info"
+    assert result["other_time"][0]["top"][0]["where"].startswith("log_metrics_slowly")

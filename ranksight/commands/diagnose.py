@@ -160,9 +160,20 @@ def render_report(result: dict, run_dir: str, warmup: int = 5) -> str:
     parts += [
         render_findings(result),
         f"Step-time breakdown per rank ({scope}):\n" + render_breakdown_rows(result["breakdown"]["ranks"], statuses),
-        "Checklist (worst rank):\n" + render_checklist(result),
     ]
+    if result.get("other_time"):
+        parts.append(render_other_time(result["other_time"]))
+    parts.append("Checklist (worst rank):\n" + render_checklist(result))
     return "\n\n".join(parts)
+
+
+def render_other_time(other: list[dict]) -> str:
+    """Where the training thread was during "other" (the sampled stack window), per rank."""
+    lines = ['Time outside the measured phases ("other"), from the sampled stack window:']
+    for r in other:
+        places = ", ".join(f"{t['where']} {t['share']:.0%}" for t in r["top"][:3])
+        lines.append(f"  rank {r['rank']} ({pct(r['other_share']).strip()} of the step): {places}")
+    return "\n".join(lines)
 
 
 def run(args) -> int:
