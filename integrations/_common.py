@@ -233,28 +233,40 @@ class TimedLoader:
 
 
 def find_ddp_wrapper(model: Any) -> Any:
-    """Return the DistributedDataParallel module that wraps ``model``, or ``model`` itself.
+    """Return the outermost wrapper the training loop calls: the DistributedDataParallel module that wraps
+    ``model`` — or the ``torch.compile`` wrapper around that DDP, when the framework compiled it
+    (Accelerate compiles the DDP module itself: hooks on the DDP module then run inside the compiled
+    region and are skipped) — else ``model`` itself.
 
     Used once per run by callbacks that are only handed the inner model (the Hugging Face Trainer);
     it walks the garbage collector's referrers, which costs a scan of the heap, not a per-step cost.
     """
-    import gc
-
     torch = sys.modules.get("torch")
     if torch is None or _live_group() is None:
         return model
     ddp_cls = torch.nn.parallel.DistributedDataParallel
-    if isinstance(model, ddp_cls):
+    ddp = (
+        model if isinstance(model, ddp_cls) else _holder(model, lambda h: isinstance(h, ddp_cls) and h.module is model)
+    )
+    if ddp is None:
         return model
-    # model <- DDP._modules (a dict) <- DDP.__dict__ (a dict, when materialised) <- DDP
-    frontier = [model]
+    compiled = _holder(ddp, lambda h: isinstance(h, torch.nn.Module) and getattr(h, "_orig_mod", None) is ddp)
+    return compiled if compiled is not None else ddp
+
+
+def _holder(obj: Any, is_it: Callable[[Any], bool]) -> Any:
+    """The object holding ``obj`` as a submodule that ``is_it`` accepts, found through the referrers."""
+    import gc
+
+    # obj <- holder._modules (a dict) <- holder.__dict__ (a dict, when materialised) <- holder
+    frontier = [obj]
     for _ in range(3):
         dicts = []
-        for obj in frontier:
-            for holder in gc.get_referrers(obj):
-                if isinstance(holder, ddp_cls) and holder.module is model:
+        for item in frontier:
+            for holder in gc.get_referrers(item):
+                if is_it(holder):
                     return holder
                 if isinstance(holder, dict):
                     dicts.append(holder)
         frontier = dicts[:64]  # bounded: a module is held by few dicts
-    return model
+    return None
