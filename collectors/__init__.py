@@ -9,23 +9,27 @@ from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, com
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
 from ._rundir import (
+    QUARANTINE_DIR,
     RankMeta,
     RunDirError,
+    SkippedFile,
+    StoreError,
     check_run_dir,
-    read_rank_meta,
     segment_files,
     spool_signature,
     store_path,
     store_signature,
 )
-from ._runs import LIVE_FLUSHES, list_runs
-from ._spool_reader import open_run
+from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, read_rank_meta
+from ._spool_reader import open_run, skipped_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
 from ._tables import SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list
 
 __all__ = [
     # finding and reading runs
+    "FINAL_STATUSES",
     "LIVE_FLUSHES",
+    "LOST_STATUS",
     "RankMeta",
     "RunDirError",
     "check_run_dir",
@@ -34,6 +38,11 @@ __all__ = [
     "read_rank_meta",
     "segment_files",
     "spool_signature",
+    # files readers left out, and why (damaged or foreign segments, a store that is not ours)
+    "QUARANTINE_DIR",
+    "SkippedFile",
+    "StoreError",
+    "skipped_files",
     # queries and features over an open run
     "CONTEXT",
     "CONTEXT_DEFAULTS",

@@ -3,19 +3,44 @@
 Each record kind becomes a view over ``<run>/<kind>/[!.]*.parquet``. Segments appear by atomic rename,
 so a query sees whole files only; temporary files start with a dot and never match the glob. Views
 are read-only and take no lock, so any number of readers run beside the writers.
+
+A segment that cannot be read (empty, truncated, not Parquet, another schema) is left out of the
+views with one warning line, and ``skipped_files(con)`` lists it, so one bad file costs neither the
+rest of the run nor a traceback.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import time
+import weakref
 
 from ranksight.schema import KINDS, duckdb_columns
 
-from ._rundir import RunDirError, check_run_dir, read_rank_meta, segment_glob, store_path
-from ._runs import rank_is_live
-from ._tables import STORE_ALIAS, ingested_segments, select_list, sql_literal
+from ._rundir import (
+    SkippedFile,
+    StoreError,
+    check_run_dir,
+    duckdb_run_path,
+    first_line,
+    scan_segments,
+    segment_glob,
+    store_path,
+    warn_skipped,
+)
+from ._runs import rank_is_live, read_rank_meta
+from ._tables import SEGMENTS_TABLE, STORE_ALIAS, ingested_segments, select_list, sql_literal, store_tables
+
+_skipped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def skipped_files(con) -> list[SkippedFile]:
+    """The files the last ``open_run`` on this connection left out of its views, and why (empty when none).
+
+    Each is a ``SkippedFile`` (``path``, ``reason``; ``str()`` gives ``path: reason``): a damaged spool
+    segment, or one of another schema. Each was also logged once as a warning line.
+    """
+    return list(_skipped.get(con, ()))
 
 
 def open_run(run_path: str, con=None):
@@ -25,44 +50,76 @@ def open_run(run_path: str, con=None):
     is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
     it is live, finished, compacted or half-compacted, and no row is counted twice. A kind with no
     records yet gets an empty table of the right schema, so queries never fail on a young run.
+
+    Segments that cannot be read are left out (``skipped_files(con)``); a ``store.duckdb`` that is not
+    a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it: reading around it could give
+    a verdict on part of the run without saying so (docs/reliability.md).
     """
     import duckdb
 
     check_run_dir(run_path)
     con = con or duckdb.connect()
-    store = store_path(run_path)
-    has_store = _attach_store(con, store)
-    ingested = ingested_segments(con, STORE_ALIAS) if has_store else {}
-    quiet = has_store and _no_rank_writing(run_path)
+    db_run = duckdb_run_path(run_path)
+    store_kinds = _attach_store(con, run_path, db_run)
+    ingested = ingested_segments(con, STORE_ALIAS) if store_kinds is not None else {}
+    quiet = store_kinds is not None and _no_rank_writing(run_path)
+    skipped: list[SkippedFile] = []
     for kind in KINDS:
-        pattern = segment_glob(run_path, kind)
         parts = []
-        if has_store:
+        if store_kinds is not None and kind in store_kinds:
             table = f"{STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
             parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
-        files = glob.glob(pattern)
-        pending = {os.path.basename(p) for p in files} - set(ingested.get(kind, ()))
-        # A finished (or long silent) run whose segments are all in the store reads the store alone:
-        # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
-        if files and (pending or not quiet):
-            source = f"read_parquet({sql_literal(pattern)}, union_by_name=true, filename=true)"
-            spool = f"SELECT {select_list(con, source, kind)} FROM {source}"
-            if ingested.get(kind):
-                # Constants, not a subquery: the attached store is fixed for this connection, and a
-                # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
-                names = ", ".join(sql_literal(f) for f in ingested[kind])
-                spool += f" WHERE parse_filename(filename) NOT IN ({names})"
+        # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
+        done = set(ingested.get(kind, ())) if store_kinds and kind in store_kinds else set()
+        spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet)
+        skipped += left_out
+        if spool:
             parts.append(spool)
         _drop(con, kind)  # a re-opened connection may hold the other kind of object under this name
         if parts:
             con.execute(f"CREATE VIEW {kind} AS " + " UNION ALL ".join(parts))
         else:
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
+    for item in skipped:
+        warn_skipped(item)
+    _skipped[con] = tuple(skipped)
     return con
 
 
+def _spool_part(
+    con, run_path: str, db_run: str, kind: str, ingested: set[str], quiet: bool
+) -> tuple[str | None, list[SkippedFile]]:
+    """(the SELECT over a kind's spool segments the store has not ingested, or None; the segments left out).
+
+    When every segment reads, the view globs the folder, so segments written after ``open_run`` show up
+    in the next query. When one does not, the view lists the readable ones by name instead (DuckDB reads
+    every footer of a glob, and one bad file fails the whole query): new segments then show up at the
+    next ``open_run``.
+    """
+    good, bad = scan_segments(run_path, kind)
+    bad = [b for b in bad if os.path.basename(b.path) not in ingested]  # its rows are in the store already
+    pending = [p for p in good if os.path.basename(p) not in ingested]
+    # A finished (or long silent) run whose segments are all in the store reads the store alone:
+    # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
+    if not (good or bad) or (quiet and not pending):
+        return None, bad
+    if bad:
+        if not pending:
+            return None, bad
+        names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
+        source = f"read_parquet([{names}], union_by_name=true, filename=true)"
+        return f"SELECT {select_list(con, source, kind)} FROM {source}", bad
+    source = f"read_parquet({sql_literal(segment_glob(db_run, kind))}, union_by_name=true, filename=true)"
+    spool = f"SELECT {select_list(con, source, kind)} FROM {source}"
+    if ingested:
+        # Constants, not a subquery: the attached store is fixed for this connection, and a
+        # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
+        spool += f" WHERE parse_filename(filename) NOT IN ({', '.join(sql_literal(f) for f in sorted(ingested))})"
+    return spool, []
+
+
 def _no_rank_writing(run_path: str) -> bool:
-    """True when no rank may still write segments: each finished, or went silent (see ``LIVE_FLUSHES``)."""
+    """True when no rank may still write segments: each ended, or went silent (see ``LIVE_FLUSHES``)."""
     now = time.time_ns()
     return not any(rank_is_live(meta, now) for meta in read_rank_meta(run_path))
 
@@ -77,13 +134,24 @@ def _drop(con, name: str) -> None:
         con.execute(f"DROP {'VIEW' if found[0][0] == 'VIEW' else 'TABLE'} {name}")
 
 
-def _attach_store(con, path: str) -> bool:
-    """Attach a run's store read-only (it is replaced by rename, never written in place)."""
+def _attach_store(con, run_path: str, db_run: str) -> set[str] | None:
+    """Attach a run's store read-only (it is replaced by rename, never written in place) and return the
+    record kinds it holds; None without a store. Raises StoreError for a file that is not our store."""
+    import duckdb
+
+    path = store_path(run_path)
     if not os.path.exists(path):
-        return False
+        return None
     con.execute(f"DETACH DATABASE IF EXISTS {STORE_ALIAS}")
     try:
-        con.execute(f"ATTACH {sql_literal(path)} AS {STORE_ALIAS} (READ_ONLY)")
-    except Exception as exc:  # duckdb.Error: not a DuckDB file, newer format...
-        raise RunDirError(f"{path}: cannot read the run's store ({str(exc).splitlines()[0]})") from None
-    return True
+        con.execute(f"ATTACH {sql_literal(store_path(db_run))} AS {STORE_ALIAS} (READ_ONLY)")
+    except duckdb.Error as exc:  # not a DuckDB file, a newer storage format, unreadable...
+        raise StoreError(f"{path}: cannot read the run's store ({first_line(exc)}); {_MOVE_ASIDE}") from None
+    tables = store_tables(con, STORE_ALIAS)
+    if SEGMENTS_TABLE not in tables:
+        con.execute(f"DETACH DATABASE {STORE_ALIAS}")
+        raise StoreError(f"{path}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_ASIDE}")
+    return {kind for kind in KINDS if kind in tables}
+
+
+_MOVE_ASIDE = "move it aside to read the run's spool segments alone"

@@ -13,9 +13,11 @@ clear message); a crash mid-ingest leaves only a temporary file, and the store s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -25,12 +27,18 @@ from ._rundir import (
     LOCK_NAME,
     STORE_NAME,
     RunDirError,
+    SkippedFile,
+    StoreError,
     check_run_dir,
+    duckdb_run_path,
+    first_line,
     is_segment_name,
-    segment_files,
+    quarantine_path,
+    scan_segments,
     store_path,
+    warn_skipped,
 )
-from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list
+from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list, sql_literal, store_tables
 
 PRUNE_AFTER_S = 60.0
 """Default age (since ingest) before ``prune`` deletes a segment: queries that listed the file just
@@ -46,6 +54,7 @@ class IngestResult:
     rows: int  # rows added by this ingest
     rows_by_kind: dict
     seconds: float
+    quarantined: tuple = ()  # SkippedFile per segment it could not read: moved to <run>/quarantine/<kind>/
 
 
 def _create_schema(con) -> None:
@@ -67,7 +76,10 @@ def _locked(run_path: str):
     """Take the run's ingest lock or raise RunDirError (another ingest is running)."""
     import fcntl
 
-    fd = os.open(os.path.join(run_path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(os.path.join(run_path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError as exc:
+        raise RunDirError(f"{run_path}: cannot write the store here ({exc.strerror})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -78,71 +90,209 @@ def _locked(run_path: str):
     return fd
 
 
+def _open_store(path: str, shown: str, read_only: bool):
+    """Attach a store file and check that it is ours; StoreError (one line, naming ``shown``) if not.
+
+    A store that is not ours is never written or pruned against: it may be a damaged copy of the one
+    holding rows whose segments were pruned already, and rebuilding over it would lose them.
+    """
+    import duckdb
+
+    try:
+        con = _attached(path, read_only)
+    except duckdb.Error as exc:
+        raise StoreError(f"{shown}: cannot read the run's store ({first_line(exc)}); {_MOVE_ASIDE}") from None
+    if SEGMENTS_TABLE not in store_tables(con, _STORE_DB):
+        con.close()
+        raise StoreError(f"{shown}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_ASIDE}")
+    return con
+
+
+_STORE_DB = "ranksight_store_file"
+
+
+def _attached(path: str, read_only: bool = False):
+    """A connection whose current database is the file at ``path``, attached rather than opened:
+    ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?`` is reached
+    through one (``duckdb_run_path``)."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}{' (READ_ONLY)' if read_only else ''}")
+        con.execute(f"USE {_STORE_DB}")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+_MOVE_ASIDE = "move it aside, then ingest again"
+
+
 def ingest(run_path: str) -> IngestResult:
     """Append the run's not-yet-ingested spool segments to ``<run>/store.duckdb`` and return counts.
 
     Safe while ranks are still writing (segments that appear later are picked up by the next ingest
-    and, until then, read from the spool) and while any number of readers query the run.
+    and, until then, read from the spool) and while any number of readers query the run. A segment it
+    cannot read is moved to ``<run>/quarantine/<kind>/`` (kept, never deleted) and listed in the
+    result's ``quarantined``, with one warning line each; no row is stored without its identity.
     """
-    import duckdb
-
     check_run_dir(run_path)
     started = time.perf_counter()
     target = store_path(run_path)
+    lock_fd = _locked(run_path)
     try:
-        lock_fd = _locked(run_path)
-    except PermissionError as exc:
-        raise RunDirError(f"{run_path}: cannot write the store here ({exc.strerror})") from None
-    tmp = os.path.join(run_path, f"{TMP_PREFIX}{STORE_NAME}.{os.getpid()}")
-    try:
+        db_run = duckdb_run_path(run_path)
         if os.path.exists(target):
-            shutil.copyfile(target, tmp)  # the old store is never opened for writing: readers stay unblocked
-        elif os.path.exists(tmp):
-            os.remove(tmp)
-        con = duckdb.connect(tmp)
-        try:
-            _create_schema(con)
-            known = {(k, f) for k, f in con.execute(f"SELECT kind, file FROM {SEGMENTS_TABLE}").fetchall()}
-            rows_by_kind: dict[str, int] = {}
-            added = 0
-            con.execute("BEGIN TRANSACTION")
-            for kind in KINDS:
-                files = [p for p in segment_files(run_path, kind) if (kind, os.path.basename(p)) not in known]
-                if not files:
-                    continue
-                cols = ", ".join(column_names(kind))
-                # Row counts from the Parquet footers: no second pass over the data.
-                per_file = con.execute(
-                    "SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]
-                ).fetchall()
-                counts = dict(per_file)
-                source = "read_parquet(?, union_by_name=true, filename=true)"
-                con.execute(
-                    f"INSERT INTO {kind} ({cols}, {SEGMENT_COLUMN}) "
-                    f"SELECT {select_list(con, source, kind, [files])}, parse_filename(filename) FROM {source}",
-                    [files],
-                )
-                now = time.time_ns()
-                con.executemany(
-                    f"INSERT INTO {SEGMENTS_TABLE} VALUES (?, ?, ?, ?)",
-                    [(kind, os.path.basename(p), int(counts.get(os.path.basename(p), 0)), now) for p in files],
-                )
-                rows_by_kind[kind] = int(sum(counts.values()))
-                added += len(files)
-            con.execute("COMMIT")
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+            _open_store(store_path(db_run), target, read_only=True).close()  # ours? checked before copying it
+        with _next_store(run_path, db_run) as work:
+            con = _connect(work, target)
+            try:
+                had_tables = store_tables(con, _STORE_DB)
+                _create_schema(con)
+                rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
+                con.execute(f"CHECKPOINT {_STORE_DB}")
+                con.execute("USE memory")
+                con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
+            finally:
+                con.close()
     finally:
         os.close(lock_fd)
-    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined))
+
+
+@contextlib.contextmanager
+def _next_store(run_path: str, db_run: str):
+    """Yield the path (for DuckDB) of a copy of the current store, or of no file yet; when the block ends
+    without an error, rename it over ``store.duckdb``. The old store is never opened for writing, so its
+    readers are never blocked; after an error it is left as it was.
+
+    DuckDB cuts a database path at ``?`` when it names the write-ahead log, so under a run folder whose
+    real path holds one the copy is built in a private temporary folder and copied back before the rename.
+    """
+    target = store_path(run_path)
+    tmp_name = f"{TMP_PREFIX}{STORE_NAME}.{os.getpid()}"
+    tmp = os.path.join(run_path, tmp_name)
+    build_dir = tempfile.mkdtemp(prefix="ranksight-ingest-") if "?" in os.path.realpath(run_path) else None
+    work = os.path.join(build_dir, STORE_NAME) if build_dir else tmp
+    try:
+        if os.path.exists(target):
+            shutil.copyfile(target, work)
+        elif os.path.exists(work):
+            os.remove(work)
+        yield work if build_dir else os.path.join(db_run, tmp_name)
+        if build_dir:
+            shutil.copyfile(work, tmp)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # gone after the rename; after an error, the half-built copy
+        if build_dir:
+            shutil.rmtree(build_dir, ignore_errors=True)
+
+
+def _connect(path: str, shown: str):
+    """Open the store's temporary copy for writing."""
+    import duckdb
+
+    try:
+        return _attached(path)
+    except duckdb.Error as exc:
+        raise RunDirError(f"{shown}: cannot write the store here ({first_line(exc)})") from None
+
+
+def _append_pending(
+    con, run_path: str, db_run: str, had_tables: set[str]
+) -> tuple[dict[str, int], int, list[SkippedFile]]:
+    """Append every readable segment the store does not hold, in one transaction; quarantine the others.
+
+    A segment whose footer reads but whose pages do not decode fails the whole INSERT: then each pending
+    segment is read in full once, the ones that fail are quarantined too, and the rest is appended. A
+    segment listed for a kind the store had no table for (an older store) is not held: it is appended.
+    """
+    import duckdb
+
+    listed = con.execute(f"SELECT kind, file FROM {SEGMENTS_TABLE}").fetchall()
+    known = {(k, f) for k, f in listed if k in had_tables}
+    pending: dict[str, list[str]] = {}
+    quarantined: list[SkippedFile] = []
+    for kind in KINDS:
+        good, bad = scan_segments(run_path, kind)
+        pending[kind] = [os.path.basename(p) for p in good if (kind, os.path.basename(p)) not in known]
+        fresh_bad = [b for b in bad if (kind, os.path.basename(b.path)) not in known]  # else: in the store already
+        quarantined += [_quarantine(run_path, kind, b) for b in fresh_bad]
+    try:
+        rows_by_kind, added = _append(con, db_run, pending)
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        for kind, name, reason in _undecodable(con, db_run, pending):
+            pending[kind].remove(name)
+            quarantined.append(_quarantine(run_path, kind, SkippedFile(os.path.join(run_path, kind, name), reason)))
+        try:
+            rows_by_kind, added = _append(con, db_run, pending)
+        except duckdb.Error as exc:
+            raise RunDirError(f"{run_path}: ingest failed, the store is unchanged ({first_line(exc)})") from None
+    return rows_by_kind, added, quarantined
+
+
+def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, int], int]:
+    rows_by_kind: dict[str, int] = {}
+    added = 0
+    con.execute("BEGIN TRANSACTION")
+    for kind, names in pending.items():
+        if not names:
+            continue
+        files = [os.path.join(db_run, kind, name) for name in names]
+        cols = ", ".join(column_names(kind))
+        # Row counts from the Parquet footers: no second pass over the data.
+        counts = dict(
+            con.execute("SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]).fetchall()
+        )
+        source = "read_parquet(?, union_by_name=true, filename=true)"
+        con.execute(
+            f"INSERT INTO {kind} ({cols}, {SEGMENT_COLUMN}) "
+            f"SELECT {select_list(con, source, kind, [files])}, parse_filename(filename) FROM {source}",
+            [files],
+        )
+        now = time.time_ns()
+        con.executemany(
+            f"INSERT INTO {SEGMENTS_TABLE} VALUES (?, ?, ?, ?)",
+            [(kind, name, int(counts.get(name, 0)), now) for name in names],
+        )
+        rows_by_kind[kind] = int(sum(counts.values()))
+        added += len(files)
+    con.execute("COMMIT")
+    return rows_by_kind, added
+
+
+def _undecodable(con, db_run: str, pending: dict[str, list[str]]) -> list[tuple[str, str, str]]:
+    """(kind, name, reason) of the pending segments whose data pages fail to decode, read one by one."""
+    import duckdb
+
+    out = []
+    for kind, names in pending.items():
+        for name in names:
+            try:  # every column, every page: hashing forces each value to be decoded
+                con.execute("SELECT bit_xor(hash(COLUMNS(*))) FROM read_parquet(?)", [os.path.join(db_run, kind, name)])
+            except duckdb.Error as exc:
+                out.append((kind, name, f"its data does not decode ({first_line(exc)})"))
+    return out
+
+
+def _quarantine(run_path: str, kind: str, skipped: SkippedFile) -> SkippedFile:
+    """Move a segment ingest cannot read to ``<run>/quarantine/<kind>/`` (same filesystem: a rename),
+    so no reader trips on it again and nothing is deleted; one warning line says where it went."""
+    target = quarantine_path(run_path, kind, os.path.basename(skipped.path))
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.rename(skipped.path, target)
+        moved = SkippedFile(skipped.path, skipped.reason, target)
+    except OSError as exc:
+        moved = SkippedFile(skipped.path, f"{skipped.reason}; left in place, moving it failed ({exc.strerror})")
+    warn_skipped(moved)
+    return moved
 
 
 @dataclass(frozen=True)
@@ -160,15 +310,13 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
     Only what the store's ``_segments`` table lists is touched, so nothing that is not in the store can
     go. Holds the ingest lock meanwhile (an ingest running elsewhere makes this fail, clearly).
     """
-    import duckdb
-
     check_run_dir(run_path)
     target = store_path(run_path)
     if not os.path.exists(target):
         raise RunDirError(f"{run_path}: no store to prune against yet (run `ranksight ingest` first)")
     lock_fd = _locked(run_path)
     try:
-        with duckdb.connect(target, read_only=True) as con:
+        with _open_store(store_path(duckdb_run_path(run_path)), target, read_only=True) as con:
             listed = con.execute(f"SELECT kind, file, ingested_ns FROM {SEGMENTS_TABLE}").fetchall()
         cutoff = time.time_ns() - int(older_than_s * 1e9)
         files = nbytes = recent = 0

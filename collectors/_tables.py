@@ -27,11 +27,20 @@ def select_list(con, source: str, kind: str, params: list | dict | None = None) 
 
 
 def ingested_segments(con, schema: str = STORE_ALIAS) -> dict[str, list[str]]:
-    """Segment file names held by an attached store, per kind (by default the one ``open_run`` attached)."""
+    """Segment file names held by an attached store, per kind (by default the one ``open_run`` attached);
+    empty when no store is attached under that name."""
     out: dict[str, list[str]] = {k: [] for k in KINDS}
+    if SEGMENTS_TABLE not in store_tables(con, schema):
+        return out
     for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
         out.setdefault(kind, []).append(file)
     return out
+
+
+def store_tables(con, catalog: str) -> set[str]:
+    """Names of the tables in an attached database (empty when nothing is attached under that name)."""
+    rows = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = ?", [catalog])
+    return {name for (name,) in rows.fetchall()}
 
 
 def sql_literal(text: str) -> str:
