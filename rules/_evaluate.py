@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ranksight.collectors import CONTEXT_DEFAULTS
 
 from ._expr import evaluate as eval_expr
-from ._load import SEVERITIES, ChecklistItem, Rule
+from ._load import SEVERITIES, ChecklistItem, Rule, format_spec_problem
 
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
 _MAX_COST = 0.99  # a fix cannot give back the whole step; keeps the speedup finite
@@ -278,7 +278,10 @@ def _ranks_text(ranks: list[int], total: int) -> str:
 
 class _Formatter(string.Formatter):
     """str.format over plain names only (the loader rejects dotted or indexed fields); None or a name the
-    run cannot fill reads n/a."""
+    run cannot fill reads n/a.
+
+    The loader refuses format specs wider than ``MAX_FORMAT_NUMBER``; a template that reaches here some
+    other way (a rule built in code) is held to the same bound, its value printed plainly instead."""
 
     def get_value(self, key, args, kwargs):
         return kwargs.get(key) if isinstance(key, str) else super().get_value(key, args, kwargs)
@@ -286,11 +289,17 @@ class _Formatter(string.Formatter):
     def format_field(self, value, format_spec):
         if value is None:
             return "n/a"
+        if format_spec_problem(format_spec):
+            return str(value)
         try:
             return super().format_field(value, format_spec)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return str(value)
 
 
 def _fill(template: str, env: dict) -> str:
-    return _Formatter().vformat(template, (), env)
+    """The template filled from ``env``; a template that does not parse is shown as written, never raised."""
+    try:
+        return _Formatter().vformat(template, (), env)
+    except (ValueError, IndexError, KeyError, AttributeError):
+        return template

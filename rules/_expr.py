@@ -6,8 +6,13 @@ this module, which accepts only: numbers, ``true``/``false``, feature names, ``+
 subscripts, lambdas, other calls) is rejected when the rule file is loaded, so a rule file cannot run code.
 
 A feature that is absent (None: a GPU signal on a CPU job, a figure not recorded yet) makes the
-whole expression unknown, so a rule never fires on missing data. Division by zero is unknown too.
-``coalesce(a, b, ...)`` is the one way round that: the first of its arguments that is known.
+whole expression unknown, so a rule never fires on missing data. Division by zero is unknown too, and
+so is a function given a value it cannot take (``floor`` of an infinity). ``coalesce(a, b, ...)`` is
+the one way round that: the first of its arguments that is known.
+
+An expression is at most ``MAX_EXPRESSION_CHARS`` characters and nests at most ``MAX_EXPRESSION_DEPTH``
+levels (the built-in rules use under 100 characters and 7 levels): the parser and the evaluator walk
+the tree recursively, and a rule file must not be able to exhaust the stack or the memory.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ _CMPOPS = {
 _FUNCS = {"min": min, "max": max, "abs": abs, "round": round, "floor": math.floor, "ceil": math.ceil}
 _ONE_ARG = ("abs", "round", "floor", "ceil")
 _CONSTS = {"true": True, "false": False, "True": True, "False": False}
+MAX_EXPRESSION_CHARS = 10_000
+"""Longest expression text a rule file may hold."""
+MAX_EXPRESSION_DEPTH = 100
+"""Deepest nesting of an expression: operators, calls and comparisons inside one another."""
 
 
 class ExprError(ValueError):
@@ -54,13 +63,39 @@ def parse(text) -> Expr:
         text = str(text).lower() if isinstance(text, bool) else repr(text)
     if not isinstance(text, str) or not text.strip():
         raise ExprError("expected a non-empty expression")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ExprError(f"syntax error in {text!r}: {exc.msg}") from None
+    text = text.strip()
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ExprError(f"expression is {len(text):,} characters long; the limit is {MAX_EXPRESSION_CHARS:,}")
+    tree = _syntax_tree(text)
+    depth = _depth(tree.body)
+    if depth > MAX_EXPRESSION_DEPTH:
+        raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)")
     names: set[str] = set()
     _check(tree.body, names)
-    return Expr(text.strip(), tree.body, frozenset(names))
+    return Expr(text, tree.body, frozenset(names))
+
+
+def _syntax_tree(text: str) -> ast.Expression:
+    """Python's parse of the text, every failure an ExprError (deep nesting exhausts the parser's stack)."""
+    try:
+        return ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ExprError(f"syntax error in {shown!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)") from None
+    except ValueError as exc:  # a NUL character
+        raise ExprError(f"not an expression: {exc}") from None
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deeply the expression nests, walked without recursion; stops counting past the limit."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack and deepest <= MAX_EXPRESSION_DEPTH:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr))
+    return deepest
 
 
 def _check(node: ast.AST, names: set[str]) -> None:
@@ -103,10 +138,14 @@ def _check(node: ast.AST, names: set[str]) -> None:
 
 
 def evaluate(expr: Expr, env: dict):
-    """Return the expression's value over ``env`` (feature name -> number), or None when unknown."""
+    """Return the expression's value over ``env`` (feature name -> number), or None when unknown.
+
+    A value a function cannot take (``floor`` of an infinity or a NaN) is unknown too, like a division by
+    zero: a figure the run could not give must not stop the diagnosis.
+    """
     try:
         return _eval(expr.tree, env)
-    except Unknown:
+    except (Unknown, ArithmeticError, ValueError, TypeError):
         return None
 
 

@@ -132,11 +132,8 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
     merged = RuleSet()
     by_id: dict[str, int] = {}
     for path in paths:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            errors.append(f"{path}: cannot read ({exc.strerror})")
+        text = _read_text(path, errors)
+        if text is None:
             continue
         part = parse_rules(text, path, errors)
         for rule in part.rules:
@@ -156,6 +153,22 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
     return merged
 
 
+def _read_text(path: str, errors: list[str]) -> str | None:
+    """A rule file's text, or None with a ``path[:line]: what`` error (unreadable, or not UTF-8)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        errors.append(f"{path}: cannot read ({exc.strerror})")
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        errors.append(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8")
+        return None
+
+
 def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = None) -> RuleSet:
     """Parse one rule file's text; append errors (``path:line: message``) to ``errors`` or raise RuleError."""
     own = errors is None
@@ -168,6 +181,9 @@ def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = No
         where = f"{path}:{mark.line + 1}" if mark else path
         errors.append(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
         root = None
+    except RecursionError:  # the composer recurses once per nested list or mapping
+        errors.append(f"{path}: YAML nested too deeply to read")
+        root = None
     if root is not None:
         start = len(errors)
         _Checker(path, errors, out).file(root)
@@ -175,6 +191,31 @@ def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = No
     if own and errors:
         raise RuleError(errors)
     return out
+
+
+MAX_FORMAT_NUMBER = 200
+"""Largest width or precision a template's format spec may ask for (``{x:>12}``, ``{x:.3f}``): a
+summary is one line, and ``{x:>300000000}`` would print 300 MB."""
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
+def format_spec_problem(spec: str) -> str | None:
+    """What is wrong with a template field's format spec, or None: a nested ``{field}`` (its width would
+    come from the run's data) or a width or precision over ``MAX_FORMAT_NUMBER``."""
+    if not spec:
+        return None
+    if "{" in spec or "}" in spec:
+        return "takes its format from another field; write the width and precision as numbers"
+    # int() of a very long digit string is refused by Python itself: cap what is converted.
+    largest = max((int(n[-12:]) if len(n.lstrip("0")) <= 12 else 10**12 for n in _SPEC_NUMBER.findall(spec)), default=0)
+    if largest > MAX_FORMAT_NUMBER:
+        shown = f"{largest:,}" if largest < 10**12 else "over a trillion"
+        return f"asks for a width or precision of {shown}; the limit is {MAX_FORMAT_NUMBER}"
+    return None
+
+
+def _shown_spec(spec: str) -> str:
+    return spec if len(spec) <= 30 else spec[:27] + "..."
 
 
 def _line_of(error: str) -> int:
@@ -419,9 +460,15 @@ class _Checker:
 
     def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+            parsed = [(f, spec) for _, f, spec, _ in string.Formatter().parse(text) if f is not None]
         except ValueError as exc:
             self.err(node, f"{where}: {what} template: {exc}")
+            return None
+        fields = [f for f, _ in parsed]
+        bad_specs = [(f, spec, problem) for f, spec in parsed if (problem := format_spec_problem(spec))]
+        for f, spec, problem in bad_specs:
+            self.err(node, f"{where}: {what} template: {{{f}:{_shown_spec(spec)}}} {problem}")
+        if bad_specs:
             return None
         unknown = [n for n in fields if n not in TEMPLATE_NAMES and n not in FEATURES and n not in CONTEXT]
         unknown = [n for n in dict.fromkeys(unknown) if n not in names]
