@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from ranksight.collectors import RunDirError, list_runs, spool_signature
+from ranksight.collectors import RunDirError, list_runs, skipped_files, spool_signature
 
 from . import _warm
 from ._rollup import Rollup
@@ -67,6 +67,11 @@ def pull(run_path: str, fn: Callable[..., Any], *args):
     """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run, cached until new records arrive."""
     r = rollup(run_path)
     return _pull(run_path, r.version, f"{fn.__module__}.{fn.__qualname__}", args, fn, r)
+
+
+def skipped(run_path: str) -> list[str]:
+    """'path: reason' of each file the run's reader left out (a damaged or foreign segment); empty when none."""
+    return [str(f) for f in skipped_files(rollup(run_path).con)]
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -125,4 +130,5 @@ __all__ = [
     "pull",
     "rollup",
     "runs",
+    "skipped",
 ]

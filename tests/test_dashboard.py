@@ -443,14 +443,19 @@ def test_empty_root_says_what_to_do(tmp_path, monkeypatch):
     assert not at.exception and "no runs yet" in _texts(at)
 
 
-def test_corrupt_segment_gives_one_line_not_a_traceback(tmp_path, monkeypatch):
+def test_corrupt_segment_is_left_out_and_named_in_one_line(tmp_path, monkeypatch):
+    """A damaged segment costs its own rows only: every page draws the rest, and the Runs page names it."""
     path = write_run(str(tmp_path / "runs" / "broken"), 2, 10)
     with open(os.path.join(path, "steps", "zz-garbage.parquet"), "wb") as f:
         f.write(b"this is not parquet")
     at = _app(monkeypatch, path)
-    assert not at.exception
-    errors = [e.value for e in at.error]
-    assert errors and all("\n" not in e for e in errors) and any("cannot show" in e for e in errors)
+    assert not at.exception and not at.error
+    at.switch_page("_pages/runs.py").run()
+    assert not at.exception and not at.error
+    assert any(m.label == "steps" and m.value == "10" for m in at.metric)  # the readable segment, all of it
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith("left out, unreadable: ") and "zz-garbage.parquet" in warnings[0]
 
 
 def test_foreign_directory_is_not_mistaken_for_runs(tmp_path, monkeypatch):

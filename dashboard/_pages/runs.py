@@ -37,6 +37,10 @@ def overview(path: str) -> None:
         c[1].metric("steps", o["steps"] or 0)
         c[2].metric("mean step time", ms(o["step_mean_s"]))
         c[3].metric("throughput", "—" if not o["throughput_steps_s"] else f"{o['throughput_steps_s']:.2f} steps/s")
+        left_out = _data.skipped(path)
+        if left_out:
+            more = f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else ""
+            st.warning(f"left out, unreadable: {left_out[0]}{more}", icon="⚠️")
 
 
 if ctx.run is not None:
