@@ -349,7 +349,7 @@ def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_co
     assert any("input\\-bound" in m.value for m in first.markdown)  # the first finding, in the left column
     speedup = diag["findings"][0]["speedup"]
     assert speedup > 1.1
-    from ranksight.dashboard._queries import fix_gain_text
+    from ranksight.dashboard import fix_gain_text
     from ranksight.dashboard._view import md_escape
 
     gain = fix_gain_text(diag["findings"][0])  # from the finding's speedup, "(estimate)" when the rule estimates it
@@ -422,7 +422,7 @@ def test_compare_page_with_two_runs(tmp_path, monkeypatch):
     row = table[table["metric"] == "data wait share"].iloc[0]
     assert row["B - A"].startswith("-") and row["B - A"].endswith("pt")
     # The page shows what `ranksight compare` computes: the same function over the two diagnoses.
-    from ranksight.dashboard._compare import compare, speedup_sentence
+    from ranksight.dashboard import compare, speedup_sentence
     from ranksight.rules import diagnose
 
     expected = compare(diagnose(str(root / "before")), diagnose(str(root / "after")))

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from ranksight.dashboard._queries import fix_gain_text
+from ranksight.dashboard import fix_gain_text
 
 _SEVERITY = {"critical": "CRITICAL", "warning": "WARNING", "info": "info"}
 GPU_GROUPS = ("memory planning", "kernels")

@@ -1,6 +1,6 @@
 """``ranksight compare RUN_A RUN_B [--json]``: did the change between two runs make steps faster, and why?
 
-Both runs are diagnosed, then compared by ``ranksight.dashboard._compare.compare`` -- the function the
+Both runs are diagnosed, then compared by ``ranksight.dashboard.compare`` -- the function the
 dashboard's Compare page uses -- so the terminal and the page show the same figures.
 """
 
@@ -52,7 +52,7 @@ def _speedup(s) -> str:
 
 def render_comparison(result: dict) -> str:
     """The comparison as text: the speedup first, the figures side by side, then the findings' changes."""
-    from ranksight.dashboard._compare import speedup_sentence
+    from ranksight.dashboard import speedup_sentence
 
     rows = [
         [
@@ -103,7 +103,7 @@ def render_comparison(result: dict) -> str:
 
 
 def run(args) -> int:
-    from ranksight.dashboard._compare import compare
+    from ranksight.dashboard import compare
 
     from .diagnose import diagnose_or_fail
 
