@@ -99,11 +99,16 @@ def _steps(mon: Monitor, n: int) -> None:
 
 def test_metrics_arrive_with_names_units_and_rank_attributes(tmp_path, receiver, rank_env):
     mon = Monitor(
-        Config(run_dir=str(tmp_path), job="otlp", run_id="r1", flush_interval_s=0.2, otlp_endpoint=receiver.url)
+        Config(
+            run_dir=str(tmp_path),
+            job="otlp",
+            run_id="r1",
+            flush_interval_s=0.2,
+            otlp_endpoint=receiver.url,
+            time_collectives=False,
+        )  # nothing measures communication: its gauge stays absent
     )
-    mon.add_sampler(
-        lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.625}]
-    )
+    mon.add_sampler(lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.625}])
     _steps(mon, 30)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and len(receiver.requests) < 2:

@@ -83,7 +83,12 @@ def _spooled_steps(run_path: str) -> int:
 
 
 def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, rank_env):
-    mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0))
+    # Collective timing off: this job measures no communication at all, so its gauge must be absent (with
+    # timing on, a job without collectives reads 0 once torch is imported).
+    mon = Monitor(
+        Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0,
+               time_collectives=False)
+    )  # fmt: skip
     samples = iter([0.25, 0.5, 0.75])
 
     def fake_gpu_sampler():  # a real agent-thread sampler, as the GPU signals register theirs
@@ -126,9 +131,7 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian package prometheus)")
 def test_promtool_check_metrics_reports_nothing(tmp_path, rank_env):
     mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0))
-    mon.add_sampler(
-        lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.5}]
-    )
+    mon.add_sampler(lambda: [{"time_ns": time.time_ns(), "step": 0, "name": "gpu_utilization_ratio", "value": 0.5}])
     try:
         _run_steps(mon, 20)
         target = _endpoint(str(tmp_path))
@@ -140,7 +143,10 @@ def test_promtool_check_metrics_reports_nothing(tmp_path, rank_env):
 
 
 def test_gpu_gauges_are_absent_on_a_cpu_job(tmp_path, rank_env):
-    mon = Monitor(Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0))
+    mon = Monitor(
+        Config(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2, prometheus_port=0,
+               time_collectives=False)
+    )  # fmt: skip
     try:
         _run_steps(mon, 10)
         target = _endpoint(str(tmp_path))
@@ -148,7 +154,7 @@ def test_gpu_gauges_are_absent_on_a_cpu_job(tmp_path, rank_env):
     finally:
         mon.close()
     assert not GPU_GAUGES & set(fams)
-    assert "ranksight_comm_exposed_ratio" not in fams  # no DDP: nothing was measured, so nothing is shown
+    assert "ranksight_comm_exposed_ratio" not in fams  # no communication measured, so nothing is shown
     assert fams["ranksight_agent_errors"].samples[0].value == 0
 
 

@@ -143,8 +143,9 @@ def test_cli_ingest_prints_one_line_and_rejects_bad_paths(tmp_path):
     assert ok.returncode == 0 and "+3 rows" in ok.stdout and ok.stdout.count("\n") == 1
     bad = subprocess.run(
         [sys.executable, "-m", "ranksight", "ingest", str(tmp_path)], capture_output=True, text=True
-    )  # the run root, not a run
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a ranksight run directory" in bad.stderr
+    )  # the run root, not a run (and its only folder has no rank files yet: no run to pick)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and str(tmp_path) in bad.stderr
+    assert "no runs under" in bad.stderr or "not a ranksight run directory" in bad.stderr
     corrupt = tmp_path / "corrupt"
     (corrupt / "ranks").mkdir(parents=True)
     (corrupt / "store.duckdb").write_bytes(b"not a database")
