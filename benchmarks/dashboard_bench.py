@@ -167,7 +167,6 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
         "signals: names present": lambda: q.sample_names_present(con),
         "signals: fragmentation": lambda: q.sample_series(con, q.FRAGMENTATION_SIGNALS),
         "signals: utilization": lambda: q.sample_per_rank(con, q.UTILIZATION_SIGNALS),
-        "compare: two runs": lambda: q.compare_runs(con, rollup.cursor()),
     }
     for name, fn in panels.items():
         times = []

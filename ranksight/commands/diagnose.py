@@ -29,7 +29,12 @@ def add_parser(sub):
         description="Diagnose a run directory (live, finished or crashed): findings ranked so the first is "
         "the root cause to fix first, then the per-rank breakdown and the tuning checklist.",
     )
-    p.add_argument("run_dir", help="a run folder, e.g. ranksight-runs/<run-id>")
+    p.add_argument(
+        "run_dir",
+        nargs="?",
+        default=None,
+        help="a run folder, a run id, or a folder of runs (its latest run; default ranksight-runs)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (schema in docs/diagnosis.md)")
     p.add_argument("--rules", metavar="DIR", default=None, help="extra rule files (*.yaml); same id overrides")
     p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
