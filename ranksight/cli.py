@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ranksight.commands._errors import UserError
@@ -81,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _closed_stdout()
+
+
+def _closed_stdout() -> int:
+    """The reader of our output went away (``ranksight diagnose RUN | head``): stop quietly, like other
+    command-line tools, instead of a traceback; point stdout at /dev/null so the interpreter's own final
+    flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout has no descriptor (captured): nothing left to flush
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 if __name__ == "__main__":
