@@ -318,9 +318,10 @@ def _family(arrow_type) -> str:
 def segment_problem(path: str, kind: str) -> str | None:
     """Why a spool segment cannot be read as ``kind`` rows, or None when it can.
 
-    Reads the Parquet footer only (pyarrow): the magic bytes, then the schema. Every non-null column of
-    the kind must be there with a type of the right family, and the identity columns must hold no NULL,
-    so no row is read (or stored) without knowing which rank it came from.
+    First the framing (a Parquet file starts and ends with PAR1): empty, truncated and non-Parquet files
+    fail here. Then the footer (pyarrow, no data read): every non-null column of the kind must be there
+    with a type of the right family, and the identity columns must hold no NULL, so no row is read (or
+    stored) without knowing which rank it came from.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -398,8 +399,8 @@ class _SegmentVerdicts:
         self._lock = threading.Lock()
         self._by_folder: dict[str, dict[str, tuple[int, int, str | None]]] = {}
 
-    def scan(self, folder: str, kind: str) -> tuple[list[str], list[SkippedFile]]:
-        listed = _listing(folder)
+    def scan(self, folder: str, kind: str, unread: frozenset) -> tuple[list[str], list[SkippedFile]]:
+        listed = {n: sig for n, sig in _listing(folder).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
         verdicts: dict[str, tuple[int, int, str | None]] = {}
@@ -415,8 +416,9 @@ class _SegmentVerdicts:
         for name, reason in _judge_all(folder, kind, to_judge).items():
             if reason != _VANISHED:
                 verdicts[name] = (*listed[name][:2], reason)
-        with self._lock:
-            self._by_folder[folder] = verdicts
+        with self._lock:  # keep what is known of the files left unread: another caller may want them
+            kept = {n: v for n, v in known.items() if n in unread and os.path.lexists(os.path.join(folder, n))}
+            self._by_folder[folder] = {**kept, **verdicts}
         good, bad = [], []
         for name in sorted(verdicts):
             reason = verdicts[name][2]
@@ -461,7 +463,7 @@ _PARALLEL_FROM = 64  # footers to read before a thread pool pays off (pyarrow re
 
 
 def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, str | None]:
-    """Verdicts of files not seen before (or changed since), reading their footers, in parallel when many."""
+    """Verdicts of files not judged before (or changed since), reading their footers, in parallel when many."""
 
     def judge(name: str) -> str | None:
         try:
@@ -478,15 +480,20 @@ def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, str | None
 _verdicts = _SegmentVerdicts()
 
 
-def scan_segments(run_path: str, kind: str) -> tuple[list[str], list[SkippedFile]]:
-    """(readable segment paths, sorted; the segments left out and why) of a record kind; logs nothing, so
-    each caller warns about what matters to it (``open_run`` not about a damaged file already ingested)."""
-    return _verdicts.scan(os.path.join(run_path, kind), kind)
+def scan_segments(run_path: str, kind: str, unread: frozenset = frozenset()) -> tuple[list[str], list[SkippedFile]]:
+    """(readable segment paths, sorted; the segments left out and why) of a record kind.
+
+    Each file's footer is read once per process (``segment_problem``); names in ``unread`` (segments a
+    store holds, whose rows come from it) are left out without being read. Logs nothing: each caller
+    warns about what matters to it.
+    """
+    return _verdicts.scan(os.path.join(run_path, kind), kind, unread)
 
 
 def segment_files(run_path: str, kind: str) -> list[str]:
-    """Paths of a record kind's readable spool segments, sorted; each damaged one is left out with one
-    warning line (segments appear whole, by rename, so an agent never leaves a damaged one)."""
+    """Paths of a record kind's readable spool segments, sorted, every footer checked once per process;
+    each damaged or foreign one is left out with one warning line (an agent never leaves one: segments
+    appear whole, by rename)."""
     good, bad = scan_segments(run_path, kind)
     for skipped in bad:
         warn_skipped(skipped)

@@ -23,13 +23,22 @@ from ._rundir import (
     check_run_dir,
     duckdb_run_path,
     first_line,
+    is_segment_name,
     scan_segments,
     segment_glob,
     store_path,
     warn_skipped,
 )
 from ._runs import rank_is_live, read_rank_meta
-from ._tables import SEGMENTS_TABLE, STORE_ALIAS, ingested_segments, select_list, sql_literal, store_tables
+from ._tables import (
+    SEGMENTS_TABLE,
+    STORE_ALIAS,
+    describe,
+    ingested_segments,
+    select_list,
+    sql_literal,
+    store_tables,
+)
 
 _skipped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -91,31 +100,57 @@ def _spool_part(
 ) -> tuple[str | None, list[SkippedFile]]:
     """(the SELECT over a kind's spool segments the store has not ingested, or None; the segments left out).
 
-    When every segment reads, the view globs the folder, so segments written after ``open_run`` show up
-    in the next query. When one does not, the view lists the readable ones by name instead (DuckDB reads
-    every footer of a glob, and one bad file fails the whole query): new segments then show up at the
-    next ``open_run``.
+    Each pending segment's footer is checked once per process (``scan_segments``). When all read, the
+    view globs the folder, so segments written after ``open_run`` show up in the next query. When one
+    does not, the view lists the readable ones by name instead (one bad file in a glob fails the whole
+    query): new segments then show up at the next ``open_run``.
     """
-    good, bad = scan_segments(run_path, kind)
-    bad = [b for b in bad if os.path.basename(b.path) not in ingested]  # its rows are in the store already
-    pending = [p for p in good if os.path.basename(p) not in ingested]
+    # Segments the store holds are not read (their rows come from the store): no footer to check.
+    unread = frozenset(ingested)
+    pending, bad = scan_segments(run_path, kind, unread)
     # A finished (or long silent) run whose segments are all in the store reads the store alone:
     # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
-    if not (good or bad) or (quiet and not pending):
+    if quiet and not pending:
         return None, bad
-    if bad:
-        if not pending:
-            return None, bad
-        names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
-        source = f"read_parquet([{names}], union_by_name=true, filename=true)"
-        return f"SELECT {select_list(con, source, kind)} FROM {source}", bad
+    if not (pending or bad) and not (ingested and _any_segment(run_path, kind)):
+        return None, bad
+    if not bad:
+        spool = _globbed(con, db_run, kind, ingested)
+        if spool is not None:
+            return spool, []
+    if not pending:
+        return None, bad
+    names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
+    source = f"read_parquet([{names}], union_by_name=true, filename=true)"
+    return f"SELECT {select_list(con, source, kind)} FROM {source}", bad
+
+
+def _globbed(con, db_run: str, kind: str, ingested: set[str]) -> str | None:
+    """The SELECT over the kind's segment glob minus the ingested ones, or None when the glob does not
+    bind (a segment the store holds was damaged after it was ingested: its footer was not checked)."""
+    import duckdb
+
     source = f"read_parquet({sql_literal(segment_glob(db_run, kind))}, union_by_name=true, filename=true)"
-    spool = f"SELECT {select_list(con, source, kind)} FROM {source}"
+    try:
+        present = describe(con, source)
+    except duckdb.Error:
+        return None
+    spool = f"SELECT {select_list(con, source, kind, present=present)} FROM {source}"
     if ingested:
         # Constants, not a subquery: the attached store is fixed for this connection, and a
         # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
         spool += f" WHERE parse_filename(filename) NOT IN ({', '.join(sql_literal(f) for f in sorted(ingested))})"
-    return spool, []
+    return spool
+
+
+def _any_segment(run_path: str, kind: str) -> bool:
+    """Whether the kind's spool folder holds a segment at all (ingested or not): while a rank may write,
+    the view keeps globbing it so that new segments show up in the next query."""
+    try:
+        with os.scandir(os.path.join(run_path, kind)) as entries:
+            return any(is_segment_name(e.name) and not e.name.startswith(".") for e in entries)
+    except OSError:
+        return False
 
 
 def _no_rank_writing(run_path: str) -> bool:

@@ -219,10 +219,10 @@ def _append_pending(
     pending: dict[str, list[str]] = {}
     quarantined: list[SkippedFile] = []
     for kind in KINDS:
-        good, bad = scan_segments(run_path, kind)
-        pending[kind] = [os.path.basename(p) for p in good if (kind, os.path.basename(p)) not in known]
-        fresh_bad = [b for b in bad if (kind, os.path.basename(b.path)) not in known]  # else: in the store already
-        quarantined += [_quarantine(run_path, kind, b) for b in fresh_bad]
+        held = frozenset(f for k, f in known if k == kind)  # in the store already: not read again
+        good, bad = scan_segments(run_path, kind, held)
+        pending[kind] = [os.path.basename(p) for p in good]
+        quarantined += [_quarantine(run_path, kind, b) for b in bad]
     try:
         rows_by_kind, added = _append(con, db_run, pending)
     except duckdb.Error:

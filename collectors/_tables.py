@@ -14,16 +14,22 @@ segments it has not seen yet, also after ``prune`` deleted their files (NULL for
 ingest wrote)."""
 
 
-def select_list(con, source: str, kind: str, params: list | dict | None = None) -> str:
+def select_list(con, source: str, kind: str, params: list | dict | None = None, present: dict | None = None) -> str:
     """The schema's columns of ``kind`` from ``source``, in order, with NULLs for columns it lacks.
 
     Segments written by an older agent may lack newer (nullable) columns; union_by_name fills them
     with NULL only when some file has them, so a column no file has yet is typed here explicitly.
+    ``present`` is the source's ``describe`` when the caller has it already (it reads every footer).
     """
-    present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}", params or []).fetchall()}
+    present = describe(con, source, params) if present is None else present
     return ", ".join(
         c.name if c.name in present else f"CAST(NULL AS {DUCKDB_TYPES[c.type]}) AS {c.name}" for c in KINDS[kind]
     )
+
+
+def describe(con, source: str, params: list | dict | None = None) -> dict[str, str]:
+    """Column name -> DuckDB type of ``source`` (for a Parquet glob: the union of every file's schema)."""
+    return {row[0]: row[1] for row in con.execute(f"DESCRIBE SELECT * FROM {source}", params or []).fetchall()}
 
 
 def ingested_segments(con, schema: str = STORE_ALIAS) -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ranksight
+from ranksight.schema import arrow_schema
 
 STEPS = 30
 WARMUP = 5
@@ -87,6 +88,29 @@ def null_rank(run: str) -> str:
     return path
 
 
+AGENT_LIKE = "n0_r00007_p4242-c0ffee_000003.parquet"  # named the way the agent names its segments
+
+
+def rank_dropped(run: str) -> str:
+    """A real segment rewritten without its rank column (as a pandas round trip might), under an agent's
+    name: the other segments still have the column, so DuckDB's union of schemas would hide the loss."""
+    table = pq.read_table(first_segment(run)).drop_columns(["rank"])
+    path = os.path.join(run, "steps", AGENT_LIKE)
+    pq.write_table(table, path)
+    return path
+
+
+def other_kind(run: str) -> str:
+    """A samples segment, whole and named like the agent's, copied into steps/ by mistake."""
+    rows = {"job": "j", "run": "r", "node": "n0", "rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}
+    rows.update(time_ns=1, step=3, name="gpu_utilization_ratio", value=0.5)
+    schema = arrow_schema("samples")
+    table = pa.table({f.name: pa.array([rows[f.name]], f.type) for f in schema}, schema=schema)
+    path = os.path.join(run, "steps", AGENT_LIKE)
+    pq.write_table(table, path)
+    return path
+
+
 def corrupt_pages(run: str) -> str:
     """A copy of a real segment whose data pages were overwritten: the footer still reads."""
     with open(first_segment(run), "rb") as f:
@@ -106,6 +130,8 @@ DAMAGES = {
     "other columns": other_columns,
     "wrong type": wrong_type,
     "null rank": null_rank,
+    "rank dropped": rank_dropped,
+    "other kind": other_kind,
 }
 
 

@@ -20,7 +20,17 @@ from ranksight.collectors import (
     skipped_files,
 )
 
-from ._damage import DAMAGES, STEPS, WARMUP, cli, corrupt_pages, lines_naming, write_run, zero_bytes
+from ._damage import (
+    DAMAGES,
+    STEPS,
+    WARMUP,
+    cli,
+    corrupt_pages,
+    first_segment,
+    lines_naming,
+    write_run,
+    zero_bytes,
+)
 
 
 @pytest.fixture
@@ -120,6 +130,18 @@ def test_a_segment_replaced_under_the_same_name_is_judged_again(tmp_path, one_ra
         f.write(whole)
     con = open_run(run)
     assert skipped_files(con) == [] and _steps(con) > STEPS
+
+
+def test_a_segment_damaged_after_it_was_ingested_costs_nothing(tmp_path, one_rank):
+    """Its rows are in the store: readers leave the file unread, and a live run still reads new segments."""
+    run = write_run(str(tmp_path))
+    ingest(run)
+    _set_heartbeat(run, "running", 0.0)  # live: the views keep the spool
+    with open(first_segment(run), "r+b") as f:
+        f.truncate(10)
+    con = open_run(run)
+    assert _steps(con) == STEPS and skipped_files(con) == []
+    assert ingest(run).quarantined == ()  # the store holds it: nothing to move
 
 
 def test_a_store_without_a_kind_table_reads_that_kind_from_the_spool(tmp_path, one_rank):
