@@ -27,7 +27,7 @@ class Loop:
     ranks: int = 2
     steps: int = 30
     fetch_s: float = 0.008  # get_batch cost before the step
-    prefetch_s: float = 0.004  # nanoGPT's prefetch of the next micro-batch, right after forward
+    prefetch_s: float = 0.012  # nanoGPT's prefetch of the next micro-batch, right after forward
     accum: int = 2
     mark_data: bool = True  # wrap get_batch in mon.data()
     metrics: bool = False  # all_reduce the loss for logging and barrier, every step

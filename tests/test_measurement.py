@@ -53,9 +53,10 @@ def test_marked_fetches_give_the_data_share_the_wall_clock_gives(nanogpt):
 def test_a_prefetch_inside_the_step_is_data_not_compute(nanogpt):
     path, _ = nanogpt["marked"]
     con = open_run(path)
-    # Forward 2x + backward of a tiny MLP is well under the 4 ms prefetch that ran inside forward/backward.
+    # Forward 2x + backward of a tiny MLP (a few ms on a loaded 2-core machine) is well under the 12 ms
+    # prefetch that ran inside forward/backward: were the prefetch counted, compute would exceed it.
     median_compute = con.execute("SELECT median(compute_s) FROM steps WHERE step >= ?", [WARMUP]).fetchone()[0]
-    assert median_compute < 0.004, median_compute
+    assert median_compute < Loop.prefetch_s, median_compute
 
 
 def test_unmarked_input_is_not_measured_rather_than_zero(nanogpt):
