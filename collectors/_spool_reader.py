@@ -52,13 +52,19 @@ def skipped_files(con) -> list[SkippedFile]:
     return list(_skipped.get(con, ()))
 
 
-def open_run(run_path: str, con=None):
+def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     """Return a DuckDB connection with one view per record kind over the run's records.
 
     The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there
     is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
     it is live, finished, compacted or half-compacted, and no row is counted twice. A kind with no
     records yet gets an empty table of the right schema, so queries never fail on a young run.
+
+    ``follow_spool`` (the default) makes the views glob the spool at each query, so segments written
+    later show up without opening again; a ``prune`` running meanwhile can fail a query (open again).
+    ``follow_spool=False`` names the segments there now instead: no prune can break those views within
+    the grace period (``PRUNE_AFTER_S``), and new segments show up at the next ``open_run``. For a
+    reader that opens once and answers (the CLI), not for one that keeps its connection.
 
     Segments that cannot be read are left out (``skipped_files(con)``); a ``store.duckdb`` that is not
     a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it: reading around it could give
@@ -79,8 +85,8 @@ def open_run(run_path: str, con=None):
             table = f"{STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
             parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
         # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
-        done = set(ingested.get(kind, ())) if store_kinds and kind in store_kinds else set()
-        spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet)
+        done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
+        spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool)
         skipped += left_out
         if spool:
             parts.append(spool)
@@ -96,26 +102,25 @@ def open_run(run_path: str, con=None):
 
 
 def _spool_part(
-    con, run_path: str, db_run: str, kind: str, ingested: set[str], quiet: bool
+    con, run_path: str, db_run: str, kind: str, ingested: set[str] | None, quiet: bool, follow: bool
 ) -> tuple[str | None, list[SkippedFile]]:
     """(the SELECT over a kind's spool segments the store has not ingested, or None; the segments left out).
 
-    Each pending segment's footer is checked once per process (``scan_segments``). When all read, the
-    view globs the folder, so segments written after ``open_run`` show up in the next query. When one
-    does not, the view lists the readable ones by name instead (one bad file in a glob fails the whole
-    query): new segments then show up at the next ``open_run``.
+    ``ingested`` is None without a store. Each pending segment's footer is checked once per process
+    (``scan_segments``); segments the store holds are not read at all. Then, with ``follow`` and every
+    segment readable, the view globs the folder (minus the ingested names), so segments written after
+    ``open_run`` show up in the next query. Otherwise it names the readable pending segments: one bad file
+    in a glob fails the whole query, and DuckDB opens every file a glob lists to bind it, ingested ones
+    included, which a concurrent ``prune`` may be deleting (docs/reliability.md).
     """
-    # Segments the store holds are not read (their rows come from the store): no footer to check.
-    unread = frozenset(ingested)
-    pending, bad = scan_segments(run_path, kind, unread)
+    done = frozenset(ingested or ())
+    pending, bad = scan_segments(run_path, kind, done)
     # A finished (or long silent) run whose segments are all in the store reads the store alone:
     # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
     if quiet and not pending:
         return None, bad
-    if not (pending or bad) and not (ingested and _any_segment(run_path, kind)):
-        return None, bad
-    if not bad:
-        spool = _globbed(con, db_run, kind, ingested)
+    if follow and not bad and (pending or (done and _any_segment(run_path, kind))):
+        spool = _globbed(con, db_run, kind, done)
         if spool is not None:
             return spool, []
     if not pending:
@@ -125,17 +130,16 @@ def _spool_part(
     return f"SELECT {select_list(con, source, kind)} FROM {source}", bad
 
 
-def _globbed(con, db_run: str, kind: str, ingested: set[str]) -> str | None:
+def _globbed(con, db_run: str, kind: str, ingested: frozenset) -> str | None:
     """The SELECT over the kind's segment glob minus the ingested ones, or None when the glob does not
     bind (a segment the store holds was damaged after it was ingested: its footer was not checked)."""
     import duckdb
 
     source = f"read_parquet({sql_literal(segment_glob(db_run, kind))}, union_by_name=true, filename=true)"
     try:
-        present = describe(con, source)
+        spool = f"SELECT {select_list(con, source, kind, present=describe(con, source))} FROM {source}"
     except duckdb.Error:
         return None
-    spool = f"SELECT {select_list(con, source, kind, present=present)} FROM {source}"
     if ingested:
         # Constants, not a subquery: the attached store is fixed for this connection, and a
         # constant list lets DuckDB skip the ingested files instead of reading and dropping them.
