@@ -32,7 +32,7 @@ def diagnose(
     rule files.
     """
     rules = load_rules(rules_dir)  # bad rules are reported before any data is read
-    con = open_run(run_path)
+    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
     metas = read_rank_meta(run_path)
     whole = _judge(con, metas, rules, warmup_steps, None)
     if not metas and not whole["breakdown"]["ranks"]:
@@ -164,7 +164,7 @@ def _ms(seconds: float) -> str:
 
 def diagnose_features(run_path: str, *, warmup_steps: int = 5, since_s: float | None = None) -> dict[int, dict]:
     """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning)."""
-    con = open_run(run_path)
+    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
     since_ns = None
     if since_s is not None:
         end_ns = con.execute("SELECT max(time_ns) FROM steps").fetchone()[0]

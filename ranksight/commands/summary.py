@@ -51,7 +51,7 @@ def steps_kept_title(kept: dict[int, int], recorded: dict[int, int], warmup: int
 
 def render_breakdown(run_path: str, warmup: int = 5) -> str:
     """The breakdown table of a run as text: a title with the step counts, the table, the allreduce note."""
-    con = open_run(run_path)
+    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
     rows = step_breakdown(con, warmup_steps=warmup)
     metas = {m.rank: m for m in read_rank_meta(run_path)}
     if not rows:
