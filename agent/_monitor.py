@@ -24,6 +24,7 @@ from ._host import HostSampler
 from ._identity import Identity, IdentityHolder
 from ._report import Reporter
 from ._stack_window import StackWindow
+from ._worker import Worker
 
 log = logging.getLogger("ranksight")
 
@@ -248,9 +249,7 @@ class Monitor:
         self._identity_holder = IdentityHolder(config.job, config.run_id)
         self._reporter = Reporter(self._append, self._stop_recording)
         self.errors = self._reporter.errors
-        self.exit_status: Optional[str] = None  # "crashed" / "terminated" once the process is going down so
-        from ._worker import Worker  # noqa: PLC0415 -- the thread is built last, from the parts above
-
+        self.exit_status: Optional[str] = None  # "crashed" / "terminated", set by _exit_watch as the process ends
         self._worker = Worker(
             config,
             events=self._events,

@@ -165,12 +165,13 @@ class Worker(threading.Thread):
                 self.reporter.fail(getattr(sampler, "__name__", "sampler"), exc)
                 self.samplers.remove(sampler)
         # Facts and warnings reported while this flush ran (by the resolver, a sampler) go out with it.
-        self._drain_events(rows, info_only=True)
+        self._drain_events(rows, late=True)
         self._write(rows)
         self._write_meta(final)
 
-    def _drain_events(self, rows: dict[str, list[dict]], info_only: bool = False) -> list:
-        """Move the hot path's events into the assembler / rows; return the GPU marks."""
+    def _drain_events(self, rows: dict[str, list[dict]], late: bool = False) -> list:
+        """Move the hot path's events into the assembler / rows; return the GPU marks. A ``late`` drain (after
+        the samplers, to write what they reported) keeps its GPU marks for the next flush's resolver."""
         gpu_marks: list = []
         events = self._events
         for _ in range(len(events)):
@@ -191,7 +192,7 @@ class Worker(threading.Thread):
         dropped = self._produced() - self._consumed - sum(1 for e in list(events) if e[0] in _COUNTED)
         if dropped > self.records_dropped_total:
             self.records_dropped_total = dropped
-        if info_only and gpu_marks:
+        if late and gpu_marks:
             self._late_gpu_marks.extend(gpu_marks)
             return []
         if self._late_gpu_marks:
