@@ -87,6 +87,13 @@ class Config:
     """False makes every call a no-op: no thread, no files, no hooks."""
     flush_interval_s: float = 2.0
     """How often the agent thread writes spool segments; bounds what a SIGKILL can lose."""
+    node_spool_dir: Optional[str] = None
+    """A node-local folder (local disk, ``/tmp``, ``/dev/shm``): ranks write their segments there and the
+    node publishes them to the run folder merged, one file per kind per interval, so the shared filesystem
+    sees a bounded number of files (docs/scale.md). None writes to the run folder directly."""
+    max_job_files_per_s: float = 150.0
+    """With ``node_spool_dir``: the files a second the whole job may create in the run folder; each node's
+    publish interval follows from it and the job's node count (``_node_spool.publish_interval_s``)."""
     max_buffered_events: int = 50_000
     """Bound on hot-path events waiting for the agent thread; the oldest are dropped (and counted) past it.
     50,000 step events hold ~21 MB (benchmarks/agent_memory.py) and cover ~5 s of 1 ms steps with 4 buckets
@@ -132,6 +139,8 @@ class Config:
             raise ValueError("ranksight: job must be a non-empty string")
         if self.flush_interval_s <= 0:
             raise ValueError(f"ranksight: flush_interval_s must be > 0, got {self.flush_interval_s}")
+        if not self.max_job_files_per_s > 0:
+            raise ValueError(f"ranksight: max_job_files_per_s must be > 0, got {self.max_job_files_per_s}")
         if self.max_buffered_events < 1000:
             raise ValueError(f"ranksight: max_buffered_events must be >= 1000, got {self.max_buffered_events}")
         if self.prometheus_port is not None and not 0 <= int(self.prometheus_port) < 65536:
@@ -150,6 +159,10 @@ class Config:
             values["run_id"] = env["RANKSIGHT_RUN_ID"]
         if "RANKSIGHT_FLUSH_INTERVAL_S" in env:
             values["flush_interval_s"] = float(env["RANKSIGHT_FLUSH_INTERVAL_S"])
+        if env.get("RANKSIGHT_NODE_SPOOL"):
+            values["node_spool_dir"] = env["RANKSIGHT_NODE_SPOOL"]
+        if env.get("RANKSIGHT_MAX_JOB_FILES_PER_S"):
+            values["max_job_files_per_s"] = float(env["RANKSIGHT_MAX_JOB_FILES_PER_S"])
         if env.get("RANKSIGHT_PROMETHEUS_PORT", "") != "":
             values["prometheus_port"] = int(env["RANKSIGHT_PROMETHEUS_PORT"])
         if env.get("RANKSIGHT_PROMETHEUS_HOST"):

@@ -3,6 +3,9 @@
 One writer per rank and record kind. A segment is written under a dot-prefixed ``.partial`` name and
 ``os.replace``d to ``<kind>/<node>_r<rank>_p<pid>_<seq>.parquet``, so a reader globbing ``*.parquet``
 never sees half a file, and a rank killed mid-write leaves only an ignorable temporary file.
+
+With a node spool (``Config.node_spool_dir``) the same files go to a node-local folder, and the node's
+ranks take turns publishing them to the run folder, merged per kind (``_node_spool.py``, docs/scale.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_s
 
 from ._arrow_columns import build_column
 from ._identity import Identity
+from ._node_spool import NodePublisher
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -61,9 +65,32 @@ def _fsync_dir(directory: str) -> None:
 class SpoolWriter:
     """Append record batches to a run directory as Parquet segments."""
 
-    def __init__(self, run_path: str, identity: Identity) -> None:
-        self.run_path = run_path
+    def __init__(
+        self,
+        run_path: str,
+        identity: Identity,
+        *,
+        node_spool_dir: str | None = None,
+        flush_interval_s: float = 2.0,
+        max_job_files_per_s: float = 150.0,
+    ) -> None:
         self.identity = identity
+        self.publisher: NodePublisher | None = None
+        if node_spool_dir:
+            # Segments and the rank file go to the node's own disk; the run folder gets the node's merged
+            # files once per publish interval (the folder must exist for readers from the start).
+            os.makedirs(os.path.join(run_path, RANKS_DIR), exist_ok=True)
+            local = os.path.join(node_spool_dir, os.path.basename(os.path.normpath(run_path)))
+            self.publisher = NodePublisher(
+                local,
+                run_path,
+                identity.node,
+                flush_interval_s=flush_interval_s,
+                world_size=identity.world_size,
+                max_job_files_per_s=max_job_files_per_s,
+            )
+            run_path = local
+        self.run_path = run_path
         self._seq: dict[str, int] = {}
         self._schemas: dict = {}
         self._made: set[str] = set()
@@ -105,6 +132,13 @@ class SpoolWriter:
         self.rows_written += n
 
     def write_meta(self, meta: dict) -> None:
-        """Replace this rank's metadata file (identity, status, heartbeat, configuration)."""
+        """Replace this rank's metadata file (identity, status, heartbeat, configuration).
+
+        The agent writes it once per flush, after the flush's segments: with a node spool, this is where
+        the node's publish happens when its interval is up, and always on the rank's last flush (a status
+        other than ``running``), so a rank's last rows reach the run folder before it exits.
+        """
         path = os.path.join(self.run_path, RANKS_DIR, f"rank-{self.identity.rank:05d}.json")
-        atomic_write_bytes(path, json.dumps(meta, indent=1, default=str).encode())
+        atomic_write_bytes(path, json.dumps(meta, indent=1, default=str).encode(), durable=self.publisher is None)
+        if self.publisher is not None:
+            self.publisher.maybe_publish(final=meta.get("status", "running") != "running")

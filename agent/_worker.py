@@ -232,7 +232,14 @@ class Worker(threading.Thread):
             self._sinks_made = True
             self._make_sinks()
         try:
-            self._spool = SpoolWriter(self.run_path, self.identity)
+            cfg = self.config
+            self._spool = SpoolWriter(
+                self.run_path,
+                self.identity,
+                node_spool_dir=cfg.node_spool_dir,
+                flush_interval_s=cfg.flush_interval_s,
+                max_job_files_per_s=cfg.max_job_files_per_s,
+            )
         except Exception as exc:
             self.reporter.warn_once(
                 "spool",

@@ -134,14 +134,46 @@ def read_rank_files(run_path: str) -> list[RankMeta]:
     """
     folder = os.path.join(run_path, RANKS_DIR)
     try:
-        names = sorted(e.name for e in os.scandir(folder) if _RANK_FILE.match(e.name))
+        listed = sorted(e.name for e in os.scandir(folder))
     except OSError:
         return []
+    names = [n for n in listed if _RANK_FILE.match(n)]
     metas = [m for m in (_read_rank_file(os.path.join(folder, n)) for n in names) if m is not None]
+    node_files = [n for n in listed if _NODE_FILE.match(n)]
+    if node_files:  # a node spool's publisher (docs/scale.md): the newest heartbeat of each rank wins
+        newest: dict[int, RankMeta] = {}
+        for meta in metas + [m for n in node_files for m in _read_node_file(os.path.join(folder, n))]:
+            held = newest.get(meta.rank)
+            if held is None or meta.heartbeat_ns > held.heartbeat_ns:
+                newest[meta.rank] = meta
+        metas = [newest[r] for r in sorted(newest)]
     for meta in metas:
         if meta.problem:
             _warn_once(f"ranksight: read {meta.path} as status {UNKNOWN_STATUS}: {meta.problem}")
     return metas
+
+
+_NODE_FILE = re.compile(r"^node-[^/]+\.json$")
+
+
+def _read_node_file(path: str) -> list[RankMeta]:
+    """The ranks of one node's rank file (``{"node": ..., "ranks": [rank file, ...]}``), each checked like a
+    ``rank-N.json``; a file that does not parse is left out with one warning line (it names no rank)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        mtime_ns = os.stat(path).st_mtime_ns
+        data = json.loads(raw.decode("utf-8"))
+        ranks = data["ranks"]
+        if not isinstance(ranks, list):
+            raise ValueError("its ranks are not a list")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as exc:
+        _warn_once(f"ranksight: skipped {path}: not a node rank file ({first_line(exc)})")
+        return []
+    metas = (_rank_from_data(path, entry, mtime_ns) for entry in ranks if isinstance(entry, dict))
+    return [m for m in metas if m is not None]
 
 
 def _read_rank_file(path: str) -> RankMeta | None:
@@ -159,6 +191,10 @@ def _read_rank_file(path: str) -> RankMeta | None:
         return _unknown_rank(path, {}, f"not valid JSON ({first_line(exc)})", mtime_ns)
     if not isinstance(data, dict):
         return _unknown_rank(path, {}, f"not a JSON object (a {type(data).__name__})", mtime_ns)
+    return _rank_from_data(path, data, mtime_ns)
+
+
+def _rank_from_data(path: str, data: dict, mtime_ns: int) -> RankMeta | None:
     clean, problems = _checked_fields(data)
     problems += [f"no {key} field" for key in _REQUIRED_RANK_FIELDS if data.get(key) is None]
     if problems:

@@ -1,0 +1,347 @@
+"""Merge a node's spool segments into one file per record kind per interval on the shared run folder.
+
+Why: every rank writing one segment per kind every 2 s is ~2.5 k file creations a second at 1,024 ranks
+and ~25 k at 10,000, which a shared filesystem's metadata server feels (docs/scale.md). With
+``Config.node_spool_dir`` set, ranks write their segments and rank files to a node-local folder
+(``<node_spool_dir>/<run>/``, same layout as a run folder) exactly as before, and whichever rank of the
+node gets the node's lock first publishes them every ``publish_interval_s``: one Parquet file per kind
+(``<kind>/<node>_m<batch>.parquet``) and one rank file for the node (``ranks/node-<node>.json``).
+
+Exactly once, also when a publisher is killed at any point, by a journal on the local disk:
+
+1. *claim*: the segments to publish are renamed into ``.batches/<batch>/<kind>/`` (a rename on one
+   filesystem: a segment is either still pending or in exactly one batch);
+2. *publish*: each kind's batch is written whole under a temporary name on the shared folder, fsync'd,
+   and renamed to the batch's final name, which is a function of the batch id alone;
+3. *release*: the batch's files are deleted.
+
+Every publish first finishes the batches a killed publisher left: a kind whose final file exists is only
+released (it was published), any other is published. So a crash between 2 and 3 cannot publish a row
+twice, and a crash anywhere else loses nothing. Only the node-local disk's loss (the node itself gone)
+loses rows: at most one publish interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+
+from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+
+BATCHES_DIR = ".batches"
+LOCK_NAME = ".publish.lock"
+STAMP_NAME = ".published"
+FILES_PER_PUBLISH = len(KINDS) + 1
+"""Files one publish can create on the shared folder: one per record kind with rows, plus the node's rank file."""
+NODE_FILE_PREFIX = "node-"
+_RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
+
+
+def publish_interval_s(
+    flush_interval_s: float, world_size: int, local_world_size: int, max_job_files_per_s: float
+) -> float:
+    """How often a node publishes so that the whole job creates at most ``max_job_files_per_s`` files a second.
+
+    Each publish creates at most ``FILES_PER_PUBLISH`` files, and there are ``world_size /
+    local_world_size`` nodes; never more often than the ranks flush.
+    """
+    nodes = math.ceil(max(1, world_size) / max(1, local_world_size))
+    return max(float(flush_interval_s), FILES_PER_PUBLISH * nodes / float(max_job_files_per_s))
+
+
+def local_world_size_from_env() -> int | None:
+    """Ranks per node as the launcher says (torchrun ``LOCAL_WORLD_SIZE``, SLURM ``SLURM_NTASKS_PER_NODE``)."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        match = re.match(r"\s*(\d+)", os.environ.get(name, ""))
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1))
+    return None
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What one publish moved to the shared folder."""
+
+    files: int  # files created on the shared folder (segments and the node's rank file)
+    segments: int  # node-local segments merged into them
+    rows: int
+
+
+def safe_name(text: str) -> str:
+    """A node name as it may appear in a file name (what the spool writer does to its stem)."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text).lstrip(".") or "node"
+
+
+class NodePublisher:
+    """Publishes one node's local spool to the shared run folder; every rank of the node holds one.
+
+    ``maybe_publish`` is called by each rank after its flush: it costs one ``stat`` of the node's stamp
+    file until the interval is up, then one rank takes the node's lock (non-blocking: the others go on)
+    and publishes everything pending, its neighbours' segments included.
+    """
+
+    def __init__(
+        self,
+        local_path: str,
+        run_path: str,
+        node: str,
+        *,
+        flush_interval_s: float,
+        world_size: int,
+        max_job_files_per_s: float,
+        local_world_size: int | None = None,
+    ) -> None:
+        self.local_path = local_path
+        self.run_path = run_path
+        self.node = node
+        self._flush_interval_s = flush_interval_s
+        self._world_size = world_size
+        self._max_files = max_job_files_per_s
+        self._local_world_size = local_world_size or local_world_size_from_env()
+        self.published = PublishResult(0, 0, 0)
+
+    def interval_s(self) -> float:
+        """The node's publish interval now: ranks per node as the launcher says, or as many as wrote a rank file."""
+        seen = _count_rank_files(self.local_path)
+        local = max(self._local_world_size or 0, seen, 1)
+        return publish_interval_s(self._flush_interval_s, self._world_size, local, self._max_files)
+
+    def maybe_publish(self, final: bool = False) -> PublishResult | None:
+        """Publish the node's pending segments if its interval is up (always when ``final``); None when not.
+
+        A final publish waits for the lock (bounded) so that a rank's last rows go out before it exits.
+        """
+        interval = self.interval_s()
+        stamp = os.path.join(self.local_path, STAMP_NAME)
+        if not final and time.time() - _mtime(stamp) < interval:
+            return None
+        with _node_lock(self.local_path, wait_s=10.0 if final else 0.0) as held:
+            if not held:
+                return None
+            if not final and time.time() - _mtime(stamp) < interval:
+                return None  # a neighbour published while we waited
+            result = publish_node(self.local_path, self.run_path, self.node, interval)
+            _touch(stamp)
+        self.published = PublishResult(
+            self.published.files + result.files,
+            self.published.segments + result.segments,
+            self.published.rows + result.rows,
+        )
+        return result
+
+
+def publish_node_spool(local_path: str, run_path: str, node: str | None = None) -> PublishResult:
+    """Publish a node's local spool now, after its job ended or crashed (e.g. from a SLURM epilog).
+
+    ``local_path`` is ``<node_spool_dir>/<run>``; ``node`` defaults to the node name the rank files say.
+    Takes the node's lock, so it is safe while ranks still run.
+    """
+    node = node or _node_of(local_path) or safe_name(os.uname().nodename)
+    with _node_lock(local_path, wait_s=60.0) as held:
+        if not held:
+            raise TimeoutError(f"{local_path}: another publisher holds the node's lock")
+        return publish_node(local_path, run_path, node, None)
+
+
+def publish_node(local_path: str, run_path: str, node: str, interval_s: float | None) -> PublishResult:
+    """Finish what a killed publisher left, then claim, publish and release everything pending.
+
+    The caller holds the node's lock. ``interval_s`` is written into the node's rank file as each rank's
+    ``flush_interval_s``: readers judge a rank lost after ``LIVE_FLUSHES`` of those without a heartbeat,
+    and the shared copy of a heartbeat is refreshed once per publish.
+    """
+    node = safe_name(node)
+    total = PublishResult(0, 0, 0)
+    batches = os.path.join(local_path, BATCHES_DIR)
+    for batch in sorted(_listdir(batches)):  # left by a publisher that was killed
+        total = _add(total, _publish_batch(os.path.join(batches, batch), run_path, node, batch))
+    batch = f"{time.time_ns():020d}-{secrets.token_hex(3)}"
+    batch_dir = os.path.join(batches, batch)
+    if _claim(local_path, batch_dir):
+        total = _add(total, _publish_batch(batch_dir, run_path, node, batch))
+    if _publish_rank_files(local_path, run_path, node, interval_s):
+        total = _add(total, PublishResult(1, 0, 0))
+    return total
+
+
+def _claim(local_path: str, batch_dir: str) -> bool:
+    """Rename every finished segment of the local spool into the batch folder; False when there was none."""
+    claimed = False
+    for kind in KINDS:
+        folder = os.path.join(local_path, kind)
+        names = [n for n in _listdir(folder) if n.endswith(SPOOL_SUFFIX) and not n.startswith(".")]
+        if not names:
+            continue
+        target = os.path.join(batch_dir, kind)
+        os.makedirs(target, exist_ok=True)
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(os.path.join(folder, name), os.path.join(target, name))
+                claimed = True
+    return claimed
+
+
+def published_name(node: str, batch: str) -> str:
+    """The shared folder's name for one kind's part of a batch: a function of the batch alone (idempotent)."""
+    return f"{safe_name(node)}_m{batch}{SPOOL_SUFFIX}"
+
+
+def _publish_batch(batch_dir: str, run_path: str, node: str, batch: str) -> PublishResult:
+    files = segments = rows = 0
+    for kind in sorted(_listdir(batch_dir)):
+        kind_dir = os.path.join(batch_dir, kind)
+        names = sorted(_listdir(kind_dir))
+        if kind in KINDS and names:
+            f, r = _publish_kind(kind_dir, names, os.path.join(run_path, kind), node, batch)
+            files, segments, rows = files + f, segments + len(names), rows + r
+        shutil.rmtree(kind_dir, ignore_errors=True)  # release: the rows are on the shared folder now
+    shutil.rmtree(batch_dir, ignore_errors=True)
+    return PublishResult(files, segments, rows)
+
+
+def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, batch: str) -> tuple[int, int]:
+    """Write one kind's claimed segments as one file on the shared folder unless it is there already.
+
+    A segment pyarrow cannot read is copied as it is (under its own name, also idempotent): the readers'
+    checks leave it out and ``ingest`` quarantines it, as for any damaged segment; nothing is deleted unread.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(target_dir, exist_ok=True)
+    tables, created = [], 0
+    for name in names:
+        path = os.path.join(kind_dir, name)
+        try:
+            tables.append(pq.read_table(path))
+        except (OSError, pa.ArrowException, ValueError):
+            if not os.path.exists(os.path.join(target_dir, name)):
+                _write_durably(target_dir, name, lambda f, p=path: _copy_into(p, f))
+                created += 1
+    if not tables:
+        return created, 0
+    final = published_name(node, batch)
+    if os.path.exists(os.path.join(target_dir, final)):
+        return created, 0  # published before its publisher was killed: only the release was left
+    table = pa.concat_tables(tables, promote_options="permissive")
+    _write_durably(target_dir, final, lambda f: pq.write_table(table, f, compression="zstd"))
+    return created + 1, table.num_rows
+
+
+def _copy_into(path: str, f) -> None:
+    with open(path, "rb") as src:
+        shutil.copyfileobj(src, f)
+
+
+def _write_durably(directory: str, name: str, write) -> None:
+    """Write under a dot-prefixed temporary name, fsync, rename into place: readers see it whole or not at
+    all, and the local copy is released only after the bytes are on the shared filesystem."""
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{name}.{os.getpid()}.{secrets.token_hex(3)}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _publish_rank_files(local_path: str, run_path: str, node: str, interval_s: float | None) -> bool:
+    """Write the node's ranks' metadata as one file, ``ranks/node-<node>.json`` (readers take each rank's
+    newest heartbeat from it or from a ``rank-N.json``); False when the node has no rank file yet."""
+    folder = os.path.join(local_path, RANKS_DIR)
+    metas = []
+    for name in sorted(_listdir(folder)):
+        if not _RANK_FILE.match(name):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                meta = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue  # being replaced right now, or damaged: the next publish takes it
+        if not isinstance(meta, dict):
+            continue
+        if interval_s is not None and isinstance(meta.get("flush_interval_s"), (int, float)):
+            meta["flush_interval_s"] = max(float(meta["flush_interval_s"]), interval_s)
+        metas.append(meta)
+    if not metas:
+        return False
+    from ._spool import atomic_write_bytes
+
+    target = os.path.join(run_path, RANKS_DIR)
+    os.makedirs(target, exist_ok=True)
+    body = json.dumps({"node": node, "ranks": metas}, default=str).encode()
+    atomic_write_bytes(os.path.join(target, f"{NODE_FILE_PREFIX}{safe_name(node)}.json"), body)
+    return True
+
+
+@contextlib.contextmanager
+def _node_lock(local_path: str, wait_s: float):
+    """Hold the node's publish lock (an ``flock``: the kernel releases it when its holder dies)."""
+    os.makedirs(local_path, exist_ok=True)
+    fd = os.open(os.path.join(local_path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.02)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _node_of(local_path: str) -> str | None:
+    folder = os.path.join(local_path, RANKS_DIR)
+    for name in sorted(_listdir(folder)):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            with open(os.path.join(folder, name), "rb") as f:
+                return str(json.loads(f.read())["node"])
+    return None
+
+
+def _count_rank_files(local_path: str) -> int:
+    return sum(1 for n in _listdir(os.path.join(local_path, RANKS_DIR)) if _RANK_FILE.match(n))
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _touch(path: str) -> None:
+    with open(path, "a"):
+        pass
+    os.utime(path)
+
+
+def _add(a: PublishResult, b: PublishResult) -> PublishResult:
+    return PublishResult(a.files + b.files, a.segments + b.segments, a.rows + b.rows)
