@@ -91,7 +91,7 @@ class Assembler:
 
     def _finish(self, p: _Pending) -> tuple[dict, list[dict]]:
         _, step, begin, end, fetch_b, fetch_e, fwd, opt_b, opt_e = p.raw[:9]
-        data_ns, pre_data_ns, pre_begin, data_in_compute = p.raw[9:]
+        data_ns, pre_data_ns, pre_begin, data_in_compute, cpu_ns = p.raw[9:]
         has_fetch = fetch_e > 0 and fetch_b <= fetch_e <= begin
         t0 = fetch_b if has_fetch else begin
         if 0 < pre_begin < t0:  # a mon.data() fetch before the step opened: the step starts there
@@ -156,6 +156,7 @@ class Assembler:
             "gpu_comm_exposed_s": None,
             "gpu_comm_blocked_s": None,
             "gpu_optimizer_s": None,
+            "cpu_s": cpu_ns * _NS if cpu_ns >= 0 else None,
         }
         brows = [
             {

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 EV_STEP = "S"
 """(tag, step, begin_ns, end_ns, fetch_begin_ns, fetch_end_ns, fwd_ns, opt_begin_ns, opt_end_ns, data_ns,
-pre_data_ns, pre_data_begin_ns, data_in_compute_ns)
+pre_data_ns, pre_data_begin_ns, data_in_compute_ns, cpu_ns)
 
 ``fetch_*`` is the wrapped loader's wait for this step's batch (0 when none). ``data_ns`` is the time
 inside ``mon.data()`` blocks while the step was open (-1 when the rank has measured no input at all:
 no loader, no marks); ``pre_data_ns`` the time inside such blocks since the previous step closed, and
 ``pre_data_begin_ns`` when the first of those began (0 if none), so the step's wall time starts there;
 ``data_in_compute_ns`` the part of ``data_ns`` spent between the first forward and the optimizer (a
-prefetch there is data, not compute)."""
+prefetch there is data, not compute); ``cpu_ns`` the training thread's CPU time over the step (its
+thread CPU clock: a rank slowed by a busy host uses no more of it, a rank with more work does)."""
 
 EV_BUCKET_READY = "B"
 """(tag, step, bucket, bytes, ready_ns, is_last): a DDP gradient bucket handed to the comm hook."""

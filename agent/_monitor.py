@@ -28,6 +28,8 @@ from ._worker import Worker
 
 log = logging.getLogger("ranksight")
 
+_thread_cpu_ns = time.thread_time_ns  # ~0.4 µs a read: this thread's CPU clock, read at step open and close
+
 
 def _is_compiling_fn():
     """Return torch's 'am I being traced by dynamo' check, or a constant False on old torch."""
@@ -61,6 +63,7 @@ class _StepContext:
                 m._opt_begin_ns = 0
                 m._opt_end_ns = 0
                 m._step_begin_ns = m._clock()
+                m._step_cpu_ns = _thread_cpu_ns()
             except Exception as exc:  # never raise into the training loop
                 m._fail("step", exc)
             if m._gpu is not None:
@@ -76,6 +79,7 @@ class _StepContext:
         if m._active and m._in_step:
             try:
                 end = m._clock()
+                cpu_ns = _thread_cpu_ns() - m._step_cpu_ns
                 m._in_step = False
                 fb, fe = m._fetch_begin_ns, m._fetch_end_ns
                 m._fetch_begin_ns = m._fetch_end_ns = 0
@@ -91,7 +95,7 @@ class _StepContext:
                         m._fail("gpu", exc)
                 m._append(
                     (EV_STEP, step, m._step_begin_ns, end, fb, fe, m._fwd_ns, m._opt_begin_ns, m._opt_end_ns, data_ns,
-                     pre_ns, pre_begin, in_compute)
+                     pre_ns, pre_begin, in_compute, cpu_ns)
                 )  # fmt: skip
                 m._produced += 1
                 m._step = step + 1
@@ -227,6 +231,7 @@ class Monitor:
         self._step = 0
         self._in_step = False
         self._step_begin_ns = 0
+        self._step_cpu_ns = 0
         self._fetch_begin_ns = 0
         self._fetch_end_ns = 0
         self._data_ns = 0  # time inside mon.data() blocks in the open step

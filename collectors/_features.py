@@ -74,6 +74,10 @@ FEATURES: dict[str, str] = {
     "straggler_cost_share": "What waiting for this rank costs: over the steps where it waited least, how much "
     "longer the next-least-waiting rank waited, over the period sum (what fixing it would give back).",
     "straggler_cost_share_noise": "Uncertainty of straggler_cost_share from its per-step spread.",
+    "straggler_work_explained": "Over the steps where this rank arrived last: its training thread's extra CPU "
+    "time over the other ranks' mean (steps.cpu_s), over what the others waited for it. Near 1 when it had more "
+    "work to do; near 0 when a busy host kept it waiting for a core. CPU ranks only (a GPU rank's thread spins "
+    "while it waits for the device).",
     "least_wait_top_share": "The largest least_wait_step_share of any rank (copied to every rank): near 1 when one "
     "rank arrives last at nearly every collective, low when the late rank changes from step to step.",
     "imbalance_cost_share": "Per step, how much longer the second-least-waiting rank waited than the least, "
@@ -134,6 +138,9 @@ FEATURES: dict[str, str] = {
     "oversubscription_ratio": "threads_demanded / cpus_allowed (> 1: threads queue for cores).",
     "host_load_ratio": "1-minute load average over CPUs allowed (sampled; else from the rank's metadata).",
     "process_cpu_cores": "This rank's process CPU seconds per wall second (sampled).",
+    "host_cpu_contended": "1 when tasks on this rank's host queued for CPUs while it ran: pressure stall "
+    "information says some task waited >= 10 % of the time (host_cpu_pressure_ratio), or, without it, the load "
+    "average is at least one per CPU allowed; else 0.",
     "host_bound_share": "Share of the step the host's threads drive: compute + optimizer + data wait on a CPU "
     "rank, the data wait on a GPU rank.",
     "records_dropped_total": "Records the agent dropped (its buffer was full).",
@@ -170,7 +177,9 @@ CONTEXT_DEFAULTS: dict[str, str] = {
 """What a template reads for a context name the run did not provide."""
 
 _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the median
-_HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio")  # read by name, whether or not the schema lists them yet
+_CONTENDED_PRESSURE = 0.10  # some task waited for a CPU >= 10 % of the time: a rank's lost time can be that wait
+# read by name, whether or not the schema lists them yet
+_HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio", "host_cpu_pressure_ratio")
 
 
 def run_features(run_path: str, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
@@ -417,6 +426,11 @@ def _host_features(meta: dict, f: dict, samples: dict, rank: int, ranks_on_node:
     load = _number(host.get("load_avg_1m"))
     if out["host_load_ratio"] is None and load is not None and out["cpus_allowed"]:
         out["host_load_ratio"] = load / out["cpus_allowed"]
+    pressure = out["host_cpu_pressure_ratio"]
+    if pressure is not None:
+        out["host_cpu_contended"] = int(pressure >= _CONTENDED_PRESSURE)
+    elif out["host_load_ratio"] is not None:
+        out["host_cpu_contended"] = int(out["host_load_ratio"] >= 1.0)
     if out["cpus_allowed"] and out["local_world_size"]:
         out["cpus_per_rank"] = out["cpus_allowed"] / out["local_world_size"]
         if out["torch_threads"] is not None:
@@ -570,6 +584,7 @@ def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> None:
             feats[r]["least_wait_step_share"] = per["least_share"]
             feats[r]["straggler_cost_share"] = per["cost_share"]
             feats[r]["straggler_cost_share_noise"] = per["cost_noise"]
+            feats[r]["straggler_work_explained"] = per.get("work_explained")
         top = max(feats[r]["least_wait_step_share"] for r in reporting)
         for f in feats.values():
             f["least_wait_top_share"] = top

@@ -72,23 +72,24 @@ PHASE_SQL: dict[str, str] = {
 """SQL for each phase of one step row, as a share of ``PERIOD_SQL``: GPU-stream phases on a GPU rank
 (CUDA events), host phases on a CPU rank. They add up to the period (a NULL data wait counts as 0)."""
 
-STEP_COLUMNS_V3: dict[str, str] = {
-    "comm_blocked_s": "DOUBLE",
+LATE_STEP_COLUMNS: dict[str, str] = {
+    "comm_blocked_s": "DOUBLE",  # schema 3
     "gpu_comm_blocked_s": "DOUBLE",
     "collectives": "BIGINT",
     "collective_bytes": "BIGINT",
+    "cpu_s": "DOUBLE",  # schema 4
 }
-"""Step columns of schema version 3 that the queries read; NULL where a run (or the schema) lacks them."""
+"""Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
 
 
 def steps_source(con, since_ns: int | None = None) -> str:
     """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
 
-    Rows of an older agent lack the collective columns: they read as NULL, so the phases are what
+    Rows of an older agent lack the collective and CPU-time columns: they read as NULL, so the phases are what
     they were. ``since_ns`` keeps only steps that ended after it (Unix ns), for "now" verdicts.
     """
     present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
-    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in STEP_COLUMNS_V3.items() if c not in present]
+    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present]
     where = f" WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
     return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"
 
@@ -196,18 +197,25 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     *floor*); how much longer the next-least-waiting rank waited is what that last arrival cost the
     step (fixing it gives that back, not more: the next rank is then the last). Returns the floors'
     shares of the period sum with their per-step spread, the imbalance share, and per rank the share
-    of steps it arrived last and the cost of those arrivals; None when no step has every rank.
+    of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
+    cost its extra thread CPU time accounts for; None when no step has every rank.
     """
     source = steps_source(con, since_ns)
     sql = f"""
         WITH {kept_steps_sql(source)},
              w AS (SELECT rank, step, period_s, {GRAD_COMM_SQL} AS grad_s, {BLOCKED_SQL} AS blocked_s,
-                          comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL AS timed
+                          comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL AS timed,
+                          CASE WHEN gpu_step_s IS NULL THEN cpu_s END AS cpu_s, coalesce(data_wait_s, 0) AS data_s
                    FROM kept WHERE rank IN (SELECT unnest(?::INTEGER[])))
         SELECT step, avg(period_s) AS period_s, min(grad_s) AS grad_floor_s, min(blocked_s) AS blocked_floor_s,
                bool_or(timed) AS timed, min(grad_s + blocked_s) AS least_s,
                CASE WHEN count(*) >= 2 THEN list_sort(list(grad_s + blocked_s))[2] END AS second_s,
-               arg_min(rank, grad_s + blocked_s) AS least_rank
+               arg_min(rank, grad_s + blocked_s) AS least_rank,
+               CASE WHEN count(cpu_s) = count(*) AND count(*) >= 2
+                    THEN arg_min(cpu_s, grad_s + blocked_s)
+                         - (sum(cpu_s) - arg_min(cpu_s, grad_s + blocked_s)) / (count(*) - 1) END AS extra_cpu_s,
+               arg_min(cpu_s, grad_s + blocked_s) AS least_cpu_s,
+               arg_min(period_s - grad_s - blocked_s - data_s, grad_s + blocked_s) AS least_busy_s
         FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
     """
     rows = con.execute(sql, [warmup_steps, warmup_steps, ranks, len(ranks)]).fetchall()
@@ -223,11 +231,23 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     per_rank = {}
     for rank in ranks:
         mine = last.get(rank, [])
+        waited = sum(gap for gap, least in gaps if least == rank)
+        late = [r for (_, least), r in zip(gaps, rows) if least == rank]
+        extra_cpu = [r[8] for r in late]
+        # The CPU share the host gave this rank while it worked: extra work of c CPU-seconds costs c / share
+        # of wall time, so the wait it explains is its extra CPU time over that share.
+        cpu_share = _ratio(sum(r[9] or 0.0 for r in late), sum(max(0.0, r[10] or 0.0) for r in late))
         per_rank[rank] = {
             "least_share": len(mine) / len(rows),
-            "cost_share": sum(gap for gap, least in gaps if least == rank) / total if mine else 0.0,
+            "cost_share": waited / total if mine else 0.0,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
             "cost_noise": notch(mine + [0.0] * (len(rows) - len(mine))) if mine else 0.0,
+            # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
+            "work_explained": (
+                max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
+                if mine and waited > 0 and cpu_share and all(c is not None for c in extra_cpu)
+                else None
+            ),
         }
     return {
         "steps": len(rows),
@@ -239,6 +259,10 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
         "imbalance_share": sum(gap for gap, _ in gaps) / total,
         "per_rank": per_rank,
     }
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
 
 
 def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, float]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``; 3 added ``steps.comm_blocked_s``,
 ``collectives``, ``collective_bytes``, ``gpu_comm_blocked_s`` and the ``collectives`` kind, and made a NULL
-``data_wait_s`` mean "not measured". Readers give NULL for a column an older segment or store lacks."""
+``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``. Readers give NULL for a column an older
+segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -88,6 +89,12 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "gpu_comm_blocked_s",
         "float64",
         "Time those collectives held the step's GPU stream (CUDA events around each call; GPU only).",
+    ),
+    Column(
+        "cpu_s",
+        "float64",
+        "CPU time the training thread used during the step (its thread CPU clock). Against step_s it tells a "
+        "rank doing more work from one waiting for a core on a busy host.",
     ),
 )
 
@@ -209,4 +216,6 @@ SAMPLE_NAMES: dict[str, str] = {
     # The host, sampled at each flush on every rank (CPU and GPU jobs).
     "process_cpu_cores": "CPU seconds this rank's process used per wall second: the cores it keeps busy.",
     "host_load_ratio": "1-minute load average over the CPUs this process may run on.",
+    "host_cpu_pressure_ratio": "Share of wall time some task on the host was runnable but waiting for a CPU "
+    "(Linux pressure stall information, /proc/pressure/cpu 'some'; absent without it).",
 }

@@ -30,6 +30,8 @@ class Job:
     kill_rank: int = -1  # SIGKILL this rank...
     kill_at_step: int = -1  # ...after this many steps (and a pause long enough for a flush)
     bucket_cap_mb: float = 25.0
+    slow_rank: int = -1  # this rank is slower every step...
+    slow_by: str = "work"  # ...by 6 extra forward passes ("work") or a 25-ms sleep inside the step ("sleep")
     env: dict = field(default_factory=dict)
 
 
@@ -83,6 +85,13 @@ def _rank_main(rank: int, job_dict: dict, port: int) -> None:
     t_iter = time.perf_counter()
     for step, (x, y) in enumerate(mon.loader(loader)):
         with mon.step():
+            if rank == job.slow_rank:
+                if job.slow_by == "sleep":
+                    time.sleep(0.025)  # blocked, not working: what a rank waiting on its own I/O looks like
+                else:
+                    with torch.no_grad():
+                        for _ in range(6):
+                            model.module(x)
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

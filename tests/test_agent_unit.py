@@ -21,7 +21,7 @@ MS = 1_000_000  # ns
 
 # ----------------------------------------------------------------- phase arithmetic (pure)
 def _step(step, begin, end, fetch=(0, 0), fwd=0, opt=(0, 0)):
-    return (EV_STEP, step, begin, end, fetch[0], fetch[1], fwd, opt[0], opt[1], 0 if fetch[1] else -1, 0, 0, 0)
+    return (EV_STEP, step, begin, end, fetch[0], fetch[1], fwd, opt[0], opt[1], 0 if fetch[1] else -1, 0, 0, 0, -1)
 
 
 def test_phases_partition_the_step():
