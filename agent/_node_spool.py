@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -98,8 +99,10 @@ class NodePublisher:
         world_size: int,
         max_job_files_per_s: float,
         local_world_size: int | None = None,
+        rank: int | None = None,
     ) -> None:
         self.local_path = local_path
+        self._rank_file = None if rank is None else f"rank-{rank:05d}.json"
         self.run_path = run_path
         self.node = node
         self._flush_interval_s = flush_interval_s
@@ -115,19 +118,39 @@ class NodePublisher:
         return publish_interval_s(self._flush_interval_s, self._world_size, local, self._max_files)
 
     def maybe_publish(self, final: bool = False) -> PublishResult | None:
-        """Publish the node's pending segments if its interval is up (always when ``final``); None when not.
+        """Publish the node's pending segments if its interval is up; None when not.
 
-        A final publish waits for the lock (bounded) so that a rank's last rows go out before it exits.
+        On a rank's last flush (``final``) its rows go out before it returns: it waits (bounded) for the
+        neighbours still running to close too, then publishes unless one of them did after its last write.
+        The first call only starts the node's clock, at a phase of its own.
         """
         interval = self.interval_s()
         stamp = os.path.join(self.local_path, STAMP_NAME)
-        if not final and time.time() - _mtime(stamp) < interval:
+        last = _mtime(stamp)
+        if not last and not final:
+            _start_clock(stamp, self.node, interval)
             return None
+        if not final and time.time() - last < interval:
+            return None
+        if final:
+            # Ranks of a node close within moments of each other: wait (a few flushes at most) until the
+            # neighbours said their last word, so that one publish per node carries them all.
+            deadline = time.monotonic() + 3 * self._flush_interval_s + 1.0
+            while time.monotonic() < deadline and _neighbour_running(
+                self.local_path, self._rank_file, self._flush_interval_s
+            ):
+                time.sleep(0.05)
         with _node_lock(self.local_path, wait_s=10.0 if final else 0.0) as held:
             if not held:
                 return None
             if not final and time.time() - _mtime(stamp) < interval:
                 return None  # a neighbour published while we waited
+            if (
+                final
+                and self._rank_file
+                and _mtime_ns(stamp) > _mtime_ns(os.path.join(self.local_path, RANKS_DIR, self._rank_file))
+            ):
+                return None  # a neighbour published after our last rows and status were written
             result = publish_node(self.local_path, self.run_path, self.node, interval)
             _touch(stamp)
         self.published = PublishResult(
@@ -319,6 +342,36 @@ def _node_of(local_path: str) -> str | None:
     return None
 
 
+def _start_clock(stamp: str, node: str, interval: float) -> None:
+    """Start the node's publish clock at a phase of its own (from its name), so that the nodes of a job do
+    not all publish in the same second of each interval."""
+    phase = int.from_bytes(hashlib.sha256(node.encode()).digest()[:4], "big") / 2**32
+    os.makedirs(os.path.dirname(stamp), exist_ok=True)
+    _touch(stamp)
+    now = time.time()
+    os.utime(stamp, (now, now - phase * interval))
+
+
+def _neighbour_running(local_path: str, own: str | None, flush_interval_s: float) -> bool:
+    """Whether another rank of the node still runs: its rank file says ``running`` and was rewritten within
+    the last three flushes (one killed without a word stops counting that soon)."""
+    folder = os.path.join(local_path, RANKS_DIR)
+    fresh_after = time.time() - max(3 * flush_interval_s, 1.0)
+    for name in _listdir(folder):
+        if name == own or not _RANK_FILE.match(name):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if os.stat(path).st_mtime < fresh_after:
+                continue
+            with open(path, "rb") as f:
+                if json.loads(f.read()).get("status") == "running":
+                    return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
 def _count_rank_files(local_path: str) -> int:
     return sum(1 for n in _listdir(os.path.join(local_path, RANKS_DIR)) if _RANK_FILE.match(n))
 
@@ -335,6 +388,13 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime
     except OSError:
         return 0.0
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _touch(path: str) -> None:

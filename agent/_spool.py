@@ -88,6 +88,7 @@ class SpoolWriter:
                 flush_interval_s=flush_interval_s,
                 world_size=identity.world_size,
                 max_job_files_per_s=max_job_files_per_s,
+                rank=identity.rank,
             )
             run_path = local
         self.run_path = run_path

@@ -41,7 +41,7 @@ def build_spool(run_path: str, rows: int, ranks: int, segment_rows: int) -> int:
     for rank in range(ranks):
         n_rank = per_rank + (1 if rank < rows % ranks else 0)
         with open(os.path.join(run_path, RANKS_DIR, f"rank-{rank:05d}.json"), "w") as f:
-            json.dump({"rank": rank, "status": "finished", "steps": n_rank, "world_size": ranks}, f)
+            json.dump({"rank": rank, "status": "finished", "heartbeat_ns": 1, "steps": n_rank, "world_size": ranks}, f)
         for seq, start in enumerate(range(0, n_rank, segment_rows)):
             n = min(segment_rows, n_rank - start)
             step = np.arange(start, start + n, dtype=np.int64)
@@ -77,7 +77,9 @@ def build_spool(run_path: str, rows: int, ranks: int, segment_rows: int) -> int:
                 "gpu_comm_exposed_s": pa.nulls(n, pa.float64()),
                 "gpu_optimizer_s": pa.nulls(n, pa.float64()),
             }
-            table = pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+            # Columns added to the schema later (and GPU-only ones) stay NULL, as on a CPU rank.
+            arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
+            table = pa.Table.from_arrays(arrays, schema=schema)
             pq.write_table(
                 table,
                 os.path.join(run_path, "steps", f"node{rank // 4}_r{rank:05d}_p{1000 + rank}_{seq:06d}.parquet"),
