@@ -151,8 +151,9 @@ class NodePublisher:
                 and _mtime_ns(stamp) > _mtime_ns(os.path.join(self.local_path, RANKS_DIR, self._rank_file))
             ):
                 return None  # a neighbour published after our last rows and status were written
+            began = time.time()
             result = publish_node(self.local_path, self.run_path, self.node, interval)
-            _touch(stamp)
+            _touch(stamp, began)  # the clock runs from the start: a slow publish does not stretch the window
         self.published = PublishResult(
             self.published.files + result.files,
             self.published.segments + result.segments,
@@ -244,7 +245,9 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
     for name in names:
         path = os.path.join(kind_dir, name)
         try:
-            tables.append(pq.read_table(path))
+            # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas (~38 MB
+            # in a training process that never uses it; see _arrow_columns.py).
+            tables.append(pq.ParquetFile(path).read())
         except (OSError, pa.ArrowException, ValueError):
             if not os.path.exists(os.path.join(target_dir, name)):
                 _write_durably(target_dir, name, lambda f, p=path: _copy_into(p, f))
@@ -397,10 +400,10 @@ def _mtime_ns(path: str) -> int:
         return 0
 
 
-def _touch(path: str) -> None:
+def _touch(path: str, when: float | None = None) -> None:
     with open(path, "a"):
         pass
-    os.utime(path)
+    os.utime(path, None if when is None else (when, when))
 
 
 def _add(a: PublishResult, b: PublishResult) -> PublishResult:

@@ -1,0 +1,415 @@
+"""What ranksight costs a job and a shared filesystem at 1,024 and 10,000 ranks, beside DuckDB's own limits.
+
+Every figure of docs/scale.md comes from one run of this script (``--json`` keeps them). Sections:
+
+``spool``
+    Real processes, one per simulated rank, write synthetic rows at a real rank's rates (a step every
+    ``--step-ms``, one collective row per step, 8 samples per flush) through the agent's own
+    ``SpoolWriter``, its rank file every flush, for ``--seconds``. Three runs: every rank writing to the
+    run folder (the default agent), and the node spool (``Config.node_spool_dir``) with the job declared
+    as 1,024 and as 10,000 ranks, 8 per node, so each node publishes at that job's interval. A 2-core
+    machine cannot run 10,000 ranks: it runs ``--nodes`` nodes, time-compressed ``--speed`` times (flush
+    interval, publish interval and the file budget all scaled together, rows per flush as at real speed),
+    and the job's figures are the per-rank (default agent) or per-node (node spool) figures times the
+    ranks or nodes -- ranks and nodes do not talk to each other, so that product is exact, not a model.
+``prometheus``
+    Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
+``store``
+    A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
+    segment per rank and one merged file per node of 8: ``ingest`` rows/s, ``step_breakdown`` and
+    ``diagnose()`` on the live spool and on the store, each beside DuckDB doing the least the same job
+    takes (Arrow insert, Parquet -> table, GROUP BY over the store, the same GROUP BY over the files).
+
+Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store] [--seconds 40] [--speed 10]
+[--nodes 2] [--store-steps 2000] [--json OUT]``. Run it under ``nice`` on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RANKS_PER_NODE = 8
+REAL_FLUSH_S = 2.0
+DEFAULT_CAP = 150.0  # Config.max_job_files_per_s
+
+# ------------------------------------------------------------------ spool: one simulated rank
+
+
+def run_rank(spec: dict) -> None:
+    """One simulated rank: the agent's SpoolWriter fed synthetic rows at a real rank's rates."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import pyarrow.parquet  # noqa: F401  (imported before the clock starts, as in a running agent)
+
+    from ranksight.agent._identity import Identity
+    from ranksight.agent._spool import SpoolWriter
+
+    rank, node = spec["rank"], spec["node"]
+    ident = Identity("scale", "scale-run", node, rank, rank % RANKS_PER_NODE, spec["world"], os.getpid())
+    flush_s = REAL_FLUSH_S / spec["speed"]
+    writer = SpoolWriter(
+        spec["run_path"],
+        ident,
+        node_spool_dir=spec["node_spool"],
+        flush_interval_s=flush_s,
+        max_job_files_per_s=DEFAULT_CAP * spec["speed"],
+    )
+    steps_per_flush = max(1, round(REAL_FLUSH_S * 1000 / spec["step_ms"]))
+    step, flushes, rows = 0, 0, 0
+    # Start-up (imports, the first Parquet write) is not what is measured: every rank starts together.
+    with open(spec["out"] + ".ready", "w"):
+        pass
+    while not os.path.exists(spec["go"]):
+        time.sleep(0.02)
+    started = time.time()
+    deadline = time.monotonic() + spec["seconds"]
+    next_flush = time.monotonic() + flush_s * (rank % RANKS_PER_NODE) / RANKS_PER_NODE  # ranks not in phase
+    while True:
+        time.sleep(max(0.0, next_flush - time.monotonic()))
+        final = time.monotonic() >= deadline
+        now = time.time_ns()
+        batch = range(step, step + steps_per_flush)
+        steps = [
+            {"step": s, "time_ns": now, "step_s": 0.1, "data_wait_s": 0.002, "compute_s": 0.08, "optimizer_s": 0.01}
+            for s in batch
+        ]
+        colls = [
+            {"step": s, "op": "all_reduce", "origin": "ddp", "process_group": "default", "count": 4, "bytes": 10**8}
+            for s in batch
+        ]
+        samples = [{"time_ns": now, "step": step, "name": f"s{i}", "value": 0.5} for i in range(8)]
+        for kind, batch_rows in (("steps", steps), ("collectives", colls), ("samples", samples)):
+            writer.write(kind, batch_rows)
+            rows += len(batch_rows)
+        step += steps_per_flush
+        flushes += 1
+        meta = {
+            **ident.labels(),
+            "status": "finished" if final else "running",
+            "heartbeat_ns": time.time_ns(),
+            "started_ns": int(started * 1e9),
+            "flush_interval_s": flush_s,
+            "steps": step,
+        }
+        writer.write_meta(meta)
+        if final:
+            break
+        next_flush += flush_s
+    published = writer.publisher.published if writer.publisher else None
+    out = {
+        "rank": rank,
+        "flushes": flushes,
+        "rows": rows,
+        "steps": step,
+        "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "published_files": published.files if published else 0,
+    }
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+
+
+def _folder_stats(run_path: str) -> tuple[int, int]:
+    """(segment files, bytes) in the run folder's kind folders."""
+    files = size = 0
+    for kind in ("steps", "collectives", "samples"):
+        folder = os.path.join(run_path, kind)
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.scandir(folder):
+            if entry.name.endswith(".parquet") and not entry.name.startswith("."):
+                files += 1
+                size += entry.stat().st_size
+    return files, size
+
+
+def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: float, speed: float, step_ms: float):
+    """Run ``nodes`` x 8 simulated ranks; return the shared folder's figures in real (not compressed) time."""
+    tag = f"{'node' if node_spool else 'direct'}-{world}"
+    root = os.path.join(base, tag)
+    shutil.rmtree(root, ignore_errors=True)
+    run_path = os.path.join(root, "runs", "scale-run")
+    procs, outs = [], []
+    for n in range(nodes):
+        for local in range(RANKS_PER_NODE):
+            rank = n * RANKS_PER_NODE + local
+            out = os.path.join(root, f"rank{rank}.json")
+            spec = {
+                "rank": rank,
+                "node": f"node{n:04d}",
+                "world": world,
+                "speed": speed,
+                "seconds": seconds,
+                "step_ms": step_ms,
+                "run_path": run_path,
+                "node_spool": os.path.join(root, f"local-{n}") if node_spool else None,
+                "out": out,
+                "go": os.path.join(root, "go"),
+            }
+            procs.append(subprocess.Popen([sys.executable, __file__, "_rank", json.dumps(spec)]))
+            outs.append(out)
+    while not all(os.path.exists(o + ".ready") for o in outs):
+        time.sleep(0.05)
+    with open(os.path.join(root, "go"), "w"):
+        pass
+    t0 = time.monotonic()
+    # The steady state: files that appeared between 25 % and 95 % of the run (no start-up, no close).
+    time.sleep(seconds * 0.25 + 1.0)
+    f0, b0, s0 = *_folder_stats(run_path), time.monotonic()
+    time.sleep(max(0.0, t0 + seconds * 0.95 + 1.0 - time.monotonic()))
+    f1, b1, s1 = *_folder_stats(run_path), time.monotonic()
+    for p in procs:
+        p.wait(timeout=seconds + 120)
+    wall = time.monotonic() - t0
+    ranks = [json.load(open(o)) for o in outs]
+    files, size = _folder_stats(run_path)
+    rank_files = os.listdir(os.path.join(run_path, "ranks"))
+    meta_writes = sum(r["flushes"] for r in ranks) if not node_spool else 0
+    publishes_bundle = sum(r["published_files"] for r in ranks) - files if node_spool else 0
+    n_ranks = nodes * RANKS_PER_NODE
+    real_s = (s1 - s0) * speed  # the steady window in real time
+    seg_per_s = (f1 - f0) / real_s
+    rank_file_per_s = (meta_writes / (wall * speed)) if not node_spool else max(0, publishes_bundle) / (wall * speed)
+    creates_per_s = seg_per_s + rank_file_per_s
+    bytes_per_s = (b1 - b0) / real_s
+    rows = sum(r["rows"] for r in ranks)
+    # Every row arrived once: the run folder holds what the ranks wrote.
+    import duckdb
+
+    con = duckdb.connect()
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    stored, distinct = con.execute(
+        f"SELECT count(*), count(DISTINCT (rank, step)) FROM read_parquet('{glob}')"
+    ).fetchone()
+    assert stored == distinct == sum(r["steps"] for r in ranks), (stored, distinct)
+    per = n_ranks if not node_spool else nodes
+    at = (1024, 10_000) if not node_spool else (world,)
+    from ranksight.agent._node_spool import publish_interval_s
+
+    interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP) if node_spool else REAL_FLUSH_S
+    return {
+        "mode": "node spool" if node_spool else "every rank to the run folder",
+        "declared_world": world,
+        "simulated_ranks": n_ranks,
+        "simulated_nodes": nodes,
+        "speed": speed,
+        "wall_s": wall,
+        "rows": rows,
+        "segments_in_run_folder": files,
+        "rank_files_in_run_folder": len(rank_files),
+        "publish_interval_s": interval,
+        "shared_creates_per_s_per_unit": creates_per_s / per,
+        "unit": "rank" if not node_spool else "node",
+        "shared_bytes_per_s_per_unit": bytes_per_s / per,
+        "rows_per_s_per_rank": rows / (wall * speed) / n_ranks,
+        # Job totals: per rank x ranks (default agent, the same at any size), or per node x nodes of the
+        # job the node spool was declared as (its publish interval depends on the job's size).
+        "creates_per_s_at": {str(w): creates_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
+        "bytes_per_s_at": {str(w): bytes_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
+        "rank_maxrss_mb": statistics.median(r["maxrss_kb"] for r in ranks) / 1024,
+        "rank_maxrss_max_mb": max(r["maxrss_kb"] for r in ranks) / 1024,
+        "lost_on_rank_crash_s": REAL_FLUSH_S,
+        "lost_on_node_loss_s": interval,
+        "rows_checked_once": stored,
+    }
+
+
+# ------------------------------------------------------------------ prometheus
+
+
+def prometheus_series() -> dict:
+    """Series on one rank's endpoint after rows of every kind: what Prometheus stores per rank."""
+    from ranksight.agent._identity import Identity
+    from ranksight.agent._prometheus import RollupCollector
+    from ranksight.agent._rollup import Rollup
+    from ranksight.schema import SAMPLE_NAMES
+
+    rollup = Rollup()
+    rollup.update("steps", [{"step_s": 0.1, "data_wait_s": 0.01, "comm_exposed_s": 0.01, "allreduce_s": 0.02}])
+    rollup.update("samples", [{"name": n, "value": 0.5, "time_ns": 1, "step": 1} for n in SAMPLE_NAMES])
+    rollup.update("compile", [{"kind": "graph_break", "count": 1}, {"kind": "recompile", "count": 1}])
+    rollup.set_agent_counters(0, 0)
+    ident = Identity("scale", "run", "node0", 0, 0, 8, 1)
+    series = sum(len(fam.samples) for fam in RollupCollector(rollup, ident).collect())
+    return {"series_per_rank": series, "series_at": {"1024": series * 1024, "10000": series * 10_000}}
+
+
+# ------------------------------------------------------------------ store
+
+
+def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[int, int]:
+    """Write ``ranks`` x ``steps`` step rows: one segment per rank, or one file per node of 8 ranks."""
+    sys.path.insert(0, HERE)
+    from store_bench import build_spool as per_rank_spool
+
+    if not per_node:
+        return per_rank_spool(run_path, ranks * steps, ranks, steps), ranks * steps
+    import pyarrow.parquet as pq
+
+    tmp = run_path + ".parts"
+    per_rank_spool(tmp, ranks * steps, ranks, steps)
+    os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)
+    shutil.copytree(os.path.join(tmp, "ranks"), os.path.join(run_path, "ranks"))
+    names = sorted(os.listdir(os.path.join(tmp, "steps")))
+    files = 0
+    for i in range(0, len(names), RANKS_PER_NODE):
+        import pyarrow as pa
+
+        part = [pq.read_table(os.path.join(tmp, "steps", n)) for n in names[i : i + RANKS_PER_NODE]]
+        out = os.path.join(run_path, "steps", f"node{i // RANKS_PER_NODE:04d}_m{i:020d}-000000.parquet")
+        pq.write_table(pa.concat_tables(part), out, compression="zstd")
+        files += 1
+    shutil.rmtree(tmp)
+    return files, ranks * steps
+
+
+def _timed(fn, repeats: int = 3) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
+    """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from ranksight.collectors import ingest, open_run, step_breakdown
+    from ranksight.rules import diagnose
+
+    run_path = os.path.join(base, f"store-{'node' if per_node else 'rank'}-{ranks}x{steps}", "bench-run")
+    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+    t0 = time.perf_counter()
+    files, rows = build_spool(run_path, ranks, steps, per_node)
+    built_s = time.perf_counter() - t0
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+
+    def breakdown():
+        con = open_run(run_path, follow_spool=False)
+        out = step_breakdown(con)
+        con.close()
+        return out
+
+    live_s, live = _timed(breakdown)
+    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=1)
+    # DuckDB's floor for the breakdown: one GROUP BY over the same files.
+    con = duckdb.connect()
+    floor_files_s, _ = _timed(
+        lambda: con.execute(
+            f"SELECT rank, median(step_s), avg(step_s) FROM read_parquet('{glob}') GROUP BY rank"
+        ).fetchall()
+    )
+    result = ingest(run_path)
+    store_s, stored = _timed(breakdown)
+    assert [r["steps"] for r in live] == [r["steps"] for r in stored]
+    diag_store_s, _ = _timed(lambda: diagnose(run_path), repeats=1)
+    # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
+    floor_db = os.path.join(base, "floor.duckdb")
+    for path in (floor_db, floor_db + ".wal"):
+        if os.path.exists(path):
+            os.remove(path)
+    fcon = duckdb.connect(floor_db)
+    t0 = time.perf_counter()
+    fcon.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
+    fcon.execute("CHECKPOINT")
+    parquet_to_table_s = time.perf_counter() - t0
+    table = pq.read_table(os.path.join(run_path, "steps"))
+    t0 = time.perf_counter()
+    fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM table")
+    fcon.execute("CHECKPOINT")
+    arrow_insert_s = time.perf_counter() - t0
+    groupby_s, _ = _timed(
+        lambda: fcon.execute("SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank").fetchall()
+    )
+    fcon.close()
+    del table
+    return {
+        "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
+        "ranks": ranks,
+        "steps": steps,
+        "rows": rows,
+        "files": files,
+        "built_s": built_s,
+        "ingest_s": result.seconds,
+        "ingest_rows_per_s": rows / result.seconds,
+        "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
+        "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
+        "breakdown_live_s": live_s,
+        "breakdown_store_s": store_s,
+        "duckdb_groupby_files_s": floor_files_s,
+        "duckdb_groupby_table_s": groupby_s,
+        "diagnose_live_s": diag_live_s,
+        "diagnose_store_s": diag_store_s,
+    }
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="spool,prometheus,store")
+    parser.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
+    parser.add_argument("--speed", type=float, default=10.0, help="time compression of the spool simulation")
+    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes of 8 ranks each")
+    parser.add_argument("--step-ms", type=float, default=100.0, help="a simulated rank's step time")
+    parser.add_argument("--store-ranks", type=int, default=1024)
+    parser.add_argument("--store-steps", type=int, default=2000)
+    parser.add_argument("--layouts", default="rank,node", help="store section: rank, node or both")
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    base = args.dir or tempfile.mkdtemp(prefix="ranksight-scale-")
+    os.makedirs(base, exist_ok=True)
+    sections = args.sections.split(",")
+    figures: dict = {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}
+    try:
+        if "spool" in sections:
+            runs = []
+            for node_spool, world in ((False, 10_000), (True, 1024), (True, 10_000)):
+                fig = simulate(
+                    base,
+                    node_spool=node_spool,
+                    world=world,
+                    nodes=args.nodes,
+                    seconds=args.seconds,
+                    speed=args.speed,
+                    step_ms=args.step_ms,
+                )
+                runs.append(fig)
+                print(json.dumps(fig), flush=True)
+            figures["spool"] = runs
+        if "prometheus" in sections:
+            figures["prometheus"] = prometheus_series()
+            print(json.dumps(figures["prometheus"]), flush=True)
+        if "store" in sections:
+            figures["store"] = []
+            for layout in args.layouts.split(","):
+                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node")
+                figures["store"].append(fig)
+                print(json.dumps(fig), flush=True)
+        figures["load_avg_at_end"] = os.getloadavg()[0]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(figures, f, indent=1)
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "_rank":
+        run_rank(json.loads(sys.argv[2]))
+    else:
+        main()
