@@ -31,7 +31,8 @@ _NS = 1e-9
 class _Pending:
     raw: tuple | None = None
     buckets: dict = field(default_factory=dict)  # bucket index -> [bytes, ready_ns, done_ns, is_last]
-    collectives: list = field(default_factory=list)  # (op, origin, group, bytes, begin_ns, end_ns, blocked_ns)
+    # (op, origin, group, bytes, begin_ns, end_ns, blocked_ns[, wall clock ns at begin])
+    collectives: list = field(default_factory=list)
     age: int = 0
 
 
@@ -69,6 +70,7 @@ class Assembler:
         steps: list[dict] = []
         buckets: list[dict] = []
         collectives: list[dict] = []
+        spans: list = []  # (step, begin_ns, end_ns, calls, its collective rows) for collective_gpu
         for step in sorted(self._pending):
             p = self._pending[step]
             if p.raw is None:
@@ -85,9 +87,24 @@ class Assembler:
             row, brows = self._finish(p)
             steps.append(row)
             buckets.extend(brows)
-            collectives.extend(_collective_rows(step, p.collectives, p.buckets.values(), row["allreduce_s"]))
+            crows = _collective_rows(step, p.collectives, p.buckets.values(), row["allreduce_s"])
+            collectives.extend(crows)
+            if self.collective_gpu is not None:
+                begin = min([p.raw[2], *(c[4] for c in p.collectives)])
+                spans.append((step, begin, p.raw[3], p.collectives, crows))
             del self._pending[step]
+        if spans:
+            collectives.extend(self._time_on_gpu(spans))
         return steps, buckets, collectives
+
+    def _time_on_gpu(self, spans: list) -> list[dict]:
+        """Let ``collective_gpu`` fill the rows' ``gpu_s`` (and add the rows of collectives no Python call
+        issued, DDP's buckets on NCCL); return the added rows. A failure turns it off, never the drain."""
+        try:
+            return self.collective_gpu(spans)
+        except Exception:
+            self.collective_gpu = None
+            return []
 
     def _finish(self, p: _Pending) -> tuple[dict, list[dict]]:
         _, step, begin, end, fetch_b, fetch_e, fwd, opt_b, opt_e = p.raw[:9]
@@ -117,7 +134,8 @@ class Assembler:
         # span come out of compute (a metric all_reduce between forward and backward is not compute).
         blocked = blocked_in_compute = 0
         count = nbytes = 0
-        for _op, _origin, _group, size, c_begin, c_end, held in p.collectives:
+        for c in p.collectives:
+            size, c_begin, c_end, held = c[3], c[4], c[5], c[6]
             if t0 <= c_end and c_begin <= end:
                 blocked += held
                 count += 1
@@ -174,11 +192,15 @@ class Assembler:
     collectives_on = False
     """Set when collective timing is installed: a step without any then reads 0, not unknown."""
 
+    collective_gpu = None
+    """On an NCCL rank, ``_nccl_timing.NcclTimes``: called once per drain with the finished steps'
+    ``(step, begin_ns, end_ns, calls, rows)``; fills ``gpu_s`` from NCCL's own timing."""
+
 
 def _collective_rows(step: int, calls: list, buckets, allreduce_s) -> list[dict]:
     """Sum one step's collectives per (op, origin, group); DDP's buckets make one ``ddp`` all_reduce row."""
     sums: dict[tuple, list] = {}
-    for op, origin, group, size, _begin, _end, held in calls:
+    for op, origin, group, size, _begin, _end, held, *_wall in calls:
         agg = sums.setdefault((op, origin, group), [0, 0, 0])
         agg[0] += 1
         agg[1] += size

@@ -11,6 +11,9 @@ so what is recorded is always the time the caller was held.
 
 On a GPU rank the host is released when the collective is enqueued, so the wrapper also records two
 CUDA events around the call on the current stream (never waited for): the time that stream was held.
+Each call also carries the wall clock at its start: NCCL's flight recorder stamps the collectives it
+records with that clock (``time_created_ns``), which is how ``_nccl_timing`` finds the call a
+collective's GPU time belongs to.
 
 Origins, read from the calling module (one frame up, no stack walk): ``fsdp`` (torch's FSDP),
 ``framework`` (Lightning, transformers, accelerate), ``torch`` (other torch internals, e.g. DDP's
@@ -22,7 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from time import perf_counter_ns
+from time import perf_counter_ns, time_ns
 from typing import Any, Callable, Optional
 
 from ._events import EV_COLLECTIVE
@@ -185,6 +188,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
     spec = _OPS[name]
     group_pos = spec[2]
     clock = perf_counter_ns
+    wall = time_ns  # the flight recorder's clock (CLOCK_REALTIME), to match its entries to this call
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
@@ -200,6 +204,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
                 ev0 = gpu.collective_begin()
         except Exception as exc:
             m._reporter.count("collective_gpu_events", exc)
+        wall_begin = wall()
         begin = clock()
         try:
             out = fn(*args, **kwargs)
@@ -211,7 +216,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
             origin = _origin(sys._getframe(1).f_globals)
             key = (name, origin, _group_label(group), _bytes(spec, args, kwargs))
             step = m._step
-            m._append((EV_COLLECTIVE, step, *key, begin, end, end - begin))
+            m._append((EV_COLLECTIVE, step, *key, begin, end, end - begin, wall_begin))
             if ev0 is not None:
                 gpu.collective_end(step, ev0)
         except Exception as exc:  # one lost record, never the user's collective

@@ -42,8 +42,25 @@ class GpuOptions:
     """Step of the first window (after compilation and allocator warm-up)."""
     trace_dir: Optional[str] = None
     """A folder to also save each window's Chrome trace in."""
+    events_every_steps: int = 1
+    """Record the step's CUDA events on one step in this many (1: every step). Each event costs the
+    training thread a driver call (5-10 µs on a VM) and the agent thread two more to read it; at k > 1
+    the other steps' GPU columns stay NULL, so phase shares mix GPU rows with host-clock rows."""
+    nccl_timing: bool = True
+    """Each NCCL collective's GPU time (``collectives.gpu_s``), from NCCL's own start and end events
+    as PyTorch's flight recorder keeps them (``TORCH_NCCL_ENABLE_TIMING`` is switched on)."""
+    nccl_timing_every_s: float = 30.0
+    """Seconds between two reads of the flight recorder (0: every flush). A read copies its whole ring
+    (2,000 entries by default, a few to tens of ms on the agent thread); the steps of the flush that
+    reads it get ``gpu_s``, the others keep it NULL."""
 
     def __post_init__(self) -> None:
+        if int(self.events_every_steps) < 1:
+            raise ValueError(f"ranksight: gpu option events_every_steps must be >= 1, got {self.events_every_steps!r}")
+        if not float(self.nccl_timing_every_s) >= 0:
+            raise ValueError(
+                f"ranksight: gpu option nccl_timing_every_s must be >= 0, got {self.nccl_timing_every_s!r}"
+            )
         for name in ("allocator_every_s", "snapshot_every_s"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"ranksight: gpu option {name} must be > 0, got {getattr(self, name)!r}")

@@ -64,6 +64,8 @@ class GpuMarks:
         self._fwd_marked = True
         self._opt_marked = True
         self.events_on = True
+        self.every = 1  # events on one step in this many (GpuOptions.events_every_steps)
+        self.sampled = True  # whether the current step records its events
         self.window = None  # TraceWindow, when the sampled kernel-level window is on
 
     def _take(self) -> Optional[Any]:
@@ -86,12 +88,13 @@ class GpuMarks:
     # ---------------------------------------------------------- called by the step context and hooks
     def step_begin(self, step: int) -> None:
         """Mark the step's start on the GPU stream; start or mark the sampled window when due."""
-        self._fwd_marked = False
-        self._opt_marked = False
         if self._stream is None:
             self._stream = self._current_stream()
             self._step_stream = self._stream.cuda_stream
-        self._mark(step, "b")
+        on = self.sampled = self.every == 1 or step % self.every == 0
+        self._fwd_marked = self._opt_marked = not on  # an unsampled step's hooks return at once
+        if on:
+            self._mark(step, "b")
         w = self.window
         if w is not None and w.due(step, self._m._step_begin_ns):
             try:
@@ -107,7 +110,9 @@ class GpuMarks:
                 w.end(step)
             except Exception as exc:
                 self._window_failed(exc)
-        self._mark(step, "e")
+        # The step before a sampled one marks its end too: the sampled step's gap is measured from it.
+        if self.sampled or (step + 1) % self.every == 0:
+            self._mark(step, "e")
 
     def forward(self) -> None:
         if not self._fwd_marked and self._m._in_step:
@@ -121,18 +126,18 @@ class GpuMarks:
 
     def bucket_ready(self, step: int, is_last: bool) -> None:
         """DDP comm hook: mark when the last gradient bucket became ready (end of backward compute)."""
-        if is_last:
+        if is_last and self.sampled:
             self._mark(step, "r")
 
     def backward_done(self) -> None:
         """End of backward (post-accumulate-grad hook of the gradient computed last); the latest one wins
         under gradient accumulation."""
-        if self._m._in_step:
+        if self.sampled and self._m._in_step:
             self._mark(self._m._step, "r")
 
     def sync_done(self) -> None:
         """End of backward, after DDP waited for its all-reduces (an autograd final callback)."""
-        if self._m._in_step:
+        if self.sampled and self._m._in_step:
             self._mark(self._m._step, "d")
 
     def collective_begin(self) -> Optional[Any]:
@@ -140,7 +145,7 @@ class GpuMarks:
         up, or when the call runs on a side stream: FSDP2 issues its all-gathers and reduce-scatters on
         streams of their own, which overlap compute by design and hold the step's stream only where it
         waits for them, inside its compute)."""
-        if not self.events_on or self._current_stream().cuda_stream != self._step_stream:
+        if not (self.events_on and self.sampled) or self._current_stream().cuda_stream != self._step_stream:
             return None
         ev = self._take()
         if ev is not None:
@@ -158,8 +163,10 @@ class GpuMarks:
 
     def bucket_done(self, step: int) -> None:
         """The last bucket's all-reduce callback: runs on a stream that waits for the collective (a CUDA
-        future's callbacks do), so this event completes when the all-reduce has on the GPU."""
-        self._mark(step, "d")
+        future's callbacks do), so this event completes when the all-reduce has on the GPU. Kind ``q``:
+        another stream than the step's, so the resolver queries it on its own."""
+        if self.sampled:
+            self._mark(step, "q")
 
     def _window_failed(self, exc: BaseException) -> None:
         w, self.window = self.window, None
@@ -220,7 +227,7 @@ class GpuResolver:
             self._held.popleft()
             pending.pop(row["step"], None)
             if marks:
-                self._fill(row, marks)
+                self._fill(row, marks, queried=end is not None and waiting)
                 self._keep_end(row["step"], marks)
                 self._release(marks)
             ready.append(row)
@@ -254,16 +261,20 @@ class GpuResolver:
             self._marks.release([self._prev_end[1]])
         self._prev_end = (step, end)
 
-    def _fill(self, row: dict, marks: dict) -> None:
+    def _fill(self, row: dict, marks: dict, queried: bool = False) -> None:
         """Phases from the step's events, each read once as an offset from the step's begin.
 
         The step's own marks (b, f, r, o, e) are recorded on one stream in that order, so once ``e`` is
-        complete they all are: only ``e`` is queried. ``d`` (recorded in a future callback) may sit on
-        another stream and is queried. Fewer CUDA calls per row matter: they run on the agent thread
-        while the training thread launches kernels, and each takes the GIL.
+        complete they all are: only ``e`` is queried, and not twice (``queried``: the hold loop just
+        did). ``d`` (NCCL: an autograd callback's mark) is on the step's stream too; ``q`` (gloo: the
+        last bucket's future callback) may sit on another stream and is queried. Fewer CUDA calls per row
+        matter: they run on the agent thread while the training thread launches kernels, and each holds
+        the GIL (``query`` and ``elapsed_time`` do not release it).
         """
         b, e = marks.get("b"), marks.get("e")
-        if b is None or e is None or not e.query():
+        if b is None and e is not None:
+            return  # an unsampled step's end, kept only for the next step's gap
+        if b is None or e is None or not (queried or e.query()):
             self.dropped_total += 1
             return
         at = b.elapsed_time  # ms from the step's begin
@@ -272,7 +283,7 @@ class GpuResolver:
         prev = self._prev_end
         if prev is not None and prev[0] == row["step"] - 1:  # recorded before b on the same stream
             row["gpu_gap_s"] = max(0.0, prev[1].elapsed_time(b) * 1e-3)
-        f, r, d, o = marks.get("f"), marks.get("r"), marks.get("d"), marks.get("o")
+        f, r, d, o, q = marks.get("f"), marks.get("r"), marks.get("d"), marks.get("o"), marks.get("q")
         r_ms = at(r) if r is not None else None
         o_ms = at(o) if o is not None else None
         if f is not None:
@@ -280,9 +291,9 @@ class GpuResolver:
             row["h2d_s"] = f_ms * 1e-3
             compute_end = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
             row["gpu_compute_s"] = max(0.0, compute_end - f_ms) * 1e-3
-        # "d": the last bucket's all-reduce done (gloo's per-bucket hook, on a stream that waits for it) or,
-        # on NCCL, backward's end after DDP made the stream wait for every bucket.
-        done_ms = at(d) if d is not None and d.query() else None
+        # "q": the last bucket's all-reduce done (gloo's per-bucket hook, on a stream that waits for it);
+        # "d", on NCCL: backward's end after DDP made the step's stream wait for every bucket.
+        done_ms = at(d) if d is not None else at(q) if q is not None and q.query() else None
         if r_ms is not None and done_ms is not None:
             # Capped at the step's end: a collective still running then belongs to no phase of this step.
             row["gpu_comm_exposed_s"] = max(0.0, min(done_ms, end_ms) - r_ms) * 1e-3
@@ -390,6 +401,14 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
             _hook_backward_end(monitor, model, marks)
     else:
         marks.events_on = False
+    marks.every = int(opts.events_every_steps)
+    if opts.nccl_timing:
+        try:
+            from ._nccl_timing import attach_nccl_timing
+
+            attach_nccl_timing(monitor, torch, ddp=backward_hook, every_s=float(opts.nccl_timing_every_s))
+        except Exception as exc:
+            monitor._fail("nccl_timing", exc)
     monitor._wire_gpu(marks, resolver, samplers)
 
 
@@ -423,6 +442,8 @@ def _hook_backward_end(monitor: MonitorLike, model: Any, marks: GpuMarks) -> Non
 
     def on_grad(tensor):
         try:
+            if not getattr(marks, "sampled", True):
+                return  # an unsampled step (GpuOptions.events_every_steps): no marks, no callbacks
             ready()
             engine.queue_callback(after_ddp)
         except Exception as exc:

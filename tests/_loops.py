@@ -53,12 +53,16 @@ def _rank_main(rank: int, loop_dict: dict, port: int) -> None:
     truth = {"fetch_s": [], "iter_s": []}
 
     if loop.kind == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # A CPU mesh, explicitly: without one fully_shard builds its mesh on the accelerator whenever CUDA
+        # is available and moves the parameters there, and a gloo job's CPU batches no longer match them.
+        mesh = init_device_mesh("cpu", (loop.ranks,))
         model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)])
         for layer in model:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     else:
         model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 1))
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.02)
