@@ -52,7 +52,7 @@ def run(args) -> int:
     batches = make_batches(2, args.batch, args.t, args.d, True)
     mon = ranksight.init(
         run_dir=os.path.join(args.out, "runs"), job="gpu-collectives", run_id=args.scenario,
-        flush_interval_s=0.5, gpu={"trace_window": False},
+        flush_interval_s=0.5, gpu={"trace_window": False, "nccl_timing_every_s": 0},
     )  # fmt: skip
     mon.watch(model, optimizer=opt)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -95,28 +95,92 @@ def _trace_steps(path: str) -> dict[int, dict]:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = (e["ts"], e.get("tid"))
     kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    optimizer = [  # the optimizer's step on the training thread: where the step goes on after backward
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e.get("name", "").startswith("Optimizer.step") and e.get("tid") == main_tid
+    ]
     out = {}
     for step, (lo, hi) in steps.items():
-        user, ddp, compute_from_autograd = [], [], []
+        user, ddp, compute_from_autograd, opt_starts = [], [], [], []
+        by_kind: dict[str, list[float]] = {}  # NCCL kernels by collective: AllReduce, AllGather, ReduceScatter
         for k in kernels:
             ts_tid = launches.get(k.get("args", {}).get("correlation"))
             if ts_tid is None or not lo <= ts_tid[0] <= hi:
                 continue
             span = (k["ts"], k["ts"] + k["dur"])
             is_nccl = k["name"].startswith("nccl")
+            if is_nccl:
+                kind = next(
+                    (n for n in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast") if n in k["name"]), "other"
+                )
+                by_kind.setdefault(kind, []).append(k["dur"] * 1e-6)
             if is_nccl and ts_tid[1] == main_tid:
                 user.append(span)
             elif is_nccl:
                 ddp.append(span)
             elif ts_tid[1] != main_tid:
                 compute_from_autograd.append(span)
+            elif any(a <= ts_tid[0] <= b for a, b in optimizer):
+                opt_starts.append(span[0])
         last_ddp = max((s[1] for s in ddp), default=None)
         last_bwd = max((s[1] for s in compute_from_autograd if last_ddp is None or s[1] <= last_ddp), default=None)
+        first_opt = min(opt_starts, default=None)
         out[step] = {
             "user_nccl_s": sum(b - a for a, b in user) * 1e-6,
             "grad_nccl_s": sum(b - a for a, b in ddp) * 1e-6,
             "grad_exposed_s": (last_ddp - last_bwd) * 1e-6 if last_ddp and last_bwd else None,
+            # From backward's last kernel to the optimizer's first: the exposed all-reduce plus what else
+            # the GPU did or waited for in between (DDP copying the reduced buckets into .grad, the host).
+            "until_optimizer_s": (first_opt - last_bwd) * 1e-6 if first_opt and last_bwd else None,
+            "nccl_by_kind": {kind: [len(ds), sum(ds)] for kind, ds in by_kind.items()},
         }
+    return out
+
+
+_KIND_OF_OP = {
+    "all_reduce": "AllReduce",
+    "barrier": "AllReduce",
+    "all_gather_into_tensor": "AllGather",
+    "all_gather": "AllGather",
+    "all_gather_single": "AllGather",
+    "all_gather_forward": "AllGather",
+    "all_gather_backward": "AllGather",
+    "reduce_scatter_tensor": "ReduceScatter",
+    "reduce_scatter": "ReduceScatter",
+    "reduce_scatter_single": "ReduceScatter",
+    "broadcast": "Broadcast",
+}
+
+
+def _agreement(con, rank: int, prof: dict) -> list[dict]:
+    """Per traced step and NCCL kernel kind: the agent's ``gpu_s`` (NCCL's own start/end events, from
+    the flight recorder) against the sum of that kind's kernels in the trace, and the counts."""
+    rows = con.execute(
+        "SELECT step, op, origin, sum(count), sum(gpu_s) FROM collectives WHERE rank = ? AND step BETWEEN ? AND ? "
+        "AND gpu_s IS NOT NULL GROUP BY step, op, origin ORDER BY step",
+        [rank, TRACED.start, TRACED.stop - 1],
+    ).fetchall()
+    agent: dict[tuple, list] = {}
+    for step, op, _origin, n, gpu_s in rows:
+        kind = _KIND_OF_OP.get(op, op)
+        agg = agent.setdefault((step, kind), [0, 0.0])
+        agg[0] += n
+        agg[1] += gpu_s
+    out = []
+    for (step, kind), (n, gpu_s) in sorted(agent.items()):
+        trace_n, trace_s = prof.get(step, {}).get("nccl_by_kind", {}).get(kind, [0, 0.0])
+        out.append(
+            {
+                "step": step,
+                "kind": kind,
+                "agent_count": n,
+                "trace_kernels": trace_n,
+                "agent_gpu_s": gpu_s,
+                "trace_kernel_s": trace_s,
+                "rel_diff": (gpu_s - trace_s) / trace_s if trace_s else None,
+            }
+        )
     return out
 
 
@@ -137,6 +201,21 @@ def report(out_dir: str) -> int:
                 "FROM steps WHERE rank = ? AND step BETWEEN ? AND ? ORDER BY step",
                 [rank, TRACED.start, TRACED.stop - 1],
             ).fetchall()
+            agree = _agreement(con, rank, prof)
+            result[f"{scenario}_gpu_s_r{rank}"] = agree
+            totals: dict[str, list] = {}
+            for a in agree:
+                t = totals.setdefault(a["kind"], [0.0, 0.0, 0, 0])
+                t[0] += a["agent_gpu_s"]
+                t[1] += a["trace_kernel_s"]
+                t[2] += a["agent_count"]
+                t[3] += a["trace_kernels"]
+            for kind, (ag, tr, n_a, n_t) in totals.items():
+                diff = f"{(ag - tr) / tr * 100:+.1f} %" if tr else "-"
+                print(
+                    f"{scenario} rank {rank} gpu_s {kind:13s} agent {ag * 1e3:8.3f} ms ({n_a} calls)  "
+                    f"trace {tr * 1e3:8.3f} ms ({n_t} kernels)  {diff}  [steps {TRACED.start}-{TRACED.stop - 1}]"
+                )
             per_step = []
             for step, gpu_step, exposed, blocked, host_blocked, n in rows:
                 p = prof.get(step, {})
@@ -144,17 +223,25 @@ def report(out_dir: str) -> int:
                     "step": step, "gpu_step_s": gpu_step, "agent_grad_exposed_s": exposed,
                     "trace_grad_exposed_s": p.get("grad_exposed_s"), "agent_other_collectives_gpu_s": blocked,
                     "trace_user_nccl_s": p.get("user_nccl_s"), "trace_grad_nccl_s": p.get("grad_nccl_s"),
+                    "trace_until_optimizer_s": p.get("until_optimizer_s"),
                     "host_blocked_s": host_blocked, "collectives": n,
                 })  # fmt: skip
             result[f"{scenario}_r{rank}"] = per_step
-            for key in ("agent_grad_exposed_s", "trace_grad_exposed_s", "agent_other_collectives_gpu_s",
-                        "trace_user_nccl_s", "trace_grad_nccl_s", "host_blocked_s"):  # fmt: skip
+            for key in (
+                "agent_grad_exposed_s",
+                "trace_grad_exposed_s",
+                "trace_until_optimizer_s",
+                "agent_other_collectives_gpu_s",
+                "trace_user_nccl_s",
+                "trace_grad_nccl_s",
+                "host_blocked_s",
+            ):
                 vals = [r[key] for r in per_step if r[key] is not None]
                 med = statistics.median(vals) * 1e3 if vals else None
                 print(f"{scenario} rank {rank} {key:32s} median {med if med is None else round(med, 3)} ms")
         ops = con.execute(
-            "SELECT op, origin, sum(count), sum(bytes), round(sum(blocked_s), 4) FROM collectives "
-            "WHERE rank = 0 GROUP BY op, origin ORDER BY op"
+            "SELECT op, origin, sum(count), sum(bytes), round(sum(blocked_s), 4), round(sum(gpu_s), 4), "
+            "count(gpu_s) FROM collectives WHERE rank = 0 GROUP BY op, origin ORDER BY op"
         ).fetchall()
         print(scenario, "collectives (rank 0):", ops)
         result[f"{scenario}_collectives_r0"] = ops

@@ -270,3 +270,60 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_nccl_collectives_get_their_gpu_time(monitor, tmp_path, monkeypatch):
+    """One-rank NCCL DDP with a metric all_reduce per step: NCCL's own timing, read from the flight
+    recorder at every flush here, gives DDP's buckets a ``ddp`` row and the metric's row its ``gpu_s``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        mon = monitor(trace_first_step=10**9, nccl_timing_every_s=0)
+        model = DDP(_model(), bucket_cap_mb=1)
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        mon.watch(model, optimizer=opt)
+        x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+        for _ in range(30):
+            with mon.step():
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                dist.all_reduce(loss.detach())
+        torch.cuda.synchronize()
+        mon.close()
+    finally:
+        dist.destroy_process_group()
+    assert mon.errors == {}
+    rows = [r for r in _read(mon.run_path, "collectives") if r["step"] >= 3]
+    ddp = [r for r in rows if r["origin"] == "ddp" and r["gpu_s"] is not None]
+    user = [r for r in rows if (r["op"], r["origin"]) == ("all_reduce", "user") and r["gpu_s"] is not None]
+    assert len(ddp) >= 5 and len(user) >= 5, rows
+    assert all(r["count"] >= 2 and r["gpu_s"] >= 0 and r["bytes"] > 0 for r in ddp)  # several buckets
+    assert all(r["count"] == 1 and r["gpu_s"] >= 0 for r in user)
+
+
+def test_events_on_one_step_in_k(monitor):
+    """``events_every_steps=4``: GPU columns on steps 0, 4, 8, ... only, each with its gap (the step before
+    marks its end too); the other steps' stay NULL; nothing synchronises the device."""
+    mon = monitor(trace_first_step=10**9, events_every_steps=4)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _train(mon, model, opt, 24, x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    mon.close()
+    assert mon.errors == {}
+    rows = {r["step"]: r for r in _read(mon.run_path, "steps")}
+    assert len(rows) == 24
+    assert {s for s, r in rows.items() if r["gpu_step_s"] is not None} == set(range(0, 24, 4))
+    assert all(rows[s]["gpu_gap_s"] is not None and rows[s]["gpu_compute_s"] is not None for s in range(4, 24, 4))
