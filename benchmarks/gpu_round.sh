@@ -4,7 +4,11 @@
 # results and the run folders (packed in runs.tgz, for diagnosis elsewhere) are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
+# PARTS picks what runs (default all): overhead collectives demo tests. PAIRS_ARGS passes options to
+# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1000 timed steps a run).
 set -u
+PARTS=${PARTS:-overhead collectives demo tests}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-gpu-round}
 W=${WORK:-/tmp/gpu-round}
 rm -rf "$W" && mkdir -p "$OUT" "$W"  # a warm machine keeps /tmp: never mix two rounds' run folders
@@ -20,14 +24,26 @@ export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
 rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests "$W/t/"
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
-torchrun --nproc-per-node 2 benchmarks/gpu_overhead_ddp.py --out "$W/overhead" 2>&1 | tail -3
-for s in metrics fsdp2; do
-  torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
-done
-python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -20
-python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
-python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
-(cd "$W/t" && python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py tests/test_measurement.py 2>&1 | tail -15)
-cp "$W/overhead/gpu_overhead_ddp.json" "$W/coll/gpu_collectives.json" "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
-tar czf "$OUT/runs.tgz" -C "$W" coll/runs demo/runs overhead/runs
+if has overhead; then
+  # Whole runs, agent off and on alternating (the agent thread cannot slow the run it is compared with).
+  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4 --steps 1000} 2>&1 | tail -16
+  cp "$W/overhead/gpu_overhead_pairs.json" "$OUT/"
+fi
+if has collectives; then
+  for s in metrics fsdp2; do
+    torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
+  done
+  python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -40
+  cp "$W/coll/gpu_collectives.json" "$OUT/"
+fi
+if has demo; then
+  python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
+  python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
+  cp "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
+fi
+if has tests; then
+  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py tests/test_gpu_nccl_timing.py \
+    tests/test_measurement.py 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
+fi
+(cd "$W" && tar czf "$OUT/runs.tgz" $(ls -d coll/runs demo/runs overhead/runs 2>/dev/null))
 ls -la "$OUT"
