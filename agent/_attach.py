@@ -41,14 +41,42 @@ def _unwrap(model: Any) -> tuple[Any, Any, Any]:
 
 def _fsdp_units(module: Any) -> int:
     """How many modules FSDP2 (``fully_shard``) manages in this model; 0 when it is not FSDP2."""
+    from ._fsdp_hooks import fsdp_modules
+
+    return len(fsdp_modules(module))
+
+
+def _attach_fsdp(m: MonitorLike, module: Any) -> str:
+    """Record the FSDP2 units' facts and wrap their collectives (``_fsdp_hooks``); return what watch() says."""
+    from ._fsdp_hooks import attach_fsdp, fsdp_facts
+
+    facts: dict = {}
     try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch < 2.6 keeps it under _composable
-        try:
-            from torch.distributed._composable.fsdp import FSDPModule
-        except ImportError:
-            return 0
-    return sum(1 for m in module.modules() if isinstance(m, FSDPModule))
+        facts = fsdp_facts(module)
+    except Exception as exc:
+        m._warn_once("fsdp_facts", f"cannot describe the FSDP2 units ({exc})")
+        facts = {"units": _fsdp_units(module)}
+    m._append((EV_INFO, "fsdp", facts))
+    recorder = None
+    try:
+        recorder = attach_fsdp(m, module)
+    except Exception as exc:
+        m._fail("fsdp_hooks", exc)
+    if recorder is not None:
+        m._closers.append(recorder)
+    units, with_params = facts.get("units", 0), facts.get("units_with_params")
+    what = (
+        "each unit's all-gathers (forward, backward, exposed vs overlapped) and reduce-scatters timed"
+        if recorder is not None
+        else "all-gathers and reduce-scatters timed as collectives (no per-unit split on this torch)"
+    )
+    detail = f"{units} fully_shard units"
+    if with_params is not None:
+        detail += (
+            f", {with_params} with parameters, reshard_after_forward on {facts.get('reshard_after_forward_units')}, "
+            f"explicit forward prefetch on {facts.get('forward_prefetch_units')}"
+        )
+    return f"({detail}): {what}"
 
 
 def _check_torch_version(m: MonitorLike, version: str) -> None:
@@ -97,18 +125,20 @@ def attach_model(m: MonitorLike, model: Any) -> None:
 
     m._time_collectives()
     fsdp_units = _fsdp_units(inner)
+    fsdp_note = ""
     if ddp is not None:
         parallelism = "ddp"
     elif fsdp_units:
         parallelism = "fsdp2"
-        m._append((EV_INFO, "fsdp", {"units": fsdp_units}))
+        fsdp_note = _attach_fsdp(m, inner)
     else:
         parallelism = "none"
     m._append((EV_INFO, "parallelism", parallelism))
+    # Says what watch() attached to, so a user (and the dashboard's event list) can check it saw the job right.
     m._reporter.info(
         "watch",
         {"ddp": "DDP: per-bucket all-reduce and every other collective timed",
-         "fsdp2": f"FSDP2 ({fsdp_units} fully_shard units): all-gathers and reduce-scatters timed",
+         "fsdp2": f"FSDP2 {fsdp_note}",
          "none": "a module without DDP or FSDP2: collectives in user code timed"}[parallelism],
     )  # fmt: skip
 

@@ -17,6 +17,7 @@ import statistics
 
 from ranksight.schema import SAMPLE_NAMES
 
+from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     NOTCH,
     PHASES,
@@ -148,6 +149,7 @@ FEATURES: dict[str, str] = {
     "memory_reserved_excess": "This rank's reserved GPU memory over the median across ranks, minus 1.",
     "memory_reserved_spread": "(max - min) / max of reserved GPU memory across ranks.",
     **{name: f"Sample: {doc}" for name, doc in SAMPLE_NAMES.items()},
+    **FSDP_FEATURES,  # FSDP2 collectives, units, prefetching, precision (_fsdp_features)
 }
 
 #: Strings fix templates may name (never expressions: the rule language has numbers only).
@@ -162,6 +164,7 @@ CONTEXT: dict[str, str] = {
     "top_collectives": "The blocking collectives that cost most, e.g. 'all_reduce x2/step (user)'.",
     "other_top": "Where the sampled stack window found the training thread during 'other' time, e.g. "
     "'log_metrics (train.py:88) 61 %'; empty when no window saw any.",
+    **FSDP_CONTEXT,
 }
 
 CONTEXT_DEFAULTS: dict[str, str] = {
@@ -173,6 +176,7 @@ CONTEXT_DEFAULTS: dict[str, str] = {
     "transport": "unknown",
     "top_collectives": "",
     "other_top": "no stack window saw it yet",
+    **FSDP_CONTEXT_DEFAULTS,
 }
 """What a template reads for a context name the run did not provide."""
 
@@ -224,6 +228,7 @@ def compute_features(
     _cross_rank(con, warmup_steps, since_ns, feats, stats)
     for rank, f in feats.items():
         f.update(transport_model(f, _context_of(meta_by_rank.get(rank, {}), f)["transport"]))
+    fsdp_features(con, metas, feats, warmup_steps, since_ns, transports=TRANSPORTS)
     return feats
 
 
@@ -231,10 +236,12 @@ def compute_context(con, metas: list, features: dict[int, dict], warmup_steps: i
     """Context strings per rank (``CONTEXT``): what fix templates are fitted to, beside the numbers."""
     meta_by_rank = {m.rank: m.data for m in metas}
     ops = collective_ops(con, warmup_steps, since_ns)
+    fsdp = fsdp_context(metas, features)
     out = {}
     for rank, f in features.items():
         ctx = _context_of(meta_by_rank.get(rank, {}), f)
         ctx["top_collectives"] = ops.get(rank, "")
+        ctx.update(fsdp.get(rank, {}))
         out[rank] = ctx
     return out
 

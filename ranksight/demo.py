@@ -13,6 +13,12 @@ GPU). Each fault is a realistic mistake, planted the way users make it:
 - ``blocking``: three metrics all-reduced one by one for logging, counters gathered with
   ``all_gather_object`` and a barrier, in every step of a short step.
 - ``oversubscribed``: every rank runs as many torch threads as the host has CPUs.
+- ``fsdp``: a healthy FSDP2 job (``fully_shard`` per block, explicit forward and backward prefetching;
+  on CPU the all-gathers are issued async so gloo runs them in the background).
+- ``fsdp-no-prefetch``: the FSDP2 mistake: wide blocks, a small batch, and all-gathers issued on the
+  compute stream (``_set_unshard_async_op(True)``, e.g. to avoid inter-stream fragmentation) without the
+  explicit prefetching that must then replace FSDP2's implicit one: every block waits for its own
+  all-gather, in forward and again in backward.
 
 GPU-only faults (their code paths only run on CUDA; on a CPU machine the demo refuses them):
 
@@ -35,7 +41,9 @@ from dataclasses import dataclass
 
 CPU_FAULTS = (
     "none", "input", "sync", "straggler", "graph-break", "unused-params", "straggler30", "blocking", "oversubscribed",
+    "fsdp", "fsdp-no-prefetch",
 )  # fmt: skip
+FSDP_FAULTS = ("fsdp", "fsdp-no-prefetch")
 GPU_FAULTS = ("pageable", "cpu-op", "host-sync", "fragmentation")
 FAULTS = CPU_FAULTS + GPU_FAULTS
 DDP_STATS_EVERY_STEPS = 10  # read DDP's logging data (unused parameters) often: demo runs are short
@@ -70,7 +78,7 @@ class DemoConfig:
             self.run_id = f"{self.job}-{self.fault}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
-MULTI_RANK_FAULTS = ("sync", "straggler", "unused-params", "straggler30", "blocking")  # need DDP across ranks
+MULTI_RANK_FAULTS = ("sync", "straggler", "unused-params", "straggler30", "blocking", *FSDP_FAULTS)  # need ranks
 
 
 def default_ranks(fault: str) -> int:
@@ -181,7 +189,10 @@ def _build(cfg: DemoConfig, rank: int, device):
                 h = h.clamp(-1e6, 1e6)
             return self.out(h)
 
-    model = Net().to(device)
+    if cfg.fault in FSDP_FAULTS:
+        model, in_features, batch, n_items = _fsdp_model(cfg, device)
+    else:
+        model = Net().to(device)
     sampler = torch.utils.data.BatchSampler(range(n_items), batch, drop_last=False)
     loader = torch.utils.data.DataLoader(
         _Synthetic(n_items, in_features, seed=rank, item_sleep_s=item_sleep_s),
@@ -192,6 +203,44 @@ def _build(cfg: DemoConfig, rank: int, device):
         persistent_workers=num_workers > 0,
     )
     return model, loader, nn.MSELoss()
+
+
+#: (width, blocks, batch) of the FSDP2 demo, per fault and device. The healthy job does enough work per
+#: parameter byte that its all-gathers are a few % of the step; the fault's wide blocks and small batch
+#: make every all-gather a real part of it, exposed once the prefetching is gone.
+FSDP_SHAPES = {
+    ("fsdp", "cpu"): (128, 2, 32768),
+    ("fsdp-no-prefetch", "cpu"): (1024, 4, 64),
+    ("fsdp", "cuda"): (4096, 8, 8192),
+    ("fsdp-no-prefetch", "cuda"): (4096, 8, 256),
+}
+
+
+def _fsdp_model(cfg: DemoConfig, device):
+    """A stack of Linear+ReLU blocks sharded with FSDP2, one ``fully_shard`` unit per block, then the root.
+
+    ``fsdp``: each block prefetches the next two in forward and the previous one in backward (FSDP2's
+    explicit prefetching, torch >= 2.6); on CPU the all-gathers are issued async (``unshard_async_op``),
+    without which gloo runs them on the training thread and nothing can overlap. ``fsdp-no-prefetch``:
+    async all-gathers with no prefetching, so each block waits for its own (on a GPU, on the compute
+    stream). Returns (model, in_features, batch, n_items)."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    width, depth, batch = FSDP_SHAPES[(cfg.fault, device.type)]
+    blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]
+    model = nn.Sequential(*blocks, nn.Linear(width, 1)).to(device)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    if cfg.fault == "fsdp":
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 3])
+            if i > 0:
+                block.set_modules_to_backward_prefetch([blocks[i - 1]])
+    else:
+        model._set_unshard_async_op(True)  # the mistake: all-gathers on the compute stream, no prefetch
+    return model, width, batch, max(4096, batch * 4)
 
 
 def _host_sync_normalise(x):
@@ -248,6 +297,8 @@ def _device_and_backend(cfg: DemoConfig, rank: int):
     if not torch.cuda.is_available():
         return torch.device("cpu"), "gloo"
     count = torch.cuda.device_count()
+    if cfg.fault in FSDP_FAULTS and count < cfg.ranks:
+        return torch.device("cpu"), "gloo"  # FSDP2 needs NCCL on GPUs (one per rank); else it runs on CPU
     device = torch.device(f"cuda:{rank % count}")
     # NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors (through host memory) instead.
     return device, "nccl" if count >= cfg.ranks else "gloo"
@@ -287,7 +338,7 @@ def _worker(rank: int, cfg: DemoConfig, port: int) -> None:
         gpu=dict(GPU_SAMPLING) if device.type == "cuda" else None,
     )
     model, loader, loss_fn = _build(cfg, rank, device)
-    if cfg.ranks > 1:
+    if cfg.ranks > 1 and cfg.fault not in FSDP_FAULTS:
         # The sync fault also makes one huge bucket: nothing overlaps with backward (a real misconfiguration).
         bucket_cap_mb = 512 if cfg.fault == "sync" else 25
         model = DDP(model, find_unused_parameters=cfg.fault == "unused-params", bucket_cap_mb=bucket_cap_mb)
