@@ -145,7 +145,11 @@ class GpuMarks:
         up, or when the call runs on a side stream: FSDP2 issues its all-gathers and reduce-scatters on
         streams of their own, which overlap compute by design and hold the step's stream only where it
         waits for them, inside its compute)."""
-        if not (self.events_on and self.sampled) or self._current_stream().cuda_stream != self._step_stream:
+        if (
+            not (self.events_on and self.sampled)
+            or self._stream is None  # before the first step (a barrier before the loop): no step stream yet
+            or self._current_stream().cuda_stream != self._step_stream
+        ):
             return None
         ev = self._take()
         if ev is not None:

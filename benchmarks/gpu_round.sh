@@ -5,7 +5,7 @@
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
 # PARTS picks what runs (default all): overhead collectives demo tests. PAIRS_ARGS passes options to
-# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1000 timed steps a run).
+# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1500 timed steps a run after 600).
 set -u
 PARTS=${PARTS:-overhead collectives demo tests}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -26,7 +26,7 @@ rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests "$W/t/"
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
 if has overhead; then
   # Whole runs, agent off and on alternating (the agent thread cannot slow the run it is compared with).
-  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4 --steps 1000} 2>&1 | tail -16
+  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4} 2>&1 | tail -16
   cp "$W/overhead/gpu_overhead_pairs.json" "$OUT/"
 fi
 if has collectives; then

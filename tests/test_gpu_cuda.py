@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -294,6 +295,9 @@ def test_nccl_collectives_get_their_gpu_time(monitor, tmp_path, monkeypatch):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 dist.all_reduce(loss.detach())
+            # A step every ~50 ms, so flushes (every 0.3 s) find most steps' collectives finished and given
+            # their duration by the NCCL watchdog (it looks every 100 ms); the last steps may stay NULL.
+            time.sleep(0.05)
         torch.cuda.synchronize()
         mon.close()
     finally:
