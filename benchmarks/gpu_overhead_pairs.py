@@ -128,6 +128,19 @@ def run(args) -> int:
             window.next_step = 10**12  # no further window
             extra.append((with_window - plain) * WINDOW_BLOCK)
         out["window_one_off_s"] = extra
+        out["steps_per_timed_flush"] = len(blocks) * BLOCK / max(1, n_flush)
+        if args.tag == "r0":  # the training thread's own cost of an empty monitored step, once per variant
+            per = []
+            for _ in range(2):
+                t0 = time.perf_counter_ns()
+                for _ in range(400):
+                    with mon.data():
+                        pass
+                    with mon.step():
+                        pass
+                per.append((time.perf_counter_ns() - t0) / 400 / 1000)
+                time.sleep(2.2)  # let the agent thread resolve and recycle the events
+            out["empty_step_us"] = per
         out["agent_errors"] = dict(mon.errors)
         mon.close()
     dist.barrier()
