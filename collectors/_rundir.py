@@ -567,6 +567,21 @@ def quarantine_path(run_path: str, kind: str, name: str) -> str:
 # --- the store and DuckDB paths -----------------------------------------------------------------------
 
 
+NODE_STORES_DIR = "nodes"
+"""Where per-node stores go (``<run>/nodes/<node>.duckdb``): each node's ``ranksight ingest`` of its own run
+folder, copied here when the nodes share no filesystem; ``open_run`` reads them beside the run's store."""
+
+
+def node_store_paths(run_path: str) -> list[str]:
+    """The per-node stores of a run (``<run>/nodes/*.duckdb``, dot-files left out: a copy in progress)."""
+    folder = os.path.join(run_path, NODE_STORES_DIR)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".duckdb") and not n.startswith("."))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names]
+
+
 def store_path(run_path: str) -> str:
     """Where a run's compacted store lives."""
     return os.path.join(run_path, STORE_NAME)

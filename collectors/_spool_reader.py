@@ -18,12 +18,14 @@ import weakref
 from ranksight.schema import KINDS, duckdb_columns
 
 from ._rundir import (
+    NODE_STORES_DIR,
     SkippedFile,
     StoreError,
     check_run_dir,
     duckdb_run_path,
     first_line,
     is_segment_name,
+    node_store_paths,
     scan_segments,
     segment_glob,
     store_path,
@@ -77,6 +79,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     db_run = duckdb_run_path(run_path)
     store_kinds = _attach_store(con, run_path, db_run)
     ingested = ingested_segments(con, STORE_ALIAS) if store_kinds is not None else {}
+    nodes = _attach_node_stores(con, run_path, db_run)
     quiet = store_kinds is not None and _no_rank_writing(run_path)
     skipped: list[SkippedFile] = []
     for kind in KINDS:
@@ -86,6 +89,10 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
             parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
         # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
         done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
+        for alias, kinds, held in nodes:
+            if kind in kinds:
+                parts.append(f"SELECT {select_list(con, f'{alias}.{kind}', kind)} FROM {alias}.{kind}")
+                done = (done or set()) | set(held.get(kind, ()))  # a segment is read from one place only
         spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool)
         skipped += left_out
         if spool:
@@ -193,4 +200,28 @@ def _attach_store(con, run_path: str, db_run: str) -> set[str] | None:
     return {kind for kind in KINDS if kind in tables}
 
 
+def _attach_node_stores(con, run_path: str, db_run: str) -> list[tuple[str, set[str], dict[str, list[str]]]]:
+    """Attach each per-node store (``<run>/nodes/*.duckdb``) read-only: (alias, kinds it holds, the segment
+    names it holds per kind). One that is not our store raises StoreError, as the run's own store does."""
+    import duckdb
+
+    out = []
+    for i, path in enumerate(node_store_paths(run_path)):
+        alias = f"{NODE_ALIAS}{i}"
+        con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+        try:
+            shown = os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path))
+            con.execute(f"ATTACH {sql_literal(shown)} AS {alias} (READ_ONLY)")
+        except duckdb.Error as exc:
+            raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)}); {_MOVE_NODE}") from None
+        tables = store_tables(con, alias)
+        if SEGMENTS_TABLE not in tables:
+            con.execute(f"DETACH DATABASE {alias}")
+            raise StoreError(f"{path}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_NODE}")
+        out.append((alias, {k for k in KINDS if k in tables}, ingested_segments(con, alias)))
+    return out
+
+
+NODE_ALIAS = "ranksight_node_"
+_MOVE_NODE = "move it out of the run's nodes/ folder"
 _MOVE_ASIDE = "move it aside to read the run's spool segments alone"

@@ -22,6 +22,7 @@ COMMANDS = {
     "demo": "demo",
     "diagnose": "diagnose",
     "ingest": "ingest",
+    "publish": "publish",
     "rules": "rules_cmd",
     "run": "run",
     "runs": "runs",

@@ -23,7 +23,6 @@ from ranksight.agent._node_spool import (
     _publish_kind,
     publish_interval_s,
     publish_node,
-    publish_node_spool,
     published_name,
 )
 from ranksight.collectors import ingest, open_run, read_rank_meta, skipped_files
@@ -165,7 +164,9 @@ def test_a_publisher_killed_again_and_again_loses_and_doubles_nothing(tmp_path):
         kills += 1
         mid_batch += bool(os.listdir(local / BATCHES_DIR)) if (local / BATCHES_DIR).exists() else 0
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
-    publish_node_spool(str(local), str(run), "nodeA")  # what a SLURM epilog runs after the job
+    # What a SLURM epilog runs after the job: the CLI over publish_node_spool.
+    cli = [sys.executable, "-m", "ranksight.cli", "publish", str(local), str(run), "--node", "nodeA"]
+    assert "published" in subprocess.run(cli, check=True, capture_output=True, text=True).stdout
     assert _step_rows(run) == [(0, steps, steps), (1, steps, steps)]
     assert not os.listdir(local / BATCHES_DIR)
     assert kills >= 3
