@@ -178,15 +178,19 @@ def rank_order(con, order: str = "mean step time (slowest first)") -> list[int]:
     return [r[0] for r in con.execute(sql).fetchall()]
 
 
-def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 128) -> dict:
+def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 128, solo: int = 0) -> dict:
     """Rank x time-bin cells of one metric, rows in the order of ``ranks`` (see ``rank_order``).
 
     Above ``max_rows`` ranks, neighbours in that order share a row that shows the worst value of its
-    members (max, or min for utilization), so one bad rank still stands out at 1,024 ranks. Returns
+    members (max, or min for utilization), so one bad rank still stands out at 1,024 ranks. The first
+    ``solo`` ranks (the worst, in that order) keep a row each, so at 10,000 ranks the ones to look at are
+    named one by one and the healthy mass below is summarised in groups. Returns
     ``{"cells": [{"row", "label", "bin", "t_s", "value"}], "rows": [{"row", "label", "ranks"}], "group": k}``.
     """
     m = _check_metric(metric)
-    group = max(1, -(-len(ranks) // max(1, int(max_rows))))
+    solo = max(0, min(int(solo), len(ranks), int(max_rows) - 1)) if len(ranks) > max_rows else 0
+    rest = len(ranks) - solo
+    group = max(1, -(-rest // max(1, int(max_rows) - solo)))
     if m.source == "steps":  # a mean per rank and bin, from the rollup's sums
         values = f"SELECT rank, t_min AS time_ns, {m.key[:-2]}_sum AS s, n FROM rollup"
         params: dict = {}
@@ -202,15 +206,15 @@ def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 
                       sum(s) / nullif(sum(n), 0) AS v
                FROM vals, span GROUP BY ALL),
              ord AS (SELECT unnest($order) AS rank, generate_subscripts($order, 1) - 1 AS pos)
-        SELECT ord.pos // $group AS row, bin, bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
+        SELECT CASE WHEN ord.pos < $solo THEN ord.pos ELSE $solo + (ord.pos - $solo) // $group END AS row,
+               bin, bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
         FROM per_rank JOIN ord USING (rank), span WHERE v IS NOT NULL GROUP BY ALL ORDER BY row, bin
     """
-    params.update({"bins": int(bins), "group": group, "order": [int(r) for r in ranks]})
+    params.update({"bins": int(bins), "group": group, "solo": solo, "order": [int(r) for r in ranks]})
     cells = _rows(con.execute(sql, params))
-    rows = [
-        {"row": i, "label": _row_label(ranks[i * group : (i + 1) * group]), "ranks": ranks[i * group : (i + 1) * group]}
-        for i in range(-(-len(ranks) // group))
-    ]
+    members = [ranks[i : i + 1] for i in range(solo)]
+    members += [ranks[i : i + group] for i in range(solo, len(ranks), group)]
+    rows = [{"row": i, "label": _row_label(m), "ranks": m} for i, m in enumerate(members)]
     for c in cells:
         c["label"] = rows[c["row"]]["label"]
     return {"cells": cells, "rows": rows, "group": group, "metric": m.key, "label": m.label, "unit": m.unit}

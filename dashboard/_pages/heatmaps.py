@@ -6,6 +6,7 @@ from ranksight.dashboard import _data
 from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
 from ranksight.dashboard._view import context, guard, heatmap_chart, live_panel, ms, require_run
 
+SOLO_ROWS = 16  # above the row limit, the worst ranks keep a row each; the rest are grouped
 ctx = context()
 st.title("Per-rank heatmaps")
 
@@ -18,13 +19,16 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
             if metric == "step_s":
                 st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
             return
-        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows)
+        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows, SOLO_ROWS)
         st.subheader(m.label)
         if not hm["cells"]:
             st.caption(f"{m.label}: not recorded on this run (GPU signals are absent on a CPU job or without NVML)")
             return
         if hm["group"] > 1:
-            st.caption(f"{len(ranks)} ranks, {hm['group']} per row (each row shows its worst member)")
+            st.caption(
+                f"{len(ranks)} ranks: the {SOLO_ROWS} worst one per row, then {hm['group']} per row "
+                "(each shows its worst member)"
+            )
         st.altair_chart(heatmap_chart(hm), width="stretch")
 
 
