@@ -63,11 +63,15 @@ FSDP_FEATURES: dict[str, str] = {
 }
 
 FSDP_CONTEXT: dict[str, str] = {
-    "fsdp_top_units": "The FSDP2 units whose all-gathers waited longest, e.g. 'blocks.0 (31%), blocks.1 (24%)'.",
+    "fsdp_top_units": "Where the all-gather waits were, per pass and unit, e.g. '13% of the step in forward, 5% in "
+    "backward; longest: blocks.0 (31%), blocks.1 (24%)' (CPU ranks: per-unit waits on a GPU are on its clock).",
     "fsdp_first_unit": "The name of the first FSDP2 unit with parameters, e.g. 'layers.0'.",
 }
 
-FSDP_CONTEXT_DEFAULTS: dict[str, str] = {"fsdp_top_units": "", "fsdp_first_unit": "blocks[0]"}
+FSDP_CONTEXT_DEFAULTS: dict[str, str] = {
+    "fsdp_top_units": "per pass and unit: timed on CPU ranks only",
+    "fsdp_first_unit": "blocks[0]",
+}
 
 _AG_OPS = "('all_gather_forward', 'all_gather_backward', 'all_gather_single', 'all_gather_into_tensor', 'wait')"
 _BITS = {"float32": 32, "float64": 64, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
@@ -119,11 +123,13 @@ def fsdp_context(metas: list, features: dict[int, dict]) -> dict[int, dict]:
         ctx = dict(FSDP_CONTEXT_DEFAULTS)
         if units:
             ctx["fsdp_first_unit"] = str(units[0].get("name"))
+        f = features.get(m.rank) or {}
+        fwd, bwd = f.get("fsdp_all_gather_forward_floor_share"), f.get("fsdp_all_gather_backward_floor_share")
         stats = [u for u in data.get("fsdp_units") or [] if isinstance(u, dict)]
         total = sum(float(u.get("all_gather_exposed_s") or 0) for u in stats)
-        if total > 0:
+        if fwd is not None and bwd is not None and total > 0:  # host times: CPU ranks (NCCL returns at enqueue)
             top = sorted(stats, key=lambda u: -float(u.get("all_gather_exposed_s") or 0))[:3]
-            ctx["fsdp_top_units"] = ", ".join(
+            ctx["fsdp_top_units"] = f"{fwd:.0%} of the step in forward, {bwd:.0%} in backward; longest: " + ", ".join(
                 f"{u.get('name')} ({float(u.get('all_gather_exposed_s') or 0) / total:.0%})" for u in top
             )
         out[m.rank] = ctx
