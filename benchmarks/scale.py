@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -64,6 +65,19 @@ def run_rank(spec: dict) -> None:
         max_job_files_per_s=DEFAULT_CAP * spec["speed"],
     )
     steps_per_flush = max(1, round(REAL_FLUSH_S * 1000 / spec["step_ms"]))
+    rng = random.Random(rank)
+    publishes: list[tuple[float, float]] = []  # (when, seconds) of each publish this rank made
+    if writer.publisher is not None:
+        inner = writer.publisher.maybe_publish
+
+        def timed_publish(final: bool = False):
+            t0 = time.monotonic()
+            result = inner(final)
+            if result is not None:
+                publishes.append((time.time(), time.monotonic() - t0))
+            return result
+
+        writer.publisher.maybe_publish = timed_publish
     step, flushes, rows = 0, 0, 0
     # Start-up (imports, the first Parquet write) is not what is measured: every rank starts together.
     with open(spec["out"] + ".ready", "w"):
@@ -78,15 +92,36 @@ def run_rank(spec: dict) -> None:
         final = time.monotonic() >= deadline
         now = time.time_ns()
         batch = range(step, step + steps_per_flush)
+        # Values that vary as measured ones do: constant columns would compress to nothing.
         steps = [
-            {"step": s, "time_ns": now, "step_s": 0.1, "data_wait_s": 0.002, "compute_s": 0.08, "optimizer_s": 0.01}
+            {
+                "step": s,
+                "time_ns": now - (step + steps_per_flush - s) * 100_000_000 + rng.randrange(10**6),
+                "step_s": rng.gauss(0.1, 0.005),
+                "data_wait_s": rng.expovariate(500),
+                "compute_s": rng.gauss(0.08, 0.004),
+                "comm_exposed_s": rng.expovariate(200),
+                "allreduce_s": rng.gauss(0.03, 0.002),
+                "optimizer_s": rng.gauss(0.01, 0.0005),
+                "other_s": rng.expovariate(1000),
+                "cpu_s": rng.gauss(0.09, 0.004),
+            }
             for s in batch
         ]
         colls = [
-            {"step": s, "op": "all_reduce", "origin": "ddp", "process_group": "default", "count": 4, "bytes": 10**8}
+            {
+                "step": s,
+                "op": "all_reduce",
+                "origin": "ddp",
+                "process_group": "default",
+                "count": 4,
+                "bytes": 10**8,
+                "blocked_s": rng.expovariate(200),
+                "busy_s": rng.gauss(0.03, 0.002),
+            }
             for s in batch
         ]
-        samples = [{"time_ns": now, "step": step, "name": f"s{i}", "value": 0.5} for i in range(8)]
+        samples = [{"time_ns": now, "step": step, "name": f"s{i}", "value": rng.random()} for i in range(8)]
         for kind, batch_rows in (("steps", steps), ("collectives", colls), ("samples", samples)):
             writer.write(kind, batch_rows)
             rows += len(batch_rows)
@@ -112,6 +147,7 @@ def run_rank(spec: dict) -> None:
         "steps": step,
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "published_files": published.files if published else 0,
+        "publishes": publishes,
     }
     with open(spec["out"], "w") as f:
         json.dump(out, f)
@@ -181,6 +217,7 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
     creates_per_s = seg_per_s + rank_file_per_s
     bytes_per_s = (b1 - b0) / real_s
     rows = sum(r["rows"] for r in ranks)
+    publish_s = [d for r in ranks for _, d in r["publishes"]]
     # Every row arrived once: the run folder holds what the ranks wrote.
     import duckdb
 
@@ -219,6 +256,11 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
         "lost_on_rank_crash_s": REAL_FLUSH_S,
         "lost_on_node_loss_s": interval,
         "rows_checked_once": stored,
+        "publishes": len(publish_s),
+        "publish_s_median": statistics.median(publish_s) if publish_s else None,
+        "publish_s_max": max(publish_s) if publish_s else None,
+        "flushes_per_rank_expected": seconds * speed / REAL_FLUSH_S,
+        "flushes_per_rank": statistics.median(r["flushes"] for r in ranks),
     }
 
 
@@ -246,29 +288,93 @@ def prometheus_series() -> dict:
 
 
 def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[int, int]:
-    """Write ``ranks`` x ``steps`` step rows: one segment per rank, or one file per node of 8 ranks."""
+    """Write ``ranks`` x ``steps`` step rows: one segment per rank (``store_bench``'s), or one file per node
+    of 8 ranks, as the node spool publishes them; the last rank is 1.3x slower in compute."""
     sys.path.insert(0, HERE)
     from store_bench import build_spool as per_rank_spool
 
     if not per_node:
         return per_rank_spool(run_path, ranks * steps, ranks, steps), ranks * steps
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tmp = run_path + ".parts"
-    per_rank_spool(tmp, ranks * steps, ranks, steps)
-    os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)
-    shutil.copytree(os.path.join(tmp, "ranks"), os.path.join(run_path, "ranks"))
-    names = sorted(os.listdir(os.path.join(tmp, "steps")))
-    files = 0
-    for i in range(0, len(names), RANKS_PER_NODE):
-        import pyarrow as pa
+    from ranksight.schema import arrow_schema
 
-        part = [pq.read_table(os.path.join(tmp, "steps", n)) for n in names[i : i + RANKS_PER_NODE]]
-        out = os.path.join(run_path, "steps", f"node{i // RANKS_PER_NODE:04d}_m{i:020d}-000000.parquet")
-        pq.write_table(pa.concat_tables(part), out, compression="zstd")
+    schema = arrow_schema("steps")
+    os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)
+    os.makedirs(os.path.join(run_path, "ranks"), exist_ok=True)
+    rng = np.random.default_rng(0)
+    files = 0
+    for first in range(0, ranks, RANKS_PER_NODE):
+        members = np.arange(first, min(ranks, first + RANKS_PER_NODE), dtype=np.int32)
+        n = len(members) * steps
+        rank = np.repeat(members, steps)
+        step = np.tile(np.arange(steps, dtype=np.int64), len(members))
+        compute = rng.gamma(20.0, 0.0005, n) * np.where(rank == ranks - 1, 1.3, 1.0)
+        wait, exposed, other = rng.exponential(0.001, n), rng.exponential(0.0005, n), rng.exponential(0.0002, n)
+        opt = rng.normal(0.002, 0.0002, n).clip(0)
+        node = f"node{first // RANKS_PER_NODE:04d}"
+        cols = {
+            "job": pa.array(["bench"] * n),
+            "run": pa.array(["bench-run"] * n),
+            "node": pa.array([node] * n),
+            "rank": pa.array(rank),
+            "local_rank": pa.array(rank % RANKS_PER_NODE),
+            "world_size": pa.array(np.full(n, ranks, dtype=np.int32)),
+            "pid": pa.array(1000 + rank),
+            "step": pa.array(step),
+            "time_ns": pa.array(1_700_000_000_000_000_000 + step * 10_000_000),
+            "step_s": pa.array(wait + compute + exposed + opt + other),
+            "data_wait_s": pa.array(wait),
+            "compute_s": pa.array(compute),
+            "comm_exposed_s": pa.array(exposed),
+            "allreduce_s": pa.array(exposed * 3),
+            "optimizer_s": pa.array(opt),
+            "other_s": pa.array(other),
+        }
+        arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
+        out = os.path.join(run_path, "steps", f"{node}_m{first:020d}-000000.parquet")
+        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), out, compression="zstd")
         files += 1
-    shutil.rmtree(tmp)
+        for r in members:
+            meta = {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}
+            with open(os.path.join(run_path, "ranks", f"rank-{r:05d}.json"), "w") as f:
+                json.dump(meta, f)
     return files, ranks * steps
+
+
+def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
+    """The dashboard's rollup (first build) and heatmap queries over a node-merged spool of ``ranks``."""
+    from ranksight.dashboard import _queries as q
+    from ranksight.dashboard._rollup import Rollup
+
+    run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
+    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+    t0 = time.perf_counter()
+    files, rows = build_spool(run_path, ranks, steps, per_node=True)
+    built_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rollup = Rollup(run_path)
+    rollup_s = time.perf_counter() - t0
+    con = rollup.cursor()
+    order_s, order = _timed(lambda: q.rank_order(con, "mean compute (most first)"))
+    heat_s, hm = _timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
+    assert hm["rows"][0]["ranks"] == [ranks - 1], hm["rows"][0]  # the slow rank is named, on top
+    refresh_s, _ = _timed(rollup.refresh)
+    return {
+        "ranks": ranks,
+        "steps": steps,
+        "rows": rows,
+        "files": files,
+        "built_s": built_s,
+        "rollup_first_build_s": rollup_s,
+        "rollup_refresh_nothing_new_s": refresh_s,
+        "rank_order_s": order_s,
+        "heatmap_s": heat_s,
+        "heatmap_rows": len(hm["rows"]),
+        "heatmap_group": hm["group"],
+    }
 
 
 def _timed(fn, repeats: int = 3) -> tuple[float, object]:
@@ -324,16 +430,17 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
     fcon.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
     fcon.execute("CHECKPOINT")
     parquet_to_table_s = time.perf_counter() - t0
-    table = pq.read_table(os.path.join(run_path, "steps"))
+    arrow_steps = pq.read_table(os.path.join(run_path, "steps"))
     t0 = time.perf_counter()
-    fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM table")
+    fcon.register("arrow_view", arrow_steps)
+    fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM arrow_view")
     fcon.execute("CHECKPOINT")
     arrow_insert_s = time.perf_counter() - t0
     groupby_s, _ = _timed(
         lambda: fcon.execute("SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank").fetchall()
     )
     fcon.close()
-    del table
+    del arrow_steps
     return {
         "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
         "ranks": ranks,
@@ -367,6 +474,8 @@ def main() -> None:
     parser.add_argument("--store-ranks", type=int, default=1024)
     parser.add_argument("--store-steps", type=int, default=2000)
     parser.add_argument("--layouts", default="rank,node", help="store section: rank, node or both")
+    parser.add_argument("--dash-ranks", type=int, default=10_000)
+    parser.add_argument("--dash-steps", type=int, default=1000)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -377,14 +486,22 @@ def main() -> None:
     try:
         if "spool" in sections:
             runs = []
+            from ranksight.agent._node_spool import publish_interval_s
+
             for node_spool, world in ((False, 10_000), (True, 1024), (True, 10_000)):
+                speed = args.speed
+                if node_spool:
+                    # A publish costs the same CPU whatever the compression: keep the compressed interval
+                    # at 3 s or more, so this machine's publishes do not run back to back.
+                    interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP)
+                    speed = max(1.0, min(args.speed, interval / 3.0))
                 fig = simulate(
                     base,
                     node_spool=node_spool,
                     world=world,
                     nodes=args.nodes,
                     seconds=args.seconds,
-                    speed=args.speed,
+                    speed=speed,
                     step_ms=args.step_ms,
                 )
                 runs.append(fig)
@@ -399,6 +516,9 @@ def main() -> None:
                 fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node")
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
+        if "dashboard" in sections:
+            figures["dashboard"] = dashboard_figures(base, args.dash_ranks, args.dash_steps)
+            print(json.dumps(figures["dashboard"]), flush=True)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
             with open(args.json, "w") as f:
