@@ -228,6 +228,7 @@ class _UnitHooks:
         self.group = group
         self.stats = [0] * len(_STAT_FIELDS)
         self.pending: Optional[tuple] = None  # (issue begin, issue held, backward?, bytes, work)
+        self.ag_bytes = 0
         self.no_timing = untimed()
         try:
             self.label = _group_label(group._all_gather_process_group)
@@ -279,9 +280,12 @@ class _UnitHooks:
             out = call(comm, *args, **kwargs)
         end = perf_counter_ns()
         try:
-            output = kwargs["output_tensor"] if "output_tensor" in kwargs else args[0]
+            nbytes = self.ag_bytes
+            if not nbytes:  # a unit's all-gather output has the same size every time: read it once
+                output = kwargs["output_tensor"] if "output_tensor" in kwargs else args[0]
+                nbytes = self.ag_bytes = output.numel() * output.element_size()
             backward = self.group._training_state is _PRE_BACKWARD
-            self.pending = (begin, end - begin, backward, output.numel() * output.element_size(), out)
+            self.pending = (begin, end - begin, backward, nbytes, out)
             if ev0 is not None:
                 gpu.collective_end(m._step, ev0)
             self.recorder.maybe_snapshot(m._step)
