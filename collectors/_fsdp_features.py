@@ -65,7 +65,7 @@ FSDP_FEATURES: dict[str, str] = {
 FSDP_CONTEXT: dict[str, str] = {
     "fsdp_top_units": "Where the all-gather waits were, per pass and unit, e.g. '13% of the step in forward, 5% in "
     "backward; longest: blocks.0 (31%), blocks.1 (24%)' (CPU ranks: per-unit waits on a GPU are on its clock).",
-    "fsdp_first_unit": "The name of the first FSDP2 unit with parameters, e.g. 'layers.0'.",
+    "fsdp_first_unit": "The name of the first FSDP2 unit with parameters below the root, e.g. 'layers.0'.",
 }
 
 FSDP_CONTEXT_DEFAULTS: dict[str, str] = {
@@ -74,6 +74,9 @@ FSDP_CONTEXT_DEFAULTS: dict[str, str] = {
 }
 
 _AG_OPS = "('all_gather_forward', 'all_gather_backward', 'all_gather_single', 'all_gather_into_tensor', 'wait')"
+# Gradient reductions: FSDP2's reduce-scatter, and the all-reduce of HSDP's replicas (or of a torch that
+# reduces with all_reduce on gloo).
+_RS_OPS = "('reduce_scatter', 'reduce_scatter_single', 'reduce_scatter_tensor', 'all_reduce')"
 _BITS = {"float32": 32, "float64": 64, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
 
 
@@ -121,8 +124,9 @@ def fsdp_context(metas: list, features: dict[int, dict]) -> dict[int, dict]:
             continue
         units = [u for u in (data.get("fsdp") or {}).get("unit_list") or [] if u.get("has_params")]
         ctx = dict(FSDP_CONTEXT_DEFAULTS)
-        if units:
-            ctx["fsdp_first_unit"] = str(units[0].get("name"))
+        inner = [u for u in units if u.get("name") != "(root)"]
+        if inner:
+            ctx["fsdp_first_unit"] = str(inner[0].get("name"))
         f = features.get(m.rank) or {}
         fwd, bwd = f.get("fsdp_all_gather_forward_floor_share"), f.get("fsdp_all_gather_backward_floor_share")
         stats = [u for u in data.get("fsdp_units") or [] if isinstance(u, dict)]
@@ -186,13 +190,13 @@ def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dic
                           sum(blocked_s) FILTER (WHERE op IN {_AG_OPS}) AS ag_s,
                           sum(blocked_s) FILTER (WHERE op = 'all_gather_forward') AS fwd_s,
                           sum(blocked_s) FILTER (WHERE op = 'all_gather_backward') AS bwd_s,
-                          sum(blocked_s) FILTER (WHERE op LIKE 'reduce_scatter%') AS rs_s,
+                          sum(blocked_s) FILTER (WHERE op IN {_RS_OPS}) AS rs_s,
                           sum(count) FILTER (WHERE op IN {_AG_OPS} AND op <> 'wait') AS ag_n,
                           sum(count) FILTER (WHERE op = 'all_gather_forward') AS fwd_n,
                           sum(count) FILTER (WHERE op = 'all_gather_backward') AS bwd_n,
                           sum(bytes) FILTER (WHERE op IN {_AG_OPS}) AS ag_b,
-                          sum(count) FILTER (WHERE op LIKE 'reduce_scatter%') AS rs_n,
-                          sum(bytes) FILTER (WHERE op LIKE 'reduce_scatter%') AS rs_b
+                          sum(count) FILTER (WHERE op IN {_RS_OPS}) AS rs_n,
+                          sum(bytes) FILTER (WHERE op IN {_RS_OPS}) AS rs_b
                    FROM collectives WHERE origin = 'fsdp' GROUP BY rank, step)
         SELECT k.rank, sum(k.period_s) AS period,
                sum(coalesce({gpu_exposed}, c.ag_s, 0)) AS ag_s,
@@ -245,7 +249,7 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
                                  sum(floor_s) FILTER (WHERE op IN {_AG_OPS}) AS ag,
                                  sum(floor_s) FILTER (WHERE op = 'all_gather_forward') AS fwd,
                                  sum(floor_s) FILTER (WHERE op = 'all_gather_backward') AS bwd,
-                                 sum(floor_s) FILTER (WHERE op LIKE 'reduce_scatter%') AS rs
+                                 sum(floor_s) FILTER (WHERE op IN {_RS_OPS}) AS rs
                           FROM per_call GROUP BY step)
         SELECT s.step, s.period_s, s.on_gpu, s.gpu_floor, coalesce(p.ag, 0), coalesce(p.fwd, 0),
                coalesce(p.bwd, 0), coalesce(p.rs, 0)
