@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 
@@ -22,6 +23,8 @@ from ._identity import Identity
 from ._node_spool import NodePublisher
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_WARN_DIRECT_FROM_RANKS = 256
+"""From this many ranks, rank 0 warns once when ranks write to the run folder directly (~2 files/s each)."""
 
 
 def atomic_write_bytes(path: str, data: bytes, durable: bool = True) -> None:
@@ -91,6 +94,14 @@ class SpoolWriter:
                 rank=identity.rank,
             )
             run_path = local
+        elif identity.rank == 0 and identity.world_size >= _WARN_DIRECT_FROM_RANKS:
+            logging.getLogger("ranksight").warning(
+                "ranksight: %d ranks each writing to the run folder create ~%d files/s on it; a shared "
+                "filesystem's metadata server feels that. Set node_spool_dir (RANKSIGHT_NODE_SPOOL) to a "
+                "node-local folder to cap the job at max_job_files_per_s (docs/scale.md)",
+                identity.world_size,
+                2 * identity.world_size,
+            )
         self.run_path = run_path
         self._seq: dict[str, int] = {}
         self._schemas: dict = {}

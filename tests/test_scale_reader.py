@@ -1,0 +1,64 @@
+"""open_run(follow_spool=False) over many small segments reads them once at open, into the connection:
+the same rows as the views read at each query, once each, beside a store, damaged files left out."""
+
+from __future__ import annotations
+
+import duckdb
+
+from ranksight.agent._identity import Identity
+from ranksight.agent._spool import SpoolWriter
+from ranksight.collectors import ingest, open_run, skipped_files, step_breakdown
+from ranksight.collectors._spool_reader import MATERIALIZE_FROM_FILES
+
+
+def _write(run: str, ranks: int, segments_per_rank: int, first: int = 0) -> None:
+    for rank in range(ranks):
+        w = SpoolWriter(run, Identity("t", "r", "n0", rank, rank, ranks, 100 + rank))
+        for seg in range(segments_per_rank):
+            s0 = first + seg * 4
+            w.write("steps", [{"step": s, "time_ns": s, "step_s": 0.01 * (1 + rank)} for s in range(s0, s0 + 4)])
+
+
+def _counts(con) -> list[tuple]:
+    return con.execute("SELECT rank, count(*), count(DISTINCT step) FROM steps GROUP BY rank ORDER BY rank").fetchall()
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    return [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def test_many_pending_segments_read_once_match_the_views(tmp_path):
+    run = str(tmp_path / "r")
+    _write(run, 4, 80)  # 320 segments: past the threshold
+    assert 4 * 80 >= MATERIALIZE_FROM_FILES
+    named, following = open_run(run, follow_spool=False), open_run(run)
+    assert _counts(named) == _counts(following) == [(r, 320, 320) for r in range(4)]
+    assert _rounded(step_breakdown(named)) == _rounded(step_breakdown(following))  # summed in another order
+    assert named.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 1
+    # Opening again on the same connection replaces what it read.
+    _write(run, 4, 10, first=320)
+    open_run(run, named, follow_spool=False)
+    assert _counts(named) == [(r, 360, 360) for r in range(4)]
+
+
+def test_beside_a_store_and_a_damaged_segment_every_row_once(tmp_path):
+    run = str(tmp_path / "r")
+    _write(run, 4, 40)
+    ingest(run)
+    _write(run, 4, 80, first=160)
+    with open(f"{run}/steps/n0_r00009_p1-bad_000000.parquet", "wb") as f:
+        f.write(b"PAR1 damaged PAR1")
+    con = open_run(run, follow_spool=False)
+    assert _counts(con) == [(r, 480, 480) for r in range(4)]
+    assert [s.path.rsplit("/", 1)[1] for s in skipped_files(con)] == ["n0_r00009_p1-bad_000000.parquet"]
+
+
+def test_a_connection_the_caller_attached_gets_no_table_of_ours(tmp_path):
+    run = str(tmp_path / "r")
+    _write(run, 4, 70)
+    con = duckdb.connect(str(tmp_path / "mine.duckdb"))
+    open_run(run, con, follow_spool=False)
+    assert _counts(con) == [(r, 280, 280) for r in range(4)]
+    con.close()
+    mine = duckdb.connect(str(tmp_path / "mine.duckdb"))
+    assert not [t for (t,) in mine.execute("SELECT table_name FROM duckdb_tables()").fetchall() if "pending" in t]
