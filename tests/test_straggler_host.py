@@ -33,18 +33,25 @@ def test_the_late_ranks_cpu_time_tells_work_from_waiting(tmp_path, slow_by):
         assert explained <= 0.4, explained
 
 
-def _late(explained: float, contended: int) -> list[dict]:
+def _late(explained: float, contended: int, last_share: float = 0.95) -> list[dict]:
     slow = {
         **HEALTHY,
-        "least_wait_step_share": 0.95,
-        "least_wait_top_share": 0.95,
+        "least_wait_step_share": last_share,
+        "least_wait_top_share": last_share,
         "straggler_cost_share": 0.2,
         "straggler_work_explained": explained,
         "host_cpu_contended": contended,
         "host_cpu_pressure_ratio": 0.4 if contended else 0.01,
         "host_load_ratio": 1.6 if contended else 0.4,
+        "imbalance_cost_share": 0.2,
     }
-    waiting = {**HEALTHY, "least_wait_step_share": 0.05, "least_wait_top_share": 0.95, "straggler_cost_share": 0.0}
+    waiting = {
+        **HEALTHY,
+        "least_wait_step_share": 1 - last_share,
+        "least_wait_top_share": last_share,
+        "straggler_cost_share": 0.0,
+        "imbalance_cost_share": 0.2,
+    }
     return evaluate(rules_cache(), frame(r0=waiting, r1=slow))
 
 
@@ -76,3 +83,11 @@ def test_no_extra_work_on_a_quiet_host_is_the_ranks_own_waiting():
     # A rank blocked in its own I/O (a synchronous checkpoint on rank 1) uses no CPU either; on a quiet
     # host nothing else explains it, so it stays a straggler with the straggler's fixes.
     assert _first(_late(explained=0.1, contended=0)) == ("straggler", "warning")
+
+
+def test_last_in_most_steps_with_the_extra_work_to_show_for_it_is_a_straggler():
+    # On a loaded host contention makes the other rank late now and then: 70 % of the steps, with its
+    # extra CPU time explaining the wait, is a straggler; the same share without that is not one.
+    assert _first(_late(explained=0.9, contended=1, last_share=0.7)) == ("straggler", "warning")
+    found = {f["rule"] for f in _late(explained=0.3, contended=0, last_share=0.7)}
+    assert "straggler" not in found and "compute-imbalance" in found
