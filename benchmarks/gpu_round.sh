@@ -5,7 +5,8 @@
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
 # PARTS picks what runs (default all): overhead collectives demo tests. PAIRS_ARGS passes options to
-# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1500 timed steps a run after 600).
+# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1500 timed steps a run after 600);
+# ROUND_TESTS the test files.
 set -u
 PARTS=${PARTS:-overhead collectives demo tests}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -42,8 +43,8 @@ if has demo; then
   cp "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
 fi
 if has tests; then
-  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py tests/test_gpu_nccl_timing.py \
-    tests/test_measurement.py 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
+  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider ${ROUND_TESTS:-tests/test_gpu_cuda.py \
+    tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
 (cd "$W" && tar czf "$OUT/runs.tgz" $(ls -d coll/runs demo/runs overhead/runs 2>/dev/null))
 ls -la "$OUT"
