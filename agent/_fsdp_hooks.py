@@ -96,6 +96,14 @@ def _backend(modules: list) -> Optional[str]:
     return None
 
 
+def state_of(fsdp_module: Any) -> Any:
+    """The FSDP2 state of a ``fully_shard`` module (None when it cannot be read)."""
+    try:
+        return fsdp_module._get_fsdp_state()
+    except Exception:
+        return None
+
+
 def _dtype_name(dtype: Any) -> Optional[str]:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
@@ -127,6 +135,9 @@ def fsdp_facts(module: Any) -> dict:
             mp = getattr(g, "mp_policy", None)
             if mp is not None and not policy:
                 policy = {"param_dtype": _dtype_name(mp.param_dtype), "reduce_dtype": _dtype_name(mp.reduce_dtype)}
+        # FSDP2 keeps the root unsharded after forward unless told otherwise (it sets that at the first forward).
+        if mod is modules[0][1] and reshard and getattr(state_of(mod), "_auto_reshard_after_forward", False):
+            reshard = False
         units.append({
             "name": name, "params": params, "param_bytes": param_bytes, "has_params": bool(groups),
             "reshard_after_forward": reshard, "forward_prefetch": fwd, "backward_prefetch": bwd,
