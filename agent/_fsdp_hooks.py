@@ -253,10 +253,9 @@ class _UnitHooks:
         if ag is None or rs is None or not hasattr(g, "wait_for_unshard"):
             return False  # torch < 2.8: the generic collective timing covers this unit
         for comm, kind in ((ag, "ag"), (rs, "rs")):
-            if "_ranksight_base" in type(comm).__dict__:
-                continue  # already wrapped (watch() called twice)
-            comm.__class__ = _subclass(type(comm), kind)
-            comm._ranksight_hooks = self
+            if "_ranksight_base" not in type(comm).__dict__:  # else already wrapped: watch() called again
+                comm.__class__ = _subclass(type(comm), kind)
+            comm._ranksight_hooks = self  # the latest watch() records (issue and wait on the same hooks)
             self.wrapped.append(comm)
         g.wait_for_unshard = self.wait_for_unshard  # instance attribute: this group only
         self.original_wait = type(g).wait_for_unshard.__get__(g)
