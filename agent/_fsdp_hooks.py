@@ -176,8 +176,8 @@ class _Recorder:
         self.m = m
         self.module = module
         self.units: list[_UnitHooks] = []
-        self.next_snapshot = 1  # step 1: facts again (prefetch is often set after watch()), then every N
-        self.facts_sent_again = False
+        self.next_snapshot = SNAPSHOT_EVERY_STEPS
+        self.handle: Any = None
 
     def snapshot(self) -> None:
         """Per-unit totals to the rank metadata (``fsdp_units``): evidence for which unit waits most."""
@@ -193,14 +193,29 @@ class _Recorder:
         if step < self.next_snapshot:
             return
         self.next_snapshot = step + SNAPSHOT_EVERY_STEPS
-        if not self.facts_sent_again:
-            self.facts_sent_again = True
-            self.m._append((EV_INFO, "fsdp", fsdp_facts(self.module)))
         self.snapshot()
+
+    def watch_settings(self) -> None:
+        """Read the facts again at the first forward of step 1 (prefetching and resharding are often set
+        after watch(), and FSDP2 settles the root's at its first forward), then stop looking."""
+        handle = None
+
+        def once(module, args):
+            try:
+                if self.m._step >= 1 and handle is not None:
+                    handle.remove()
+                    self.m._append((EV_INFO, "fsdp", fsdp_facts(self.module)))
+            except Exception as exc:
+                self.m._fail("fsdp_facts", exc)
+
+        handle = self.module.register_forward_pre_hook(once)
+        self.handle = handle
 
     def remove(self) -> None:
         """Undo the wrapping (``Monitor.close()``) and send the final totals."""
         try:
+            if self.handle is not None:
+                self.handle.remove()
             self.snapshot()
         finally:
             for u in self.units:
@@ -394,4 +409,7 @@ def attach_fsdp(m: Any, module: Any) -> Optional[_Recorder]:
         lo = i // per_slot * per_slot
         slot = u.name if per_slot == 1 else f"units {lo}-{min(n, lo + per_slot) - 1}"
         u.label = f"{u.label}|{slot}"
-    return recorder if recorder.units else None
+    if not recorder.units:
+        return None
+    recorder.watch_settings()
+    return recorder

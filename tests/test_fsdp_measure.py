@@ -153,3 +153,45 @@ def test_watch_says_what_it_attached_to_and_records_the_units(measured):
     con = open_run(path)
     events = [m for (m,) in con.execute("SELECT message FROM events WHERE component = 'watch'").fetchall()]
     assert events and all(e.startswith("FSDP2 (5 fully_shard units, 5 with parameters") for e in events), events
+
+
+def _policy_main(rank: int, port: int, run_dir: str) -> None:
+    """One rank: FSDP2 with a bf16 policy that reduces in fp32, the last block kept unsharded, and
+    prefetching set after watch() (read again at step 1)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mon = ranksight.init(run_dir=run_dir, job="fsdp", run_id="fsdp-policy", flush_interval_s=0.3)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    blocks = [nn.Linear(64, 64) for _ in range(3)]
+    model = nn.Sequential(*blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mp_policy=mp, reshard_after_forward=i < 2)
+    fully_shard(model, mp_policy=mp)
+    mon.watch(model)
+    blocks[0].set_modules_to_forward_prefetch([blocks[1]])  # after watch(): the facts are read again at step 1
+    for _ in range(3):
+        with mon.step():
+            model(torch.randn(8, 64)).float().sum().backward()
+    mon.close()
+    dist.destroy_process_group()
+
+
+def test_precision_resharding_and_late_prefetch_settings_reach_the_features(tmp_path):
+    import torch.multiprocessing as mp
+
+    from ranksight.collectors import run_features
+
+    run_dir = str(tmp_path / "runs")
+    mp.start_processes(_policy_main, args=(free_port(), run_dir), nprocs=1, start_method="spawn", join=True)
+    f = run_features(os.path.join(run_dir, "fsdp-policy"), warmup_steps=0)[0]
+    assert f["fsdp"] == 1 and f["fsdp_units"] == 3  # the root holds no parameter of its own
+    assert (f["fsdp_param_bits"], f["fsdp_reduce_bits"]) == (16, 32)
+    assert f["fsdp_reshard_units"] == 2 and f["fsdp_forward_prefetch_units"] == 1
