@@ -15,6 +15,7 @@ from ._rundir import (
     SkippedFile,
     StoreError,
     check_run_dir,
+    segment_columns,
     segment_files,
     spool_signature,
     store_path,
@@ -36,6 +37,7 @@ __all__ = [
     "list_runs",
     "open_run",
     "read_rank_meta",
+    "segment_columns",
     "segment_files",
     "spool_signature",
     # files readers left out, and why (damaged or foreign segments, a store that is not ours)

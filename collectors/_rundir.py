@@ -359,6 +359,20 @@ def segment_problem(path: str, kind: str) -> str | None:
     with a type of the right family, and the identity columns must hold no NULL, so no row is read (or
     stored) without knowing which rank it came from.
     """
+    return _segment_verdict(path, kind)[0]
+
+
+_NO_COLUMNS: frozenset = frozenset()
+
+
+def _segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
+    """(``segment_problem``'s answer, the file's column names when it is readable): the names let readers
+    build their select list without DuckDB reading every footer again (``segment_columns``)."""
+    problem = _footer_problem(path, kind)
+    return problem if isinstance(problem, str) else None, problem if isinstance(problem, frozenset) else _NO_COLUMNS
+
+
+def _footer_problem(path: str, kind: str) -> str | frozenset:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -388,7 +402,7 @@ def segment_problem(path: str, kind: str) -> str | None:
     with_nulls = _columns_with_nulls(path, nullable_identity) if nullable_identity else []
     if with_nulls:
         return f"rows without their identity (NULL in {', '.join(with_nulls)})"
-    return None
+    return frozenset(fields)
 
 
 _MAGIC = b"PAR1"
@@ -433,25 +447,26 @@ class _SegmentVerdicts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_folder: dict[str, dict[str, tuple[int, int, str | None]]] = {}
+        # name -> (size, mtime_ns, problem or None, column names of a readable file)
+        self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset]]] = {}
 
     def scan(self, folder: str, kind: str, unread: frozenset) -> tuple[list[str], list[SkippedFile]]:
         listed = {n: sig for n, sig in _listing(folder).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
-        verdicts: dict[str, tuple[int, int, str | None]] = {}
+        verdicts: dict[str, tuple[int, int, str | None, frozenset]] = {}
         to_judge = []
         for name, (size, mtime_ns, reason) in listed.items():
             seen = known.get(name)
             if reason != _NOT_JUDGED:
-                verdicts[name] = (size, mtime_ns, reason)
+                verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS)
             elif seen is not None and seen[:2] == (size, mtime_ns):
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        for name, reason in _judge_all(folder, kind, to_judge).items():
-            if reason != _VANISHED:
-                verdicts[name] = (*listed[name][:2], reason)
+        for name, verdict in _judge_all(folder, kind, to_judge).items():
+            if verdict is not None:
+                verdicts[name] = (*listed[name][:2], *verdict)
         with self._lock:  # keep what is known of the files left unread: another caller may want them
             kept = {n: v for n, v in known.items() if n in unread and os.path.lexists(os.path.join(folder, n))}
             self._by_folder[folder] = {**kept, **verdicts}
@@ -464,8 +479,16 @@ class _SegmentVerdicts:
                 bad.append(SkippedFile(os.path.join(folder, name), reason))
         return good, bad
 
+    def columns(self, folder: str, names: list[str]) -> frozenset | None:
+        """The union of the named (judged, readable) files' column names; None when one is not known."""
+        with self._lock:
+            known = self._by_folder.get(folder, {})
+            cols = [known.get(name) for name in names]
+        if any(c is None or c[2] is not None or not c[3] for c in cols):
+            return None
+        return frozenset().union(*(c[3] for c in cols))
 
-_VANISHED = "\0vanished"  # pruned (or renamed) between the listing and the footer read: not a damaged file
+
 _NOT_JUDGED = "\0not judged"
 
 
@@ -498,14 +521,15 @@ def _listing(folder: str) -> dict[str, tuple[int, int, str]]:
 _PARALLEL_FROM = 64  # footers to read before a thread pool pays off (pyarrow releases the GIL while parsing)
 
 
-def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, str | None]:
-    """Verdicts of files not judged before (or changed since), reading their footers, in parallel when many."""
+def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str | None, frozenset] | None]:
+    """Verdicts of files not judged before (or changed since), reading their footers, in parallel when many;
+    None for a file pruned (or renamed) between the listing and the footer read: not a damaged file."""
 
-    def judge(name: str) -> str | None:
+    def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
-            return segment_problem(os.path.join(folder, name), kind)
+            return _segment_verdict(os.path.join(folder, name), kind)
         except FileNotFoundError:
-            return _VANISHED
+            return None
 
     if len(names) < _PARALLEL_FROM:
         return {name: judge(name) for name in names}
@@ -524,6 +548,22 @@ def scan_segments(run_path: str, kind: str, unread: frozenset = frozenset()) -> 
     warns about what matters to it.
     """
     return _verdicts.scan(os.path.join(run_path, kind), kind, unread)
+
+
+def segment_columns(paths: list[str]) -> frozenset | None:
+    """The column names the given segments hold between them, from the footers ``scan_segments`` read
+    (no file opened); None when one was not judged readable in this process (ask DuckDB then)."""
+    by_folder: dict[str, list[str]] = {}
+    for path in paths:
+        folder, name = os.path.split(path)
+        by_folder.setdefault(folder, []).append(name)
+    out: frozenset = frozenset()
+    for folder, names in by_folder.items():
+        cols = _verdicts.columns(folder, names)
+        if cols is None:
+            return None
+        out |= cols
+    return out
 
 
 def segment_files(run_path: str, kind: str) -> list[str]:

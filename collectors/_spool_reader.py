@@ -27,6 +27,7 @@ from ._rundir import (
     is_segment_name,
     node_store_paths,
     scan_segments,
+    segment_columns,
     segment_glob,
     store_path,
     warn_skipped,
@@ -127,14 +128,14 @@ def _spool_part(
     if quiet and not pending:
         return None, bad
     if follow and not bad and (pending or (done and _any_segment(run_path, kind))):
-        spool = _globbed(con, db_run, kind, done)
+        spool = _globbed(con, db_run, kind, done, None if done else segment_columns(pending))
         if spool is not None:
             return spool, []
     if not pending:
         return None, bad
     names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
     source = f"read_parquet([{names}], union_by_name=true)"
-    select = f"SELECT {select_list(con, source, kind)} FROM {source}"
+    select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
     if not follow and len(pending) >= MATERIALIZE_FROM_FILES and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES:
         # One reading, many queries (diagnose runs a dozen): read many small segments once, into memory,
         # rather than every query opening every file again -- half the CPU of diagnose on 1,024 one-rank
@@ -164,12 +165,18 @@ def _total_bytes(paths: list[str]) -> int:
     return total
 
 
-def _globbed(con, db_run: str, kind: str, ingested: frozenset) -> str | None:
+def _globbed(con, db_run: str, kind: str, ingested: frozenset, columns: frozenset | None) -> str | None:
     """The SELECT over the kind's segment glob minus the ingested ones, or None when the glob does not
-    bind (a segment the store holds was damaged after it was ingested: its footer was not checked)."""
+    bind (a segment the store holds was damaged after it was ingested: its footer was not checked).
+
+    ``columns``: what the footers already read say the listed segments hold, when none was ingested; else
+    DuckDB reads every footer of the glob to bind it (a second reading: 0.4 s at 1,024 files).
+    """
     import duckdb
 
     source = f"read_parquet({sql_literal(segment_glob(db_run, kind))}, union_by_name=true, filename=true)"
+    if columns is not None:
+        return f"SELECT {select_list(con, source, kind, present=columns)} FROM {source}"
     try:
         spool = f"SELECT {select_list(con, source, kind, present=describe(con, source))} FROM {source}"
     except duckdb.Error:

@@ -21,6 +21,7 @@ from ranksight.collectors import (
     ingested_segments,
     open_run,
     read_rank_meta,
+    segment_columns,
     segment_files,
     select_list,
     store_signature,
@@ -91,16 +92,17 @@ class Rollup:
                 changed = self._fold_store(everything=False)
             files = [p for p in segment_files(self.run_path, "steps") if os.path.basename(p) not in self._loaded]
             if files:
-                self._fold("read_parquet($files, union_by_name=true)", {"files": files})
+                self._fold("read_parquet($files, union_by_name=true)", {"files": files}, segment_columns(files))
                 self._loaded.update(os.path.basename(p) for p in files)
                 changed = True
             if changed:
                 self.version += 1
             return changed
 
-    def _fold(self, source: str, params: dict) -> None:
+    def _fold(self, source: str, params: dict, present: frozenset | None = None) -> None:
         # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
-        source = f"(SELECT {select_list(self.con, source, 'steps', params)} FROM {source})"
+        # ``present``: the columns the files' footers (read by segment_files) hold, so DuckDB need not read them again.
+        source = f"(SELECT {select_list(self.con, source, 'steps', params, present=present)} FROM {source})"
         sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in _SUMS.items())
         self.con.execute(
             f"""
