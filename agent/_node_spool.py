@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -37,7 +38,13 @@ from dataclasses import dataclass
 
 from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
 
+QUARANTINE_DIR = "quarantine"  # the collectors' name for it (collectors._rundir); the agent cannot import it
+log = logging.getLogger("ranksight")
 BATCHES_DIR = ".batches"
+LOCAL_SUFFIX = ".arrow"
+"""Segments on a node spool are Arrow IPC files (cheap to write and read); the publisher also takes
+Parquet ones, and publishes Parquet."""
+_LOCAL_SUFFIXES = (LOCAL_SUFFIX, SPOOL_SUFFIX)
 LOCK_NAME = ".publish.lock"
 STAMP_NAME = ".published"
 FILES_PER_PUBLISH = len(KINDS) + 1
@@ -201,7 +208,7 @@ def _claim(local_path: str, batch_dir: str) -> bool:
     claimed = False
     for kind in KINDS:
         folder = os.path.join(local_path, kind)
-        names = [n for n in _listdir(folder) if n.endswith(SPOOL_SUFFIX) and not n.startswith(".")]
+        names = [n for n in _listdir(folder) if n.endswith(_LOCAL_SUFFIXES) and not n.startswith(".")]
         if not names:
             continue
         target = os.path.join(batch_dir, kind)
@@ -216,6 +223,21 @@ def _claim(local_path: str, batch_dir: str) -> bool:
 def published_name(node: str, batch: str) -> str:
     """The shared folder's name for one kind's part of a batch: a function of the batch alone (idempotent)."""
     return f"{safe_name(node)}_m{batch}{SPOOL_SUFFIX}"
+
+
+def _read_segment(path: str):
+    """A node-local segment as an Arrow table (IPC, or Parquet from an older agent)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(LOCAL_SUFFIX):
+        import pyarrow.ipc as ipc
+
+        with pa.OSFile(path) as f:
+            return ipc.open_file(f).read_all()
+    # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas (~38 MB in a
+    # training process that never uses it; see _arrow_columns.py).
+    return pq.ParquetFile(path).read()
 
 
 def _publish_batch(batch_dir: str, run_path: str, node: str, batch: str) -> PublishResult:
@@ -234,8 +256,8 @@ def _publish_batch(batch_dir: str, run_path: str, node: str, batch: str) -> Publ
 def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, batch: str) -> tuple[int, int]:
     """Write one kind's claimed segments as one file on the shared folder unless it is there already.
 
-    A segment pyarrow cannot read is copied as it is (under its own name, also idempotent): the readers'
-    checks leave it out and ``ingest`` quarantines it, as for any damaged segment; nothing is deleted unread.
+    A segment pyarrow cannot read is copied as it is to the run's ``quarantine/<kind>/`` (under its own
+    name, also idempotent), where ``ingest`` keeps the segments it cannot read: nothing is deleted unread.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -245,13 +267,14 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
     for name in names:
         path = os.path.join(kind_dir, name)
         try:
-            # ParquetFile, not read_table: read_table imports pyarrow.dataset and with it pandas (~38 MB
-            # in a training process that never uses it; see _arrow_columns.py).
-            tables.append(pq.ParquetFile(path).read())
-        except (OSError, pa.ArrowException, ValueError):
-            if not os.path.exists(os.path.join(target_dir, name)):
-                _write_durably(target_dir, name, lambda f, p=path: _copy_into(p, f))
+            tables.append(_read_segment(path))
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            quarantine = os.path.join(os.path.dirname(target_dir), QUARANTINE_DIR, os.path.basename(target_dir))
+            if not os.path.exists(os.path.join(quarantine, name)):
+                os.makedirs(quarantine, exist_ok=True)
+                _write_durably(quarantine, name, lambda f, p=path: _copy_into(p, f))
                 created += 1
+                log.warning("ranksight: moved %s to %s: it does not read (%s)", path, quarantine, exc)
     if not tables:
         return created, 0
     final = published_name(node, batch)

@@ -20,7 +20,7 @@ from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_s
 
 from ._arrow_columns import build_column
 from ._identity import Identity
-from ._node_spool import NodePublisher
+from ._node_spool import LOCAL_SUFFIX, NodePublisher
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _WARN_DIRECT_FROM_RANKS = 256
@@ -135,10 +135,19 @@ class SpoolWriter:
             os.makedirs(directory, exist_ok=True)
             self._made.add(directory)
         seq = self._seq.get(kind, 0)
-        final = os.path.join(directory, f"{self._stem}_{seq:06d}{SPOOL_SUFFIX}")
+        # On a node spool, segments are Arrow IPC files: only the node's publisher reads them, and they
+        # cost a fourteenth of a Parquet segment to write and a seventh to read (docs/scale.md).
+        suffix = LOCAL_SUFFIX if self.publisher is not None else SPOOL_SUFFIX
+        final = os.path.join(directory, f"{self._stem}_{seq:06d}{suffix}")
         # The temporary name must not end in .parquet either: DuckDB's glob, unlike Python's, matches dot-files.
-        tmp = os.path.join(directory, f"{TMP_PREFIX}{self._stem}_{seq:06d}{SPOOL_SUFFIX}.partial")
-        pq.write_table(table, tmp, compression="zstd")
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{self._stem}_{seq:06d}{suffix}.partial")
+        if self.publisher is not None:
+            import pyarrow.ipc as ipc
+
+            with ipc.new_file(tmp, table.schema) as sink:
+                sink.write_table(table)
+        else:
+            pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, final)
         self._seq[kind] = seq + 1
         self.rows_written += n

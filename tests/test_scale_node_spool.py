@@ -86,7 +86,7 @@ def test_agents_of_one_node_publish_every_step_once_and_few_files(tmp_path):
     assert published and all("_m" in name for name in published)
     assert len(published) <= seconds / 0.5 + 2  # one per interval, and one for the node when its ranks close
     assert os.listdir(run / "ranks") == ["node-nodeA.json"]
-    assert not [n for n in os.listdir(local / "nodespool" / "steps") if n.endswith(".parquet")]
+    assert not [n for n in os.listdir(local / "nodespool" / "steps") if not n.startswith(".")]
     metas = read_rank_meta(str(run))
     assert [(m.rank, m.status) for m in metas] == [(r, "finished") for r in range(world)]
     assert ingest(str(run)).rows_by_kind["steps"] == sum(expected.values())
@@ -140,7 +140,7 @@ def test_a_rank_killed_mid_run_leaves_nothing_behind_when_its_neighbour_closes(t
     procs[1].wait()
     spool = local / "nodespool"
     left = [n for kind in ("steps", "samples") if (spool / kind).exists() for n in os.listdir(spool / kind)]
-    assert not [n for n in left if n.endswith(".parquet")]
+    assert not [n for n in left if not n.startswith(".")]
     con = open_run(str(run_dir / "nodespool"))
     sql = "SELECT rank, count(*) = count(DISTINCT step), count(*) > 0 FROM steps GROUP BY rank ORDER BY rank"
     assert con.execute(sql).fetchall() == [(0, True, True), (1, True, True)]
@@ -196,17 +196,21 @@ def test_a_batch_published_but_not_released_is_not_published_twice(tmp_path):
     assert con.execute("SELECT count(*) FROM samples").fetchone() == (5,)
 
 
-def test_a_damaged_local_segment_is_published_as_it_is_and_quarantined_by_ingest(tmp_path):
-    """A file the publisher cannot read is copied unread (never deleted); readers and ingest treat it as
-    any damaged segment, and every other row arrives."""
+def test_a_damaged_local_segment_is_kept_in_quarantine_and_every_other_row_arrives(tmp_path):
+    """A file the publisher cannot read (Parquet from an older agent, or Arrow IPC) is copied unread to the
+    run's quarantine/<kind>/, where ingest keeps what it cannot read; never deleted, never read as rows."""
     local, run = tmp_path / "local", tmp_path / "run"
     os.makedirs(run / "ranks")
     subprocess.run([sys.executable, "-c", WRITER, str(local), "0", "40"], check=True)
-    (local / "steps" / "nodeA_r00009_p1-bad_000000.parquet").write_bytes(b"PAR1 not really")
+    bad = ["nodeA_r00009_p1-bad_000000.parquet", "nodeA_r00009_p1-bad_000001.arrow"]
+    for name in bad:
+        (local / "steps" / name).write_bytes(b"PAR1 not really")
     publish_node(str(local), str(run), "nodeA", None)
-    assert (run / "steps" / "nodeA_r00009_p1-bad_000000.parquet").exists()
+    assert sorted(os.listdir(run / "quarantine" / "steps")) == bad
+    assert (run / "quarantine" / "steps" / bad[1]).read_bytes() == b"PAR1 not really"
     con = open_run(str(run))
-    assert con.execute("SELECT count(*) FROM steps").fetchone() == (40,)
-    assert [os.path.basename(s.path) for s in skipped_files(con)] == ["nodeA_r00009_p1-bad_000000.parquet"]
+    assert con.execute("SELECT count(*), count(DISTINCT step) FROM steps").fetchone() == (40, 40)
+    assert skipped_files(con) == []
     result = ingest(str(run))
-    assert result.rows_by_kind["steps"] == 40 and len(result.quarantined) == 1
+    assert result.rows_by_kind["steps"] == 40 and result.quarantined == ()
+    assert not os.listdir(local / BATCHES_DIR)
