@@ -119,10 +119,12 @@ def fill_gpu_times(
         sums: dict[tuple, list] = {}
         for e in mine:
             t = e.get("time_created_ns", 0)
-            key = None
+            key, start = None, None
             for w_lo, w_hi, k in windows:
-                if w_lo <= t <= w_hi:
-                    key = k  # the latest call containing it (calls are in issue order)
+                # The containing call that started last: a call's window can hold another's issue (an
+                # FSDP2 all-gather recorded from issue to wait holds the next unit's prefetch).
+                if w_lo <= t <= w_hi and (start is None or w_lo > start):
+                    key, start = k, w_lo
             if key is None:
                 name = op_name(str(e.get("profiling_name", "")))
                 key = ("all_reduce" if ddp and name == "all_reduce" else name, "ddp" if ddp else "torch", _group(e))

@@ -84,6 +84,19 @@ def test_a_call_without_a_wall_stamp_is_matched_with_the_clock_offset():
     assert rows[0]["gpu_s"] == pytest.approx(0.4e-3)
 
 
+def test_an_entry_inside_two_calls_goes_to_the_one_that_started_last():
+    """An FSDP2 all-gather recorded from its issue (1 ms) to its wait (9 ms) holds a reduce-scatter
+    issued at 4 ms; the reduce-scatter's own call (4-4.1 ms) was recorded first (it ended first)."""
+    off = 0
+    calls = [_call("reduce_scatter", "fsdp", 4 * MS, 4 * MS + 100_000, 4 * MS),
+             _call("all_gather_backward", "fsdp", 1 * MS, 9 * MS, 1 * MS)]  # fmt: skip
+    rows = [_row(0, "reduce_scatter", "fsdp"), _row(0, "all_gather_backward", "fsdp")]
+    entries = [_entry(0, 1 * MS + 1000, "nccl:_allgather_base", duration=2.0),
+               _entry(1, 4 * MS + 1000, "nccl:_reduce_scatter_base", duration=0.5)]  # fmt: skip
+    fill_gpu_times([(0, 0, 10 * MS, calls, rows)], entries, off, ddp=False)
+    assert rows[0]["gpu_s"] == pytest.approx(0.5e-3) and rows[1]["gpu_s"] == pytest.approx(2e-3)
+
+
 def test_profiling_names_and_bytes():
     assert op_name("nccl:_allgather_base") == "all_gather_into_tensor"
     assert op_name("nccl:_reduce_scatter_base") == "reduce_scatter_tensor"
