@@ -113,3 +113,68 @@ def test_a_healthy_fsdp2_job_is_silent(tmp_path):
     assert loud == [], describe(result)
     # On a loaded shared host each collective costs a scheduler slice or so: FSDP findings stay info at most.
     assert all(f["severity"] == "info" for f in result["findings"] if f["rule"] in FSDP_RULES), describe(result)
+
+
+def _tiny_units_main(rank: int, port: int, run_dir: str) -> None:
+    """16 blocks of 64x64 (16 KB each), one fully_shard unit per block, prefetching one ahead: 33
+    all-gathers per step of a few KB, whose round trips cost more than their bytes."""
+    import os
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+    )  # fmt: skip
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    mon = ranksight.init(run_dir=run_dir, job="fsdp", run_id="tiny-units", flush_interval_s=0.3)
+    blocks = [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(16)]
+    model = nn.Sequential(*blocks, nn.Linear(64, 1))
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    for i, block in enumerate(blocks):
+        block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 2])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(512, 64), torch.randn(512, 1)
+    for _ in range(25):
+        with mon.step():
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    mon.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_many_tiny_units_are_named_too_small(tmp_path):
+    pytest.importorskip("torch")
+    import os
+
+    import torch.multiprocessing as mp
+
+    from ranksight.rules import diagnose
+
+    from ._jobs import free_port
+    from ._scenarios import describe
+
+    run_dir = str(tmp_path / "runs")
+    mp.start_processes(_tiny_units_main, args=(free_port(), run_dir), nprocs=2, start_method="spawn", join=True)
+    result = diagnose(os.path.join(run_dir, "tiny-units"))
+    found = {f["rule"]: f for f in result["findings"]}
+    small = found.get("fsdp-units-too-small")
+    assert small is not None and small["severity"] in ("warning", "critical"), describe(result)
+    assert small["evidence"]["fsdp_all_gathers_per_step"] == 33
+    assert small["evidence"]["fsdp_all_gather_wire_s"] < small["evidence"]["fsdp_all_gather_latency_s"]
+    # Prefetching is on and cannot hide 33 round trips a step: exposed-all-gather says to make units larger.
+    exposed = found["exposed-all-gather"]
+    assert "make the units larger" in exposed["fix"]["text"], exposed["fix"]["text"]
