@@ -13,12 +13,12 @@ GPU). Each fault is a realistic mistake, planted the way users make it:
 - ``blocking``: three metrics all-reduced one by one for logging, counters gathered with
   ``all_gather_object`` and a barrier, in every step of a short step.
 - ``oversubscribed``: every rank runs as many torch threads as the host has CPUs.
-- ``fsdp``: a healthy FSDP2 job (``fully_shard`` per block, explicit forward and backward prefetching;
-  on CPU the all-gathers are issued async so gloo runs them in the background).
+- ``fsdp``: a healthy FSDP2 job (``fully_shard`` per block, explicit forward and backward prefetching,
+  enough work per parameter byte that the all-gathers are a few % of the step).
 - ``fsdp-no-prefetch``: the FSDP2 mistake: wide blocks, a small batch, and all-gathers issued on the
   compute stream (``_set_unshard_async_op(True)``, e.g. to avoid inter-stream fragmentation) without the
   explicit prefetching that must then replace FSDP2's implicit one: every block waits for its own
-  all-gather, in forward and again in backward.
+  all-gather in forward (and in backward on a GPU).
 
 GPU-only faults (their code paths only run on CUDA; on a CPU machine the demo refuses them):
 
@@ -220,10 +220,11 @@ def _fsdp_model(cfg: DemoConfig, device):
     """A stack of Linear+ReLU blocks sharded with FSDP2, one ``fully_shard`` unit per block, then the root.
 
     ``fsdp``: each block prefetches the next two in forward and the previous one in backward (FSDP2's
-    explicit prefetching, torch >= 2.6); on CPU the all-gathers are issued async (``unshard_async_op``),
-    without which gloo runs them on the training thread and nothing can overlap. ``fsdp-no-prefetch``:
-    async all-gathers with no prefetching, so each block waits for its own (on a GPU, on the compute
-    stream). Returns (model, in_features, batch, n_items)."""
+    explicit prefetching, torch >= 2.6). On CPU gloo still runs those all-gathers on the training
+    thread (async ones ran slower on a 2-core host, where gloo's own thread has no core to spare), so
+    what keeps the CPU job healthy is the work per parameter byte. ``fsdp-no-prefetch``: async
+    all-gathers with no prefetching, so each block waits for its own (on a GPU, on the compute stream).
+    Returns (model, in_features, batch, n_items)."""
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
