@@ -41,8 +41,9 @@ from ._events import EV_COLLECTIVE, EV_INFO
 SNAPSHOT_EVERY_STEPS = 20
 """How often (in steps) the per-unit totals go to the rank metadata (and once more at close)."""
 
-MAX_UNIT_SLOTS = 16
-"""Collective rows per step and op are kept per unit up to this many units, per slot of units beyond."""
+MAX_UNIT_SLOTS = 8
+"""Collective rows per step and op are kept per unit up to this many units, per slot of consecutive units
+beyond: enough to match calls across ranks, at most 3 x 8 rows per step whatever the model's depth."""
 
 _STAT_FIELDS = (
     "all_gathers_forward", "all_gathers_backward", "all_gather_bytes", "all_gather_exposed_s",

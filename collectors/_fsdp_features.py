@@ -4,7 +4,7 @@ layout, resharding, prefetching and precision the FSDP rules' fixes are fitted t
 The agent records each FSDP2 unit's collectives per step as ``collectives`` rows of origin ``fsdp``: op
 ``all_gather_forward`` / ``all_gather_backward`` (``blocked_s``: time the training thread was held at
 the issue and at the wait, i.e. exposed), ``reduce_scatter``; the unit (or a slot of units, for more
-than 16) after a ``|`` in ``process_group``. Rows of an older agent (``all_gather_single``,
+than 8) after a ``|`` in ``process_group``. Rows of an older agent (``all_gather_single``,
 ``all_gather_into_tensor``, an fsdp ``wait``) count as all-gathers without a pass.
 
 What an all-gather costs by itself is, per call, the wait of the rank that arrived last (as for the
