@@ -56,7 +56,7 @@ FSDP_FEATURES: dict[str, str] = {
     "fsdp_backward_all_gather_ratio": "Backward all-gathers over forward ones: about 1 when every unit reshards "
     "after forward, 0 when none does.",
     "fsdp_all_gather_overlap": "1 - exposed / issue-to-wait span of the all-gathers (whole run, from the agent's "
-    "per-unit totals): how much of them ran while the rank computed.",
+    "per-unit totals): how much of them ran while the rank computed. CPU ranks only (host times).",
     "fsdp_all_gather_wire_s": "Per step, the all-gathered bytes' time on the transport's bandwidth: (N-1)/N x bytes "
     "/ bandwidth.",
     "fsdp_all_gather_latency_s": "Per step, the all-gathers' round trips at the transport's latency: calls x latency.",
@@ -175,7 +175,8 @@ def _meta_features(meta: dict) -> dict:
     stats = [u for u in meta.get("fsdp_units") or [] if isinstance(u, dict)]
     exposed = sum(float(u.get("all_gather_exposed_s") or 0) for u in stats)
     span = sum(float(u.get("all_gather_span_s") or 0) for u in stats)
-    if span > 0:
+    on_gpu = any(str(d).startswith("cuda") for d in (meta.get("model") or {}).get("devices") or [])
+    if span > 0 and not on_gpu:  # host times: on NCCL the issue returns at enqueue, so no overlap to read
         f["fsdp_all_gather_overlap"] = max(0.0, 1.0 - exposed / span)
     return f
 
