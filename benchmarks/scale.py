@@ -426,6 +426,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
         if os.path.exists(path):
             os.remove(path)
     fcon = duckdb.connect(floor_db)
+    fcon.execute("SET preserve_insertion_order = false")  # as ingest reads: no row order kept
     t0 = time.perf_counter()
     fcon.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
     fcon.execute("CHECKPOINT")
