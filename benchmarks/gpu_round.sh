@@ -46,5 +46,6 @@ if has tests; then
   (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider ${ROUND_TESTS:-tests/test_gpu_cuda.py \
     tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
-(cd "$W" && tar czf "$OUT/runs.tgz" $(ls -d coll/runs demo/runs overhead/runs 2>/dev/null))
+RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs 2>/dev/null)
+[ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"
