@@ -25,17 +25,17 @@ export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
 rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests "$W/t/"
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
-if has overhead; then
-  # Whole runs, agent off and on alternating (the agent thread cannot slow the run it is compared with).
-  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4} 2>&1 | tail -16
-  cp "$W/overhead/gpu_overhead_pairs.json" "$OUT/"
-fi
 if has collectives; then
   for s in metrics fsdp2; do
     torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
   done
   python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -40
   cp "$W/coll/gpu_collectives.json" "$OUT/"
+fi
+if has overhead; then
+  # Whole runs, agent off and on alternating (the agent thread cannot slow the run it is compared with).
+  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4} 2>&1 | tail -16
+  cp "$W/overhead/gpu_overhead_pairs.json" "$OUT/"
 fi
 if has demo; then
   python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
