@@ -226,14 +226,18 @@ def _fsdp_model(cfg: DemoConfig, device):
     all-gathers with no prefetching, so each block waits for its own (on a GPU, on the compute stream).
     Returns (model, in_features, batch, n_items)."""
     from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     width, depth, batch = FSDP_SHAPES[(cfg.fault, device.type)]
     blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]
     model = nn.Sequential(*blocks, nn.Linear(width, 1)).to(device)
+    # The mesh on the ranks' own device: without one, fully_shard builds it on CUDA whenever CUDA is
+    # available, also for ranks that run on CPU (gloo) beside a GPU.
+    mesh = init_device_mesh(device.type, (cfg.ranks,))
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     if cfg.fault == "fsdp":
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 3])

@@ -85,12 +85,22 @@ def test_replicated_model_state_fix_is_fsdp2_code_fitted_to_the_framework():
     assert "ModelParallelStrategy" in f["fix"]["snippet"]
 
 
+def _cpu_scenario(tmp_path, fault: str, steps: int) -> dict:
+    """The demo job on 2 CPU ranks (gloo), also on a machine with GPUs (test_fsdp_gpu.py runs it there)."""
+    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.rules import diagnose
+
+    cfg = DemoConfig(fault=fault, ranks=2, steps=steps, run_dir=str(tmp_path), flush_interval_s=0.5,
+                     extra_env=(("CUDA_VISIBLE_DEVICES", ""),))  # fmt: skip
+    return diagnose(run_demo(cfg))
+
+
 @pytest.mark.slow
 def test_fsdp_without_prefetching_is_exposed_all_gather_first(tmp_path):
     pytest.importorskip("torch")
-    from ._scenarios import describe, run_scenario
+    from ._scenarios import describe
 
-    result = run_scenario(tmp_path, "fsdp-no-prefetch", steps=30)
+    result = _cpu_scenario(tmp_path, "fsdp-no-prefetch", steps=30)
     first = result["findings"][0]
     assert (first["axis"], first["rule"]) == ("sync", "exposed-all-gather"), describe(result)
     assert first["ranks"] == [0, 1] and first["severity"] in ("warning", "critical")
@@ -106,9 +116,9 @@ def test_fsdp_without_prefetching_is_exposed_all_gather_first(tmp_path):
 @pytest.mark.slow
 def test_a_healthy_fsdp2_job_is_silent(tmp_path):
     pytest.importorskip("torch")
-    from ._scenarios import describe, run_scenario
+    from ._scenarios import describe
 
-    result = run_scenario(tmp_path, "fsdp", steps=24)
+    result = _cpu_scenario(tmp_path, "fsdp", steps=24)
     loud = [f for f in result["findings"] if f["severity"] in ("warning", "critical")]
     assert loud == [], describe(result)
     # On a loaded shared host each collective costs a scheduler slice or so: FSDP findings stay info at most.
@@ -127,6 +137,7 @@ def _tiny_units_main(rank: int, port: int, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     import ranksight
@@ -137,9 +148,10 @@ def _tiny_units_main(rank: int, port: int, run_dir: str) -> None:
     mon = ranksight.init(run_dir=run_dir, job="fsdp", run_id="tiny-units", flush_interval_s=0.3)
     blocks = [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(16)]
     model = nn.Sequential(*blocks, nn.Linear(64, 1))
+    mesh = init_device_mesh("cpu", (2,))  # else fully_shard picks CUDA wherever CUDA is available
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     for i, block in enumerate(blocks):
         block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 2])
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -35,6 +35,7 @@ def _rank_main(rank: int, port: int, run_dir: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.profiler import profile, record_function
 
@@ -46,9 +47,10 @@ def _rank_main(rank: int, port: int, run_dir: str, out_dir: str) -> None:
     mon = ranksight.init(run_dir=run_dir, job="fsdp", run_id="fsdp-measure", flush_interval_s=0.3)
     blocks = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()) for _ in range(BLOCKS)]
     model = nn.Sequential(*blocks, nn.Linear(WIDTH, 1))
+    mesh = init_device_mesh("cpu", (2,))  # else fully_shard picks CUDA wherever CUDA is available
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     mon.watch(model, optimizer=opt)
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, 1)
@@ -162,6 +164,7 @@ def _policy_main(rank: int, port: int, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     import ranksight
@@ -172,9 +175,10 @@ def _policy_main(rank: int, port: int, run_dir: str) -> None:
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     blocks = [nn.Linear(64, 64) for _ in range(3)]
     model = nn.Sequential(*blocks)
+    mesh = init_device_mesh("cpu", (1,))
     for i, block in enumerate(blocks):
-        fully_shard(block, mp_policy=mp, reshard_after_forward=i < 2)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < 2)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     mon.watch(model)
     blocks[0].set_modules_to_forward_prefetch([blocks[1]])  # after watch(): the facts are read again at step 1
     for _ in range(3):
