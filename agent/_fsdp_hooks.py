@@ -7,10 +7,10 @@ The generic collective timing (``_collectives``) sees FSDP2's ``all_gather_singl
 an anonymous ``wait``. So for every FSDP parameter group (one per ``fully_shard`` unit with parameters)
 three things are wrapped, on that group only (never torch's classes):
 
-- its all-gather and reduce-scatter callables (``_all_gather_comm``, ``_reduce_scatter_comm``, present
-  since torch 2.8): their class is swapped for a subclass whose ``__call__`` times the collective and
-  runs it with the generic timer off, so nothing is counted twice; ``isinstance`` checks in FSDP2 still
-  pass;
+- its all-gather and reduce-scatter callables (``_all_gather_comm``, ``_reduce_scatter_comm``, as in
+  torch 2.13; without them the generic timing covers the unit): their class is swapped for a subclass
+  whose ``__call__`` times the collective and runs it with the generic timer off, so nothing is
+  counted twice; ``isinstance`` checks in FSDP2 still pass;
 - its ``wait_for_unshard``: it first waits for an async all-gather's ``Work`` itself (timed: the exposed
   rest of a prefetched all-gather), then runs FSDP2's own (the copy-out, whose wait now returns at once).
 
@@ -267,7 +267,7 @@ class _UnitHooks:
         g = self.group
         ag, rs = getattr(g, "_all_gather_comm", None), getattr(g, "_reduce_scatter_comm", None)
         if ag is None or rs is None or not hasattr(g, "wait_for_unshard"):
-            return False  # torch < 2.8: the generic collective timing covers this unit
+            return False  # a torch without per-group comm objects: the generic collective timing covers this unit
         for comm, kind in ((ag, "ag"), (rs, "rs")):
             if "_ranksight_base" not in type(comm).__dict__:  # else already wrapped: watch() called again
                 comm.__class__ = _subclass(type(comm), kind)
