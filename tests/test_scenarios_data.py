@@ -51,7 +51,8 @@ def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
     err = capsys.readouterr().err.strip()
     assert err == (
         "ranksight demo: fault 'pageable' needs a GPU (CUDA) and torch sees none; "
-        "CPU faults: none, input, sync, straggler, graph-break, unused-params, straggler30, blocking, oversubscribed"
+        "CPU faults: none, input, sync, straggler, graph-break, unused-params, straggler30, blocking, oversubscribed, "
+        "fsdp, fsdp-no-prefetch"
     )
 
 
