@@ -34,6 +34,7 @@ from ._rundir import (
 )
 from ._runs import rank_is_live, read_rank_meta
 from ._tables import (
+    SEGMENT_COLUMN,
     SEGMENTS_TABLE,
     STORE_ALIAS,
     describe,
@@ -92,8 +93,16 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
         done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
         for alias, kinds, held in nodes:
             if kind in kinds:
-                parts.append(f"SELECT {select_list(con, f'{alias}.{kind}', kind)} FROM {alias}.{kind}")
-                done = (done or set()) | set(held.get(kind, ()))  # a segment is read from one place only
+                # A segment is read from one place only: the run's store first (it may have absorbed this
+                # node store, or ingested a copy of the node's spool), then the node store, then the spool.
+                where = ""
+                if store_kinds is not None:
+                    where = (
+                        f" WHERE {SEGMENT_COLUMN} IS NULL OR {SEGMENT_COLUMN} NOT IN "
+                        f"(SELECT file FROM {STORE_ALIAS}.{SEGMENTS_TABLE} WHERE kind = {sql_literal(kind)})"
+                    )
+                parts.append(f"SELECT {select_list(con, f'{alias}.{kind}', kind)} FROM {alias}.{kind}{where}")
+                done = (done or set()) | set(held.get(kind, ()))
         spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool)
         skipped += left_out
         if spool:

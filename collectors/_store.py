@@ -132,8 +132,13 @@ def _attached(path: str, read_only: bool = False):
 _MOVE_ASIDE = "move it aside, then ingest again"
 
 
-def ingest(run_path: str) -> IngestResult:
+def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
     """Append the run's not-yet-ingested spool segments to ``<run>/store.duckdb`` and return counts.
+
+    ``absorb_node_stores`` also appends the rows of the per-node stores in ``<run>/nodes/`` (those of
+    segments the store does not hold yet), then moves each absorbed file to ``<run>/nodes/.absorbed/``:
+    one store to read instead of one per node (docs/scale.md). Until it is moved, readers skip the rows
+    the store already holds, so a crash between the two counts nothing twice.
 
     Safe while ranks are still writing (segments that appear later are picked up by the next ingest
     and, until then, read from the spool) and while any number of readers query the run. A segment it
@@ -153,12 +158,17 @@ def ingest(run_path: str) -> IngestResult:
             try:
                 had_tables = store_tables(con, _STORE_DB)
                 _create_schema(con)
+                absorbed, node_rows = _absorb_node_stores(con, run_path, db_run) if absorb_node_stores else ([], {})
                 rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
+                for kind, n in node_rows.items():
+                    rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
                 con.execute(f"CHECKPOINT {_STORE_DB}")
                 con.execute("USE memory")
                 con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
             finally:
                 con.close()
+        for path, signature in absorbed:  # in the store now: out of the readers' way
+            _set_aside(path, signature)
     finally:
         os.close(lock_fd)
     seconds = time.perf_counter() - started
@@ -294,6 +304,67 @@ def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]
         finally:
             con.execute(f"DETACH {alias}")
     return held
+
+
+ABSORBED_DIR = ".absorbed"
+
+
+def _absorb_node_stores(con, run_path: str, db_run: str) -> tuple[list[tuple[str, tuple]], dict[str, int]]:
+    """Append each node store's rows of segments the store does not hold, and list those segments as held;
+    return ((path, (size, mtime)) of each node store absorbed, rows added per kind)."""
+    import duckdb
+
+    absorbed: list[tuple[str, tuple]] = []
+    rows: dict[str, int] = {}
+    for i, path in enumerate(node_store_paths(run_path)):
+        st = os.stat(path)
+        alias = f"ranksight_absorb_{i}"
+        try:
+            con.execute(
+                f"ATTACH {sql_literal(os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path)))} "
+                f"AS {alias} (READ_ONLY)"
+            )
+        except duckdb.Error as exc:
+            raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)})") from None
+        try:
+            tables = store_tables(con, alias)
+            if SEGMENTS_TABLE not in tables:
+                raise StoreError(f"{path}: not a ranksight store (no {SEGMENTS_TABLE} table); move it out of nodes/")
+            for kind in KINDS:
+                if kind not in tables:
+                    continue
+                table = f"{alias}.{kind}"
+                before = con.execute(f"SELECT count(*) FROM {kind}").fetchone()[0]
+                con.execute(
+                    f"INSERT INTO {kind} ({', '.join(column_names(kind))}, {SEGMENT_COLUMN}) "
+                    f"SELECT {select_list(con, table, kind)}, {SEGMENT_COLUMN} FROM {table} "
+                    f"WHERE {SEGMENT_COLUMN} IS NULL OR {SEGMENT_COLUMN} NOT IN "
+                    f"(SELECT file FROM {SEGMENTS_TABLE} WHERE kind = ?)",
+                    [kind],
+                )
+                rows[kind] = rows.get(kind, 0) + con.execute(f"SELECT count(*) FROM {kind}").fetchone()[0] - before
+            con.execute(
+                f"INSERT INTO {SEGMENTS_TABLE} SELECT n.kind, n.file, n.rows, n.ingested_ns "
+                f"FROM {alias}.{SEGMENTS_TABLE} n ANTI JOIN {SEGMENTS_TABLE} s ON s.kind = n.kind AND s.file = n.file"
+            )
+        finally:
+            con.execute(f"DETACH {alias}")
+        absorbed.append((path, (st.st_size, st.st_mtime_ns)))
+    return absorbed, rows
+
+
+def _set_aside(path: str, signature: tuple) -> None:
+    """Move an absorbed node store to ``nodes/.absorbed/`` unless it was replaced meanwhile (a newer copy
+    holds rows the store does not: it stays, and readers take only those from it)."""
+    try:
+        st = os.stat(path)
+        if (st.st_size, st.st_mtime_ns) != signature:
+            return
+        folder = os.path.join(os.path.dirname(path), ABSORBED_DIR)
+        os.makedirs(folder, exist_ok=True)
+        os.replace(path, os.path.join(folder, os.path.basename(path)))
+    except OSError:
+        pass  # left in place: readers skip what the store holds
 
 
 def _undecodable(con, db_run: str, pending: dict[str, list[str]]) -> list[tuple[str, str, str]]:

@@ -93,6 +93,53 @@ def test_per_node_stores_read_together_every_row_once(tmp_path):
     assert [r["rank"] for r in json.loads(out.stdout)["breakdown"]["ranks"]] == [0, 1, 2]
 
 
+def test_the_head_absorbs_node_stores_into_one_store_every_row_once(tmp_path):
+    """`ranksight ingest --nodes`: the node stores' rows go into the run's store and the files are set
+    aside; a crash before they are set aside (their copies put back) counts nothing twice; a newer copy of
+    a node store adds only its new rows."""
+    world = 2
+    node_runs = {"nodeA": _run_node(tmp_path, "nodeA", [0], world), "nodeB": _run_node(tmp_path, "nodeB", [1], world)}
+    for node_run in node_runs.values():
+        subprocess.run([sys.executable, "-m", "ranksight.cli", "ingest", node_run], check=True, capture_output=True)
+    head = str(tmp_path / "head" / "multi")
+    for node, node_run in node_runs.items():
+        _ship(node_run, head, node)
+    steps = {}
+    for rank in range(world):
+        with open(tmp_path / f"out{rank}.json") as f:
+            steps[rank] = json.load(f)["steps"]
+    expected = [(r, steps[r], steps[r]) for r in range(world)]
+    sql = "SELECT rank, count(*), count(DISTINCT step) FROM steps GROUP BY rank ORDER BY rank"
+
+    subprocess.run([sys.executable, "-m", "ranksight.cli", "ingest", head, "--nodes"], check=True, capture_output=True)
+    assert sorted(os.listdir(os.path.join(head, "nodes", ".absorbed"))) == ["nodeA.duckdb", "nodeB.duckdb"]
+    assert [n for n in os.listdir(os.path.join(head, "nodes")) if not n.startswith(".")] == []
+    assert open_run(head).execute(sql).fetchall() == expected
+
+    # As if the set-aside had not happened (a crash right after the new store was renamed into place).
+    nodes_dir = os.path.join(head, "nodes")
+    for node in node_runs:
+        name = f"{node}.duckdb"
+        shutil.copyfile(os.path.join(nodes_dir, ".absorbed", name), os.path.join(nodes_dir, name))
+    assert open_run(head).execute(sql).fetchall() == expected
+    assert ingest(head, absorb_node_stores=True).rows == 0
+    assert open_run(head).execute(sql).fetchall() == expected
+
+    # A node that ran on (more steps, ingested again) ships a newer copy: only its new rows are added.
+    more = _run_node(tmp_path, "nodeA", [0], world)  # same run folder: 60 more steps for rank 0
+    subprocess.run([sys.executable, "-m", "ranksight.cli", "ingest", more], check=True, capture_output=True)
+    _ship(more, head, "nodeA")
+    with open(tmp_path / "out0.json") as f:
+        steps[0] += json.load(f)["steps"]
+    con = open_run(head)
+    assert con.execute("SELECT rank, count(*) FROM steps GROUP BY rank ORDER BY rank").fetchall() == [
+        (0, steps[0]),
+        (1, steps[1]),
+    ]
+    ingest(head, absorb_node_stores=True)
+    assert open_run(head).execute("SELECT count(*) FROM steps").fetchone() == (steps[0] + steps[1],)
+
+
 def test_a_node_store_that_is_not_ours_is_a_one_line_error(tmp_path):
     node_run = _run_node(tmp_path, "nodeA", [0], 1)
     head = str(tmp_path / "head" / "multi")

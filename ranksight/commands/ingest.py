@@ -25,6 +25,11 @@ def add_parser(sub):
         help="then delete the spool segments the store holds (only what it lists; the store keeps every row)",
     )
     p.add_argument(
+        "--nodes",
+        action="store_true",
+        help="also absorb the per-node stores copied into RUN_DIR/nodes/ (then set aside in nodes/.absorbed/)",
+    )
+    p.add_argument(
         "--prune-after",
         type=float,
         default=PRUNE_AFTER_S,
@@ -38,7 +43,7 @@ def add_parser(sub):
 def run(args) -> int:
     if args.prune and args.prune_after < 0:
         raise UserError(f"--prune-after must be >= 0, got {args.prune_after:g}")
-    result = ingest(args.run_dir)
+    result = ingest(args.run_dir, absorb_node_stores=args.nodes)
     kinds = ", ".join(f"{k} {n}" for k, n in result.rows_by_kind.items()) or "nothing new"
     rate = result.rows / result.seconds if result.seconds > 0 else 0.0
     print(
