@@ -109,7 +109,13 @@ BUCKETS: tuple[Column, ...] = IDENTITY + (
 
 COLLECTIVES: tuple[Column, ...] = IDENTITY + (
     Column("step", "int64", "Step the collectives were issued in (the next step's index between steps).", False),
-    Column("op", "string", "all_reduce, barrier, all_gather_single, reduce_scatter_tensor, broadcast, ...", False),
+    Column(
+        "op",
+        "string",
+        "all_reduce, barrier, all_gather_single, reduce_scatter_tensor, broadcast, ...; FSDP2 units' own: "
+        "all_gather_forward, all_gather_backward, reduce_scatter",
+        False,
+    ),
     Column(
         "origin",
         "string",
