@@ -3,6 +3,7 @@
 from ._config import FRAMEWORKS, Config, GpuOptions
 from ._identity import Identity, derive_run_id, live_process_group
 from ._monitor import LoaderWrapper, Monitor
+from ._node_spool import PublishResult, publish_node_spool
 from ._noop import NoopMonitor
 from ._protocol import MonitorLike
 
@@ -15,6 +16,8 @@ __all__ = [
     "Monitor",
     "MonitorLike",
     "NoopMonitor",
+    "PublishResult",
     "derive_run_id",
     "live_process_group",
+    "publish_node_spool",
 ]

@@ -326,12 +326,10 @@ def _publish_rank_files(local_path: str, run_path: str, node: str, interval_s: f
         metas.append(meta)
     if not metas:
         return False
-    from ._spool import atomic_write_bytes
-
     target = os.path.join(run_path, RANKS_DIR)
     os.makedirs(target, exist_ok=True)
     body = json.dumps({"node": node, "ranks": metas}, default=str).encode()
-    atomic_write_bytes(os.path.join(target, f"{NODE_FILE_PREFIX}{safe_name(node)}.json"), body)
+    _write_durably(target, f"{NODE_FILE_PREFIX}{safe_name(node)}.json", lambda f: f.write(body))
     return True
 
 

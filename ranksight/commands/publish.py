@@ -25,7 +25,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ranksight.agent._node_spool import publish_node_spool
+    from ranksight.agent import publish_node_spool
 
     if not os.path.isdir(args.node_run):
         raise UserError(f"{args.node_run}: no such node spool folder")
