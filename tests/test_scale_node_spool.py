@@ -21,6 +21,7 @@ from ranksight.agent._node_spool import (
     BATCHES_DIR,
     _claim,
     _publish_kind,
+    local_world_size_from_env,
     publish_interval_s,
     publish_node,
     published_name,
@@ -214,3 +215,38 @@ def test_a_damaged_local_segment_is_kept_in_quarantine_and_every_other_row_arriv
     result = ingest(str(run))
     assert result.rows_by_kind["steps"] == 40 and result.quarantined == ()
     assert not os.listdir(local / BATCHES_DIR)
+
+
+def test_the_publish_interval_keeps_the_job_under_its_file_budget(monkeypatch):
+    """7 files per publish per node: 1,024 ranks of 8 publish every 6 s, 10,000 every 58 s, at 150 files/s."""
+    assert publish_interval_s(2.0, 8, 8, 150.0) == 2.0  # one node: as often as the ranks flush
+    assert publish_interval_s(2.0, 1024, 8, 150.0) == 7 * 128 / 150
+    assert publish_interval_s(2.0, 10_000, 8, 150.0) == 7 * 1250 / 150
+    for world in (1024, 10_000, 100_000):
+        nodes = -(-world // 8)
+        assert nodes * 7 / publish_interval_s(2.0, world, 8, 150.0) <= 150.0 + 1e-9
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
+    assert local_world_size_from_env() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert local_world_size_from_env() == 4
+
+
+def test_a_node_rank_file_carries_the_publish_interval_into_liveness(tmp_path):
+    """Readers judge a rank lost after 30 of its flush intervals without a heartbeat; on a node spool the
+    shared heartbeat moves once per publish, so the node's rank file gives the publish interval instead."""
+    run = tmp_path / "run"
+    os.makedirs(run / "ranks")
+    now = time.time_ns()
+    ranks = [
+        {"rank": 0, "status": "running", "heartbeat_ns": now - int(100e9), "flush_interval_s": 58.3},
+        {"rank": 1, "status": "running", "heartbeat_ns": now - int(31 * 58.3e9), "flush_interval_s": 58.3},
+        {"rank": 2, "status": "finished", "heartbeat_ns": now - int(1e12), "flush_interval_s": 58.3},
+    ]
+    (run / "ranks" / "node-nodeA.json").write_text(json.dumps({"node": "nodeA", "ranks": ranks}))
+    # An older per-rank file of rank 0 (say, before the node spool was turned on): the newest heartbeat wins.
+    (run / "ranks" / "rank-00000.json").write_text(
+        json.dumps({"rank": 0, "status": "running", "heartbeat_ns": now - int(1e12), "flush_interval_s": 2.0})
+    )
+    metas = read_rank_meta(str(run))
+    assert [(m.rank, m.status) for m in metas] == [(0, "running"), (1, "lost"), (2, "finished")]
