@@ -253,6 +253,9 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
         "bytes_per_s_at": {str(w): bytes_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
         "rank_maxrss_mb": statistics.median(r["maxrss_kb"] for r in ranks) / 1024,
         "rank_maxrss_max_mb": max(r["maxrss_kb"] for r in ranks) / 1024,
+        # A rank that published holds pyarrow's pool peak afterwards; the others show the writer alone.
+        "maxrss_mb_ranks_that_published": sorted(r["maxrss_kb"] / 1024 for r in ranks if r["publishes"]),
+        "maxrss_mb_ranks_that_did_not": sorted(r["maxrss_kb"] / 1024 for r in ranks if not r["publishes"]),
         "lost_on_rank_crash_s": REAL_FLUSH_S,
         "lost_on_node_loss_s": interval,
         "rows_checked_once": stored,
