@@ -66,7 +66,8 @@ def _fsync_dir(directory: str) -> None:
 
 
 class SpoolWriter:
-    """Append record batches to a run directory as Parquet segments."""
+    """Append record batches to a run directory as Parquet segments (to a node spool as Arrow IPC files,
+    which its publisher merges into the run directory as Parquet)."""
 
     def __init__(
         self,
