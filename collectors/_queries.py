@@ -142,6 +142,26 @@ def notch(values: list[float]) -> float | None:
     return NOTCH * (q3 - q1) / len(xs) ** 0.5
 
 
+def _notch_padded(values: list[float], n: int) -> float | None:
+    """``notch(values + [0.0] * (n - len(values)))`` for non-negative ``values``, without building and
+    sorting the n-long list (one per rank, each as long as the run: 1,024 x 10,000 at scale)."""
+    if len(values) >= n or any(v is None or v < 0 for v in values):
+        return notch(values + [0.0] * (n - len(values)))
+    if n < 3:
+        return None
+    zeros, xs = n - len(values), sorted(values)
+
+    def at(p: float) -> float:  # _quartiles' interpolation over the zeros followed by xs
+        pos = p * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        lo_v = 0.0 if lo < zeros else xs[lo - zeros]
+        hi_v = 0.0 if hi < zeros else xs[hi - zeros]
+        return lo_v + (hi_v - lo_v) * (pos - lo)
+
+    return NOTCH * (at(0.75) - at(0.25)) / n**0.5
+
+
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     def at(p: float) -> float:  # linear interpolation, as DuckDB's quantile_cont
         pos = p * (len(xs) - 1)
@@ -226,13 +246,15 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     timed = any(r[4] for r in rows)
     gaps = [((r[6] - r[5]) if r[6] is not None else 0.0, r[7]) for r in rows]
     last: dict[int, list[float]] = {}  # rank -> its gaps as shares of the step, where it arrived last
-    for (gap, least), r in zip(gaps, rows):
+    steps_last: dict[int, list[int]] = {}  # rank -> indexes of the steps where it arrived last
+    for i, ((gap, least), r) in enumerate(zip(gaps, rows)):
         last.setdefault(least, []).append(gap / r[1])
+        steps_last.setdefault(least, []).append(i)
     per_rank = {}
-    for rank in ranks:
+    for rank in ranks:  # one pass per rank over its own late steps, not over every step (1,024 x 10,000)
         mine = last.get(rank, [])
-        waited = sum(gap for gap, least in gaps if least == rank)
-        late = [r for (_, least), r in zip(gaps, rows) if least == rank]
+        late = [rows[i] for i in steps_last.get(rank, ())]
+        waited = sum(gaps[i][0] for i in steps_last.get(rank, ()))
         extra_cpu = [r[8] for r in late]
         # The CPU share the host gave this rank while it worked: extra work of c CPU-seconds costs c / share
         # of wall time, so the wait it explains is its extra CPU time over that share.
@@ -241,7 +263,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
             "least_share": len(mine) / len(rows),
             "cost_share": waited / total if mine else 0.0,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
-            "cost_noise": notch(mine + [0.0] * (len(rows) - len(mine))) if mine else 0.0,
+            "cost_noise": _notch_padded(mine, len(rows)) if mine else 0.0,
             # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
             "work_explained": (
                 max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
