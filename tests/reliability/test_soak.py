@@ -86,7 +86,12 @@ import json, os, sys, time
 from ranksight.collectors import RunDirError, ingest, prune
 run, stop, out, grace = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 ingests, pruned, errors, quarantined = 0, 0, [], []
-while not os.path.exists(stop):
+deadline = None
+# On a loaded host the writers can finish before three ingests ran: then go on (for at most 60 s) until
+# three ran and something aged past the grace and was pruned, so the checks below always have work to judge.
+while not os.path.exists(stop) or (ingests < 3 or pruned == 0) and time.time() < (deadline or float("inf")):
+    if deadline is None and os.path.exists(stop):
+        deadline = time.time() + 60
     try:
         result = ingest(run)
         quarantined += [str(q) for q in result.quarantined]
