@@ -26,9 +26,11 @@ EV_BUCKET_DONE = "D"
 """(tag, step, bucket, done_ns): that bucket's all-reduce future completed (communication thread)."""
 
 EV_COLLECTIVE = "C"
-"""(tag, step, op, origin, group, bytes, begin_ns, end_ns, blocked_ns): one torch.distributed collective or
-barrier issued outside DDP's gradient buckets. ``end_ns`` is when the calling thread was released (for
-an async op, when its ``wait()`` returned); ``blocked_ns`` is how long the caller was held in all."""
+"""(tag, step, op, origin, group, bytes, begin_ns, end_ns, blocked_ns[, wall_begin_ns]): one torch.distributed
+collective or barrier issued outside DDP's gradient buckets. ``end_ns`` is when the calling thread was
+released (for an async op, when its ``wait()`` returned); ``blocked_ns`` is how long the caller was held in
+all; ``wall_begin_ns`` (Unix ns, optional: FSDP2's own rows lack it) matches the call to NCCL's flight
+recorder entries, which carry that clock."""
 
 EV_INFO = "I"
 """(tag, name, payload): rare structured facts (DDP config, model size, loader settings, warnings)."""
