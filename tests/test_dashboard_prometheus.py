@@ -50,9 +50,10 @@ def test_prometheus_page_shows_every_rank_of_a_scraped_job(tmp_path, monkeypatch
         reader = PrometheusReader(server.url)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            if len(reader.rank_snapshot("dash-prom")) == 2 and all(
-                os.path.exists(os.path.join(out_dir, f"trained-{r}")) for r in (0, 1)
-            ):
+            snapshot = reader.rank_snapshot("dash-prom")
+            trained = all(os.path.exists(os.path.join(out_dir, f"trained-{r}")) for r in (0, 1))
+            # a scrape that came before the ranks' first flush holds their series at 0: wait for one after
+            if trained and len(snapshot) == 2 and all(r.get("ranksight_step_seconds_count", 0) > 0 for r in snapshot):
                 break
             time.sleep(0.5)
         at = _app(monkeypatch, server.runs_dir, server.url)
