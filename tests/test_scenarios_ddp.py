@@ -27,7 +27,15 @@ def test_data_dependent_branch_and_ragged_batches_are_graph_breaks(tmp_path):
 
 def test_find_unused_parameters_on_a_fully_used_model(tmp_path):
     result = run_scenario(tmp_path, "unused-params")
-    first = result["findings"][0]
+    findings = result["findings"]
+    # On this 2-vCPU machine one rank's thread sometimes needs ~30 % more CPU time for the same work for a
+    # whole run (its vCPU is slower): a real straggler then costs more than the scan's estimated 2 % and
+    # rightly comes first. It must show that extra CPU time; nothing else may outrank the planted fault.
+    while findings and findings[0]["rule"] == "straggler":
+        assert findings[0]["evidence"]["straggler_work_explained"] >= 0.5, describe(result)
+        findings = findings[1:]
+    first = findings[0]
     assert (first["axis"], first["rule"]) == ("parallelism", "unused-parameter-scan"), describe(result)
+    assert first["severity"] == "warning"
     assert first["ranks"] == [0, 1]
     assert first["evidence"]["unused_parameter_size"] == 0 and first["evidence"]["ddp_stats_iteration"] > 0
