@@ -170,6 +170,18 @@ def fsdp_facts(module: Any) -> dict:
     }
 
 
+def _gpu_begin(m: Any, gpu: Any) -> Any:
+    """The CUDA event opening a collective's hold on the step stream, or None (no GPU part, or it failed:
+    counted, and the host timing goes on)."""
+    if gpu is None:
+        return None
+    try:
+        return gpu.collective_begin()
+    except Exception as exc:
+        m._reporter.count("collective_gpu_events", exc)
+        return None
+
+
 class _Recorder:
     """The per-unit hooks of one watched model, and the totals they keep (snapshot into the metadata)."""
 
@@ -295,12 +307,7 @@ class _UnitHooks:
         if not m._active or m._is_compiling():
             return call(comm, *args, **kwargs)
         gpu = m._gpu
-        ev0 = None
-        if gpu is not None:
-            try:
-                ev0 = gpu.collective_begin()  # None on FSDP2's all-gather stream: only the compute stream's hold counts
-            except Exception as exc:
-                m._reporter.count("collective_gpu_events", exc)
+        ev0 = _gpu_begin(m, gpu)  # None on FSDP2's all-gather stream: only the compute stream's hold counts
         begin = perf_counter_ns()
         with self.no_timing:
             out = call(comm, *args, **kwargs)
@@ -359,12 +366,7 @@ class _UnitHooks:
         if not m._active or m._is_compiling():
             return call(comm, *args, **kwargs)
         gpu = m._gpu
-        ev0 = None
-        if gpu is not None:
-            try:
-                ev0 = gpu.collective_begin()  # None on FSDP2's reduce-scatter stream
-            except Exception as exc:
-                m._reporter.count("collective_gpu_events", exc)
+        ev0 = _gpu_begin(m, gpu)  # None on FSDP2's reduce-scatter stream
         begin = perf_counter_ns()
         with self.no_timing:
             out = call(comm, *args, **kwargs)

@@ -286,18 +286,11 @@ def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:
     """(kind, segment) pairs the run's per-node stores hold (``<run>/nodes/*.duckdb``): ``open_run`` reads
     those rows from there, so a copy of the same segment in the spool must not be stored a second time."""
-    import duckdb
 
     held: set[tuple[str, str]] = set()
     for i, path in enumerate(node_store_paths(run_path)):
         alias = f"ranksight_ingest_node_{i}"
-        try:
-            con.execute(
-                f"ATTACH {sql_literal(os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path)))} "
-                f"AS {alias} (READ_ONLY)"
-            )
-        except duckdb.Error as exc:
-            raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)})") from None
+        _attach_node_store(con, db_run, path, alias)
         try:
             if SEGMENTS_TABLE in store_tables(con, alias):
                 held |= set(con.execute(f"SELECT kind, file FROM {alias}.{SEGMENTS_TABLE}").fetchall())
@@ -306,26 +299,30 @@ def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]
     return held
 
 
+def _attach_node_store(con, db_run: str, path: str, alias: str) -> None:
+    """Attach one node's store read-only under ``alias`` (the path as the store's connection sees it)."""
+    import duckdb
+
+    try:
+        store = os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path))
+        con.execute(f"ATTACH {sql_literal(store)} AS {alias} (READ_ONLY)")
+    except duckdb.Error as exc:
+        raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)})") from None
+
+
 ABSORBED_DIR = ".absorbed"
 
 
 def _absorb_node_stores(con, run_path: str, db_run: str) -> tuple[list[tuple[str, tuple]], dict[str, int]]:
     """Append each node store's rows of segments the store does not hold, and list those segments as held;
     return ((path, (size, mtime)) of each node store absorbed, rows added per kind)."""
-    import duckdb
 
     absorbed: list[tuple[str, tuple]] = []
     rows: dict[str, int] = {}
     for i, path in enumerate(node_store_paths(run_path)):
         st = os.stat(path)
         alias = f"ranksight_absorb_{i}"
-        try:
-            con.execute(
-                f"ATTACH {sql_literal(os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path)))} "
-                f"AS {alias} (READ_ONLY)"
-            )
-        except duckdb.Error as exc:
-            raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)})") from None
+        _attach_node_store(con, db_run, path, alias)
         try:
             tables = store_tables(con, alias)
             if SEGMENTS_TABLE not in tables:

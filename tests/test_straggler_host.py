@@ -8,6 +8,8 @@ feature frames, since a busy host cannot be planted reliably in a test.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from ranksight.collectors._features import run_features
@@ -55,13 +57,9 @@ def _late(explained: float, contended: int, last_share: float = 0.95) -> list[di
     return evaluate(rules_cache(), frame(r0=waiting, r1=slow))
 
 
-_RULES: list = []
-
-
-def rules_cache():
-    if not _RULES:
-        _RULES.extend(load_rules().rules)
-    return _RULES
+@functools.cache
+def rules_cache() -> list:
+    return load_rules().rules
 
 
 def _first(findings: list[dict]) -> tuple[str, str]:
