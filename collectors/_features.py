@@ -19,7 +19,6 @@ from ranksight.schema import SAMPLE_NAMES
 
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
-    NOTCH,
     PHASES,
     collective_ops,
     rank_step_stats,
@@ -42,7 +41,7 @@ FEATURES: dict[str, str] = {
     "compute_median_s": "Median forward+backward time (GPU time when every rank has it, else host time).",
     "data_wait_share": "Share of the step period the data loader cost: host wait for a batch, on a GPU rank only "
     "the part during which the GPU stream sat idle (gpu_gap_s). Absent when the rank never measured it.",
-    "data_wait_share_noise": f"Uncertainty of the per-step data wait share: {NOTCH} x IQR / sqrt(steps).",
+    "data_wait_share_noise": "Uncertainty of the data wait share: the standard error of its per-step mean.",
     "data_wait_host_share": "Share of the step period the host waited for the data loader, hidden or not.",
     "data_measured": "1 when this rank measured its data wait (wrapped loader or mon.data() marks), else 0.",
     "ranks_data_measured": "Ranks that measured their data wait (copied to every rank).",
@@ -62,7 +61,7 @@ FEATURES: dict[str, str] = {
     "comm_floor_share": "Gradient all-reduce cost itself: per step, the exposed all-reduce of the rank that waited "
     "least (the others also waited for it), summed over steps seen on every rank, over their periods (copied "
     "to every rank).",
-    "comm_floor_share_noise": f"Uncertainty of comm_floor_share from its per-step spread ({NOTCH} x IQR / sqrt(n)).",
+    "comm_floor_share_noise": "Uncertainty of comm_floor_share: the standard error of its per-step mean.",
     "comm_floor_to_compute": "comm_floor_share over the median rank's compute share.",
     "comm_floor_s": "Mean per-step exposed gradient all-reduce of the rank that waited least, seconds.",
     "comm_blocked_floor_share": "Blocking collectives' own cost: per step, the blocked time of the rank that was "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ._queries import kept_steps_sql, notch, steps_source
+from ._queries import kept_steps_sql, mean_error, steps_source
 
 #: Features this module adds (merged into ``FEATURES``); absent (None) for a job that is not FSDP2.
 FSDP_FEATURES: dict[str, str] = {
@@ -265,7 +265,7 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
     ag = [(r[3] if on_gpu else r[4]) for r in rows]
     out = {
         "fsdp_all_gather_floor_share": sum(ag) / total,
-        "fsdp_all_gather_floor_share_noise": notch([a / r[1] for a, r in zip(ag, rows)]),
+        "fsdp_all_gather_floor_share_noise": mean_error([a / r[1] for a, r in zip(ag, rows)]),
     }
     if not on_gpu:
         rs = [r[7] for r in rows]
@@ -273,7 +273,7 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
             "fsdp_all_gather_forward_floor_share": sum(r[5] for r in rows) / total,
             "fsdp_all_gather_backward_floor_share": sum(r[6] for r in rows) / total,
             "fsdp_reduce_scatter_floor_share": sum(rs) / total,
-            "fsdp_reduce_scatter_floor_share_noise": notch([x / r[1] for x, r in zip(rs, rows)]),
+            "fsdp_reduce_scatter_floor_share_noise": mean_error([x / r[1] for x, r in zip(rs, rows)]),
         })  # fmt: skip
     return out
 
@@ -311,7 +311,7 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
         total = sum(p for _, p in per_step)
         out["shared"] = {
             "comm_blocked_floor_share": sum(x for x, _ in per_step) / total,
-            "comm_blocked_floor_share_noise": notch([x / p for x, p in per_step]),
+            "comm_blocked_floor_share_noise": mean_error([x / p for x, p in per_step]),
         }
     return out
 

@@ -127,55 +127,28 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-NOTCH = 1.58
-"""Half-width of a median's ~95 % interval in IQRs per sqrt(steps) (McGill, Tukey & Larsen 1978: the
-notches of a box plot). A share is only judged past a threshold when it clears it by that much, so
-step-to-step noise (a loaded host, a few slow steps) cannot tip a verdict."""
+def mean_error(values: list[float]) -> float | None:
+    """Standard error of the mean of per-step values; None for fewer than 3 (no spread to judge by).
+
+    A cost share is a ratio of sums, a mean over steps, so its uncertainty is the mean's standard
+    error. A share is only judged past a threshold when it clears it by that much, so step-to-step
+    noise (a loaded host, a few slow steps) cannot tip a verdict."""
+    xs = [v for v in values if v is not None]
+    return _mean_error_of(len(xs), sum(xs), sum(x * x for x in xs))
 
 
-def notch(values: list[float]) -> float | None:
-    """``NOTCH x IQR / sqrt(n)`` of per-step values; None for fewer than 3 (no spread to judge by)."""
-    xs = sorted(v for v in values if v is not None)
-    if len(xs) < 3:
-        return None
-    q1, _, q3 = _quartiles(xs)
-    return NOTCH * (q3 - q1) / len(xs) ** 0.5
+def mean_error_padded(values: list[float], n: int) -> float | None:
+    """``mean_error(values + [0.0] * (n - len(values)))`` without building the n-long list (one per
+    rank, each as long as the run: 1,024 x 10,000 at scale): zeros add nothing to the sums."""
+    xs = [v for v in values if v is not None]
+    return _mean_error_of(max(n, len(xs)), sum(xs), sum(x * x for x in xs))
 
 
-def _notch_padded(values: list[float], n: int) -> float | None:
-    """``notch(values + [0.0] * (n - len(values)))`` for non-negative ``values``, without building and
-    sorting the n-long list (one per rank, each as long as the run: 1,024 x 10,000 at scale)."""
-    if len(values) >= n or any(v is None or v < 0 for v in values):
-        return notch(values + [0.0] * (n - len(values)))
+def _mean_error_of(n: int, total: float, squares: float) -> float | None:
     if n < 3:
         return None
-    zeros, xs = n - len(values), sorted(values)
-
-    def at(p: float) -> float:  # _quartiles' interpolation over the zeros followed by xs
-        pos = p * (n - 1)
-        lo = int(pos)
-        hi = min(lo + 1, n - 1)
-        lo_v = 0.0 if lo < zeros else xs[lo - zeros]
-        hi_v = 0.0 if hi < zeros else xs[hi - zeros]
-        return lo_v + (hi_v - lo_v) * (pos - lo)
-
-    return NOTCH * (at(0.75) - at(0.25)) / n**0.5
-
-
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
-    def at(p: float) -> float:  # linear interpolation, as DuckDB's quantile_cont
-        pos = p * (len(xs) - 1)
-        lo = int(pos)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    return at(0.25), at(0.5), at(0.75)
-
-
-def _iqr_notch(q, n) -> float | None:
-    if q is None or n is None or n < 3 or q[0] is None:
-        return None
-    return NOTCH * (q[1] - q[0]) / n**0.5
+    variance = max(0.0, (squares - total * total / n) / (n - 1))
+    return (variance / n) ** 0.5
 
 
 def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
@@ -194,7 +167,8 @@ def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> 
                sum({GRAD_COMM_SQL}) / nullif(sum(period_s), 0) AS grad_comm_share,
                sum({blocked}) / nullif(sum(period_s), 0) AS blocked_share,
                median(collectives) AS collectives_per_step, median(collective_bytes) AS collective_bytes_per_step,
-               quantile_cont(({data}) / nullif(period_s, 0), [0.25, 0.75]) AS data_q,
+               stddev_samp(({data}) / nullif(period_s, 0))
+                   / sqrt(count(({data}) / nullif(period_s, 0))) AS data_noise,
                count(({data}) / nullif(period_s, 0)) AS data_n
         FROM kept GROUP BY rank
     """
@@ -203,7 +177,8 @@ def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> 
     out = {}
     for row in cur.fetchall():
         r = dict(zip(names, row))
-        r["data_noise"] = _iqr_notch(r.pop("data_q"), r.pop("data_n"))
+        if (r.pop("data_n") or 0) < 3:
+            r["data_noise"] = None
         out[r["rank"]] = r
     return out
 
@@ -263,7 +238,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
             "least_share": len(mine) / len(rows),
             "cost_share": waited / total if mine else 0.0,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
-            "cost_noise": _notch_padded(mine, len(rows)) if mine else 0.0,
+            "cost_noise": mean_error_padded(mine, len(rows)) if mine else 0.0,
             # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
             "work_explained": (
                 max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
@@ -274,10 +249,10 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     return {
         "steps": len(rows),
         "grad_floor_share": sum(r[2] for r in rows) / total,
-        "grad_floor_noise": notch([r[2] / r[1] for r in rows]),
+        "grad_floor_noise": mean_error([r[2] / r[1] for r in rows]),
         "grad_floor_s": sum(r[2] for r in rows) / len(rows),
         "blocked_floor_share": sum(r[3] for r in rows) / total if timed else None,
-        "blocked_floor_noise": notch([r[3] / r[1] for r in rows]) if timed else None,
+        "blocked_floor_noise": mean_error([r[3] / r[1] for r in rows]) if timed else None,
         "imbalance_share": sum(gap for gap, _ in gaps) / total,
         "per_rank": per_rank,
     }

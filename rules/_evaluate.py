@@ -41,12 +41,23 @@ def evaluate(rules: list[Rule], features: dict[int, dict], context: dict[int, di
     snippets to the job (its framework, transport); without it the plain-PyTorch fix is given.
     """
     context = context or {}
-    findings = []
+    findings, explains = [], {}
     for rule in rules:
         hits = [hit for rank in sorted(features) if (hit := _fire(rule, features[rank])) is not None]
         if hits:
             findings.append(_finding(rule, hits, features, context))
-    return rank_findings(findings, {r.id: r for r in rules})
+            explains[rule.id] = explained_here(rule, [h.env for h in hits])
+    return rank_findings(findings, {r.id: r for r in rules}, explains)
+
+
+def explained_here(rule: Rule, envs: list[dict]) -> tuple:
+    """The rules this one explains on this job: each unconditional one, and each conditional one whose
+    condition holds on a rank where this rule fired."""
+    return tuple(
+        other
+        for other in rule.explains
+        if other not in rule.explains_when or any(eval_expr(rule.explains_when[other], env) for env in envs)
+    )
 
 
 def _known(value) -> bool:
@@ -171,17 +182,20 @@ def fit_fix(rule: Rule, env: dict, framework: str = "plain") -> dict:
     return {"text": _fill(text, env), "snippet": _fill(snippet or "", env), "framework": fitted}
 
 
-def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
+def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict | None = None) -> list[dict]:
     """Order findings: severity, what fixing them gives back, priority, confidence; then each root cause
     ahead of what it explains. A cause is worth at least what it explains (fixing it fixes that too), so
-    it takes the higher severity and cost of the two."""
+    it takes the higher severity and cost of the two. ``explains`` (rule id -> ids) is what each rule
+    explains on this job (``explained_here``); without it, a rule's unconditional ``explains``."""
     order = sorted(findings, key=lambda f: _order_key(f, rules))
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
     for f in order:
         if f["severity"] == "info":
             continue  # "probably fine" explains nothing: it must not displace a warning or a critical
-        for other in rules[f["rule"]].explains:
+        rule = rules[f["rule"]]
+        mine = explains[rule.id] if explains and rule.id in explains else _unconditional(rule)
+        for other in mine:
             if other in fired and other not in explained_by and other != f["rule"]:
                 explained_by[other] = f["rule"]
     for _ in range(len(order)):  # chains (a explains b explains c): settle in at most len(order) passes
@@ -206,6 +220,10 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule]) -> list[dict]:
             f["explained_by"] = cause
             f["summary"] += f" (likely a consequence of {cause}: fix that first)"
     return order
+
+
+def _unconditional(rule: Rule) -> tuple:
+    return tuple(other for other in rule.explains if other not in rule.explains_when)
 
 
 def _order_key(f: dict, rules: dict[str, Rule]):

@@ -77,6 +77,7 @@ class Rule:
     confidence: float = 1.0
     evidence: tuple = ()
     explains: tuple = ()
+    explains_when: dict = field(default_factory=dict)  # rule id -> Expr: explains it only where this holds
     priority: int = 0
     prometheus: dict | None = None
     source: str = ""
@@ -352,7 +353,7 @@ class _Checker:
             self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
             confidence = None
         evidence = self.name_list(m, "evidence", where, check_features=True)
-        explains = self.name_list(m, "explains", where, check_features=False)
+        explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
         priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
         suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
         ok &= suggest_ok
@@ -372,6 +373,7 @@ class _Checker:
             id=rid, axis=axis, title=title, summary=summary, fix_text=base.text, fix_snippet=base.snippet or "",
             when=when, value=value if value is not None else (cost if levels else None), compare=compare,
             levels=levels or (), severity=severity, confidence=confidence, evidence=evidence, explains=explains,
+            explains_when=explains_when,
             priority=priority, prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
             cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
         )  # fmt: skip
@@ -436,6 +438,30 @@ class _Checker:
                 return None
             names.append(name)
         return tuple(names)
+
+    def explains(self, node, where: str):
+        """``explains: [rule-id, {rule-id: condition}, ...]``: the findings this one causes; a condition
+        (over the cause's features) limits it to the jobs where the causal link holds.
+
+        Returns (ids, {id: Expr}), or (None, {}) when an entry is malformed."""
+        if not isinstance(node, yaml.SequenceNode):
+            self.err(node, f"{where}: explains must be a list")
+            return None, {}
+        ids, conditions = [], {}
+        for item in node.value:
+            if isinstance(item, yaml.MappingNode) and len(item.value) == 1:
+                knode, cnode = item.value[0]
+                name = self.scalar(knode, f"{where}: explains entry")
+                cond = self.expr(cnode, f"{where}: explains.{name}")
+                if name is None or cond is None:
+                    return None, {}
+                conditions[name] = cond
+            else:
+                name = self.scalar(item, f"{where}: explains entry (a rule id, or {{rule-id: condition}})")
+                if name is None:
+                    return None, {}
+            ids.append(name)
+        return tuple(ids), conditions
 
     def suggest(self, node, where: str):
         """``suggest: {name: expression}``: values computed from the features, for the fix templates.

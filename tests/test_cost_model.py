@@ -155,3 +155,41 @@ def test_blocking_collectives_on_a_gpu_explain_the_host_syncs_they_cause(rules):
     first, second = evaluate(rules, frame(r0=gpu, r1=gpu))[:2]
     assert (first["rule"], second["rule"]) == ("blocking-collectives", "input-path-syncs")
     assert first["cost_share"] == 0.52 and first["severity"] == "critical"
+
+
+def test_exposed_allreduce_explains_a_straggler_only_where_gloo_shares_the_cores(rules):
+    """On gloo the buckets are summed by CPU threads: with a core or less per rank that work slows the late
+    rank, so the exposed all-reduce is the cause. With cores to spare (or on GPUs) the straggler stands."""
+    sync = {**HEALTHY, "comm_floor_share": 0.16, "allreduce_wire_s": 0.05, "grad_bytes_per_step": 50e6}
+    sync.update(ddp_backend_gloo=1, model_on_gpu=0, least_wait_top_share=1.0)
+    waiting = {**sync, "least_wait_step_share": 0.0, "straggler_cost_share": 0.0}
+    late = {**sync, "least_wait_step_share": 0.9, "straggler_cost_share": 0.25, "straggler_work_explained": 0.9}
+    for cpus_per_rank, cause in ((1.0, "exposed-allreduce"), (8.0, None)):
+        ranks = {"r0": {**waiting, "cpus_per_rank": cpus_per_rank}, "r1": {**late, "cpus_per_rank": cpus_per_rank}}
+        findings = evaluate(rules, frame(**ranks))
+        found = by_rule(findings)
+        assert found["straggler"]["explained_by"] == cause
+        first = findings[0]
+        if cause:  # the cause comes first and is worth what it explains
+            assert (first["rule"], first["cost_share"]) == ("exposed-allreduce", 0.25)
+        else:
+            assert (first["rule"], first["cost_share"]) == ("straggler", 0.25)
+            assert found["exposed-allreduce"]["cost_share"] == 0.16
+
+
+def test_noise_is_the_standard_error_of_the_per_step_mean():
+    """A cost share is a mean over steps: its noise is that mean's standard error, also for a straggler's
+    series padded with zeros where it was not last (computed without building the padded list)."""
+    import random
+    import statistics
+
+    from ranksight.collectors._queries import mean_error, mean_error_padded
+
+    shares = [0.1, 0.2, 0.15, 0.3, 0.12]
+    assert mean_error(shares) == pytest.approx(statistics.stdev(shares) / len(shares) ** 0.5)
+    assert mean_error([0.1, 0.2]) is None  # fewer than 3 steps: no spread to judge by
+    rng = random.Random(7)
+    for _ in range(200):
+        late = [rng.random() * 0.4 for _ in range(rng.randint(1, 40))]
+        n = len(late) + rng.randint(0, 40)
+        assert mean_error_padded(late, n) == pytest.approx(mean_error(late + [0.0] * (n - len(late))), abs=1e-12)

@@ -271,3 +271,17 @@ def test_user_rules_add_to_and_override_builtins(tmp_path):
 def test_parse_rules_raises_when_standalone():
     with pytest.raises(RuleError, match="<string>:1"):
         parse_rules("- just a list\n")
+
+
+def test_explains_may_carry_a_condition_and_a_bad_one_is_an_error(tmp_path):
+    other = GOOD_RULE.replace("id: slow-steps", "id: other").replace("rules:\n", "")
+    linked = GOOD_RULE.replace("    fix:", "    explains: [{other: ddp_backend_gloo == 1}]\n    fix:")
+    _write(tmp_path, "r.yaml", linked + other)
+    rule = next(r for r in load_rules(str(tmp_path)).rules if r.id == "slow-steps")
+    assert rule.explains == ("other",) and rule.explains_when["other"].names == {"ddp_backend_gloo"}
+    _write(tmp_path, "r.yaml", linked.replace("ddp_backend_gloo == 1", "no_such_feature > 1") + other)
+    with pytest.raises(RuleError, match="explains.other: unknown feature"):
+        load_rules(str(tmp_path))
+    _write(tmp_path, "r.yaml", GOOD_RULE.replace("    fix:", "    explains: {other: 1}\n    fix:") + other)
+    with pytest.raises(RuleError, match="explains must be a list"):
+        load_rules(str(tmp_path))
