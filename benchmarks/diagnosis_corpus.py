@@ -88,6 +88,7 @@ SCRIPTS = {
     )
 }
 DEFAULT_SCRIPTS = ("gpt_trainer", "ddp_tutorial", "hf_trainer", "lightning_trainer")
+DEVICE_FILE = "device.json"  # in --out: where the jobs ran, for --rediagnose's report
 RANKS = 2  # ranks of a CPU job (gloo); a GPU job has one rank per GPU (--gpus)
 WARMUP_STEPS = 5  # what the diagnosis leaves out; the truth share is taken over the same steps
 
@@ -575,6 +576,12 @@ def rediagnose(args) -> int:
     src, source = None, f"installed package (live working tree {REPO})"
     if args.snapshot != "none":
         src, source = snapshot_source(args.snapshot, tempfile.mkdtemp(prefix="ranksight-src-"))
+    device_record = {}
+    try:  # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
+        with open(os.path.join(root, DEVICE_FILE)) as fh:
+            device_record = json.load(fh)
+    except (OSError, ValueError):
+        pass
     results = []
     for r in old:
         if r.status in ("ok", "diagnose-error"):
@@ -600,7 +607,8 @@ def rediagnose(args) -> int:
         results,
         summary,
         f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} "
-        f"from {root}\nranksight: {source}",
+        f"from {root}{', jobs ran on ' + device_record['where'] if device_record.get('where') else ''}\n"
+        f"ranksight: {source}",
     )
     print(text)
     if args.text:
@@ -611,6 +619,7 @@ def rediagnose(args) -> int:
             json.dump(
                 {
                     "rediagnosed": root,
+                    "device": device_record,
                     "ranksight_source": source,
                     "commit": _git_commit(),
                     "expected": EXPECTED,
@@ -721,6 +730,8 @@ def main(argv: Optional[list] = None) -> int:
     where, device_record = describe_device(launch)
     root = args.out or tempfile.mkdtemp(prefix="ranksight-corpus-")
     os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, DEVICE_FILE), "w") as fh:
+        json.dump({**device_record, "where": where}, fh)
     plan = [
         (s, f, rep) for rep in range(args.repeats) for s in args.scripts for f in args.faults if f in SCRIPTS[s].faults
     ]

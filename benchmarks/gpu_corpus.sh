@@ -55,6 +55,6 @@ python3 "$HERE/diagnosis_corpus.py" --device cuda --gpus "$GPUS" ${CORPUS_ARGS:-
   --out "$W" --json "$OUT/$NAME.json" --text "$OUT/$NAME.txt"
 rc=$?
 cp "$W/results.jsonl" "$OUT/$NAME.results.jsonl" 2>/dev/null
-(cd "$W" && tar czf "$OUT/$NAME.runs.tgz" runs logs truth 2>/dev/null) || true
+(cd "$W" && tar czf "$OUT/$NAME.runs.tgz" runs logs truth device.json 2>/dev/null) || true
 ls -la "$OUT"
 exit $rc
