@@ -15,9 +15,9 @@ On ``--device cuda`` it runs as nanoGPT does on GPUs: ``torch.cuda.set_device(lo
 ``DDP(model, device_ids=[local_rank])``, bf16 autocast, fused AdamW, TF32 on, and batches pinned and
 copied with ``non_blocking=True``. ``--size gpu`` (implied by cuda) is a 4-layer, 1536-wide GPT (191M
 parameters, vocabulary 50304) at 6 x 512 tokens a micro-batch, 2 micro-batches a rank: ~3.5 TFLOP, ~28
-ms a step on an H200, GPU compute rather than kernel launches. Fewer, wider layers because eager
-nanoGPT launches ~8 ms of kernels a micro-step per 4 layers: GPT-2 small (12 x 768) stayed bound by
-launches at 6 x 512 tokens (its +33 % straggler rows cost 0-5 %).
+ms a step on an H200 (estimated from 16 ms timed at 3 rows), GPU compute rather than kernel launches.
+Fewer, wider layers because eager nanoGPT launches ~8 ms of kernels a micro-step per 4 layers: GPT-2
+small (12 x 768) stayed bound by launches at 6 x 512 tokens (its +33 % straggler rows cost 0-5 %).
 
 Faults (``--fault``), each the way people really make the mistake:
 
