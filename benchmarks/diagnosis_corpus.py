@@ -16,6 +16,17 @@ silent rate, and the flip rate (share of (script, fault) groups whose verdict di
 repeats); and per verdict rule its precision (of the runs whose verdict was rule R, how many had the
 fault R stands for).
 
+On GPUs (``--device cuda``): one rank per GPU over NCCL (``torchrun --nproc-per-node --gpus``,
+Lightning ``devices=--gpus``), each script at its GPU size (a healthy step of ~10-30 ms of GPU compute
+on an H200, not kernel launches; see each script's docstring) and without ``OMP_NUM_THREADS=1``:
+
+    python benchmarks/diagnosis_corpus.py --device cuda --repeats 3 --json corpus_gpu.json   # 2 GPUs
+    bash benchmarks/gpu_corpus.sh                          # the same on a bare GPU machine, into $OUT
+
+``--gpus 1 --straggler-rank 0 --no-diagnose`` times each fault on one GPU (calibration: the fault's
+share of the step, no verdict); ``--dist-backend gloo`` runs 2 ranks on one GPU (a smoke test of the
+2-rank code paths only: the timings mean nothing, Lightning cannot do it).
+
 A run whose script crashes or times out is an "error" row with the tail of its output, never
 skipped. Each job runs in its own session and the whole session is killed when it ends, so no rank
 is left behind.
@@ -77,8 +88,28 @@ SCRIPTS = {
     )
 }
 DEFAULT_SCRIPTS = ("gpt_trainer", "ddp_tutorial", "hf_trainer", "lightning_trainer")
-RANKS = 2
+DEVICE_FILE = "device.json"  # in --out: where the jobs ran, for --rediagnose's report
+RANKS = 2  # ranks of a CPU job (gloo); a GPU job has one rank per GPU (--gpus)
 WARMUP_STEPS = 5  # what the diagnosis leaves out; the truth share is taken over the same steps
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where the jobs run: CPU ranks over gloo, or one rank per GPU over NCCL."""
+
+    device: str = "cpu"  # cpu | cuda
+    ranks: int = RANKS
+    size: Optional[str] = None  # the scripts' size preset; None: theirs (gpu on cuda)
+    dist_backend: Optional[str] = None  # None: nccl on cuda, gloo on cpu
+    straggler_rank: Optional[int] = None  # None: the scripts' (rank 1)
+
+    def script_args(self) -> list:
+        out = [] if self.device == "cpu" else ["--device", self.device]
+        if self.size:
+            out += ["--size", self.size]
+        if self.straggler_rank is not None:
+            out += ["--straggler-rank", str(self.straggler_rank)]
+        return out
 
 
 @dataclass
@@ -132,7 +163,13 @@ def _tail(path: str, n_chars: int = 3000) -> str:
 
 
 def launch_command(
-    script: Script, fault: str, steps: int, run_dir: str, run_id: str, compile_backend: str = "eager"
+    script: Script,
+    fault: str,
+    steps: int,
+    run_dir: str,
+    run_id: str,
+    compile_backend: str = "eager",
+    launch: Launch = Launch(),
 ) -> list:
     path = os.path.join(WORKLOADS, script.file)
     script_args = [
@@ -148,28 +185,35 @@ def launch_command(
         "--compile-backend",
         compile_backend,
         *script.args,
+        *launch.script_args(),
     ]
     if script.launcher == "torchrun":
+        if launch.dist_backend:
+            script_args += ["--dist-backend", launch.dist_backend]
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node",
-            str(RANKS),
+            str(launch.ranks),
             *script_args,
         ]
+    if launch.ranks != RANKS:  # Lightning starts its own ranks, 2 unless told
+        script_args += ["--devices", str(launch.ranks)]
     return [sys.executable, *script_args]
 
 
-def job_env(truth_dir: str, src: Optional[str] = None) -> dict:
+def job_env(truth_dir: str, src: Optional[str] = None, device: str = "cpu") -> dict:
+    """The job's environment: no agent settings of ours, one thread a CPU rank (GPU jobs keep the host's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSIGHT_")}
     if src:  # a frozen copy of ranksight (see snapshot_source) ahead of the editable install
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
+    if device == "cpu":  # 2 gloo ranks on a small host; GPU scripts leave it to torchrun, as users do
+        env["OMP_NUM_THREADS"] = "1"
     env.update(
-        OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -264,11 +308,13 @@ def run_one(
     timeout: float = 300.0,
     compile_backend: str = "eager",
     src: Optional[str] = None,
+    launch: Launch = Launch(),
+    diagnose: bool = True,
 ) -> RunResult:
     """One job and its diagnosis; never raises for a failing job (status and error_tail say what failed).
 
     ``src``: a folder holding a frozen ``ranksight`` package (``snapshot_source``) used by the job and
-    the diagnosis instead of the installed one."""
+    the diagnosis instead of the installed one. ``diagnose=False``: the job and its truth only."""
     script = SCRIPTS[script_name]
     run_dir = os.path.join(root, "runs")
     run_id = f"{script_name}-{fault}-r{repeat}-{uuid.uuid4().hex[:6]}"
@@ -278,8 +324,8 @@ def run_one(
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
     res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault])
-    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend)
-    rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src), log_path, timeout)
+    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend, launch)
+    rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
     res.elapsed_s = round(res.elapsed_s, 1)
     res.returncode = rc
     res.truth = truth_summary(truth_dir)
@@ -287,6 +333,9 @@ def run_one(
         res.status = "timeout" if rc is None else "error"
         res.verdict = "error"
         res.error_tail = _tail(log_path)
+        return res
+    if not diagnose:
+        res.verdict = "not-diagnosed"
         return res
     try:
         report = diagnose_json(run_path, src=src)
@@ -527,6 +576,12 @@ def rediagnose(args) -> int:
     src, source = None, f"installed package (live working tree {REPO})"
     if args.snapshot != "none":
         src, source = snapshot_source(args.snapshot, tempfile.mkdtemp(prefix="ranksight-src-"))
+    device_record = {}
+    try:  # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
+        with open(os.path.join(root, DEVICE_FILE)) as fh:
+            device_record = json.load(fh)
+    except (OSError, ValueError):
+        pass
     results = []
     for r in old:
         if r.status in ("ok", "diagnose-error"):
@@ -552,7 +607,8 @@ def rediagnose(args) -> int:
         results,
         summary,
         f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} "
-        f"from {root}\nranksight: {source}",
+        f"from {root}{', jobs ran on ' + device_record['where'] if device_record.get('where') else ''}\n"
+        f"ranksight: {source}",
     )
     print(text)
     if args.text:
@@ -563,6 +619,7 @@ def rediagnose(args) -> int:
             json.dump(
                 {
                     "rediagnosed": root,
+                    "device": device_record,
                     "ranksight_source": source,
                     "commit": _git_commit(),
                     "expected": EXPECTED,
@@ -574,6 +631,37 @@ def rediagnose(args) -> int:
                 default=str,
             )
     return 0
+
+
+def gpu_names() -> list:
+    """The GPUs' names as nvidia-smi lists them (torch's when it is missing): for the report's header."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    probe = "import torch; [print(torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]"
+    try:  # in a child: CUDA is not initialised in this process, which forks none of the jobs anyway
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+def describe_device(launch: Launch) -> tuple:
+    """(header words, JSON record) of where the jobs ran."""
+    if launch.device == "cpu":
+        return f"{launch.ranks} gloo ranks", {"device": "cpu", "ranks": launch.ranks, "backend": "gloo"}
+    names = gpu_names()
+    backend = launch.dist_backend or "nccl"
+    shared = " (ranks share GPUs: smoke test, timings mean nothing)" if launch.ranks > max(len(names), 1) else ""
+    distinct = ", ".join(f"{n} x{names.count(n)}" for n in dict.fromkeys(names)) or "no GPU found"
+    words = f"{launch.ranks} {backend} ranks on {distinct}{shared}"
+    record = {"device": "cuda", "ranks": launch.ranks, "backend": backend, "gpus": names, "size": launch.size}
+    return words, record
 
 
 def _git_commit() -> str:
@@ -606,6 +694,22 @@ def main(argv: Optional[list] = None) -> int:
         help="run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at "
         "start, or the committed HEAD (default: the installed package, live)",
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
+    parser.add_argument("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
+    parser.add_argument(
+        "--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)"
+    )
+    parser.add_argument(
+        "--dist-backend",
+        default=None,
+        help="override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)",
+    )
+    parser.add_argument(
+        "--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)"
+    )
+    parser.add_argument(
+        "--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)"
+    )
     parser.add_argument(
         "--rediagnose",
         default=None,
@@ -616,8 +720,18 @@ def main(argv: Optional[list] = None) -> int:
     if args.rediagnose:
         return rediagnose(args)
 
+    launch = Launch(
+        device=args.device,
+        ranks=RANKS if args.device == "cpu" else args.gpus,
+        size=args.size,
+        dist_backend=args.dist_backend,
+        straggler_rank=args.straggler_rank,
+    )
+    where, device_record = describe_device(launch)
     root = args.out or tempfile.mkdtemp(prefix="ranksight-corpus-")
     os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, DEVICE_FILE), "w") as fh:
+        json.dump({**device_record, "where": where}, fh)
     plan = [
         (s, f, rep) for rep in range(args.repeats) for s in args.scripts for f in args.faults if f in SCRIPTS[s].faults
     ]
@@ -636,7 +750,9 @@ def main(argv: Optional[list] = None) -> int:
     manifest = os.path.join(root, "results.jsonl")  # one line per finished run, for --rediagnose
     try:
         for i, (s, f, rep) in enumerate(plan, 1):
-            r = run_one(s, f, rep, args.steps, root, args.timeout, args.compile_backend, src)
+            r = run_one(
+                s, f, rep, args.steps, root, args.timeout, args.compile_backend, src, launch, not args.no_diagnose
+            )
             results.append(r)
             with open(manifest, "a") as fh:
                 fh.write(json.dumps(asdict(r), default=str) + "\n")
@@ -652,7 +768,7 @@ def main(argv: Optional[list] = None) -> int:
         summary = score(results)
         header = (
             f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, {platform.node()}, "
-            f"{os.cpu_count()} CPUs, {RANKS} gloo ranks, {args.steps} steps, repeats {args.repeats}\n"
+            f"{os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
         )
         text = report_text(results, summary, header)
@@ -673,6 +789,7 @@ def main(argv: Optional[list] = None) -> int:
                 "commit": commit,
                 "ranksight_source": source,
                 "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+                "device": device_record,
                 "settings": vars(args),
                 "expected": EXPECTED,
                 "summary": summary,

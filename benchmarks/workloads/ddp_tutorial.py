@@ -5,18 +5,26 @@ Same shape as the tutorial: a map-style ``Dataset`` of synthetic samples, ``Dist
 ``sampler.set_epoch``; a small MLP classifier instead of ``nn.Linear(20, 1)`` so a step has some work.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 ddp_tutorial.py --fault none
+    torchrun --standalone --nproc-per-node 2 ddp_tutorial.py --device cuda --fault none   # 2 GPUs, NCCL
+
+On ``--device cuda`` it is the tutorial's GPU code: ``torch.cuda.set_device(LOCAL_RANK)``, NCCL, the
+model moved to the GPU and ``DDP(model, device_ids=[gpu_id])``, ``pin_memory=True`` and
+``source.to(gpu_id)`` (the tutorial copies without ``non_blocking``), fp32 as in the tutorial (no
+autocast, TF32 off). ``--size gpu`` (implied by cuda): 8192 wide at 512 samples a rank, ~0.6 TFLOP a
+step (the CPU size is launch-bound on a GPU).
 
 Faults (``--fault``), planted the way people make the mistake:
 
 - ``input``: per-sample augmentation in ``__getitem__`` (a Python loop of small numpy ops on each
-  sample) with ``num_workers=0``.
+  sample: 4 rounds on CPU, 1 at the GPU size) with ``num_workers=0``.
 - ``straggler``: rank 1 runs an extra "consistency" pass through the hidden layers in forward: ~1/3
   more forward/backward work than rank 0.
 - ``metric-collectives``: torchvision-references-style ``MetricLogger`` (loss, lr, acc1, acc5, grad
   norm in total and per layer, data time, img/s) synchronised every batch instead of once per epoch
   (``barrier`` + ``all_reduce`` per meter), plus ``all_gather_object`` of per-rank throughput: 26
   collectives per step.
-- ``exposed-allreduce``: a 2048-wide MLP (~50 MB of gradients) at batch 8 per rank.
+- ``exposed-allreduce``: a 2048-wide MLP (~50 MB of gradients) at batch 8 per rank; at the GPU size a
+  12288-wide MLP (1.8 GB of gradients, ~9 ms at 200 GB/s) at batch 64.
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile(model)`` of a forward with an input range check in Python
   (``if x.abs().max() > ...``: a data-dependent branch).
@@ -44,8 +52,11 @@ import ranksight
 FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
 
 
-def ddp_setup():
-    init_process_group(backend="gloo")
+def ddp_setup(device="cpu", backend=None):
+    if device == "cuda":
+        # more ranks than GPUs only in the one-GPU smoke test (gloo); otherwise GPU = LOCAL_RANK
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    init_process_group(backend=backend or ("nccl" if device == "cuda" else "gloo"))
 
 
 class MyTrainDataset(Dataset):
@@ -122,7 +133,9 @@ class SmoothedValue:
         self.total += value * n
 
     def synchronize_between_processes(self):
-        t = torch.tensor([self.count, self.total], dtype=torch.float64)
+        # torchvision puts it on "cuda": NCCL reduces only GPU tensors
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([self.count, self.total], dtype=torch.float64, device=device)
         dist.barrier()
         dist.all_reduce(t)
         self.count, self.total = int(t[0].item()), t[1].item()
@@ -149,9 +162,14 @@ class MetricLogger:
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, mon, truth, log_metrics=False, find_unused_parameters=False):
+    def __init__(
+        self, model, train_data, optimizer, mon, truth, log_metrics=False, find_unused_parameters=False, device="cpu"
+    ):
         self.gpu_id = int(os.environ["LOCAL_RANK"])
-        self.model = DDP(model, find_unused_parameters=find_unused_parameters)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.model = model.to(self.device)
+        device_ids = [self.device.index] if device == "cuda" else None
+        self.model = DDP(self.model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
         self.train_data = train_data
         self.optimizer = optimizer
         self.mon = mon
@@ -200,6 +218,8 @@ class Trainer:
         self.train_data.sampler.set_epoch(epoch)
         for source, targets in self.mon.loader(self.train_data):
             self.data_time = time.perf_counter() - self.last_step_end
+            source = source.to(self.device)
+            targets = targets.to(self.device)
             with self.mon.step():
                 self._run_batch(source, targets)
             self.truth.step_end()
@@ -224,25 +244,37 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="ddp-tutorial")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
+    parser.add_argument(
+        "--dist-backend",
+        default=None,
+        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
+    )
+    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
     args = parser.parse_args()
     fault = args.fault
+    size = args.size or ("gpu" if args.device == "cuda" else "cpu")
 
-    ddp_setup()
+    ddp_setup(args.device, args.dist_backend)
     rank = dist.get_rank()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.device == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
     truth = Truth(rank, fault)
     in_features, width, depth, classes, batch = 64, 1024, 3, 10, args.batch_size
+    if size == "gpu":  # 3 x 8192^2 weights at 512 samples: ~0.6 TFLOP forward + backward, fp32
+        width = 8192
     augment_rounds = 0
     if fault == "input":
-        augment_rounds = 4
+        augment_rounds = 4 if size == "cpu" else 1
     if fault == "exposed-allreduce":
-        width, batch = 2048, 8
-    extra_passes = 1 if fault == "straggler" and rank == 1 else 0
+        width, batch = (2048, 8) if size == "cpu" else (12288, 64)
+    extra_passes = 1 if fault == "straggler" and rank == args.straggler_rank else 0
 
     dataset = MyTrainDataset(batch * 2 * (args.steps + 4), in_features, classes, augment_rounds, truth)
     train_data = DataLoader(
-        dataset, batch_size=batch, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
+        dataset, batch_size=batch, pin_memory=args.device == "cuda", shuffle=False, sampler=DistributedSampler(dataset)
     )
     model = Net(in_features, width, depth, classes, extra_passes=extra_passes, range_check=fault == "graph-breaks")
     if fault == "graph-breaks":
@@ -257,6 +289,7 @@ def main():
         truth,
         log_metrics=fault == "metric-collectives",
         find_unused_parameters=fault == "unused-params",
+        device=args.device,
     )
     trainer.train(args.steps)
     mon.close()

@@ -9,18 +9,31 @@ synthetic tokens, nothing downloaded.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 gpt_trainer.py --fault none
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 gpt_trainer.py --fault input
+    torchrun --standalone --nproc-per-node 2 gpt_trainer.py --device cuda --fault none   # 2 GPUs, NCCL
+
+On ``--device cuda`` it runs as nanoGPT does on GPUs: ``torch.cuda.set_device(local_rank)``, NCCL,
+``DDP(model, device_ids=[local_rank])``, bf16 autocast, fused AdamW, TF32 on, and batches pinned and
+copied with ``non_blocking=True``. ``--size gpu`` (implied by cuda) is a 4-layer, 1536-wide GPT (191M
+parameters, vocabulary 50304) at 6 x 512 tokens a micro-batch, 2 micro-batches a rank: ~3.5 TFLOP, ~28
+ms a step on an H200 (estimated from 16 ms timed at 3 rows), GPU compute rather than kernel launches.
+Fewer, wider layers because eager nanoGPT launches ~8 ms of kernels a micro-step per 4 layers: GPT-2
+small (12 x 768) stayed bound by launches at 6 x 512 tokens (its +33 % straggler rows cost 0-5 %).
 
 Faults (``--fault``), each the way people really make the mistake:
 
 - ``input``: the token file sits on a slow network filesystem and every row of ``get_batch`` is a
-  random read (emulated: ``sleep`` per row read).
+  random read (emulated: ``sleep`` per row read; 2.5 ms a read on CPU, 1 ms at the GPU size, where
+  12 ms of reads plus ~9 ms of launches a micro-step outlast its ~13.5 ms of GPU work: the GPU waits).
 - ``straggler``: uneven per-rank micro-batches (the remainder of the global batch lands on the last
-  rank): rank 1 does ~1/3 more forward/backward work.
+  rank): rank 1 does ~1/3 more forward/backward work (8 rows against 6 at the GPU size, +33 % GPU work).
 - ``metric-collectives``: values averaged over ranks for the log on every iteration: each
   micro-batch's loss, then grad norm (total and per block), lr and tokens/s, each with ``barrier``
   + ``all_reduce`` + ``.item()`` (18 collectives per step).
 - ``exposed-allreduce``: the GPT-2 vocabulary (50304) on a 2-layer model, one 32-token sequence per
-  rank and no accumulation: a 26 MB embedding gradient, all-reduced after backward each step.
+  rank and no accumulation: a 26 MB embedding gradient, all-reduced after backward each step. At the
+  GPU size: the 191M model at one 512-token sequence per GPU and no accumulation (strong scaling past
+  the useful per-GPU batch): a ~11 ms step against a 765 MB fp32 gradient, ~3.8 ms at 200 GB/s bus
+  bandwidth (~26 % of the step; ~19 % at 300 GB/s).
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile`` of a model whose forward checks its logits with a Python
   ``if`` on a tensor (a data-dependent branch).
@@ -199,6 +212,14 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start on CPU)")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
+    parser.add_argument(
+        "--dist-backend",
+        default=None,
+        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
+    )
+    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
     args = parser.parse_args()
     fault = args.fault
 
@@ -214,22 +235,38 @@ def main() -> None:
     weight_decay, beta1, beta2, grad_clip = 1e-1, 0.9, 0.95, 1.0
     max_iters = lr_decay_iters = args.steps
     compile_model = args.compile or fault == "graph-breaks"
-    device = "cpu"
-    backend = "gloo"
+    size = args.size or ("gpu" if args.device == "cuda" else "cpu")
+    device = args.device  # 'cpu' or 'cuda' (the rank's GPU is picked below)
+    backend = args.dist_backend or ("nccl" if device == "cuda" else "gloo")
+    dtype = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     find_unused_parameters = fault == "unused-params"
+    straggler_rows = 3  # global micro-batch of 8 * world + 3 split "evenly", the remainder to one rank
     read_latency_s = 0.0
+    if size == "gpu":  # 191M parameters at 3072 tokens a micro-batch: ~1.8 TFLOP forward + backward
+        batch_size, block_size, gradient_accumulation_steps = 6, 512, 4
+        n_layer, n_head, n_embd, vocab_size = 4, 12, 1536, 50304
+        straggler_rows = 2
     if fault == "input":
-        read_latency_s = 0.0025  # per row read, both x and y: a network filesystem's random-read latency
+        # per row read, both x and y: a network filesystem's random-read latency
+        read_latency_s = 0.0025 if size == "cpu" else 0.001
     if fault == "exposed-allreduce":
         vocab_size = 50304  # GPT-2's, padded to a multiple of 64
-        batch_size, block_size, gradient_accumulation_steps = 1, 32, 2
-        n_layer = 2
+        if size == "cpu":
+            batch_size, block_size, gradient_accumulation_steps = 1, 32, 2
+            n_layer = 2
+        else:  # the same 191M model at one sequence per GPU: the all-reduce outweighs the compute
+            batch_size, gradient_accumulation_steps = 1, 2
 
     # -------------------------------------------------------------- DDP
     ddp = int(os.environ.get("RANK", -1)) != -1
     if ddp:
         dist.init_process_group(backend=backend)
         ddp_rank = int(os.environ["RANK"])
+        ddp_local_rank = int(os.environ["LOCAL_RANK"])
+        if device == "cuda":
+            # more ranks than GPUs only in the one-GPU smoke test (gloo); otherwise GPU = local rank
+            device = f"cuda:{ddp_local_rank % torch.cuda.device_count()}"
+            torch.cuda.set_device(device)
         ddp_world_size = int(os.environ["WORLD_SIZE"])
         master_process = ddp_rank == 0
         seed_offset = ddp_rank
@@ -237,11 +274,16 @@ def main() -> None:
         gradient_accumulation_steps //= ddp_world_size
     else:
         ddp_rank, master_process, seed_offset, ddp_world_size = 0, True, 0, 1
-    if fault == "straggler" and ddp_world_size > 1 and ddp_rank == ddp_world_size - 1:
-        # global micro-batch of 8 * world + 3 split "evenly", the remainder to the last rank
-        batch_size += 3
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if fault == "straggler" and ddp_rank == args.straggler_rank:
+        batch_size += straggler_rows
+    device_type = "cuda" if "cuda" in device else "cpu"
+    if device_type == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(1337 + seed_offset)
+    torch.backends.cuda.matmul.allow_tf32 = True  # allow tf32 on matmul
+    torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
+    ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    ctx = contextlib.nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type, dtype=ptdtype)
     truth = Truth(ddp_rank, fault)
 
     # -------------------------------------------------------------- data (prepare.py's output)
@@ -262,6 +304,9 @@ def main() -> None:
             rows_x.append(torch.from_numpy((data[i : i + block_size]).astype(np.int64)))
             rows_y.append(torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)))
         x, y = torch.stack(rows_x), torch.stack(rows_y)
+        if device_type == "cuda":
+            # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x.to(device), y.to(device)
 
     # -------------------------------------------------------------- model init
@@ -276,13 +321,14 @@ def main() -> None:
         check_logits=fault == "graph-breaks",
     )
     model = GPT(GPTConfig(**model_args)).to(device)
-    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), "cpu")
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if compile_model:
         if master_process:
             print("compiling the model... (takes a ~minute)")
         model = torch.compile(model, backend=args.compile_backend)
     if ddp:
-        model = DDP(model, find_unused_parameters=find_unused_parameters)
+        device_ids = [torch.cuda.current_device()] if device_type == "cuda" else None
+        model = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
 
     mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id)
     mon.watch(model, optimizer)
@@ -296,7 +342,8 @@ def main() -> None:
             losses = torch.zeros(eval_iters)
             for k in range(eval_iters):
                 X, Y = get_batch(split)
-                logits, loss = model(X, Y)
+                with ctx:
+                    logits, loss = model(X, Y)
                 losses[k] = loss.item()
             out[split] = losses.mean()
         model.train()
@@ -323,7 +370,7 @@ def main() -> None:
 
     def all_reduce_mean(value):
         # wait for every rank, then average (what Lightning's sync_dist does for each logged value)
-        t = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+        t = torch.as_tensor(value, dtype=torch.float32, device=device).detach().clone()
         dist.barrier()
         dist.all_reduce(t)
         return t.item() / ddp_world_size
@@ -344,8 +391,9 @@ def main() -> None:
                 if ddp:
                     # only sync gradients at the last micro step
                     model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
-                logits, loss = model(X, Y)
-                loss = loss / gradient_accumulation_steps
+                with ctx:
+                    logits, loss = model(X, Y)
+                    loss = loss / gradient_accumulation_steps
                 if sync_metrics:
                     with truth.fault():
                         # the global loss of every micro-batch, for the loss curve

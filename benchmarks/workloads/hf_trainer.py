@@ -6,17 +6,27 @@ A 2-layer GPT-2 is built from a ``GPT2Config`` (random weights, nothing download
 synthetic.
 
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 hf_trainer.py --fault none
+    HF_HUB_OFFLINE=1 torchrun --standalone --nproc-per-node 2 hf_trainer.py --device cuda --fault none  # 2 GPUs
+
+On ``--device cuda`` the Trainer runs on the GPUs as ``run_clm.py --bf16`` does: its own device
+placement (``LOCAL_RANK``), NCCL, bf16 autocast, pinned DataLoader memory. ``--size gpu`` (implied by
+cuda) is GPT-2 small (12 layers, 768 wide, vocabulary 50257) at 8 x 512 tokens a GPU: ~3 TFLOP, ~35 ms
+of GPU work a step on an H200 (~50 ms a step through the Trainer). Not smaller: eager GPT-2 launches
+kernels for ~20 ms a step whatever the batch (6 layers at one sequence took 23 ms), so a smaller batch
+would be bound by launches, as the CPU size is.
 
 Faults (``--fault``):
 
 - ``input``: a pure-Python character tokenizer run on each example in ``__getitem__`` (the
   ``.map(tokenize)`` step skipped), ``dataloader_num_workers=0``.
-- ``straggler``: rank 1's shard holds longer documents (sequence length 84 against 64): ~1/3 more
-  work per step on that rank.
+- ``straggler``: rank 1's shard holds longer documents (sequence length 84 against 64; 672 against
+  512 at the GPU size): ~1/3 more work per step on that rank.
 - ``metric-collectives``: ``compute_loss`` overridden to average loss, perplexity, token accuracy
   and batch facts over ranks for logging every step (``barrier`` + ``all_reduce`` + ``.item()`` each).
 - ``exposed-allreduce``: GPT-2's full 50257-token vocabulary on the tiny model at one 32-token
-  sequence per device: a 26 MB embedding gradient every step.
+  sequence per device: a 26 MB embedding gradient every step. At the GPU size: a 2048-wide, 12-layer
+  GPT-2 (707M parameters) at one 512-token sequence per GPU: 2.8 GB of fp32 gradients, ~14 ms at
+  200 GB/s against a step the Trainer's launches keep at ~30 ms (~32 % of it; ~24 % at 300 GB/s).
 - ``unused-params``: ``ddp_find_unused_parameters`` left at its default, which the Trainer turns into
   ``find_unused_parameters=True`` for any ``PreTrainedModel`` without gradient checkpointing (the
   healthy runs set it to False).
@@ -122,7 +132,7 @@ class MetricsTrainer(Trainer):
                     "seq_len": torch.tensor(float(inputs["input_ids"].shape[1])),
                 }
             for name, value in metrics.items():
-                value = value.clone()
+                value = value.to(loss.device).clone()  # NCCL reduces only GPU tensors
                 dist.barrier()  # every rank at the same step before reducing, like Lightning's sync_dist
                 dist.all_reduce(value)
                 self.global_metrics[name] = value.item() / world
@@ -145,19 +155,47 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="hf-trainer")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
+    parser.add_argument(
+        "--dist-backend",
+        default=None,
+        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
+    )
+    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
     args = parser.parse_args()
     fault = args.fault
+    on_gpu = args.device == "cuda"
+    size = args.size or ("gpu" if on_gpu else "cpu")
 
     rank = int(os.environ.get("RANK", "0"))
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if not on_gpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if on_gpu and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count():
+        # one-GPU smoke test only (with --dist-backend gloo): every rank on the GPUs there are
+        os.environ["LOCAL_RANK"] = str(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     truth = Truth(rank, fault)
-    n_layer, n_embd, vocab_size, seq_len, batch = 2, 128, 1024, 64, 8
-    if fault == "straggler" and rank == 1:
-        seq_len = 84
+    n_layer, n_head, n_embd, n_positions, vocab_size, seq_len, batch = 2, 4, 128, 128, 1024, 64, 8
+    straggler_seq_len = 84
+    if size == "gpu":  # GPT-2 small at 4096 tokens a GPU: ~3 TFLOP forward + backward
+        n_layer, n_head, n_embd, n_positions, vocab_size, seq_len, batch = 12, 12, 768, 1024, 50257, 512, 8
+        straggler_seq_len = 672
+    if fault == "straggler" and rank == args.straggler_rank:
+        seq_len = straggler_seq_len
     if fault == "exposed-allreduce":
-        vocab_size, seq_len, batch = 50257, 32, 1
+        vocab_size, batch = 50257, 1
+        if size == "cpu":
+            seq_len = 32
+        else:  # the 124M model's 497 MB would be ~8 % of a launch-bound step: a wider model
+            n_head, n_embd = 16, 2048
     config = GPT2Config(
-        n_layer=n_layer, n_head=4, n_embd=n_embd, n_positions=128, vocab_size=vocab_size, bos_token_id=0, eos_token_id=0
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_positions=n_positions,
+        vocab_size=vocab_size,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     torch.manual_seed(0)
     model = (CheckedGPT2 if fault == "graph-breaks" else GPT2LMHeadModel)(config)
@@ -178,8 +216,9 @@ def main():
         learning_rate=5e-4,
         warmup_steps=5,
         weight_decay=0.01,
-        use_cpu=True,
-        ddp_backend="gloo",
+        use_cpu=not on_gpu,
+        ddp_backend=args.dist_backend or ("nccl" if on_gpu else "gloo"),
+        bf16=on_gpu and torch.cuda.is_bf16_supported(),
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,

@@ -6,17 +6,23 @@ normalises and augments each image in ``__getitem__``, ``self.log`` of loss and 
 Synthetic 32x32 images, nothing downloaded.
 
     OMP_NUM_THREADS=1 python lightning_trainer.py --fault none
+    python lightning_trainer.py --device cuda --fault none    # Trainer(accelerator="gpu", devices=2): NCCL
+
+``--size gpu`` (implied by ``--device cuda``): the same three convolutions 256/512/512 channels wide at
+256 images a GPU, ~0.7 TFLOP a step in fp32 (TF32 convolutions, cuDNN's default): ~17 ms a step on an
+H200 (the CPU size is launch-bound on a GPU).
 
 Faults (``--fault``):
 
 - ``input``: per-image random crop + flip + colour jitter + normalisation in numpy in
-  ``__getitem__``, with ``num_workers=0``.
+  ``__getitem__`` (9 rounds on CPU, 1 at the GPU size: 3 rounds were 83 % of a 104 ms step on an
+  H200), with ``num_workers=0``.
 - ``straggler``: rank 1 also runs a second "consistency" pass of the convolutional trunk on a
   flipped copy of the batch (``if self.global_rank == 1``, a debug leftover): ~1/3 more work.
 - ``metric-collectives``: ``self.log_dict(..., on_step=True, sync_dist=True)`` of loss, accuracy,
   top-5 and lr (a barrier and an all-reduce each, every step) and ``self.trainer.strategy.barrier()``.
 - ``exposed-allreduce``: a 4096-wide fully connected classifier head on 8 images per rank (~84 MB
-  of gradients).
+  of gradients); 12288 wide at the GPU size (1.0 GB, ~5 ms at 200 GB/s).
 - ``unused-params``: ``strategy="ddp_find_unused_parameters_true"`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile`` of the network inside the module (compiling the whole
   LightningModule sends ``training_step`` and ``self.log`` through dynamo, which failed with an
@@ -45,8 +51,9 @@ STD = np.array([0.25, 0.24, 0.26], dtype=np.float32).reshape(3, 1, 1)
 
 
 class SyntheticImages(Dataset):
-    def __init__(self, n, augment=False, truth=None):
+    def __init__(self, n, augment=False, truth=None, augment_rounds=9):
         rng = np.random.default_rng(0)
+        self.augment_rounds = augment_rounds
         self.images = rng.integers(0, 256, size=(n, 3, 36, 36), dtype=np.uint8)
         self.labels = rng.integers(0, 10, size=n)
         self.augment = augment
@@ -58,7 +65,7 @@ class SyntheticImages(Dataset):
     def _transform(self, img):
         rng = np.random.default_rng()
         x = img.astype(np.float32) / 255.0
-        for _ in range(9):  # a few rounds of random crop / flip / jitter, as a transform pipeline would
+        for _ in range(self.augment_rounds):  # rounds of random crop / flip / jitter, as a transform pipeline would
             i, j = rng.integers(0, 5, size=2)
             crop = x[:, i : i + 32, j : j + 32]
             if rng.random() < 0.5:
@@ -78,35 +85,37 @@ class SyntheticImages(Dataset):
 
 
 class ImageDataModule(LightningDataModule):
-    def __init__(self, batch_size, n_items, augment, truth):
+    def __init__(self, batch_size, n_items, augment, truth, augment_rounds=9):
         super().__init__()
         self.batch_size, self.n_items, self.augment, self.truth = batch_size, n_items, augment, truth
+        self.augment_rounds = augment_rounds
 
     def setup(self, stage):
-        self.train_set = SyntheticImages(self.n_items, self.augment, self.truth)
+        self.train_set = SyntheticImages(self.n_items, self.augment, self.truth, self.augment_rounds)
 
     def train_dataloader(self):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=0)
 
 
 class Net(nn.Module):
-    def __init__(self, head_width=128, range_check=False):
+    def __init__(self, head_width=128, range_check=False, channels=(32, 64, 64)):
         super().__init__()
         self.range_check = range_check
+        c1, c2, c3 = channels
         self.trunk = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
+            nn.Conv2d(3, c1, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
+            nn.Conv2d(c1, c2, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 3, padding=1),
+            nn.Conv2d(c2, c3, 3, padding=1),
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(4),
         )
         self.head = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * 16, head_width),
+            nn.Linear(c3 * 16, head_width),
             nn.ReLU(),
             nn.Linear(head_width, head_width),
             nn.ReLU(),
@@ -128,10 +137,11 @@ class LitClassifier(LightningModule):
         sync_metrics=False,
         compile_backend=None,
         truth=None,
+        channels=(32, 64, 64),
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["truth"])
-        self.net = Net(head_width, range_check)
+        self.net = Net(head_width, range_check, tuple(channels))
         if compile_backend:
             self.net = torch.compile(self.net, backend=compile_backend)
         self.truth = truth
@@ -152,7 +162,7 @@ class LitClassifier(LightningModule):
         metrics = {"train_loss": loss, "train_acc": acc, "train_top5": top5}
         if self.hparams.sync_metrics:
             with self.truth.fault():
-                metrics["lr"] = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"])
+                metrics["lr"] = torch.tensor(self.trainer.optimizers[0].param_groups[0]["lr"], device=self.device)
                 self.log_dict(metrics, on_step=True, prog_bar=True, sync_dist=True)
                 self.trainer.strategy.barrier()
         else:
@@ -180,30 +190,42 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="lightning-trainer")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
+    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
     args = parser.parse_args()
     fault = args.fault
+    on_gpu = args.device == "cuda"
+    size = args.size or ("gpu" if on_gpu else "cpu")
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if not on_gpu:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
     rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by Lightning's launcher in the child process
     truth = Truth(rank, fault)
-    batch, head_width = 64, 128
+    batch, head_width, channels, augment_rounds = 64, 128, (32, 64, 64), 9
+    if size == "gpu":  # ~2.8 GFLOP an image forward + backward, 256 images: ~0.7 TFLOP a step
+        batch, channels, augment_rounds = 256, (256, 512, 512), 1
     if fault == "exposed-allreduce":
-        batch, head_width = 8, 4096
+        batch, head_width = 8, 4096 if size == "cpu" else 12288
     model = LitClassifier(
         head_width=head_width,
-        consistency_rank=1 if fault == "straggler" else -1,
+        channels=channels,
+        consistency_rank=args.straggler_rank if fault == "straggler" else -1,
         range_check=fault == "graph-breaks",
         sync_metrics=fault == "metric-collectives",
         compile_backend=args.compile_backend if fault == "graph-breaks" else None,
         truth=truth,
     )
-    data = ImageDataModule(batch, batch * args.devices * (args.steps + 2), augment=fault == "input", truth=truth)
+    data = ImageDataModule(
+        batch, batch * args.devices * (args.steps + 2), fault == "input", truth, augment_rounds=augment_rounds
+    )
     strategy = "ddp_find_unused_parameters_true" if fault == "unused-params" else "ddp"
     trainer = Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if on_gpu else "cpu",
         devices=args.devices,
-        strategy=strategy if args.devices > 1 else "auto",
+        # on one GPU (calibration) still DDP over NCCL, so the DDP code paths are the ones timed
+        strategy=strategy if args.devices > 1 or on_gpu else "auto",
         max_steps=args.steps,
         default_root_dir=tempfile.mkdtemp(prefix="lightning-trainer-"),
         callbacks=[RanksightCallback(run_dir=args.run_dir, job=args.job, run_id=args.run_id), TruthCallback(truth)],
