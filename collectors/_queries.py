@@ -6,6 +6,8 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
+from ._answers import query
+
 PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
 """The step phases a breakdown shows; their shares of the step period add up to 1 (see ``PHASE_SQL``)."""
 
@@ -125,9 +127,8 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
                {shares}
         FROM kept GROUP BY rank ORDER BY rank
     """
-    cur = con.execute(sql, [warmup_steps, warmup_steps])
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    names, rows = query(con, sql, [warmup_steps, warmup_steps])
+    return [dict(zip(names, row)) for row in rows]
 
 
 NOTCH = 1.58
@@ -201,10 +202,9 @@ def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> 
                count(({data}) / nullif(period_s, 0)) AS data_n
         FROM kept GROUP BY rank
     """
-    cur = con.execute(sql, [warmup_steps, warmup_steps])
-    names = [d[0] for d in cur.description]
+    names, rows = query(con, sql, [warmup_steps, warmup_steps])
     out = {}
-    for row in cur.fetchall():
+    for row in rows:
         r = dict(zip(names, row))
         r["data_noise"] = _iqr_notch(r.pop("data_q"), r.pop("data_n"))
         out[r["rank"]] = r
@@ -243,7 +243,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
                arg_min(period_s - grad_s - blocked_s - data_s, grad_s + blocked_s) AS least_busy_s
         FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
     """
-    rows = con.execute(sql, [warmup_steps, warmup_steps, ranks, len(ranks)]).fetchall()
+    _, rows = query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])
     rows = [r for r in rows if r[1] and r[1] > 0]
     if not rows:
         return None
@@ -298,7 +298,7 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
     step before and after it count too (each step once)."""
     since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
     found = f"SELECT count(*) FROM compile WHERE kind = 'recompile' AND step >= ? {since}"
-    if not con.execute(found, [warmup_steps]).fetchone()[0]:
+    if not query(con, found, [warmup_steps])[1][0][0]:
         return {}  # nothing to measure: skip the scan of every step row
     sql = f"""
         WITH {kept_steps_sql(steps_source(con, since_ns))},
@@ -309,7 +309,7 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
         SELECT med.rank, sum(greatest(hit.period_s - med.m, 0)) / nullif(any_value(med.total), 0)
         FROM hit JOIN med USING (rank) GROUP BY med.rank
     """
-    rows = con.execute(sql, [warmup_steps, warmup_steps, warmup_steps]).fetchall()
+    _, rows = query(con, sql, [warmup_steps, warmup_steps, warmup_steps])
     return {rank: share for rank, share in rows if share is not None}
 
 
@@ -332,7 +332,7 @@ def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3)
         FROM ops o JOIN steps_per_rank s USING (rank) ORDER BY o.rank, o.held DESC, o.op
     """
     out: dict[int, list[str]] = {}
-    for rank, op, origin, per_step, _ in con.execute(sql, [warmup_steps]).fetchall():
+    for rank, op, origin, per_step, _ in query(con, sql, [warmup_steps])[1]:
         parts = out.setdefault(rank, [])
         if len(parts) < limit:
             parts.append(f"{op} x{per_step:.1f}/step ({origin})")
