@@ -167,7 +167,9 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
                 for kind, n in node_rows.items():
                     rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
-                answers_s = _refresh_answers(con, run_path, changed=bool(added or node_rows))
+                answers_s = _refresh_answers(
+                    con, run_path, changed=bool(added or node_rows), node_stores_stay=not absorb_node_stores
+                )
                 con.execute(f"CHECKPOINT {_STORE_DB}")
                 con.execute("USE memory")
                 con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
@@ -181,9 +183,9 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
     return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined), answers_s)
 
 
-def _refresh_answers(con, run_path: str, *, changed: bool) -> float:
+def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: bool) -> float:
     """Drop the store's answers when its rows changed; compute them when it has none and is complete (no
-    rank may still write, no node store beside it): the only store readers take them from (``_answers``).
+    rank may still write, no node store left beside it): the only store readers take them from (``_answers``).
     Returns the seconds spent computing them (0 when not). A query that fails leaves no answers: readers
     then run the queries themselves."""
     import duckdb
@@ -194,7 +196,7 @@ def _refresh_answers(con, run_path: str, *, changed: bool) -> float:
         return 0.0
     metas = read_rank_meta(run_path)
     now = time.time_ns()
-    if node_store_paths(run_path) or any(rank_is_live(m, now) for m in metas):
+    if (node_stores_stay and node_store_paths(run_path)) or any(rank_is_live(m, now) for m in metas):
         return 0.0  # readers will see more than this store's rows: answers would never be read
     started = time.perf_counter()
     con.execute("USE memory")

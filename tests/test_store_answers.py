@@ -129,3 +129,18 @@ def _store_tables(run: str) -> set[str]:
     con = open_run(run, follow_spool=False)
     rows = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = ?", [STORE_ALIAS])
     return {name for (name,) in rows.fetchall()}
+
+
+def test_a_store_that_absorbed_its_node_stores_answers_for_all_their_rows(tmp_path):
+    run, _ = _run(tmp_path / "node-a")  # this node's ranks wrote here, on its own disk
+    ingest(run)
+    head = str(tmp_path / "head" / "run")
+    os.makedirs(os.path.join(head, "nodes"))
+    shutil.copytree(os.path.join(run, "ranks"), os.path.join(head, "ranks"))
+    shutil.copyfile(os.path.join(run, "store.duckdb"), os.path.join(head, "nodes", "node-a.duckdb"))
+    assert ingest(head).answers_seconds == 0  # the node store stays beside it: readers would not use them
+    absorbed = ingest(head, absorb_node_stores=True)
+    assert absorbed.answers_seconds > 0 and not os.path.exists(os.path.join(head, "nodes", "node-a.duckdb"))
+    con = open_run(head, follow_spool=False)
+    assert _answer_from.get(con) == STORE_ALIAS
+    assert diagnose(head) == diagnose(_spool_only_copy(run, tmp_path))
