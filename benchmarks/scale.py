@@ -16,12 +16,19 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
     A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
-    segment per rank and one merged file per node of 8: ``ingest`` rows/s, ``step_breakdown`` and
-    ``diagnose()`` on the live spool and on the store, each beside DuckDB doing the least the same job
-    takes (Arrow insert, Parquet -> table, GROUP BY over the store, the same GROUP BY over the files).
+    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the part of its time spent
+    computing the verdict's answers it keeps in the store), ``step_breakdown`` and ``diagnose()`` on the
+    live spool and on the store, each beside DuckDB doing the least the same job takes (Arrow insert,
+    Parquet -> table, GROUP BY over the store, the same GROUP BY over the files); and the dashboard's
+    Verdict page in headless Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it
+    answers, then the page once more (``--no-browser`` leaves it out).
+``dashboard``
+    The dashboard's rollup (first build, refresh) and heatmap queries over a node-merged spool of
+    ``--dash-ranks`` x ``--dash-steps``.
 
-Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store] [--seconds 40] [--speed 10]
-[--nodes 2] [--store-steps 2000] [--json OUT]``. Run it under ``nice`` on a shared machine.
+Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard] [--seconds 40] [--speed 10]
+[--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under ``nice`` on a
+shared machine.
 """
 
 from __future__ import annotations
@@ -349,6 +356,8 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
 
 def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     """The dashboard's rollup (first build) and heatmap queries over a node-merged spool of ``ranks``."""
+    import duckdb
+
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
 
@@ -365,6 +374,10 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     heat_s, hm = _timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
     assert hm["rows"][0]["ranks"] == [ranks - 1], hm["rows"][0]  # the slow rank is named, on top
     refresh_s, _ = _timed(rollup.refresh)
+    # DuckDB's floor for the first build: one GROUP BY (rank, chunk of steps) over the same files, one sum.
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    floor_sql = f"SELECT rank, step // {rollup.chunk_steps}, sum(step_s) FROM read_parquet('{glob}') GROUP BY ALL"
+    floor_s, _ = _timed(lambda: duckdb.connect().execute(floor_sql).fetchall(), repeats=2)
     return {
         "ranks": ranks,
         "steps": steps,
@@ -372,12 +385,50 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
         "files": files,
         "built_s": built_s,
         "rollup_first_build_s": rollup_s,
+        "duckdb_groupby_files_s": floor_s,
         "rollup_refresh_nothing_new_s": refresh_s,
         "rank_order_s": order_s,
         "heatmap_s": heat_s,
         "heatmap_rows": len(hm["rows"]),
         "heatmap_group": hm["group"],
     }
+
+
+def verdict_render_s(run_path: str) -> dict[str, float]:
+    """Seconds from navigation until the Verdict page is drawn and Streamlit idle, in headless Chromium: on a
+    fresh server opened the moment it answers (its warm-up diagnosis still running), then once more."""
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, HERE)
+    from dashboard_bench import CHROMIUM_ARGS, RENDER_PAGES
+
+    from ranksight.commands.dashboard import start, wait_ready
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start(run_path, port, quiet=True)
+    out = {}
+    try:
+        wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            for visit in ("first", "again"):
+                t = time.perf_counter()
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.get_by_text(RENDER_PAGES[""]).first.wait_for(timeout=120000)
+                page.wait_for_function(
+                    "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120000, polling=50
+                )
+                out[visit] = time.perf_counter() - t
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    return out
 
 
 def _timed(fn, repeats: int = 3) -> tuple[float, object]:
@@ -389,7 +440,7 @@ def _timed(fn, repeats: int = 3) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
+def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
     """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
     import duckdb
     import pyarrow.parquet as pq
@@ -411,7 +462,8 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
         return out
 
     live_s, live = _timed(breakdown)
-    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=1)
+    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+    verdict_live = verdict_render_s(run_path) if browser else {}
     # DuckDB's floor for the breakdown: one GROUP BY over the same files.
     con = duckdb.connect()
     floor_files_s, _ = _timed(
@@ -420,9 +472,11 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
         ).fetchall()
     )
     result = ingest(run_path)
+    answers_s = getattr(result, "answers_seconds", 0.0)  # 0 for the code before the store kept answers
     store_s, stored = _timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
-    diag_store_s, _ = _timed(lambda: diagnose(run_path), repeats=1)
+    diag_store_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+    verdict_store = verdict_render_s(run_path) if browser else {}
     # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
     for path in (floor_db, floor_db + ".wal"):
@@ -454,6 +508,9 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
         "built_s": built_s,
         "ingest_s": result.seconds,
         "ingest_rows_per_s": rows / result.seconds,
+        # what ingest spent running the verdict's queries over the new store (kept as its answers)
+        "ingest_answers_s": answers_s,
+        "ingest_rows_per_s_without_answers": rows / (result.seconds - answers_s),
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
@@ -462,6 +519,10 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool) -> dict:
         "duckdb_groupby_table_s": groupby_s,
         "diagnose_live_s": diag_live_s,
         "diagnose_store_s": diag_store_s,
+        "verdict_first_render_live_s": verdict_live.get("first"),
+        "verdict_render_again_live_s": verdict_live.get("again"),
+        "verdict_first_render_store_s": verdict_store.get("first"),
+        "verdict_render_again_store_s": verdict_store.get("again"),
     }
 
 
@@ -480,6 +541,7 @@ def main() -> None:
     parser.add_argument("--layouts", default="rank,node", help="store section: rank, node or both")
     parser.add_argument("--dash-ranks", type=int, default=10_000)
     parser.add_argument("--dash-steps", type=int, default=1000)
+    parser.add_argument("--no-browser", action="store_true", help="store section: skip the Verdict page in Chromium")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -517,7 +579,7 @@ def main() -> None:
         if "store" in sections:
             figures["store"] = []
             for layout in args.layouts.split(","):
-                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node")
+                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
         if "dashboard" in sections:

@@ -17,6 +17,7 @@ import statistics
 
 from ranksight.schema import SAMPLE_NAMES
 
+from ._answers import query
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     PHASES,
@@ -338,7 +339,7 @@ def _compile_counts(con, warmup_steps: int, since_ns: int | None) -> dict[int, d
         FROM compile {where} GROUP BY rank, kind
     """
     out: dict[int, dict] = {}
-    for rank, kind, total, late in con.execute(sql, [warmup_steps]).fetchall():
+    for rank, kind, total, late in query(con, sql, [warmup_steps])[1]:
         out.setdefault(rank, {})[kind] = (int(total), int(late))
     return out
 
@@ -353,7 +354,7 @@ def _sample_values(con, warmup_steps: int, since_ns: int | None) -> dict[tuple[i
         FROM samples {where} GROUP BY rank, name
     """
     out = {}
-    for rank, name, typical, latest in con.execute(sql, [warmup_steps]).fetchall():
+    for rank, name, typical, latest in query(con, sql, [warmup_steps])[1]:
         out[(rank, name)] = float(latest if name.endswith(_COUNTER_SUFFIX) else typical)
     return out
 
@@ -512,7 +513,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
         SELECT k.rank, avg(CASE WHEN k.c = p.top THEN 1.0 ELSE 0.0 END)
         FROM kept k JOIN per_step p USING (step) GROUP BY k.rank
     """
-    rows = con.execute(sql, [ranks, warmup_steps, warmup_steps, len(ranks)]).fetchall()
+    _, rows = query(con, sql, [ranks, warmup_steps, warmup_steps, len(ranks)])
     return {rank: share for rank, share in rows}
 
 

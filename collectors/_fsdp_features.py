@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from ._answers import query
 from ._queries import kept_steps_sql, mean_error, steps_source
 
 #: Features this module adds (merged into ``FEATURES``); absent (None) for a job that is not FSDP2.
@@ -211,7 +212,7 @@ def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dic
         GROUP BY k.rank
     """
     out = {}
-    for row in con.execute(sql, [warmup_steps, warmup_steps]).fetchall():
+    for row in query(con, sql, [warmup_steps, warmup_steps])[1]:
         rank, period, ag, fwd, bwd, rs, ag_n, fwd_n, bwd_n, ag_b, ag_call_b, rs_n, rs_b = row
         if not period:
             continue
@@ -257,7 +258,7 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
         FROM shared s LEFT JOIN per_step p USING (step) ORDER BY s.step
     """
     n = len(ranks)
-    rows = [r for r in con.execute(sql, [warmup_steps, warmup_steps, ranks, n, n]).fetchall() if r[1] and r[1] > 0]
+    rows = [r for r in query(con, sql, [warmup_steps, warmup_steps, ranks, n, n])[1] if r[1] and r[1] > 0]
     if not rows:
         return {}
     total = sum(r[1] for r in rows)
@@ -302,7 +303,7 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
         UNION ALL
         SELECT -1, step, min(other_s), avg(period_s), NULL FROM k GROUP BY step HAVING count(*) = ?
     """
-    rows = con.execute(sql, [warmup_steps, warmup_steps, ranks, len(ranks)]).fetchall()
+    rows = query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])[1]
     out: dict = {}
     per_step = [(r[2], r[3]) for r in rows if r[0] == -1 and r[3]]
     for rank, _, share, n, b in (r for r in rows if r[0] != -1):

@@ -17,6 +17,7 @@ import weakref
 
 from ranksight.schema import KINDS, duckdb_columns
 
+from ._answers import ANSWERS_TABLE, answer_from
 from ._rundir import (
     NODE_STORES_DIR,
     SkippedFile,
@@ -41,6 +42,7 @@ from ._tables import (
     ingested_segments,
     select_list,
     sql_literal,
+    store_select,
     store_tables,
 )
 
@@ -78,17 +80,18 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
 
     check_run_dir(run_path)
     con = con or duckdb.connect()
+    answer_from(con, None)  # until the views below are known to read the store alone
     db_run = duckdb_run_path(run_path)
     store_kinds = _attach_store(con, run_path, db_run)
     ingested = ingested_segments(con, STORE_ALIAS) if store_kinds is not None else {}
     nodes = _attach_node_stores(con, run_path, db_run)
     quiet = store_kinds is not None and _no_rank_writing(run_path)
     skipped: list[SkippedFile] = []
+    store_alone = store_kinds is not None and not nodes  # every view the store's table alone, so far
     for kind in KINDS:
         parts = []
         if store_kinds is not None and kind in store_kinds:
-            table = f"{STORE_ALIAS}.{kind}"  # an older store may lack newer columns: NULL for those
-            parts.append(f"SELECT {select_list(con, table, kind)} FROM {table}")
+            parts.append(store_select(con, STORE_ALIAS, kind))
         # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
         done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
         for alias, kinds, held in nodes:
@@ -107,6 +110,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
         skipped += left_out
         if spool:
             parts.append(spool)
+        store_alone = store_alone and len(parts) == 1 and kind in store_kinds
         _drop(con, kind)  # a re-opened connection may hold the other kind of object under this name
         if parts:
             con.execute(f"CREATE VIEW {kind} AS " + " UNION ALL ".join(parts))
@@ -115,6 +119,8 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     for item in skipped:
         warn_skipped(item)
     _skipped[con] = tuple(skipped)
+    # The answers ingest computed over the store's rows hold for views that read those rows alone.
+    answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
     return con
 
 

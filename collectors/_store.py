@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 
+from ._answers import ANSWERS_TABLE, recording
+from ._features import compute_context, compute_features
+from ._queries import step_breakdown
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -40,7 +43,8 @@ from ._rundir import (
     store_path,
     warn_skipped,
 )
-from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list, sql_literal, store_tables
+from ._runs import rank_is_live, read_rank_meta
+from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list, sql_literal, store_tables, store_views
 
 PRUNE_AFTER_S = 60.0
 """Default age (since ingest) before ``prune`` deletes a segment: queries that listed the file just
@@ -57,6 +61,7 @@ class IngestResult:
     rows_by_kind: dict
     seconds: float
     quarantined: tuple = ()  # SkippedFile per segment it could not read: moved to <run>/quarantine/<kind>/
+    answers_seconds: float = 0.0  # of ``seconds``: the verdict's queries run over the new store (``_answers``)
 
 
 def _create_schema(con) -> None:
@@ -162,6 +167,9 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
                 for kind, n in node_rows.items():
                     rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
+                answers_s = _refresh_answers(
+                    con, run_path, changed=bool(added or node_rows), node_stores_stay=not absorb_node_stores
+                )
                 con.execute(f"CHECKPOINT {_STORE_DB}")
                 con.execute("USE memory")
                 con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
@@ -172,7 +180,53 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
     finally:
         os.close(lock_fd)
     seconds = time.perf_counter() - started
-    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined))
+    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined), answers_s)
+
+
+def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: bool) -> float:
+    """Drop the store's answers when its rows changed; compute them when it has none and is complete (no
+    rank may still write, no node store left beside it): the only store readers take them from (``_answers``).
+    Returns the seconds spent computing them (0 when not). A query that fails leaves no answers: readers
+    then run the queries themselves."""
+    import duckdb
+
+    if changed:
+        con.execute(f"DROP TABLE IF EXISTS {_STORE_DB}.{ANSWERS_TABLE}")
+    elif ANSWERS_TABLE in store_tables(con, _STORE_DB):
+        return 0.0
+    metas = read_rank_meta(run_path)
+    now = time.time_ns()
+    if (node_stores_stay and node_store_paths(run_path)) or any(rank_is_live(m, now) for m in metas):
+        return 0.0  # readers will see more than this store's rows: answers would never be read
+    started = time.perf_counter()
+    con.execute("USE memory")
+    try:
+        with store_views(con, _STORE_DB):
+            answers = _verdict_answers(con, metas)
+        con.execute(f"CREATE TABLE {_STORE_DB}.{ANSWERS_TABLE} (key VARCHAR PRIMARY KEY, answer VARCHAR)")
+        con.executemany(f"INSERT INTO {_STORE_DB}.{ANSWERS_TABLE} VALUES (?, ?)", list(answers.items()))
+    except duckdb.Error:
+        con.execute(f"DROP TABLE IF EXISTS {_STORE_DB}.{ANSWERS_TABLE}")
+    finally:
+        con.execute(f"USE {_STORE_DB}")
+    return time.perf_counter() - started
+
+
+VERDICT_WARMUP_STEPS = 5
+"""The warm-up ``diagnose`` leaves out by default: the answers ``ingest`` keeps are for that one."""
+
+
+def _verdict_answers(con, metas: list) -> dict[str, str]:
+    """Run the queries ``diagnose`` runs over the whole of ``con``'s run and return their answers by key.
+
+    The same calls as ``diagnose``'s judgement (breakdown, features, context), so the same SQL text and
+    parameters: every key a reader of this store will ask for with the default warm-up.
+    """
+    with recording(con) as kept:
+        breakdown = step_breakdown(con, VERDICT_WARMUP_STEPS)
+        features = compute_features(con, metas, VERDICT_WARMUP_STEPS, breakdown)
+        compute_context(con, metas, features, VERDICT_WARMUP_STEPS)
+    return kept
 
 
 @contextlib.contextmanager

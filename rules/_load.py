@@ -136,7 +136,8 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
         text = _read_text(path, errors)
         if text is None:
             continue
-        part = parse_rules(text, path, errors)
+        part = _parse_builtin(text, path) if path.startswith(builtin_dir() + os.sep) else None
+        part = part or parse_rules(text, path, errors)
         for rule in part.rules:
             if rule.id in by_id:
                 merged.rules[by_id[rule.id]] = rule
@@ -170,13 +171,30 @@ def _read_text(path: str, errors: list[str]) -> str | None:
         return None
 
 
-def parse_rules(text: str, path: str = "<string>", errors: list[str] | None = None) -> RuleSet:
+def _parse_builtin(text: str, path: str) -> RuleSet | None:
+    """A built-in rule file read with libyaml's composer: the same nodes, ~10x faster than the pure-Python
+    one, which was 0.4 s of every ``diagnose`` (docs/scale.md). None when libyaml is missing or finds any
+    problem: then ``parse_rules`` reads the file as any other, and says what is wrong as it always has."""
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:
+        return None
+    errors: list[str] = []
+    try:
+        out = parse_rules(text, path, errors, loader=loader)
+    except Exception:  # noqa: BLE001 -- anything at all: the pure-Python reading reports it
+        return None
+    return None if errors else out
+
+
+def parse_rules(
+    text: str, path: str = "<string>", errors: list[str] | None = None, *, loader=yaml.SafeLoader
+) -> RuleSet:
     """Parse one rule file's text; append errors (``path:line: message``) to ``errors`` or raise RuleError."""
     own = errors is None
     errors = [] if own else errors
     out = RuleSet()
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path

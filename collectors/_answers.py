@@ -1,0 +1,89 @@
+"""Answers to the verdict's queries, computed once by ``ingest`` and read back by readers of that store alone.
+
+Why: the verdict's feature queries read every step row -- several seconds at 1,024 ranks x 10,000 steps
+on 2 cores, against a 1 s target -- and a finished run's store does not change between readers. So when
+``ingest`` leaves a store that no rank still adds to, it runs those queries over the store's rows and
+keeps each result in the store (``_answers``), keyed by the query's SQL text and parameters. A reader
+whose views are that store alone (``open_run``: no pending segment, no node store) takes a result from
+there instead of running the query: the same query over the same rows, so the same answer. A query
+that differs in anything -- new code, another warm-up, a recent window, other ranks -- finds no key and
+runs as before, as does every query on a live spool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import weakref
+
+ANSWERS_TABLE = "_answers"
+"""Store table: ``key`` (a hash of a query's SQL and parameters) -> ``answer`` (its column names and rows, JSON)."""
+
+_answer_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> the store's catalog
+_recording: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> {key: answer JSON}
+
+
+def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of ``sql``: from the store's answers when ``open_run`` found them valid for
+    ``con``'s views, else from DuckDB (and kept, while ``recording``)."""
+    key = _key(sql, params)
+    catalog = _answer_from.get(con)
+    if catalog is not None:
+        found = con.execute(f"SELECT answer FROM {catalog}.{ANSWERS_TABLE} WHERE key = ?", [key]).fetchone()
+        if found is not None:
+            names, rows = json.loads(found[0])
+            return names, [tuple(r) for r in rows]
+    cur = con.execute(sql, list(params))
+    names = [d[0] for d in cur.description]
+    rows = cur.fetchall()
+    kept = _recording.get(con)
+    if kept is not None:
+        text = _encode(names, rows)
+        if text is not None:
+            kept[key] = text
+    return names, rows
+
+
+def answer_from(con, catalog: str | None) -> None:
+    """Let ``query`` on ``con`` take answers from the store attached as ``catalog`` (None: never)."""
+    if catalog is None:
+        _answer_from.pop(con, None)
+    else:
+        _answer_from[con] = catalog
+
+
+@contextlib.contextmanager
+def recording(con):
+    """Within the block, ``query`` on ``con`` runs every query and keeps its answer in the yielded dict."""
+    kept: dict[str, str] = {}
+    _recording[con] = kept
+    try:
+        yield kept
+    finally:
+        _recording.pop(con, None)
+
+
+def _key(sql: str, params) -> str:
+    return hashlib.sha256(json.dumps([sql, list(params)], default=str).encode()).hexdigest()
+
+
+def _encode(names: list[str], rows: list[tuple]) -> str | None:
+    """JSON that reads back as the same values (floats print exactly); None for a value it cannot hold
+    (not a number, string, bool or list of them), so that query is simply not kept."""
+    for row in rows:
+        for value in row:
+            if not _plain(value):
+                return None
+    return json.dumps([names, rows])
+
+
+def _plain(value) -> bool:
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return not math.isnan(value)  # NaN reads back, but never compares equal: keep it out
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return False
