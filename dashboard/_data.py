@@ -28,6 +28,7 @@ def _rollup(run_path: str) -> Rollup:
 
 def rollup(run_path: str) -> Rollup:
     """The run's rollup, brought up to date with the segments written since the last call."""
+    _warm.release(run_path)  # a page needs it: the warm-up builds it now, not after the landing page
     r = _rollup(run_path)
     r.refresh()
     return r
@@ -50,6 +51,7 @@ def prefetch(run_path: str) -> None:
 
     def build() -> None:
         try:
+            _warm.wait_released(run_path)  # not while the landing page draws (see _warm.release)
             _rollup(run_path)
         except Exception:  # the page that needs it reports the problem in one line
             pass
@@ -67,6 +69,11 @@ def pull(run_path: str, fn: Callable[..., Any], *args):
     """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run, cached until new records arrive."""
     r = rollup(run_path)
     return _pull(run_path, r.version, f"{fn.__module__}.{fn.__qualname__}", args, fn, r)
+
+
+def landing_drawn(run_path: str) -> None:
+    """The Verdict page is drawn: background work held back for it may start."""
+    _warm.release(run_path)
 
 
 def skipped(run_path: str) -> list[str]:

@@ -20,6 +20,9 @@ from ranksight.collectors import spool_signature
 WAIT_S = 120.0
 """How long a page waits for a warm-up still running, rather than starting the same work twice."""
 
+HOLD_S = 20.0
+"""How long the rollup waits for the landing page to be drawn (or for a page that needs the rollup)."""
+
 
 @dataclass
 class _Job:
@@ -29,6 +32,7 @@ class _Job:
     diagnosis: Optional[dict] = None
     rollup: Any = None
     rollup_done: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
 
 
 _jobs: dict[str, _Job] = {}
@@ -62,8 +66,10 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         import pandas  # noqa: F401
     except Exception:
         pass
-    # After the diagnosis, not beside it: on a small machine the two would only slow each other down,
-    # and the landing page needs the diagnosis first.
+    # After the diagnosis, not beside it, and once the landing page is drawn: on a small machine the two
+    # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows while
+    # the Verdict page's first render (2.5-3.3 s at a quiet moment) draws; see release().
+    job.released.wait(HOLD_S)
     try:
         if with_rollup:
             from ._rollup import Rollup
@@ -90,6 +96,20 @@ def take_diagnosis(run_path: str, signature: tuple) -> Optional[dict]:
         return None
     result, job.diagnosis = job.diagnosis, None
     return result
+
+
+def release(run_path: str) -> None:
+    """Let the warm-up build the rollup now: the landing page is drawn, or a page needs the rollup."""
+    job = _jobs.get(run_path)
+    if job is not None:
+        job.released.set()
+
+
+def wait_released(run_path: str, timeout: float = HOLD_S) -> None:
+    """Wait until ``release`` (or ``timeout``): a background build of the rollup starts no earlier."""
+    job = _jobs.get(run_path)
+    if job is not None:
+        job.released.wait(timeout)
 
 
 def take_rollup(run_path: str) -> Any:

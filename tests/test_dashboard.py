@@ -271,6 +271,10 @@ def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monke
         fresh["breakdown"]["ranks"][0]["data_wait_share"], rel=1e-9
     )
     assert _warm.take_diagnosis(demo_run, signature) is None  # handed over once
+    # The rollup (a scan of every step row) waits for the landing page to be drawn, or for a page needing it.
+    time.sleep(1.0)
+    assert not _warm._jobs[demo_run].rollup_done.is_set()
+    _warm.release(demo_run)
     rollup = _warm.take_rollup(demo_run)  # waits for it
     assert rollup is not None and rollup.version >= 1
     assert _warm.take_rollup(demo_run) is None

@@ -102,3 +102,4 @@ def _fmt(v, unit: Optional[str] = None) -> str:
 if require_run(ctx):
     st.text(f"run: {ctx.run['run']}")
     live_panel(ctx, verdict, ctx.run["path"])
+    _data.landing_drawn(ctx.run["path"])
