@@ -11,6 +11,7 @@ NVML utilization / kernel-busy / allocator samples every 2 s per rank. Targets: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -91,7 +92,11 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
             "gpu_optimizer_s": opt,
         }
         schema = arrow_schema("steps")
-        table = pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in schema}, schema=schema)
+        # Columns the schema gained since (blocked collectives, CPU time): NULL, as an older agent writes them.
+        table = pa.table(
+            {f.name: pa.array(cols[f.name], type=f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema},
+            schema=schema,
+        )
         pq.write_table(table, os.path.join(run_path, "steps", f"bench_{i:03d}.parquet"), row_group_size=1 << 20)
 
         per_rank = int(steps * STEP_S / SAMPLE_EVERY_S)
@@ -196,12 +201,14 @@ RENDER_PAGES = {
 }
 
 
-def time_first_render(run_path: str) -> dict[str, float]:
-    """Seconds from navigation until each page's content is drawn and Streamlit is idle, in headless Chromium.
+IDLE_JS = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
+"""True once Streamlit shows no running-script widget: the page is drawn and idle."""
 
-    A fresh server per run of this function, opened the moment it answers: the first page waits for
-    the server's warm-up (diagnosis, rollup). The landing page is visited once more at the end.
-    """
+
+@contextlib.contextmanager
+def page_on_fresh_server(run_path: str):
+    """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
+    moment the server answers: its warm-up (diagnosis, rollup) may still be running."""
     import socket
 
     from playwright.sync_api import sync_playwright
@@ -212,31 +219,44 @@ def time_first_render(run_path: str) -> dict[str, float]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = start(run_path, port, quiet=True)
-    out = {}
     try:
         wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            # The landing page again last: what a later visit costs once the server's warm-up is done.
-            visits = [*RENDER_PAGES.items(), ("", RENDER_PAGES[""])]
-            for i, (path, marker) in enumerate(visits):
-                t = time.perf_counter()
-                page.goto(f"http://127.0.0.1:{port}/{path}")
-                page.get_by_text(marker).first.wait_for(timeout=120000)
-                page.wait_for_function(
-                    "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120000, polling=50
-                )
-                out["verdict, again" if i == len(visits) - 1 else (path or "verdict")] = time.perf_counter() - t
-            page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-signals.png"), full_page=True)
-            page.goto(f"http://127.0.0.1:{port}/heatmaps")
-            page.get_by_text("compute score").first.wait_for(timeout=120000)
-            page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120000)
-            page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-heatmaps.png"), full_page=True)
-            browser.close()
+            try:
+                yield browser.new_page(viewport={"width": 1400, "height": 1000}), port
+            finally:
+                browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def time_visit(page, url: str, marker: str) -> float:
+    """Seconds from navigating to ``url`` until ``marker`` is drawn and Streamlit is idle."""
+    t = time.perf_counter()
+    page.goto(url)
+    page.get_by_text(marker).first.wait_for(timeout=120000)
+    page.wait_for_function(IDLE_JS, timeout=120000, polling=50)
+    return time.perf_counter() - t
+
+
+def time_first_render(run_path: str) -> dict[str, float]:
+    """Seconds from navigation until each page's content is drawn and Streamlit is idle, in headless Chromium.
+
+    A fresh server per run of this function, opened the moment it answers: the first page waits for
+    the server's warm-up (diagnosis, rollup). The landing page is visited once more at the end.
+    """
+    out = {}
+    with page_on_fresh_server(run_path) as (page, port):
+        # The landing page again last: what a later visit costs once the server's warm-up is done.
+        visits = [*RENDER_PAGES.items(), ("", RENDER_PAGES[""])]
+        for i, (path, marker) in enumerate(visits):
+            seconds = time_visit(page, f"http://127.0.0.1:{port}/{path}", marker)
+            out["verdict, again" if i == len(visits) - 1 else (path or "verdict")] = seconds
+        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-signals.png"), full_page=True)
+        time_visit(page, f"http://127.0.0.1:{port}/heatmaps", "compute score")
+        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-heatmaps.png"), full_page=True)
     return out
 
 

@@ -397,38 +397,11 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
 def verdict_render_s(run_path: str) -> dict[str, float]:
     """Seconds from navigation until the Verdict page is drawn and Streamlit idle, in headless Chromium: on a
     fresh server opened the moment it answers (its warm-up diagnosis still running), then once more."""
-    import socket
-
-    from playwright.sync_api import sync_playwright
-
     sys.path.insert(0, HERE)
-    from dashboard_bench import CHROMIUM_ARGS, RENDER_PAGES
+    from dashboard_bench import RENDER_PAGES, page_on_fresh_server, time_visit
 
-    from ranksight.commands.dashboard import start, wait_ready
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = start(run_path, port, quiet=True)
-    out = {}
-    try:
-        wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            for visit in ("first", "again"):
-                t = time.perf_counter()
-                page.goto(f"http://127.0.0.1:{port}/")
-                page.get_by_text(RENDER_PAGES[""]).first.wait_for(timeout=120000)
-                page.wait_for_function(
-                    "!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=120000, polling=50
-                )
-                out[visit] = time.perf_counter() - t
-            browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    return out
+    with page_on_fresh_server(run_path) as (page, port):
+        return {visit: time_visit(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""]) for visit in ("first", "again")}
 
 
 def _timed(fn, repeats: int = 3) -> tuple[float, object]:

@@ -137,21 +137,18 @@ def mean_error(values: list[float]) -> float | None:
     A cost share is a ratio of sums, a mean over steps, so its uncertainty is the mean's standard
     error. A share is only judged past a threshold when it clears it by that much, so step-to-step
     noise (a loaded host, a few slow steps) cannot tip a verdict."""
-    xs = [v for v in values if v is not None]
-    return _mean_error_of(len(xs), sum(xs), sum(x * x for x in xs))
+    return mean_error_padded(values, 0)
 
 
 def mean_error_padded(values: list[float], n: int) -> float | None:
     """``mean_error(values + [0.0] * (n - len(values)))`` without building the n-long list (one per
     rank, each as long as the run: 1,024 x 10,000 at scale): zeros add nothing to the sums."""
     xs = [v for v in values if v is not None]
-    return _mean_error_of(max(n, len(xs)), sum(xs), sum(x * x for x in xs))
-
-
-def _mean_error_of(n: int, total: float, squares: float) -> float | None:
+    n = max(n, len(xs))
     if n < 3:
         return None
-    variance = max(0.0, (squares - total * total / n) / (n - 1))
+    total = sum(xs)
+    variance = max(0.0, (sum(x * x for x in xs) - total * total / n) / (n - 1))
     return (variance / n) ** 0.5
 
 

@@ -18,12 +18,13 @@ pytestmark = pytest.mark.slow
 def test_healthy_job_gets_no_warning(tmp_path):
     """Nothing in a healthy job is called a problem, but one thing the host can make true.
 
-    This VM's two vCPUs run the same code at different speeds in some runs: in 2 of 5 healthy demo runs
-    one rank's forward + backward took 25-36 % longer, its thread on a CPU the whole time (thread CPU time
-    = compute time), and whichever rank landed on the slower core arrived last in ~90 % of the steps. The
-    others then really wait for it, as they would for a throttled GPU, so a straggler warning is the
-    truth about that run, and allowed only with that evidence: its extra thread CPU time accounts for at
-    least half of the wait it caused. Every other finding must stay info."""
+    This VM's two vCPUs run the same code at different speeds in some runs: then one rank's forward +
+    backward takes 25-36 % longer with its thread on a CPU the whole time, and that rank arrives last in
+    ~90 % of the steps (seen in 2 of 5 runs of ``ranksight demo --steps 40``, reading ``compute_median_s``
+    and the straggler's evidence in ``ranksight diagnose RUN --json``). The others then really wait for
+    it, as they would for a throttled GPU, so a straggler warning is the truth about that run, and allowed
+    only with that evidence: its extra thread CPU time accounts for at least half of the wait it caused.
+    Every other finding must stay info."""
     result = run_scenario(tmp_path, "none")
     for f in result["findings"]:
         if f["severity"] == "info":
