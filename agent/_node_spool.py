@@ -47,8 +47,9 @@ Parquet ones, and publishes Parquet."""
 _LOCAL_SUFFIXES = (LOCAL_SUFFIX, SPOOL_SUFFIX)
 LOCK_NAME = ".publish.lock"
 STAMP_NAME = ".published"
-FILES_PER_PUBLISH = len(KINDS) + 1
-"""Files one publish can create on the shared folder: one per record kind with rows, plus the node's rank file."""
+FILES_PER_PUBLISH = len(KINDS) + 2
+"""Files one publish can create on the shared folder: one per record kind with rows, the step file's digest
+(``ranksight.digest``) and the node's rank file."""
 NODE_FILE_PREFIX = "node-"
 _RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 
@@ -281,8 +282,24 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
     if os.path.exists(os.path.join(target_dir, final)):
         return created, 0  # published before its publisher was killed: only the release was left
     table = pa.concat_tables(tables, promote_options="permissive")
+    if os.path.basename(target_dir) == "steps":
+        created += _write_digest(table, target_dir, final)  # first: a published file then has its digest
     _write_durably(target_dir, final, lambda f: pq.write_table(table, f, compression="zstd"))
     return created + 1, table.num_rows
+
+
+def _write_digest(table, steps_dir: str, name: str) -> int:
+    """Write the step file's digest (``ranksight.digest``); 1 when written. A digest only saves readers time,
+    so one that cannot be made (no DuckDB here, a full disk) is left out with a debug line: the file itself
+    is still published, and readers read its rows."""
+    try:
+        from ranksight.digest import write_digest
+
+        write_digest(table, steps_dir, name, _write_durably)
+        return 1
+    except Exception as exc:  # noqa: BLE001 -- the publish goes on without it
+        log.debug("ranksight: no digest for %s: %s", name, exc)
+        return 0
 
 
 def _copy_into(path: str, f) -> None:

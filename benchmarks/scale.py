@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import resource
@@ -297,9 +298,18 @@ def prometheus_series() -> dict:
 # ------------------------------------------------------------------ store
 
 
-def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[int, int]:
+def glob_files(folder: str) -> list[str]:
+    return [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".parquet") and not n.startswith(".")]
+
+
+def _write_whole(directory: str, name: str, write) -> None:
+    with open(os.path.join(directory, name), "wb") as f:
+        write(f)
+
+
+def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: bool = True) -> tuple[int, int]:
     """Write ``ranks`` x ``steps`` step rows: one segment per rank (``store_bench``'s), or one file per node
-    of 8 ranks, as the node spool publishes them; the last rank is 1.3x slower in compute."""
+    of 8 ranks with its digest, as the node spool publishes them; the last rank is 1.3x slower in compute."""
     sys.path.insert(0, HERE)
     from store_bench import build_spool as per_rank_spool
 
@@ -309,6 +319,7 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from ranksight.digest import write_digest
     from ranksight.schema import arrow_schema
 
     schema = arrow_schema("steps")
@@ -344,8 +355,11 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
             "other_s": pa.array(other),
         }
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
-        out = os.path.join(run_path, "steps", f"{node}_m{first:020d}-000000.parquet")
-        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), out, compression="zstd")
+        name = f"{node}_m{first:020d}-000000.parquet"
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        if digests:  # as the node spool's publisher writes it, before the file
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_whole)
+        pq.write_table(table, os.path.join(run_path, "steps", name), compression="zstd")
         files += 1
         for r in members:
             meta = {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}
@@ -355,11 +369,14 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
 
 
 def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
-    """The dashboard's rollup (first build) and heatmap queries over a node-merged spool of ``ranks``."""
+    """The dashboard's rollup (first build, from the digests and from the rows) and heatmap queries over a
+    node-merged spool of ``ranks``."""
     import duckdb
+    import pyarrow.parquet as pq
 
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
+    from ranksight.digest import DIGEST_DIR, digest_of
 
     run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
     shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
@@ -369,6 +386,20 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     t0 = time.perf_counter()
     rollup = Rollup(run_path)
     rollup_s = time.perf_counter() - t0
+    assert rollup.digested == files, (rollup.digested, files)
+    # The same first build from the files' rows (as for files published without digests), and its result.
+    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
+    os.rename(digests_dir, digests_dir + "-aside")
+    t0 = time.perf_counter()
+    from_rows = Rollup(run_path)
+    rollup_rows_s = time.perf_counter() - t0
+    os.rename(digests_dir + "-aside", digests_dir)
+    totals = "SELECT rank, sum(n), sum(step_sum), sum(compute_sum), max(step_max_s) FROM rollup GROUP BY 1 ORDER BY 1"
+    for a, b in zip(rollup.cursor().execute(totals).fetchall(), from_rows.cursor().execute(totals).fetchall()):
+        assert a[:2] == b[:2] and all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a[2:], b[2:])), (a, b)
+    from_rows.close()
+    one_file = pq.read_table(sorted(glob_files(os.path.join(run_path, "steps")))[0])
+    digest_s, _ = _timed(lambda: digest_of(one_file))
     con = rollup.cursor()
     order_s, order = _timed(lambda: q.rank_order(con, "mean compute (most first)"))
     heat_s, hm = _timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
@@ -385,6 +416,10 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
         "files": files,
         "built_s": built_s,
         "rollup_first_build_s": rollup_s,
+        "rollup_first_build_from_rows_s": rollup_rows_s,
+        # what the node spool's publisher spends on one file's digest (one node's rows of the whole run here)
+        "digest_one_file_s": digest_s,
+        "rows_per_file": one_file.num_rows,
         "duckdb_groupby_files_s": floor_s,
         "rollup_refresh_nothing_new_s": refresh_s,
         "rank_order_s": order_s,

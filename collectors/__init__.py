@@ -24,7 +24,7 @@ from ._rundir import (
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, read_rank_meta
 from ._spool_reader import open_run, skipped_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
-from ._tables import SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list
+from ._tables import DIGESTS_TABLE, SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list, stored_digests
 
 __all__ = [
     # finding and reading runs
@@ -67,10 +67,12 @@ __all__ = [
     "store_path",
     "store_signature",
     # what open_run defines on its connection, for readers that add their own views (the dashboard's rollup)
+    "DIGESTS_TABLE",
     "SEGMENT_COLUMN",
     "STORE_ALIAS",
     "ingested_segments",
     "select_list",
+    "stored_digests",
     # multi-node jobs
     "PrometheusError",
     "PrometheusReader",

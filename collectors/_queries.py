@@ -6,73 +6,9 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
+from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES
+
 from ._answers import query
-
-PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
-"""The step phases a breakdown shows; their shares of the step period add up to 1 (see ``PHASE_SQL``)."""
-
-_ON_GPU = "gpu_step_s IS NOT NULL"
-_GPU_GAP = "coalesce(gpu_gap_s, data_wait_s, 0)"
-
-PERIOD_SQL = f"CASE WHEN {_ON_GPU} THEN {_GPU_GAP} + gpu_step_s ELSE step_s END"
-"""What one step costs. On a CPU rank its wall time. On a GPU rank the GPU stream's time from the
-previous step's end to this one's (the idle gap before the step plus the step): the host runs ahead
-of a GPU-bound job, so its own clock says when it queued work, not what the work cost; in steady
-state the two agree."""
-
-
-def _phase(gpu: str, cpu: str) -> str:
-    return f"CASE WHEN {_ON_GPU} THEN {gpu} ELSE {cpu} END"
-
-
-# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle before
-# the step (gpu_gap_s); the rest was hidden behind queued work. NULL data_wait_s means "not measured"
-# (no wrapped loader, no mon.data() marks), and stays NULL: a share of 0 would claim the input is fine.
-_EXPOSED_WAIT = f"CASE WHEN data_wait_s IS NULL THEN NULL ELSE least(data_wait_s, {_GPU_GAP}) END"
-
-GRAD_COMM_SQL = _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)")
-"""DDP's exposed gradient all-reduce of one step row. With NCCL the host's all-reduce futures complete
-at enqueue: only the GPU's clock sees the wait. A GPU row without the GPU figure (an older agent, or
-its event not resolved) keeps the host's."""
-
-BLOCKED_SQL = _phase("coalesce(gpu_comm_blocked_s, comm_blocked_s, 0)", "coalesce(comm_blocked_s, 0)")
-"""Time blocked in collectives outside DDP's gradient buckets (metric all-reduce, barriers, object
-collectives, FSDP2 waits) of one step row; GPU stream time where the agent measured it."""
-
-_GPU_NAMED = (
-    f"coalesce({_EXPOSED_WAIT}, 0) + coalesce(h2d_s, 0) + coalesce(gpu_compute_s, 0)"
-    " + coalesce(gpu_comm_exposed_s, comm_exposed_s, 0) + coalesce(gpu_optimizer_s, optimizer_s, 0)"
-)
-# GPU phases as the CUDA events bound them, before the blocking collectives are carved out of them.
-_GPU_OTHER = f"greatest({PERIOD_SQL} - ({_GPU_NAMED}), 0)"
-_GPU_OPTIMIZER = "coalesce(gpu_optimizer_s, optimizer_s, 0)"
-_GPU_COMPUTE = "coalesce(gpu_compute_s, 0)"
-_GPU_BLOCKED = "coalesce(gpu_comm_blocked_s, comm_blocked_s, 0)"
-# The host's phases already leave the blocked time out (the agent takes it out of compute and other).
-# The GPU's events do not: a metric all-reduce after optimizer.step() lies inside gpu_optimizer_s (its
-# start to the step's end), an FSDP2 all-gather inside gpu_compute_s, anything else in the remainder.
-# So on a GPU rank it is carved out of the remainder, then the optimizer span, then compute: nothing
-# is counted twice and the phases still add up to the period.
-_LEFT_AFTER_OTHER = f"greatest({_GPU_BLOCKED} - {_GPU_OTHER}, 0)"
-_LEFT_AFTER_OPTIMIZER = f"greatest({_LEFT_AFTER_OTHER} - {_GPU_OPTIMIZER}, 0)"
-
-PHASE_SQL: dict[str, str] = {
-    "data_wait_s": _phase(_EXPOSED_WAIT, "data_wait_s"),
-    "h2d_s": "h2d_s",  # GPU time; NULL on a CPU rank, so its share stays absent rather than zero
-    "compute_s": _phase(f"greatest({_GPU_COMPUTE} - {_LEFT_AFTER_OPTIMIZER}, 0)", "coalesce(compute_s, 0)"),
-    # Waiting at collectives: DDP's exposed gradient all-reduce plus the blocking collectives.
-    "comm_exposed_s": _phase(
-        f"coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)"
-        f" + least({_GPU_BLOCKED}, {_GPU_OTHER} + {_GPU_OPTIMIZER} + {_GPU_COMPUTE})",
-        "coalesce(comm_exposed_s, 0) + coalesce(comm_blocked_s, 0)",
-    ),
-    "optimizer_s": _phase(f"greatest({_GPU_OPTIMIZER} - {_LEFT_AFTER_OTHER}, 0)", "coalesce(optimizer_s, 0)"),
-    # GPU: the rest of the period (host work between steps, the gap after an all-reduce until the
-    # optimizer), less blocked collectives. CPU: the host's own remainder.
-    "other_s": _phase(f"greatest({_GPU_OTHER} - {_GPU_BLOCKED}, 0)", "coalesce(other_s, 0)"),
-}
-"""SQL for each phase of one step row, as a share of ``PERIOD_SQL``: GPU-stream phases on a GPU rank
-(CUDA events), host phases on a CPU rank. They add up to the period (a NULL data wait counts as 0)."""
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3

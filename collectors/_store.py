@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 
+from ranksight.digest import COLUMNS as DIGEST_COLUMNS
+from ranksight.digest import DIGEST_DIR, remove_digests
 from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, recording
@@ -44,7 +47,17 @@ from ._rundir import (
     warn_skipped,
 )
 from ._runs import rank_is_live, read_rank_meta
-from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, select_list, sql_literal, store_tables, store_views
+from ._tables import (
+    DIGESTS_TABLE,
+    SEGMENT_COLUMN,
+    SEGMENTS_TABLE,
+    select_list,
+    sql_literal,
+    store_tables,
+    store_views,
+)
+
+log = logging.getLogger("ranksight")
 
 PRUNE_AFTER_S = 60.0
 """Default age (since ingest) before ``prune`` deletes a segment: queries that listed the file just
@@ -75,6 +88,8 @@ def _create_schema(con) -> None:
         f"CREATE TABLE IF NOT EXISTS {SEGMENTS_TABLE} "
         "(kind VARCHAR NOT NULL, file VARCHAR NOT NULL, rows BIGINT NOT NULL, ingested_ns BIGINT NOT NULL)"
     )
+    digest_columns = ", ".join(f"{c} {t}" for c, t in DIGEST_COLUMNS)
+    con.execute(f"CREATE TABLE IF NOT EXISTS {DIGESTS_TABLE} (key VARCHAR, {SEGMENT_COLUMN} VARCHAR, {digest_columns})")
     con.execute("CREATE TABLE IF NOT EXISTS _store_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute("INSERT OR REPLACE INTO _store_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
@@ -334,7 +349,37 @@ def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, 
         rows_by_kind[kind] = int(sum(counts.values()))
         added += len(files)
     con.execute("COMMIT")
+    _append_digests(con, db_run, pending.get("steps", []))
     return rows_by_kind, added
+
+
+def _append_digests(con, db_run: str, names: list[str]) -> None:
+    """Copy the digests of the step segments just appended into the store (``_digests``), so the dashboard's
+    rollup of a compacted or pruned run still reads them instead of the rows. A digest only saves readers
+    time: one that does not read is left out, with one warning line, and the rows stay what readers use."""
+    import duckdb
+
+    root = os.path.join(db_run, "steps", DIGEST_DIR)
+    try:
+        keys = sorted(k for k in os.listdir(root) if not k.startswith("."))
+    except OSError:
+        return
+    columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
+    for key in keys:
+        found = [n for n in names if os.path.exists(os.path.join(root, key, n))]
+        if not found:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(
+                f"INSERT INTO {DIGESTS_TABLE} SELECT ?, parse_filename(filename), {columns} "
+                "FROM read_parquet(?, filename=true)",
+                [key, [os.path.join(root, key, n) for n in found]],
+            )
+            con.execute("COMMIT")
+        except duckdb.Error as exc:
+            con.execute("ROLLBACK")
+            log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:
@@ -483,6 +528,8 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
                 os.remove(path)
             except FileNotFoundError:
                 continue  # pruned before
+            if kind == "steps":
+                remove_digests(os.path.join(run_path, kind), name)  # the store holds a copy (``_digests``)
             files += 1
             nbytes += size
     finally:

@@ -27,6 +27,7 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.collectors import ingest, open_run, read_rank_meta, skipped_files
+from ranksight.digest import chunk_steps_for, digest_paths
 
 AGENT_RANK = """
 import json, os, sys, time
@@ -60,9 +61,10 @@ def _env(rank: int, world: int, **extra: str) -> dict:
 def test_agents_of_one_node_publish_every_step_once_and_few_files(tmp_path):
     """Four real agents with a node spool: all steps arrive once, in merged files, ranks read finished."""
     run_dir, local, world, seconds = tmp_path / "runs", tmp_path / "local", 4, 3.0
-    # 7 files per publish, one node, 14 files/s for the job: the node publishes every 0.5 s.
-    assert publish_interval_s(0.1, world, world, 14.0) == 0.5
-    extra = {"RANKSIGHT_NODE_SPOOL": str(local), "RANKSIGHT_MAX_JOB_FILES_PER_S": "14"}
+    # 8 files per publish (6 kinds, the step file's digest, the rank file), one node, 16 files/s for the job:
+    # the node publishes every 0.5 s.
+    assert publish_interval_s(0.1, world, world, 16.0) == 0.5
+    extra = {"RANKSIGHT_NODE_SPOOL": str(local), "RANKSIGHT_MAX_JOB_FILES_PER_S": "16"}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", AGENT_RANK, str(run_dir), str(seconds), str(tmp_path / f"out{r}.json")],
@@ -83,8 +85,10 @@ def test_agents_of_one_node_publish_every_step_once_and_few_files(tmp_path):
     assert counts == [(r, expected[r], expected[r]) for r in range(world)]
     assert skipped_files(con) == []
     # Only merged files and the node's rank file reach the run folder; the local spool is drained.
-    published = os.listdir(run / "steps")
+    published = [n for n in os.listdir(run / "steps") if not n.startswith(".")]
     assert published and all("_m" in name for name in published)
+    # ... each step file with its digest, which the dashboard's rollup reads instead of the file's rows
+    assert sorted(digest_paths(str(run / "steps"), chunk_steps_for(world), published)) == sorted(published)
     assert len(published) <= seconds / 0.5 + 2  # one per interval, and one for the node when its ranks close
     assert os.listdir(run / "ranks") == ["node-nodeA.json"]
     assert not [n for n in os.listdir(local / "nodespool" / "steps") if not n.startswith(".")]
@@ -218,13 +222,13 @@ def test_a_damaged_local_segment_is_kept_in_quarantine_and_every_other_row_arriv
 
 
 def test_the_publish_interval_keeps_the_job_under_its_file_budget(monkeypatch):
-    """7 files per publish per node: 1,024 ranks of 8 publish every 6 s, 10,000 every 58 s, at 150 files/s."""
+    """8 files per publish per node: 1,024 ranks of 8 publish every 6.8 s, 10,000 every 67 s, at 150 files/s."""
     assert publish_interval_s(2.0, 8, 8, 150.0) == 2.0  # one node: as often as the ranks flush
-    assert publish_interval_s(2.0, 1024, 8, 150.0) == 7 * 128 / 150
-    assert publish_interval_s(2.0, 10_000, 8, 150.0) == 7 * 1250 / 150
+    assert publish_interval_s(2.0, 1024, 8, 150.0) == 8 * 128 / 150
+    assert publish_interval_s(2.0, 10_000, 8, 150.0) == 8 * 1250 / 150
     for world in (1024, 10_000, 100_000):
         nodes = -(-world // 8)
-        assert nodes * 7 / publish_interval_s(2.0, world, 8, 150.0) <= 150.0 + 1e-9
+        assert nodes * 8 / publish_interval_s(2.0, world, 8, 150.0) <= 150.0 + 1e-9
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
     assert local_world_size_from_env() == 8

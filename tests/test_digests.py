@@ -1,0 +1,195 @@
+"""Step digests: the node spool's publisher sums each published step file per (rank, chunk of steps) and the
+dashboard's rollup reads those sums instead of the rows -- the same rollup, from the spool, from the store
+after ``ingest`` and ``prune``, and from the rows whenever a digest is missing, damaged or of another
+definition."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import pyarrow as pa
+
+from ranksight.agent._identity import Identity
+from ranksight.agent._node_spool import (
+    BATCHES_DIR,
+    _claim,
+    _read_segment,
+    _write_durably,
+    publish_node_spool,
+    published_name,
+)
+from ranksight.agent._spool import SpoolWriter
+from ranksight.collectors import ingest, prune
+from ranksight.dashboard import Rollup
+from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
+
+WORLD = 32  # four of its ranks write here; the chunk is then 2 steps
+RANKS = (0, 1, 2, 3)
+TOTALS = """SELECT rank, sum(n), sum(step_sum), sum(compute_sum), sum(data_wait_sum), sum(comm_exposed_sum),
+                   min(step_min), max(step_max), max(step_max_s), sum(n) FILTER (WHERE warm)
+            FROM rollup GROUP BY rank ORDER BY rank"""
+
+
+def _write_steps(local: str, ranks, steps: range) -> None:
+    """Step rows of ``ranks`` into a node-local spool, as the agents write them (rank 3 computes 1.5x longer)."""
+    for rank in ranks:
+        w = SpoolWriter(local, Identity("digest", "run", "nodeA", rank, rank, WORLD, 1000 + rank))
+        rows = []
+        for s in steps:
+            compute = 0.010 * (1.5 if rank == 3 else 1.0) * (1 + 0.1 * (s % 7))
+            wait, comm = 0.002 * (s % 3), 0.001 * ((s + rank) % 4)
+            rows.append(
+                {
+                    "step": s,
+                    "time_ns": 1_000_000 * s + rank,
+                    "step_s": wait + compute + comm + 0.001,
+                    "data_wait_s": wait,
+                    "compute_s": compute,
+                    "comm_exposed_s": comm,
+                    "allreduce_s": 3 * comm,
+                    "optimizer_s": 0.001,
+                    "other_s": 0.0,
+                }
+            )
+        w.write("steps", rows)
+        os.makedirs(os.path.join(local, "ranks"), exist_ok=True)
+        meta = {"rank": rank, "status": "finished", "heartbeat_ns": 1, "steps": len(steps), "world_size": WORLD}
+        with open(os.path.join(local, "ranks", f"rank-{rank:05d}.json"), "w") as f:
+            json.dump(meta, f)
+
+
+def _published_run(tmp_path, publishes: int = 3) -> str:
+    """A run folder filled by ``publishes`` node publishes of 40 steps each."""
+    local, run = str(tmp_path / "local" / "run"), str(tmp_path / "runs" / "run")
+    os.makedirs(run)
+    for i in range(publishes):
+        _write_steps(local, RANKS, range(40 * i, 40 * (i + 1)))
+        publish_node_spool(local, run, "nodeA")
+    return run
+
+
+def _step_files(run: str) -> list[str]:
+    return sorted(n for n in os.listdir(os.path.join(run, "steps")) if not n.startswith("."))
+
+
+def _totals(rollup: Rollup) -> list[tuple]:
+    return rollup.cursor().execute(TOTALS).fetchall()
+
+
+def _same(a: list[tuple], b: list[tuple]) -> None:
+    assert len(a) == len(b) == len(RANKS)
+    for x, y in zip(a, b):
+        assert all(u == v if isinstance(u, int) else math.isclose(u, v, rel_tol=1e-12) for u, v in zip(x, y)), (x, y)
+
+
+def _from_rows(run: str) -> list[tuple]:
+    """The rollup's totals with every spool digest set aside (the rows read instead)."""
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    try:
+        rollup = Rollup(run)
+        assert rollup.digested == 0
+        return _totals(rollup)
+    finally:
+        os.rename(digests + "-aside", digests)
+
+
+def test_each_published_step_file_has_a_digest_and_the_rollup_reads_it_with_the_same_sums(tmp_path):
+    run = _published_run(tmp_path)
+    files = _step_files(run)
+    assert len(files) == 3
+    assert sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), files)) == files
+    rollup = Rollup(run)
+    assert rollup.chunk_steps == 2 and rollup.digested == 3
+    totals = _totals(rollup)
+    _same(totals, _from_rows(run))
+    # the sums are the rows': 120 steps per rank, 5 of them warm-up; rank 3 the slow one
+    assert [t[1] for t in totals] == [120] * 4 and [t[-1] for t in totals] == [5] * 4
+    assert max(totals, key=lambda t: t[3])[0] == 3
+    # a publish after the first build: the refresh folds its digest only
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(120, 160))
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    assert rollup.refresh() and rollup.digested == 4
+    assert [t[1] for t in _totals(rollup)] == [160] * 4
+    _same(_totals(rollup), _from_rows(run))
+
+
+def test_digests_are_kept_in_the_store_so_a_pruned_run_reads_them_too(tmp_path):
+    run = _published_run(tmp_path)
+    expected = _totals(Rollup(run))
+    result = ingest(run)
+    assert result.rows_by_kind["steps"] == 4 * 120
+    assert prune(run, older_than_s=0).files == 3
+    assert _step_files(run) == []
+    assert digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), ["x"]) == {}
+    assert not os.listdir(os.path.join(run, "steps", DIGEST_DIR, digest_key(chunk_steps_for(WORLD))))
+    rollup = Rollup(run)  # the store alone now
+    assert rollup.digested == 3
+    _same(_totals(rollup), expected)
+
+
+def test_a_digest_that_does_not_read_costs_speed_not_rows(tmp_path, caplog):
+    run = _published_run(tmp_path)
+    expected = _from_rows(run)
+    first = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
+    with open(first, "wb") as f:
+        f.write(b"not parquet")
+    with caplog.at_level(logging.WARNING, logger="ranksight"):
+        rollup = Rollup(run)
+    assert rollup.digested == 0  # the batch of digests is read as rows instead
+    assert any("digests" in r.getMessage() and "do not read" in r.getMessage() for r in caplog.records)
+    _same(_totals(rollup), expected)
+    # ingest keeps every row, and no digest of that batch; the rollup of the store reads the rows
+    with caplog.at_level(logging.WARNING, logger="ranksight"):
+        assert ingest(run).rows_by_kind["steps"] == 4 * 120
+    assert any("not kept in the store" in r.getMessage() for r in caplog.records)
+    prune(run, older_than_s=0)
+    rollup = Rollup(run)
+    assert rollup.digested == 0
+    _same(_totals(rollup), expected)
+
+
+def test_a_digest_of_another_definition_is_never_read(tmp_path):
+    run = _published_run(tmp_path)
+    other = Rollup(run, chunk_steps=5)  # another chunk size: another key, so the rows are read
+    assert other.digested == 0
+    by_rank = [(t[0], t[1], t[2]) for t in _totals(other)]
+    assert [(t[0], t[1]) for t in by_rank] == [(r, 120) for r in RANKS]
+    for (_, _, step_sum), expected in zip(by_rank, _totals(Rollup(run))):
+        assert math.isclose(step_sum, expected[2], rel_tol=1e-12)
+
+
+def test_a_publish_that_cannot_write_its_digest_still_publishes_every_row(tmp_path):
+    local, run = str(tmp_path / "local" / "run"), str(tmp_path / "runs" / "run")
+    os.makedirs(os.path.join(run, "steps"))
+    with open(os.path.join(run, "steps", DIGEST_DIR), "w") as f:  # where the digests' folder would go
+        f.write("in the way")
+    _write_steps(local, RANKS, range(40))
+    result = publish_node_spool(local, run, "nodeA")
+    assert result.rows == 4 * 40 and len(_step_files(run)) == 1
+    rollup = Rollup(run)
+    assert rollup.digested == 0 and [t[1] for t in _totals(rollup)] == [40] * 4
+
+
+def test_a_publisher_killed_between_digest_and_file_publishes_both_once(tmp_path):
+    """The digest is written first: a publisher killed before its file leaves a digest no reader reads (no
+    file lists it), and the next publish finishes the batch, digest and file, every row once."""
+    local, run = str(tmp_path / "local" / "run"), str(tmp_path / "runs" / "run")
+    os.makedirs(os.path.join(run, "ranks"))  # as the agents make it at start
+    _write_steps(local, RANKS, range(40))
+    batch = f"{1:020d}-abcdef"
+    batch_dir = os.path.join(local, BATCHES_DIR, batch)
+    assert _claim(local, batch_dir)
+    claimed = os.path.join(batch_dir, "steps")
+    table = pa.concat_tables([_read_segment(os.path.join(claimed, n)) for n in sorted(os.listdir(claimed))])
+    name = published_name("nodeA", batch)
+    write_digest(table, os.path.join(run, "steps"), name, _write_durably)  # ... and then the publisher died
+    assert _step_files(run) == [] and Rollup(run).digested == 0
+    publish_node_spool(local, run, "nodeA")
+    assert _step_files(run) == [name]
+    rollup = Rollup(run)
+    assert rollup.digested == 1 and [t[1] for t in _totals(rollup)] == [40] * 4
+    _same(_totals(rollup), _from_rows(run))
