@@ -46,6 +46,11 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     return names, rows
 
 
+def answering(con) -> bool:
+    """Whether ``query`` on ``con`` may take answers from a store (``open_run`` found them valid)."""
+    return _answer_from.get(con) is not None
+
+
 def answer_from(con, catalog: str | None) -> None:
     """Let ``query`` on ``con`` take answers from the store attached as ``catalog`` (None: never)."""
     if catalog is None:

@@ -6,9 +6,11 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
+from ranksight.digest import WARMUP_STEPS as DIGEST_WARMUP_STEPS
 from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES
 
 from ._answers import query
+from ._digest_source import covering_digests
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3
@@ -52,6 +54,9 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
+    digests = covering_digests(con) if warmup_steps == DIGEST_WARMUP_STEPS and since_ns is None else None
+    if digests is not None:
+        return _breakdown_from_digests(con, digests, warmup_steps)
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
     sql = f"""
         WITH {kept_steps_sql(steps_source(con, since_ns))}
@@ -64,6 +69,31 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
         FROM kept GROUP BY rank ORDER BY rank
     """
     names, rows = query(con, sql, [warmup_steps, warmup_steps])
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _breakdown_from_digests(con, digests: str, warmup_steps: int) -> list[dict]:
+    """``step_breakdown`` with its sums taken from the step digests that stand for every row (the node
+    spool's per-file sums, ``ranksight.digest``); only the two medians read the rows. The same figures:
+    a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no more rows than that
+    keeps them all, as the rows' query does."""
+    shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
+    sql = f"""
+        WITH {kept_steps_sql(steps_source(con, None))},
+             d AS (SELECT * FROM {digests}),
+             total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
+             sums AS (SELECT rank, any_value(node) AS node, sum(d.n) AS steps, sum(step_sum) / sum(d.n) AS step_mean_s,
+                             coalesce(sum(allreduce_sum), 0) / nullif(sum(step_sum), 0) AS allreduce_share,
+                             sum(data_wait_host_sum) / nullif(sum(step_sum), 0) AS data_wait_host_share,
+                             {shares}
+                      FROM d JOIN total USING (rank) WHERE NOT warm OR total.n <= ? GROUP BY rank),
+             medians AS (SELECT rank, median(period_s) AS step_median_s, median(compute_s) AS compute_median_s
+                         FROM kept GROUP BY rank)
+        SELECT rank, node, steps, step_median_s, step_mean_s, compute_median_s, allreduce_share,
+               data_wait_host_share, {", ".join(f"{p[:-2]}_share" for p in PHASES)}
+        FROM sums JOIN medians USING (rank) ORDER BY rank
+    """
+    names, rows = query(con, sql, [warmup_steps, warmup_steps, warmup_steps])
     return [dict(zip(names, row)) for row in rows]
 
 

@@ -18,6 +18,7 @@ import weakref
 from ranksight.schema import KINDS, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, answer_from
+from ._digest_source import note_digests
 from ._rundir import (
     NODE_STORES_DIR,
     SkippedFile,
@@ -88,6 +89,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     quiet = store_kinds is not None and _no_rank_writing(run_path)
     skipped: list[SkippedFile] = []
     store_alone = store_kinds is not None and not nodes  # every view the store's table alone, so far
+    steps_done = None
     for kind in KINDS:
         parts = []
         if store_kinds is not None and kind in store_kinds:
@@ -106,6 +108,8 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
                     )
                 parts.append(f"SELECT {select_list(con, f'{alias}.{kind}', kind)} FROM {alias}.{kind}{where}")
                 done = (done or set()) | set(held.get(kind, ()))
+        if kind == "steps":
+            steps_done = done
         spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool)
         skipped += left_out
         if spool:
@@ -119,6 +123,10 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     for item in skipped:
         warn_skipped(item)
     _skipped[con] = tuple(skipped)
+    if not nodes:  # rows of node stores have no digests: sums are read from the rows
+        pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()))
+        has_steps = store_kinds is not None and "steps" in store_kinds
+        note_digests(con, run_path, db_run, [os.path.basename(p) for p in pending], has_steps)
     # The answers ingest computed over the store's rows hold for views that read those rows alone.
     answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
     return con

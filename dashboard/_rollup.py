@@ -35,6 +35,7 @@ from ranksight.schema import KINDS
 
 log = logging.getLogger("ranksight")
 
+
 class Rollup:
     """An in-memory DuckDB database with the run's spool views plus the ``rollup`` table.
 

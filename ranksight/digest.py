@@ -24,7 +24,12 @@ DIGEST_DIR = ".digests"
 WARMUP_STEPS = 5
 """Leading steps per rank kept apart (compilation, allocator and bucket warm-up), as ``step_breakdown`` does."""
 
-SUMS: dict[str, str] = {**{p: PHASE_SQL[p] for p in PHASES}, "step_s": PERIOD_SQL, "allreduce_s": "allreduce_s"}
+SUMS: dict[str, str] = {
+    **{p: PHASE_SQL[p] for p in PHASES},
+    "step_s": PERIOD_SQL,
+    "allreduce_s": "allreduce_s",
+    "data_wait_host_s": "data_wait_s",  # the host's own wait (the phase above is what the GPU saw of it)
+}
 """Column -> SQL summed per digest row; ``step_sum`` is the step period, as in ``step_breakdown``."""
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -69,6 +74,23 @@ def digest_key(chunk_steps: int) -> str:
     """The name of one digest definition: the chunk size and a hash of the SQL and warm-up behind it."""
     text = f"{fold_sql('steps')}\nchunk={int(chunk_steps)}\nwarm={WARMUP_STEPS}"
     return f"c{int(chunk_steps)}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def digest_keys(steps_dir: str) -> list[str]:
+    """The digest definitions under ``steps_dir`` that match this code's (others are never read)."""
+    try:
+        names = os.listdir(os.path.join(steps_dir, DIGEST_DIR))
+    except OSError:
+        return []
+    return sorted(n for n in names if chunk_of_key(n) is not None)
+
+
+def chunk_of_key(key: str) -> int | None:
+    """The chunk size of a digest definition this code writes, None for any other (older or foreign) key."""
+    head = key.split("-", 1)[0]
+    if not (head.startswith("c") and head[1:].isdigit()):
+        return None
+    return int(head[1:]) if digest_key(int(head[1:])) == key else None
 
 
 def digest_folder(steps_dir: str, chunk_steps: int) -> str:
@@ -151,4 +173,3 @@ def remove_digests(steps_dir: str, name: str) -> None:
             os.remove(os.path.join(root, key, name))
         except OSError:
             pass
-

@@ -22,7 +22,8 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import ingest, prune
+from ranksight.collectors import ingest, open_run, prune, step_breakdown
+from ranksight.collectors._digest_source import covering_digests
 from ranksight.dashboard import Rollup
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
 
@@ -193,3 +194,60 @@ def test_a_publisher_killed_between_digest_and_file_publishes_both_once(tmp_path
     rollup = Rollup(run)
     assert rollup.digested == 1 and [t[1] for t in _totals(rollup)] == [40] * 4
     _same(_totals(rollup), _from_rows(run))
+
+
+def _breakdown(run: str) -> tuple[list[dict], bool]:
+    """``step_breakdown`` of the run as ``diagnose`` reads it, and whether digests stood for its rows."""
+    con = open_run(run, follow_spool=False)
+    try:
+        return step_breakdown(con), covering_digests(con) is not None
+    finally:
+        con.close()
+
+
+def _same_breakdown(a: list[dict], b: list[dict]) -> None:
+    assert [r["rank"] for r in a] == [r["rank"] for r in b] == list(RANKS)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], float):
+                assert math.isclose(x[k], y[k], rel_tol=1e-12), (k, x[k], y[k])
+            else:
+                assert x[k] == y[k], (k, x[k], y[k])
+
+
+def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equals_the_rows(tmp_path):
+    run = _published_run(tmp_path)
+    from_digests, used = _breakdown(run)
+    assert used
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    from_rows, used = _breakdown(run)
+    os.rename(digests + "-aside", digests)
+    assert not used
+    _same_breakdown(from_digests, from_rows)
+    assert [r["steps"] for r in from_digests] == [115] * 4  # 120 steps less the 5 of warm-up
+    assert from_digests[3]["compute_median_s"] > 1.4 * from_digests[0]["compute_median_s"]
+    # one file without its digest: the digests no longer stand for every row, and the rows are read
+    os.remove(sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0])
+    again, used = _breakdown(run)
+    assert not used
+    _same_breakdown(again, from_rows)
+
+
+def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tmp_path):
+    run = _published_run(tmp_path, publishes=2)
+    # a rank still running: the store gets no answers, and the next publish stays pending beside it
+    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:
+        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    ingest(run)
+    prune(run, older_than_s=0)
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    assert len(_step_files(run)) == 1  # one file pending, two segments in the store
+    mixed, used = _breakdown(run)
+    assert used
+    fresh = tmp_path / "fresh"
+    expected, used = _breakdown(_published_run(fresh))  # the same rows, all three files in the spool
+    assert used
+    _same_breakdown(mixed, expected)
