@@ -11,6 +11,7 @@ import math
 import os
 
 import pyarrow as pa
+import pytest
 
 from ranksight.agent._identity import Identity
 from ranksight.agent._node_spool import (
@@ -22,7 +23,7 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import ingest, open_run, prune, step_breakdown
+from ranksight.collectors import PHASES, ingest, open_run, prune, step_breakdown
 from ranksight.collectors._digest_source import covering_digests
 from ranksight.dashboard import Rollup
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
@@ -34,27 +35,38 @@ TOTALS = """SELECT rank, sum(n), sum(step_sum), sum(compute_sum), sum(data_wait_
             FROM rollup GROUP BY rank ORDER BY rank"""
 
 
-def _write_steps(local: str, ranks, steps: range) -> None:
-    """Step rows of ``ranks`` into a node-local spool, as the agents write them (rank 3 computes 1.5x longer)."""
+def _write_steps(local: str, ranks, steps: range, gpu: bool = False) -> None:
+    """Step rows of ``ranks`` into a node-local spool, as the agents write them (rank 3 computes 1.5x longer);
+    ``gpu``: with the GPU stream's columns too, as a CUDA rank's rows carry them (the phases then read those)."""
     for rank in ranks:
         w = SpoolWriter(local, Identity("digest", "run", "nodeA", rank, rank, WORLD, 1000 + rank))
         rows = []
         for s in steps:
             compute = 0.010 * (1.5 if rank == 3 else 1.0) * (1 + 0.1 * (s % 7))
-            wait, comm = 0.002 * (s % 3), 0.001 * ((s + rank) % 4)
-            rows.append(
-                {
-                    "step": s,
-                    "time_ns": 1_000_000 * s + rank,
-                    "step_s": wait + compute + comm + 0.001,
-                    "data_wait_s": wait,
-                    "compute_s": compute,
-                    "comm_exposed_s": comm,
-                    "allreduce_s": 3 * comm,
-                    "optimizer_s": 0.001,
-                    "other_s": 0.0,
-                }
-            )
+            wait, comm, blocked = 0.002 * (s % 3), 0.001 * ((s + rank) % 4), 0.0005 * (s % 2)
+            row = {
+                "step": s,
+                "time_ns": 1_000_000 * s + rank,
+                "step_s": wait + compute + comm + blocked + 0.001,
+                "data_wait_s": wait,
+                "compute_s": compute,
+                "comm_exposed_s": comm,
+                "allreduce_s": 3 * comm,
+                "optimizer_s": 0.001,
+                "other_s": 0.0,
+                "comm_blocked_s": blocked,
+            }
+            if gpu:  # the stream idles through half the loader wait; a metric all-reduce blocks it on odd steps
+                row.update(
+                    gpu_gap_s=wait / 2,
+                    gpu_compute_s=compute * 1.05,
+                    gpu_comm_exposed_s=comm * 1.2,
+                    gpu_optimizer_s=0.0012,
+                    gpu_comm_blocked_s=0.0007 * (s % 2),
+                    h2d_s=0.0003,
+                )
+                row["gpu_step_s"] = 0.0003 + compute * 1.05 + comm * 1.2 + 0.0012 + 0.0005  # and 0.5 ms of other
+            rows.append(row)
         w.write("steps", rows)
         os.makedirs(os.path.join(local, "ranks"), exist_ok=True)
         meta = {"rank": rank, "status": "finished", "heartbeat_ns": 1, "steps": len(steps), "world_size": WORLD}
@@ -62,12 +74,12 @@ def _write_steps(local: str, ranks, steps: range) -> None:
             json.dump(meta, f)
 
 
-def _published_run(tmp_path, publishes: int = 3) -> str:
+def _published_run(tmp_path, publishes: int = 3, gpu: bool = False) -> str:
     """A run folder filled by ``publishes`` node publishes of 40 steps each."""
     local, run = str(tmp_path / "local" / "run"), str(tmp_path / "runs" / "run")
     os.makedirs(run)
     for i in range(publishes):
-        _write_steps(local, RANKS, range(40 * i, 40 * (i + 1)))
+        _write_steps(local, RANKS, range(40 * i, 40 * (i + 1)), gpu)
         publish_node_spool(local, run, "nodeA")
     return run
 
@@ -216,8 +228,9 @@ def _same_breakdown(a: list[dict], b: list[dict]) -> None:
                 assert x[k] == y[k], (k, x[k], y[k])
 
 
-def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equals_the_rows(tmp_path):
-    run = _published_run(tmp_path)
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-rows", "gpu-rows"])
+def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equals_the_rows(tmp_path, gpu):
+    run = _published_run(tmp_path, gpu=gpu)
     from_digests, used = _breakdown(run)
     assert used
     digests = os.path.join(run, "steps", DIGEST_DIR)
@@ -228,6 +241,10 @@ def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equa
     _same_breakdown(from_digests, from_rows)
     assert [r["steps"] for r in from_digests] == [115] * 4  # 120 steps less the 5 of warm-up
     assert from_digests[3]["compute_median_s"] > 1.4 * from_digests[0]["compute_median_s"]
+    # on the GPU stream's clock where the rows have it: the period is the GPU's, the H2D copy is there
+    assert (from_digests[0]["h2d_share"] is not None) == gpu
+    for row in from_digests:
+        assert math.isclose(sum(row[f"{p[:-2]}_share"] or 0.0 for p in PHASES), 1.0, rel_tol=1e-9)
     # one file without its digest: the digests no longer stand for every row, and the rows are read
     os.remove(sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0])
     again, used = _breakdown(run)

@@ -331,3 +331,59 @@ def test_events_on_one_step_in_k(monitor):
     assert len(rows) == 24
     assert {s for s, r in rows.items() if r["gpu_step_s"] is not None} == set(range(0, 24, 4))
     assert all(rows[s]["gpu_gap_s"] is not None and rows[s]["gpu_compute_s"] is not None for s in range(4, 24, 4))
+
+
+def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tmp_path, monkeypatch):
+    """A CUDA rank with a node spool: its publisher (DuckDB, on the agent thread) writes each step file's
+    digest while the loop runs under sync debug mode "error"; the rollup folds the digests and the
+    breakdown taken from them equals the one from the rows, GPU columns included."""
+    import ranksight
+    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors._digest_source import covering_digests
+    from ranksight.dashboard import Rollup
+    from ranksight.digest import DIGEST_DIR
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    mon = ranksight.init(
+        run_dir=str(tmp_path / "runs"),
+        job="gpu-test",
+        run_id="nodespool",
+        flush_interval_s=0.3,
+        node_spool_dir=str(tmp_path / "local"),
+    )
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    _train(mon, model, opt, 2, x, y)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        deadline = time.monotonic() + 2.0  # several publishes (every 0.3 s here)
+        while time.monotonic() < deadline:
+            _train(mon, model, opt, 20, x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    mon.close()
+    assert mon.errors == {}
+    run = os.path.join(str(tmp_path / "runs"), "nodespool")
+    files = sorted(n for n in os.listdir(os.path.join(run, "steps")) if not n.startswith("."))
+    assert len(files) >= 3
+    rollup = Rollup(run)
+    assert rollup.digested == len(files)
+    con = open_run(run, follow_spool=False)
+    assert con.execute("SELECT count(gpu_step_s) FROM steps").fetchone()[0] > 0
+    from_digests = step_breakdown(con)
+    assert covering_digests(con) is not None
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    con = open_run(run, follow_spool=False)
+    from_rows = step_breakdown(con)
+    assert covering_digests(con) is None
+    assert from_digests[0].keys() == from_rows[0].keys()
+    for key, value in from_digests[0].items():
+        if isinstance(value, float):
+            assert value == pytest.approx(from_rows[0][key], rel=1e-9), key
+        else:
+            assert value == from_rows[0][key], key
