@@ -454,6 +454,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     import pyarrow.parquet as pq
 
     from ranksight.collectors import ingest, open_run, step_breakdown
+    from ranksight.digest import DIGEST_DIR
     from ranksight.rules import diagnose
 
     run_path = os.path.join(base, f"store-{'node' if per_node else 'rank'}-{ranks}x{steps}", "bench-run")
@@ -471,6 +472,18 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
 
     live_s, live = _timed(breakdown)
     diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+    # The same two with the node files' step digests set aside (as for files published without them).
+    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
+    has_digests = os.path.isdir(digests_dir)
+    if has_digests:
+        os.rename(digests_dir, digests_dir + "-aside")
+        live_rows_s, from_rows = _timed(breakdown)
+        diag_live_rows_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+        os.rename(digests_dir + "-aside", digests_dir)
+        for a, b in zip(live, from_rows):  # the same figures, sums added in another order
+            assert all(
+                math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) else a[k] == b[k] for k in a
+            ), (a, b)
     verdict_live = verdict_render_s(run_path) if browser else {}
     # DuckDB's floor for the breakdown: one GROUP BY over the same files.
     con = duckdb.connect()
@@ -522,10 +535,12 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
+        "breakdown_live_without_digests_s": live_rows_s if has_digests else None,
         "breakdown_store_s": store_s,
         "duckdb_groupby_files_s": floor_files_s,
         "duckdb_groupby_table_s": groupby_s,
         "diagnose_live_s": diag_live_s,
+        "diagnose_live_without_digests_s": diag_live_rows_s if has_digests else None,
         "diagnose_store_s": diag_store_s,
         "verdict_first_render_live_s": verdict_live.get("first"),
         "verdict_render_again_live_s": verdict_live.get("again"),

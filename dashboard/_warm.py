@@ -10,6 +10,9 @@ This module needs no Streamlit: the launcher fills it before Streamlit's runtime
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,8 +38,13 @@ class _Job:
     released: threading.Event = field(default_factory=threading.Event)
 
 
+EXIT_WAIT_S = 8.0
+"""At exit, how long a warm-up may take to finish its query (under the CLI's 10 s from SIGTERM to SIGKILL)."""
+
 _jobs: dict[str, _Job] = {}
 _lock = threading.Lock()
+_threads: list[threading.Thread] = []
+_stopping = threading.Event()
 
 
 def start(run_path: str, with_rollup: bool = True) -> None:
@@ -45,7 +53,32 @@ def start(run_path: str, with_rollup: bool = True) -> None:
         if run_path in _jobs:
             return
         job = _jobs[run_path] = _Job()
-    threading.Thread(target=_work, args=(run_path, job, with_rollup), name="ranksight-warm", daemon=True).start()
+        if not _threads:
+            atexit.register(_leave_duckdb_before_exit)
+        thread = threading.Thread(target=_work, args=(run_path, job, with_rollup), name="ranksight-warm", daemon=True)
+        _threads.append(thread)
+    thread.start()
+
+
+def _leave_duckdb_before_exit() -> None:
+    """At interpreter exit, let a warm-up still in a DuckDB query finish it before the interpreter stops it.
+
+    Why: the interpreter stops a daemon thread when it next takes the GIL, by unwinding its stack; a thread
+    inside a DuckDB call unwinds through C++ that may not be unwound, and the process aborts ("terminate
+    called ...", code -6): a server that was only told to stop (Ctrl-C, SIGTERM) would read as crashed. So
+    no new work starts, and the threads get ``EXIT_WAIT_S``; one still running then is left by ``os._exit``
+    (the stop was asked for: code 0).
+    """
+    _stopping.set()
+    for job in list(_jobs.values()):
+        job.released.set()  # a rollup build waiting for the landing page: it sees _stopping and skips
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_threads):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in _threads):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
@@ -67,11 +100,12 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
     except Exception:
         pass
     # After the diagnosis, not beside it, and once the landing page is drawn: on a small machine the two
-    # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows while
-    # the Verdict page's first render (2.5-3.3 s at a quiet moment) draws; see release().
+    # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows (1.2-1.3 s)
+    # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.14-0.33 s,
+    # docs/scale.md); see release().
     job.released.wait(HOLD_S)
     try:
-        if with_rollup:
+        if with_rollup and not _stopping.is_set():
             from ._rollup import Rollup
 
             job.rollup = Rollup(run_path)

@@ -1,9 +1,9 @@
 """Digests: a published step file's rows summed per (rank, chunk of steps), written once beside the file.
 
-Why: the dashboard's rollup sums every step row per (rank, chunk of steps); at 10,000 ranks x 1,000 steps
-its first build scanned 10 M rows (5-6 s on 2 cores, DuckDB's one GROUP BY over the same files 1.1-1.3 s).
-A file the node spool publishes never changes, and its publisher holds the file's rows in memory at that
-moment, so it sums them there (milliseconds: one node's rows of one interval) and writes the sums as a
+Why: the dashboard's rollup and the verdict's breakdown sum the phase expressions over every step row: at
+1,024 ranks x 10,000 steps, 1.2-1.3 s for the rollup's first build and most of the breakdown's 1.7 s on 2
+cores (docs/scale.md). A file the node spool publishes never changes, and its publisher holds the file's rows
+in memory at that moment, so it sums them there (~0.05 s for one node's 8,000 rows) and writes the sums as a
 small Parquet file, ``steps/.digests/<key>/<file name>``. A reader folds the digest instead of the rows.
 
 ``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.phases``), the
@@ -151,8 +151,9 @@ def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
     chunk_steps, digest = digest_of(table)
     folder = digest_folder(steps_dir, chunk_steps)
     os.makedirs(folder, exist_ok=True)
-    # Plain pages, no statistics: a digest is a few dozen rows, read whole, often by the thousand; its footer is
-    # most of its reading time (0.47-0.80 s against 0.38-0.48 s for 1,250 digests with DuckDB, docs/scale.md).
+    # Plain pages, no statistics: a digest is a few dozen rows, read whole, often by the thousand, and its
+    # footer is most of its reading time (DuckDB read 1,250 digests in 0.38-0.48 s so, 0.47-0.80 s with
+    # dictionaries, statistics and compression).
     write_durably(
         folder,
         name,
