@@ -13,13 +13,46 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from ._events import EV_GPU, EV_INFO
 from ._trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
 
 log = logging.getLogger("ranksight")
+
+_windows: weakref.WeakSet[TraceWindow] = weakref.WeakSet()  # this process's windows, for yield_to_user_profiler
+_hook_lock = threading.Lock()
+_hooked: list = []  # (class, its own _prepare_trace) once hooked
+
+
+def yield_to_user_profiler(torch: Any) -> None:
+    """Make a profiler the user starts stop this process's sampled windows first (hooked once per process).
+
+    Why: with a CUDA build of torch (2.11 on an H200), a Kineto profiler already prepared or running makes
+    the user's ``torch.profiler.profile()`` (or ``torch.autograd.profiler.profile()``) raise "Can't disable
+    Kineto profiler when it's not running" -- into their code. Their profile is what they asked for, ours a
+    sample: at their profiler's start (``profile._prepare_trace``, which both call) any window of ours that
+    is not idle is dropped, and the window then skips its turns while theirs runs (``_user_profiling``).
+    """
+    cls = getattr(getattr(torch.autograd, "profiler", None), "profile", None)
+    original = getattr(cls, "_prepare_trace", None)
+    if original is None:
+        return
+    with _hook_lock:
+        if _hooked:
+            return
+
+        def _prepare_trace(self, *args, **kwargs):
+            for window in list(_windows):
+                if window.state != window.IDLE:
+                    window.yield_to_user()
+            return original(self, *args, **kwargs)
+
+        cls._prepare_trace = _prepare_trace
+        _hooked.append((cls, original))
 
 
 def _kind_without_activity_type(e: Any, cpu: Any) -> Optional[str]:
@@ -121,6 +154,8 @@ class TraceWindow:
         self._config = ProfilerConfig(*args, experimental) if experimental is not None else ProfilerConfig(*args)
         self._rf_enter = torch.ops.profiler._record_function_enter_new
         self._rf_exit = torch.ops.profiler._record_function_exit._RecordFunction
+        _windows.add(self)
+        yield_to_user_profiler(torch)
 
     # ------------------------------------------------------------ training thread
     def due(self, step: int, now_ns: int) -> bool:
@@ -179,11 +214,14 @@ class TraceWindow:
         """Whether someone else's profiler runs (then this window skips its turn, and says so once)."""
         if not self._torch._C._autograd._profiler_enabled():
             return False
+        self._say_backing_off()
+        return True
+
+    def _say_backing_off(self) -> None:
         self._m._warn_once(
             "trace_window_backoff",
             "the profiler is already running (yours?): the sampled kernel-level window skips its turn",
         )
-        return True
 
     def _stop(self, step: int) -> None:
         from torch.autograd.profiler import _disable_profiler
@@ -200,6 +238,12 @@ class TraceWindow:
     def _schedule(self, step: int) -> None:
         self.next_step = step + self.every_steps
         self.next_ns = time.perf_counter_ns() + self.every_ns
+
+    def yield_to_user(self) -> None:
+        """A user's profiler is starting: drop this window (said once), so that theirs can start. The next
+        window stays due when it was (``_prepare`` scheduled it), and skips its turn while theirs runs."""
+        self._say_backing_off()
+        self.abort()
 
     def abort(self) -> None:
         """Stop a running profiler (agent switched off or closing); the partial window is dropped."""

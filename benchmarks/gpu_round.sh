@@ -23,7 +23,7 @@ fi
 export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The checkout's own ranksight/ folder (without agent/, collectors/...) would shadow the package from the
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
-rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests "$W/t/"
+rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests benchmarks "$W/t/"  # some tests load benchmarks/ scripts
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
 if has collectives; then
   for s in metrics fsdp2; do

@@ -387,3 +387,36 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
             assert value == pytest.approx(from_rows[0][key], rel=1e-9), key
         else:
             assert value == from_rows[0][key], key
+
+
+def test_a_profiler_the_user_starts_mid_window_runs_and_the_window_steps_aside(monitor):
+    """The user's ``torch.profiler.profile`` started inside a step the sampled window traces: on a CUDA build
+    of torch it raised "Can't disable Kineto profiler when it's not running"; now the window is dropped
+    first, the user's trace holds the GPU's kernels, and the agent records no error."""
+    mon = monitor(trace_first_step=3, trace_steps=2, trace_every_steps=10**6, trace_every_s=0)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    window = mon._gpu.window
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    theirs, state_at_start = None, None
+    for step in range(12):
+        with mon.step():
+            if step == 4:  # the window's first traced step (prepared at 3)
+                state_at_start = window.state
+                theirs = torch.profiler.profile(activities=activities)
+                theirs.__enter__()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if step == 7:
+            theirs.__exit__(None, None, None)
+    assert state_at_start == window.TRACING
+    assert window.state == window.IDLE and window.windows_done == 0
+    kernels = [e for e in theirs.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels  # the user's trace saw the GPU
+    mon.close()
+    assert mon.errors == {}
+    assert "trace_window_backoff" in mon._reporter.reported

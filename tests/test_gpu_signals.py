@@ -250,6 +250,26 @@ def test_trace_window_state_machine_on_cpu(monitor):
         assert w.state == w.IDLE and w._record is None  # backed off, nothing of ours left open
     assert monitor.errors == {}
 
+    # The user's profiler starting mid-window, inside a traced step: ours is dropped first, theirs records.
+    # (A CUDA build of torch raised "Can't disable Kineto profiler when it's not running" into their code.)
+    w.next_step = 0
+    w.begin(0)
+    w.begin(1)
+    assert w.state == w.TRACING and w._record is not None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
+        assert w.state == w.IDLE and w._record is None
+        model(x).sum().backward()
+    w.end(1)  # the step's end after theirs started: nothing of ours left to close
+    assert any(e.key.startswith("aten::") for e in theirs.key_averages())
+    w.next_step = 0
+    w.begin(0)
+    w.begin(1)
+    with torch.autograd.profiler.profile() as legacy:  # the older API starts the same way
+        model(x).sum()
+    assert w.state == w.IDLE and len(legacy.function_events) > 0
+    assert not torch._C._autograd._profiler_enabled()
+    assert w.windows_done == 2 and monitor.errors == {}
+
 
 def test_chrome_events_normalise_times_and_kinds(tmp_path):
     trace = {
