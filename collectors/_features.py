@@ -117,7 +117,8 @@ FEATURES: dict[str, str] = {
     "parameter_bytes": "Bytes of model parameters.",
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
     "gpu_busy_ratio": "Share of time a kernel ran: the sampled window's kernel_busy_ratio when a window exists "
-    "(exact, over traced steps), else NVML's gpu_utilization_ratio (1 s averages, so coarse in short runs).",
+    "(exact, over traced steps), else NVML's gpu_utilization_ratio once 5 of its samples (~5 s) came after "
+    "warm-up (1 s averages: a run's first seconds read start-up); else unknown.",
     "device_memory_bytes": "Total memory of the rank's GPU.",
     "model_state_bytes": "Weights + gradients + optimizer state (parameter_bytes x (2 + the optimizer's states per "
     "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
@@ -203,7 +204,7 @@ def compute_features(
     meta_by_rank = {m.rank: m.data for m in metas}
     stats = rank_step_stats(con, warmup_steps, since_ns)
     compile_counts = _compile_counts(con, warmup_steps, since_ns)
-    samples = _sample_values(con, warmup_steps, since_ns)
+    samples, steady = _sample_values(con, warmup_steps, since_ns)
     excess = recompile_excess(con, warmup_steps, since_ns)
     ranks = sorted(set(meta_by_rank) | {r["rank"] for r in rows})
     local_sizes = _ranks_per_node(meta_by_rank, rows)
@@ -219,7 +220,9 @@ def compute_features(
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
         f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
         busy = f["kernel_busy_ratio"]
-        f["gpu_busy_ratio"] = busy if busy is not None else f["gpu_utilization_ratio"]
+        if busy is None and steady.get((rank, "gpu_utilization_ratio"), 0) >= NVML_STEADY_SAMPLES:
+            busy = f["gpu_utilization_ratio"]
+        f["gpu_busy_ratio"] = busy
         if f.pop("_backend", None) == "nccl":
             # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
@@ -344,19 +347,33 @@ def _compile_counts(con, warmup_steps: int, since_ns: int | None) -> dict[int, d
     return out
 
 
-def _sample_values(con, warmup_steps: int, since_ns: int | None) -> dict[tuple[int, str], float]:
-    # After warm-up when there is anything there, else everything: a short or young run still says something.
+def _sample_values(
+    con, warmup_steps: int, since_ns: int | None
+) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], int]]:
+    """(value per (rank, sample name), how many samples of it came after warm-up).
+
+    The value is the median after warm-up when there is anything there, else of everything (a short or
+    young run still says something); a counter's latest value."""
     where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""
         SELECT rank, name,
                coalesce(median(value) FILTER (WHERE step >= ?), median(value)) AS typical,
-               arg_max(value, time_ns) AS latest
+               arg_max(value, time_ns) AS latest,
+               count(value) FILTER (WHERE step >= ?) AS steady
         FROM samples {where} GROUP BY rank, name
     """
-    out = {}
-    for rank, name, typical, latest in query(con, sql, [warmup_steps])[1]:
-        out[(rank, name)] = float(latest if name.endswith(_COUNTER_SUFFIX) else typical)
-    return out
+    values, steady = {}, {}
+    for rank, name, typical, latest, n in query(con, sql, [warmup_steps, warmup_steps])[1]:
+        values[(rank, name)] = float(latest if name.endswith(_COUNTER_SUFFIX) else typical)
+        steady[(rank, name)] = int(n or 0)
+    return values, steady
+
+
+NVML_STEADY_SAMPLES = 5
+"""NVML utilization samples after warm-up before ``gpu_busy_ratio`` falls back to them (without a sampled
+kernel window). Each averages up to a second, so in a run's first seconds they read start-up: on one H200,
+runs of 30 steps (1-2 s) of four healthy scripts read 0.25-0.50 and were called GPU-starved in 9 of 16
+(benchmarks/results/gpu_corpus_1gpu_h200_before.txt)."""
 
 
 def _flag(value):

@@ -204,14 +204,26 @@ def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
         assert "ranksight_comm_exposed_ratio" not in snap.gauges
 
 
-def test_gpu_busy_prefers_the_kernel_window_over_nvml(tmp_path):
+def test_gpu_busy_prefers_the_kernel_window_over_nvml_and_nvml_only_past_start_up(tmp_path):
     from ranksight.collectors import run_features
+    from ranksight.collectors._features import NVML_STEADY_SAMPLES
 
     path = _write_run(tmp_path, "busy", 1, GPU_BOUND)
     w = SpoolWriter(path, Identity("gpu-period", "busy", "n0", 0, 0, 1, 4000))
     now = time.time_ns()
-    w.write("samples", [{"time_ns": now, "step": 20, "name": "gpu_utilization_ratio", "value": 0.24}])
-    assert run_features(path)[0]["gpu_busy_ratio"] == 0.24  # no window yet: NVML
+
+    def nvml(steps):
+        rows = [{"time_ns": now + s, "step": s, "name": "gpu_utilization_ratio", "value": 0.24} for s in steps]
+        w.write("samples", rows)
+
+    nvml([1, 2, 3])  # start-up only: NVML's 1 s averages of a young run say nothing of its steady state
+    nvml(range(20, 20 + NVML_STEADY_SAMPLES - 1))
+    f = run_features(path)[0]
+    assert f["gpu_utilization_ratio"] == 0.24 and f["gpu_busy_ratio"] is None
+    assert "gpu-starved" not in {x["rule"] for x in diagnose(path)["findings"]}
+    nvml([30])  # enough seconds after warm-up: NVML stands in for the window
+    assert run_features(path)[0]["gpu_busy_ratio"] == 0.24
+    assert "gpu-starved" in {x["rule"] for x in diagnose(path)["findings"]}
     w.write("samples", [{"time_ns": now, "step": 20, "name": "kernel_busy_ratio", "value": 0.84}])
     assert run_features(path)[0]["gpu_busy_ratio"] == 0.84  # the window's exact share wins
 
