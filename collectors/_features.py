@@ -373,7 +373,7 @@ NVML_STEADY_SAMPLES = 5
 """NVML utilization samples after warm-up before ``gpu_busy_ratio`` falls back to them (without a sampled
 kernel window). Each averages up to a second, so in a run's first seconds they read start-up: on one H200,
 runs of 30 steps (1-2 s) of four healthy scripts read 0.25-0.50 and were called GPU-starved in 9 of 16
-(benchmarks/results/gpu_corpus_1gpu_h200_before.txt)."""
+(benchmarks/results/gpu_corpus_1gpu_h200_before.txt; none since, gpu_corpus_1gpu_h200.txt)."""
 
 
 def _flag(value):

@@ -10,13 +10,14 @@ Synthetic 32x32 images, nothing downloaded.
 
 ``--size gpu`` (implied by ``--device cuda``): the same three convolutions 256/512/512 channels wide at
 256 images a GPU, ~0.7 TFLOP a step in fp32 (TF32 convolutions, cuDNN's default): ~17 ms a step on an
-H200 (the CPU size is launch-bound on a GPU).
+H200 (the CPU size is launch-bound on a GPU), with 4 loader workers as a GPU script has them: in the main
+process the plain normalisation of 256 images alone was 30-34 % of the step there.
 
 Faults (``--fault``):
 
 - ``input``: per-image random crop + flip + colour jitter + normalisation in numpy in
   ``__getitem__`` (9 rounds on CPU, 1 at the GPU size: 3 rounds were 83 % of a 104 ms step on an
-  H200), with ``num_workers=0``.
+  H200), with ``num_workers=0`` (the fault: at the GPU size the other faults load with 4 workers).
 - ``straggler``: rank 1 also runs a second "consistency" pass of the convolutional trunk on a
   flipped copy of the batch (``if self.global_rank == 1``, a debug leftover): ~1/3 more work.
 - ``metric-collectives``: ``self.log_dict(..., on_step=True, sync_dist=True)`` of loss, accuracy,
@@ -85,16 +86,18 @@ class SyntheticImages(Dataset):
 
 
 class ImageDataModule(LightningDataModule):
-    def __init__(self, batch_size, n_items, augment, truth, augment_rounds=9):
+    def __init__(self, batch_size, n_items, augment, truth, augment_rounds=9, num_workers=0):
         super().__init__()
         self.batch_size, self.n_items, self.augment, self.truth = batch_size, n_items, augment, truth
         self.augment_rounds = augment_rounds
+        self.num_workers = num_workers
 
     def setup(self, stage):
         self.train_set = SyntheticImages(self.n_items, self.augment, self.truth, self.augment_rounds)
 
     def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=0)
+        workers = {"num_workers": self.num_workers, "persistent_workers": True} if self.num_workers else {}
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, **workers)
 
 
 class Net(nn.Module):
@@ -218,7 +221,12 @@ def main():
         truth=truth,
     )
     data = ImageDataModule(
-        batch, batch * args.devices * (args.steps + 2), fault == "input", truth, augment_rounds=augment_rounds
+        batch,
+        batch * args.devices * (args.steps + 2),
+        fault == "input",
+        truth,
+        augment_rounds=augment_rounds,
+        num_workers=4 if size == "gpu" and fault != "input" else 0,
     )
     strategy = "ddp_find_unused_parameters_true" if fault == "unused-params" else "ddp"
     trainer = Trainer(
