@@ -268,3 +268,19 @@ def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tm
     expected, used = _breakdown(_published_run(fresh))  # the same rows, all three files in the spool
     assert used
     _same_breakdown(mixed, expected)
+
+
+def test_a_rank_with_no_more_steps_than_the_warm_up_keeps_them_in_the_breakdown_from_digests(tmp_path):
+    run = _published_run(tmp_path, publishes=1)
+    _write_steps(str(tmp_path / "local" / "run"), [7], range(3))  # a rank that stopped after 3 steps
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    from_digests, used = _breakdown(run)
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    from_rows, _ = _breakdown(run)
+    assert used and [r["rank"] for r in from_digests] == [*RANKS, 7]
+    assert from_digests[-1]["steps"] == 3 and from_digests[0]["steps"] == 35
+    for x, y in zip(from_digests, from_rows):
+        for k in x:
+            same = math.isclose(x[k], y[k], rel_tol=1e-12) if isinstance(x[k], float) else x[k] == y[k]
+            assert same, (x["rank"], k, x[k], y[k])
