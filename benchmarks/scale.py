@@ -298,15 +298,6 @@ def prometheus_series() -> dict:
 # ------------------------------------------------------------------ store
 
 
-def glob_files(folder: str) -> list[str]:
-    return [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".parquet") and not n.startswith(".")]
-
-
-def _write_whole(directory: str, name: str, write) -> None:
-    with open(os.path.join(directory, name), "wb") as f:
-        write(f)
-
-
 def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: bool = True) -> tuple[int, int]:
     """Write ``ranks`` x ``steps`` step rows: one segment per rank (``store_bench``'s), or one file per node
     of 8 ranks with its digest, as the node spool publishes them; the last rank is 1.3x slower in compute."""
@@ -319,6 +310,7 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from ranksight.agent._node_spool import _write_durably
     from ranksight.digest import write_digest
     from ranksight.schema import arrow_schema
 
@@ -358,7 +350,7 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
         name = f"{node}_m{first:020d}-000000.parquet"
         table = pa.Table.from_arrays(arrays, schema=schema)
         if digests:  # as the node spool's publisher writes it, before the file
-            write_digest(table, os.path.join(run_path, "steps"), name, _write_whole)
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
         pq.write_table(table, os.path.join(run_path, "steps", name), compression="zstd")
         files += 1
         for r in members:
@@ -374,6 +366,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     import duckdb
     import pyarrow.parquet as pq
 
+    from ranksight.collectors import segment_files
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
     from ranksight.digest import DIGEST_DIR, digest_of
@@ -398,7 +391,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     for a, b in zip(rollup.cursor().execute(totals).fetchall(), from_rows.cursor().execute(totals).fetchall()):
         assert a[:2] == b[:2] and all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a[2:], b[2:])), (a, b)
     from_rows.close()
-    one_file = pq.read_table(sorted(glob_files(os.path.join(run_path, "steps")))[0])
+    one_file = pq.read_table(segment_files(run_path, "steps")[0])
     digest_s, _ = _timed(lambda: digest_of(one_file))
     con = rollup.cursor()
     order_s, order = _timed(lambda: q.rank_order(con, "mean compute (most first)"))
@@ -439,6 +432,24 @@ def verdict_render_s(run_path: str) -> dict[str, float]:
         return {visit: time_visit(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""]) for visit in ("first", "again")}
 
 
+ROLLUP_FIRST_BUILD = """
+import json, sys, time
+from ranksight.dashboard import Rollup
+t0 = time.perf_counter()
+rollup = Rollup(sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - t0, "digested": rollup.digested}))
+"""
+
+
+def rollup_first_build_s(run_path: str) -> dict:
+    """The dashboard rollup's first build of ``run_path`` in a fresh process (imports done first), as a new
+    dashboard server pays it: {"seconds", "digested"} (step files folded from their digests)."""
+    out = subprocess.run([sys.executable, "-c", ROLLUP_FIRST_BUILD, run_path], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _timed(fn, repeats: int = 3) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
@@ -453,7 +464,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     import duckdb
     import pyarrow.parquet as pq
 
-    from ranksight.collectors import ingest, open_run, step_breakdown
+    from ranksight.collectors import ingest, open_run, prune, step_breakdown
     from ranksight.digest import DIGEST_DIR
     from ranksight.rules import diagnose
 
@@ -475,10 +486,12 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     # The same two with the node files' step digests set aside (as for files published without them).
     digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
     has_digests = os.path.isdir(digests_dir)
+    rollup_live = rollup_first_build_s(run_path)
     if has_digests:
         os.rename(digests_dir, digests_dir + "-aside")
         live_rows_s, from_rows = _timed(breakdown)
         diag_live_rows_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+        rollup_live_rows = rollup_first_build_s(run_path)
         os.rename(digests_dir + "-aside", digests_dir)
         for a, b in zip(live, from_rows):  # the same figures, sums added in another order
             assert all(
@@ -520,6 +533,8 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     )
     fcon.close()
     del arrow_steps
+    prune(run_path, older_than_s=0)  # the store alone now, with the digests ingest kept
+    rollup_pruned = rollup_first_build_s(run_path)
     return {
         "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
         "ranks": ranks,
@@ -542,6 +557,13 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "diagnose_live_s": diag_live_s,
         "diagnose_live_without_digests_s": diag_live_rows_s if has_digests else None,
         "diagnose_store_s": diag_store_s,
+        # the dashboard's rollup, first build in a fresh process (footers unread), and the step files it folded
+        # from their digests: live, live with the digests set aside, and on the store after prune
+        "rollup_first_build_live_s": rollup_live["seconds"],
+        "rollup_live_digested_files": rollup_live["digested"],
+        "rollup_first_build_live_without_digests_s": rollup_live_rows["seconds"] if has_digests else None,
+        "rollup_first_build_pruned_store_s": rollup_pruned["seconds"],
+        "rollup_pruned_store_digested_files": rollup_pruned["digested"],
         "verdict_first_render_live_s": verdict_live.get("first"),
         "verdict_render_again_live_s": verdict_live.get("again"),
         "verdict_first_render_store_s": verdict_store.get("first"),

@@ -21,7 +21,7 @@ from ._rundir import (
     store_path,
     store_signature,
 )
-from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, read_rank_meta
+from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
 from ._spool_reader import open_run, skipped_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
 from ._tables import DIGESTS_TABLE, SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list, stored_digests
@@ -36,6 +36,7 @@ __all__ = [
     "check_run_dir",
     "list_runs",
     "open_run",
+    "rank_is_live",
     "read_rank_meta",
     "segment_columns",
     "segment_files",

@@ -63,7 +63,7 @@ class Rollup:
 
     def _world_size(self) -> int | None:
         """The job's world size from one step row: the first spool file's (one footer, one column chunk),
-        else the views' (a query over 1,250 files' views took 0.2 s of a 1 s first build)."""
+        else the views' (a query that opens every file of a big spool)."""
         files = segment_files(self.run_path, "steps")
         if files:
             try:
@@ -107,22 +107,25 @@ class Rollup:
 
     def _fold_digests(self, files: list[str]) -> list[str]:
         """Fold the files that have a digest under this rollup's definition from their digests; the files
-        left to read row by row. Digests that do not read are left out, with one warning: their files'
-        rows are read instead."""
-        steps_dir = os.path.join(self.run_path, "steps")
-        digests = digest_paths(steps_dir, self.chunk_steps, [os.path.basename(p) for p in files])
-        if not digests:
+        left to read row by row."""
+        names = [os.path.basename(p) for p in files]
+        digests = digest_paths(os.path.join(self.run_path, "steps"), self.chunk_steps, names)
+        if not self._insert_digests("read_parquet($paths)", {"paths": sorted(digests.values())}, len(digests)):
             return files
-        columns = ", ".join(c for c, _ in COLUMNS)
-        try:
-            self.con.execute(
-                f"INSERT INTO rollup SELECT {columns} FROM read_parquet($paths)", {"paths": sorted(digests.values())}
-            )
-        except duckdb.Error as exc:
-            log.warning("ranksight: step digests under %s do not read (%s); reading their files' rows", steps_dir, exc)
-            return files
-        self.digested += len(digests)
         return [p for p in files if os.path.basename(p) not in digests]
+
+    def _insert_digests(self, source: str, params: dict, count: int) -> bool:
+        """Add ``count`` step files' digest rows from ``source`` to the rollup; False (and one warning line)
+        when there are none or they do not read: then their files' rows are folded instead."""
+        if not count:
+            return False
+        try:
+            self.con.execute(f"INSERT INTO rollup SELECT {', '.join(c for c, _ in COLUMNS)} FROM {source}", params)
+        except duckdb.Error as exc:
+            log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
+            return False
+        self.digested += count
+        return True
 
     def _fold(self, source: str, params: dict, present: frozenset | None = None) -> None:
         # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
@@ -164,19 +167,9 @@ class Rollup:
         """Fold the digests the store kept for ``names``; the names folded (none when they do not read)."""
         key = digest_key(self.chunk_steps)
         digested = stored_digests(self.con, key) & names
-        if not digested:
+        source = f"{STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = $key AND {SEGMENT_COLUMN} IN (SELECT unnest($names))"
+        if not self._insert_digests(source, {"key": key, "names": sorted(digested)}, len(digested)):
             return set()
-        columns = ", ".join(c for c, _ in COLUMNS)
-        try:
-            self.con.execute(
-                f"INSERT INTO rollup SELECT {columns} FROM {STORE_ALIAS}.{DIGESTS_TABLE}"
-                f" WHERE key = $key AND {SEGMENT_COLUMN} IN (SELECT unnest($names))",
-                {"key": key, "names": sorted(digested)},
-            )
-        except duckdb.Error as exc:
-            log.warning("ranksight: the store's step digests do not read (%s); reading its rows", exc)
-            return set()
-        self.digested += len(digested)
         return digested
 
     def close(self) -> None:

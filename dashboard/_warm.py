@@ -100,8 +100,8 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
     except Exception:
         pass
     # After the diagnosis, not beside it, and once the landing page is drawn: on a small machine the two
-    # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows (1.2-1.3 s)
-    # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.14-0.33 s,
+    # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows (1.3 s)
+    # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.2-0.3 s,
     # docs/scale.md); see release().
     job.released.wait(HOLD_S)
     try:

@@ -1,7 +1,7 @@
 """Digests: a published step file's rows summed per (rank, chunk of steps), written once beside the file.
 
 Why: the dashboard's rollup and the verdict's breakdown sum the phase expressions over every step row: at
-1,024 ranks x 10,000 steps, 1.2-1.3 s for the rollup's first build and most of the breakdown's 1.7 s on 2
+1,024 ranks x 10,000 steps, 1.3 s for the rollup's first build and most of the breakdown's 1.4-2.1 s on 2
 cores (docs/scale.md). A file the node spool publishes never changes, and its publisher holds the file's rows
 in memory at that moment, so it sums them there (~0.05 s for one node's 8,000 rows) and writes the sums as a
 small Parquet file, ``steps/.digests/<key>/<file name>``. A reader folds the digest instead of the rows.
@@ -152,8 +152,7 @@ def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
     folder = digest_folder(steps_dir, chunk_steps)
     os.makedirs(folder, exist_ok=True)
     # Plain pages, no statistics: a digest is a few dozen rows, read whole, often by the thousand, and its
-    # footer is most of its reading time (DuckDB read 1,250 digests in 0.38-0.48 s so, 0.47-0.80 s with
-    # dictionaries, statistics and compression).
+    # footer (smaller so) is most of its reading time.
     write_durably(
         folder,
         name,

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _corpus_options import add_corpus_options
 from _truth import Truth
 from torch import nn
 from torch.distributed import destroy_process_group, init_process_group
@@ -244,14 +245,7 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="ddp-tutorial")
     parser.add_argument("--compile-backend", default="inductor")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
-    parser.add_argument(
-        "--dist-backend",
-        default=None,
-        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
-    )
-    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
+    add_corpus_options(parser)
     args = parser.parse_args()
     fault = args.fault
     size = args.size or ("gpu" if args.device == "cuda" else "cpu")

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from _corpus_options import add_corpus_options
 from _truth import Truth
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -212,14 +213,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start on CPU)")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
-    parser.add_argument(
-        "--dist-backend",
-        default=None,
-        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
-    )
-    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
+    add_corpus_options(parser)
     args = parser.parse_args()
     fault = args.fault
 

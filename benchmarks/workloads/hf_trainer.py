@@ -47,6 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import torch.distributed as dist
+from _corpus_options import add_corpus_options
 from _truth import Truth
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -155,14 +156,7 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="hf-trainer")
     parser.add_argument("--compile-backend", default="inductor")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
-    parser.add_argument(
-        "--dist-backend",
-        default=None,
-        help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
-    )
-    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
+    add_corpus_options(parser)
     args = parser.parse_args()
     fault = args.fault
     on_gpu = args.device == "cuda"

@@ -39,6 +39,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _corpus_options import add_corpus_options
 from _truth import Truth
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from torch import nn
@@ -193,9 +194,7 @@ def main():
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--job", default="lightning-trainer")
     parser.add_argument("--compile-backend", default="inductor")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
-    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
+    add_corpus_options(parser, dist_backend=False)
     args = parser.parse_args()
     fault = args.fault
     on_gpu = args.device == "cuda"

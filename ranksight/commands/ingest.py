@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import time
 
-from ranksight.collectors import FINAL_STATUSES, LOST_STATUS, PRUNE_AFTER_S, RunDirError, ingest, prune, read_rank_meta
+from ranksight.collectors import PRUNE_AFTER_S, RunDirError, ingest, prune, rank_is_live, read_rank_meta
 
 from ._errors import UserError
-
-_ENDED = (*FINAL_STATUSES, LOST_STATUS, "unknown")
-"""Rank statuses that write no more (a rank file that does not parse cannot keep ``--every`` going)."""
 
 
 def add_parser(sub):
@@ -79,9 +76,10 @@ def run(args) -> int:
 
 
 def _run_ended(run_dir: str) -> bool:
-    """Whether no rank of the run may write any more (each said its last word or went silent)."""
+    """Whether the run's ranks all stopped writing (the collectors' one liveness rule); a run with no rank
+    file yet has not started."""
     metas = read_rank_meta(run_dir)
-    return bool(metas) and all(m.status in _ENDED for m in metas)
+    return bool(metas) and not any(rank_is_live(m) for m in metas)
 
 
 def _once(args) -> None:
