@@ -173,6 +173,7 @@ class Assembler:
             "gpu_gap_s": None,
             "gpu_comm_exposed_s": None,
             "gpu_comm_blocked_s": None,
+            "gpu_data_idle_s": None,
             "gpu_optimizer_s": None,
             "cpu_s": cpu_ns * _NS if cpu_ns >= 0 else None,
         }

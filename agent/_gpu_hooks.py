@@ -20,6 +20,9 @@ GPU phases per step, on the stream the step ran on:
                         stream) held the step's stream: CUDA events around each call.
     gpu_optimizer_s     optimizer step → step end
     gpu_step_s          step begin → step end
+    gpu_data_idle_s     what the stream sat idle inside the step's ``mon.data()`` blocks (events around each):
+                        a fetch between forward and backward (nanoGPT's prefetch) stalls the stream inside
+                        compute; that idle is taken out of the phase it fell in and counted as data wait.
     gpu_gap_s      previous step's end → this step's begin: how long the GPU stream sat idle for the host
                    (data wait, work between steps). About 0 when the host had queued this step already,
                    so a host-side wait that cost nothing is told apart from one that starved the GPU.
@@ -43,6 +46,7 @@ log = logging.getLogger("ranksight")
 _NS = 1e-9
 _MAX_EVENTS = 4096  # bound on live CUDA events (pool + in flight); past it a mark is skipped
 _MAX_HELD_ROWS = 10_000  # bound on step rows waiting for the GPU; past it the oldest go out as they are
+_MAX_DATA_PAIRS = 64  # in-step mon.data() blocks bracketed per step (gradient accumulation fetches per micro-step)
 
 
 class GpuMarks:
@@ -67,6 +71,7 @@ class GpuMarks:
         self.events_on = True
         self.every = 1  # events on one step in this many (GpuOptions.events_every_steps)
         self.sampled = True  # whether the current step records its events
+        self._data_pairs = 0  # in-step data blocks bracketed in the current step
         self.window = None  # TraceWindow, when the sampled kernel-level window is on
 
     def _take(self) -> Optional[Any]:
@@ -94,6 +99,7 @@ class GpuMarks:
             self._step_stream = self._stream.cuda_stream
         on = self.sampled = self.every == 1 or step % self.every == 0
         self._fwd_marked = self._opt_marked = not on  # an unsampled step's hooks return at once
+        self._data_pairs = 0
         if on:
             self._mark(step, "b")
         w = self.window
@@ -166,6 +172,27 @@ class GpuMarks:
         self._record(end, self._stream)
         self._append((EV_GPU, step, ("c", begin, end)))
 
+    def data_begin(self) -> Optional[Any]:
+        """Entering an in-step ``mon.data()`` block: an event on the step's stream (None when events are off,
+        the step is not sampled, or the step already bracketed ``_MAX_DATA_PAIRS`` blocks)."""
+        if not (self.events_on and self.sampled) or self._stream is None or self._data_pairs >= _MAX_DATA_PAIRS:
+            return None
+        ev = self._take()
+        if ev is not None:
+            self._data_pairs += 1
+            self._record(ev, self._stream)
+        return ev
+
+    def data_end(self, step: int, begin: Any) -> None:
+        """Leaving the block: on the GPU the pair spans only the idle the host's wait caused (the stream
+        reaches the first event after the work queued before it, the second once the host recorded it)."""
+        end = self._take()
+        if end is None:
+            self._pool.append(begin)
+            return
+        self._record(end, self._stream)
+        self._append((EV_GPU, step, ("k", begin, end)))
+
     def bucket_done(self, step: int) -> None:
         """The last bucket's all-reduce callback: runs on a stream that waits for the collective (a CUDA
         future's callbacks do), so this event completes when the all-reduce has on the GPU. Kind ``q``:
@@ -216,8 +243,8 @@ class GpuResolver:
             if payload[0] == "w":
                 self.windows.append(payload)
                 continue
-            if payload[0] == "c":
-                pending.setdefault(step, {}).setdefault("c", []).append(payload[1:])
+            if payload[0] in ("c", "k"):  # pairs: a collective's hold on the stream, an in-step data fetch
+                pending.setdefault(step, {}).setdefault(payload[0], []).append(payload[1:])
                 continue
             slot = pending.setdefault(step, {})
             old = slot.get(payload[0])
@@ -253,7 +280,7 @@ class GpuResolver:
         return ready
 
     def _release(self, marks: dict) -> None:
-        pairs = marks.pop("c", ())
+        pairs = [*marks.pop("c", ()), *marks.pop("k", ())]
         self._marks.release([ev for pair in pairs for ev in pair])
         self._marks.release(marks.values())
 
@@ -301,11 +328,11 @@ class GpuResolver:
         f, r, d, o, q = marks.get("f"), marks.get("r"), marks.get("d"), marks.get("o"), marks.get("q")
         r_ms = at(r) if r is not None else None
         o_ms = at(o) if o is not None else None
+        compute_end_ms = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
         if f is not None:
             f_ms = at(f)
             row["h2d_s"] = f_ms * 1e-3
-            compute_end = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
-            row["gpu_compute_s"] = max(0.0, compute_end - f_ms) * 1e-3
+            row["gpu_compute_s"] = max(0.0, compute_end_ms - f_ms) * 1e-3
         # "q": the last bucket's all-reduce done (gloo's per-bucket hook, on a stream that waits for it);
         # "d", on NCCL: backward's end after DDP made the step's stream wait for every bucket.
         done_ms = at(d) if d is not None else at(q) if q is not None and q.query() else None
@@ -317,7 +344,33 @@ class GpuResolver:
             row["gpu_comm_blocked_s"] = sum(max(0.0, el(a, z)) for a, z in pairs) * 1e-3
         if o_ms is not None:
             row["gpu_optimizer_s"] = max(0.0, end_ms - o_ms) * 1e-3
+        fetches = marks.get("k")
+        if fetches:
+            self._take_out_data_idle(row, fetches, at, f_ms if f is not None else None, compute_end_ms, o_ms)
         self.resolved_total += 1
+
+    def _take_out_data_idle(self, row: dict, fetches: list, at, f_ms, compute_end_ms, o_ms) -> None:
+        """Move the stream's idle inside in-step data fetches out of the GPU phase each fell in (by where
+        the fetch began on the stream) into ``gpu_data_idle_s``. A fetch outside every bounded phase (after
+        backward, no optimizer mark) was in the period's remainder, which shrinks by itself."""
+        el = self._elapsed
+        total = 0.0
+        for a, z in fetches:
+            idle = max(0.0, el(a, z)) * 1e-3
+            if not idle:
+                continue
+            total += idle
+            start = at(a)
+            if f_ms is not None and start < f_ms:
+                phase = "h2d_s"
+            elif f_ms is not None and start < compute_end_ms:
+                phase = "gpu_compute_s"
+            elif o_ms is not None and start >= o_ms:
+                phase = "gpu_optimizer_s"
+            else:
+                continue
+            row[phase] = max(0.0, row[phase] - idle)
+        row["gpu_data_idle_s"] = total
 
 
 class TraceSampler:

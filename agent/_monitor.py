@@ -115,21 +115,37 @@ class _DataContext:
     loop) it also moves the step's start back to the fetch, as a wrapped loader's wait does.
     """
 
-    __slots__ = ("_m", "_begin_ns")
+    __slots__ = ("_m", "_begin_ns", "_gpu_begin", "_gpu_step")
 
     def __init__(self, monitor: Monitor) -> None:
         self._m = monitor
         self._begin_ns = 0
+        self._gpu_begin = None  # on a GPU rank, inside a step: the event the block's GPU idle is timed from
+        self._gpu_step = 0
 
     def __enter__(self) -> _DataContext:
         m = self._m
         if m._active:
             self._begin_ns = m._clock()
+            if m._in_step and m._gpu is not None:
+                try:
+                    self._gpu_begin = m._gpu.data_begin()
+                    self._gpu_step = m._step
+                except Exception as exc:
+                    m._gpu = None
+                    m._fail("gpu", exc)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         m = self._m
         begin = self._begin_ns
+        gpu_begin, self._gpu_begin = self._gpu_begin, None
+        if gpu_begin is not None and m._gpu is not None:
+            try:
+                m._gpu.data_end(self._gpu_step, gpu_begin)
+            except Exception as exc:
+                m._gpu = None
+                m._fail("gpu", exc)
         if begin and m._active:
             self._begin_ns = 0
             if not m._data_measured:

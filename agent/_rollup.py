@@ -204,7 +204,8 @@ def _on_step_clock(row: dict) -> tuple:
     wait = row.get("data_wait_s")
     gap = row.get("gpu_gap_s")
     gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
-    exposed_wait = min(wait, gap) if _finite(wait) else None
+    idle = _num(row, "gpu_data_idle_s")  # in-step fetches the GPU idled for (already out of their phase)
+    exposed_wait = min(wait, gap + idle) if _finite(wait) else None
     period = gap + gpu_step
     # The GPU's marks do not leave the blocked collectives out of compute or the optimizer span: they are
     # carved out of the remainder, then the optimizer, then compute, as PHASE_SQL does.

@@ -41,7 +41,8 @@ FEATURES: dict[str, str] = {
     "run_time_s": "Sum of the step periods after warm-up.",
     "compute_median_s": "Median forward+backward time (GPU time when every rank has it, else host time).",
     "data_wait_share": "Share of the step period the data loader cost: host wait for a batch, on a GPU rank only "
-    "the part during which the GPU stream sat idle (gpu_gap_s). Absent when the rank never measured it.",
+    "the part during which the GPU stream sat idle (gpu_gap_s before the step, gpu_data_idle_s inside it). Absent when "
+    "the rank never measured it.",
     "data_wait_share_noise": "Uncertainty of the data wait share: the standard error of its per-step mean.",
     "data_wait_host_share": "Share of the step period the host waited for the data loader, hidden or not.",
     "data_measured": "1 when this rank measured its data wait (wrapped loader or mon.data() marks), else 0.",

@@ -18,6 +18,7 @@ LATE_STEP_COLUMNS: dict[str, str] = {
     "collectives": "BIGINT",
     "collective_bytes": "BIGINT",
     "cpu_s": "DOUBLE",  # schema 4
+    "gpu_data_idle_s": "DOUBLE",  # schema 5
 }
 """Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
 

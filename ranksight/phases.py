@@ -25,10 +25,14 @@ def _phase(gpu: str, cpu: str) -> str:
     return f"CASE WHEN {_ON_GPU} THEN {gpu} ELSE {cpu} END"
 
 
-# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle before
-# the step (gpu_gap_s); the rest was hidden behind queued work. NULL data_wait_s means "not measured"
-# (no wrapped loader, no mon.data() marks), and stays NULL: a share of 0 would claim the input is fine.
-_EXPOSED_WAIT = f"CASE WHEN data_wait_s IS NULL THEN NULL ELSE least(data_wait_s, {_GPU_GAP}) END"
+# The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle for it,
+# before the step (gpu_gap_s) or inside it (gpu_data_idle_s: a prefetch between forward and backward,
+# whose idle the agent already took out of the GPU phase it fell in); the rest was hidden behind queued
+# work. NULL data_wait_s means "not measured" (no wrapped loader, no mon.data() marks), and stays NULL:
+# a share of 0 would claim the input is fine.
+_EXPOSED_WAIT = (
+    f"CASE WHEN data_wait_s IS NULL THEN NULL ELSE least(data_wait_s, {_GPU_GAP} + coalesce(gpu_data_idle_s, 0)) END"
+)
 
 GRAD_COMM_SQL = _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)")
 """DDP's exposed gradient all-reduce of one step row. With NCCL the host's all-reduce futures complete

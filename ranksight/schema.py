@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``; 3 added ``steps.comm_blocked_s``,
 ``collectives``, ``collective_bytes``, ``gpu_comm_blocked_s`` and the ``collectives`` kind, and made a NULL
-``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``. Readers give NULL for a column an older
-segment or store lacks."""
+``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``; 5 added ``steps.gpu_data_idle_s``. Readers give
+NULL for a column an older segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -89,6 +89,12 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "gpu_comm_blocked_s",
         "float64",
         "Time those collectives held the step's GPU stream (CUDA events around each call; GPU only).",
+    ),
+    Column(
+        "gpu_data_idle_s",
+        "float64",
+        "GPU stream idle inside the step's mon.data() blocks (CUDA events around each): the part of an in-step "
+        "fetch (a prefetch between forward and backward) that starved the GPU. GPU only; NULL without such blocks.",
     ),
     Column(
         "cpu_s",

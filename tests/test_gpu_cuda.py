@@ -227,6 +227,48 @@ def test_gpu_gap_tells_a_hidden_loader_wait_from_a_starving_one(monitor):
     assert gap < 0.0005  # the host had queued the next step already: the wait cost the GPU nothing
 
 
+def test_a_fetch_between_forward_and_backward_is_data_wait_not_gpu_compute(monitor):
+    """nanoGPT's loop fetches the next batch after forward, before backward: the stream idles inside
+    compute. Its idle is data wait (the breakdown's data share), and compute is the GPU work alone; a
+    fetch the GPU was busy through costs nothing."""
+    import statistics
+
+    from ranksight.collectors import open_run, step_breakdown
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def run(mon, wait_s, matmuls):
+        model = torch.nn.Linear(4096, 4096, bias=False).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+        mon.watch(model, opt)
+        for _ in range(16):
+            with mon.step():
+                out = model(a)
+                for _ in range(matmuls):
+                    out = model(out) * 1e-3
+                with mon.data():
+                    time.sleep(wait_s)  # get_batch() on the host
+                out.sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        mon.close()
+        rows = [r for r in _read(mon.run_path, "steps") if r["step"] >= 3]
+        assert len([r for r in rows if r["gpu_data_idle_s"] is not None]) >= 10, rows
+        idle = statistics.median(r["gpu_data_idle_s"] for r in rows if r["gpu_data_idle_s"] is not None)
+        compute = statistics.median(r["gpu_compute_s"] for r in rows if r["gpu_compute_s"] is not None)
+        (share,) = [b["data_wait_share"] for b in step_breakdown(open_run(mon.run_path))]
+        return idle, compute, share
+
+    idle, compute, share = run(monitor(trace_first_step=10**9), 0.03, 0)  # 30 ms wait after one matmul
+    assert 0.02 <= idle <= 0.036
+    assert compute < 0.015  # forward and backward's three matmuls; the wait is not compute any more
+    assert share > 0.6
+    idle, compute, share = run(monitor(trace_first_step=10**9), 0.002, 60)  # 2 ms behind ~100 ms of matmuls
+    assert idle < 0.001  # the stream was busy with queued work the whole time
+    assert share < 0.05
+
+
 def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, monkeypatch):
     """One-rank NCCL DDP: exposed all-reduce is timed on the GPU (gpu_comm_exposed_s: end of backward to the end
     of DDP's wait for its buckets), with no per-bucket Python hook (NCCL completes host futures at enqueue)."""

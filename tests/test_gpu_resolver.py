@@ -34,7 +34,15 @@ def _marks(step: int, begin_ms: float, end_ms: float, clock: dict) -> list:
 
 
 def _row(step: int) -> dict:
-    gpu = ("gpu_step_s", "gpu_gap_s", "h2d_s", "gpu_compute_s", "gpu_comm_exposed_s", "gpu_optimizer_s")
+    gpu = (
+        "gpu_step_s",
+        "gpu_gap_s",
+        "h2d_s",
+        "gpu_compute_s",
+        "gpu_comm_exposed_s",
+        "gpu_optimizer_s",
+        "gpu_data_idle_s",
+    )
     return {"step": step, "step_s": 0.01, **dict.fromkeys(gpu)}
 
 
@@ -74,6 +82,27 @@ def test_ddp_marks_give_exposed_comm_and_optimizer_on_the_gpu_clock():
     marks = _marks(1, 40, 60, clock) + [(None, 1, (k, _StreamEvent(ms, clock))) for k, ms in (("r", 50), ("d", 70))]
     (row,) = res(marks, [_row(1)], final=False)
     assert round(row["gpu_comm_exposed_s"] * 1e3, 6) == 10.0
+
+
+def test_in_step_fetches_move_their_gpu_idle_out_of_the_phase_they_fell_in():
+    """A nanoGPT-style prefetch between forward and backward stalls the stream inside compute: its idle
+    (the span between the fetch's two events) leaves compute and is reported as ``gpu_data_idle_s``.
+    One before forward leaves the copy span, one after the optimizer mark the optimizer span."""
+    clock = {"gpu_ms": 1000.0}
+    pool = _Pool()
+    res = GpuResolver(pool, max_hold_s=60)
+    ev = lambda ms: _StreamEvent(ms, clock)  # noqa: E731
+    # begin 0, fetch 0.5-2.5 (before forward), forward 3, fetch 10-40 (after forward), last bucket 60,
+    # optimizer 61, fetch 62-64 (inside the optimizer span), end 70; a fetch the GPU was busy through is 0.
+    marks = _marks(0, 0, 70, clock) + [(None, 0, (k, ev(ms))) for k, ms in (("f", 3), ("r", 60), ("o", 61))]
+    marks += [(None, 0, ("k", ev(a), ev(z))) for a, z in ((0.5, 2.5), (10, 40), (20, 20), (62, 64))]
+    (row,) = res(marks, [_row(0)], final=False)
+    got = {k: round(row[k] * 1e3, 6) for k in ("h2d_s", "gpu_compute_s", "gpu_optimizer_s", "gpu_data_idle_s")}
+    assert got == {"h2d_s": 1.0, "gpu_compute_s": 27.0, "gpu_optimizer_s": 7.0, "gpu_data_idle_s": 34.0}
+    assert len(pool.released) == 12  # b, f, r, o and the fetches' 8 events back in the pool; e kept for step 1
+    # Without fetches the column stays NULL (not measured), never 0.
+    (row,) = res(_marks(1, 80, 90, clock), [_row(1)], final=False)
+    assert row["gpu_data_idle_s"] is None
 
 
 def test_a_row_held_too_long_or_at_close_goes_out_without_gpu_columns():
