@@ -127,7 +127,10 @@ class GpuMarks:
             self._mark(self._m._step, "f")
 
     def optimizer(self) -> None:
-        if not self._opt_marked and self._m._in_step:
+        """The optimizer's start, once per step and only after forward: under ``optimizer.step(closure)``
+        the pre-hook fires before the closure runs forward and backward, which are not the optimizer's
+        (the framework's own "before optimizer step" callback marks it then, through the monitor)."""
+        if not self._opt_marked and self._fwd_marked and self._m._in_step:
             self._opt_marked = True
             self._mark(self._m._step, "o")
 

@@ -359,9 +359,19 @@ class Monitor:
             self._fwd_ns = self._clock()
 
     def optimizer_begin(self) -> None:
-        """Mark ``optimizer.step()`` starting in the open step (``watch(optimizer=)`` does this itself)."""
+        """Mark ``optimizer.step()`` starting in the open step (``watch(optimizer=)`` does this itself).
+
+        On a GPU rank it marks the stream too: a framework that runs forward and backward inside
+        ``optimizer.step(closure)`` (Lightning) calls this after the closure, where the optimizer's own
+        pre-hook fired before forward and was not taken as the optimizer's start."""
         if self._in_step:
             self._opt_begin_ns = self._clock()
+            if self._gpu is not None:
+                try:
+                    self._gpu.optimizer()
+                except Exception as exc:
+                    self._gpu = None
+                    self._fail("gpu", exc)
 
     def optimizer_end(self) -> bool:
         """Mark ``optimizer.step()`` done; False (and ignored) without a matching :meth:`optimizer_begin`."""

@@ -269,6 +269,39 @@ def test_a_fetch_between_forward_and_backward_is_data_wait_not_gpu_compute(monit
     assert share < 0.05
 
 
+def test_a_closure_optimizer_step_keeps_forward_and_backward_out_of_the_optimizer_span(monitor):
+    """Lightning runs forward and backward inside ``optimizer.step(closure)``: the optimizer's pre-hook
+    fires before forward. Its start is the framework's "before optimizer step" callback
+    (``mon.optimizer_begin()``), so the GPU phases do not count forward and backward twice."""
+    from ranksight.collectors import open_run, step_breakdown
+
+    mon = monitor(trace_first_step=10**9)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    mon.watch(model)  # no optimizer given, as the Lightning callback does
+    x = torch.randn(512, 2048, device="cuda")
+    for _ in range(16):
+        with mon.step():
+
+            def closure():
+                loss = model(x).square().mean()
+                loss.backward()
+                mon.optimizer_begin()  # Lightning's on_before_optimizer_step, after the closure's backward
+                return loss
+
+            opt.step(closure)
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    mon.close()
+    rows = [r for r in _read(mon.run_path, "steps") if r["step"] >= 3 and r["gpu_optimizer_s"] is not None]
+    assert len(rows) >= 10
+    for r in rows:
+        assert r["gpu_optimizer_s"] < r["gpu_compute_s"], r  # an SGD update, not forward + backward
+        assert r["gpu_compute_s"] + r["gpu_optimizer_s"] <= r["gpu_step_s"] * 1.001, r
+    (b,) = step_breakdown(open_run(mon.run_path))
+    assert b["compute_share"] > b["optimizer_share"]
+
+
 def test_ddp_over_nccl_gets_gpu_comm_and_optimizer_columns(monitor, tmp_path, monkeypatch):
     """One-rank NCCL DDP: exposed all-reduce is timed on the GPU (gpu_comm_exposed_s: end of backward to the end
     of DDP's wait for its buckets), with no per-bucket Python hook (NCCL completes host futures at enqueue)."""
