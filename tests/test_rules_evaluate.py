@@ -284,6 +284,11 @@ def test_memory_imbalance_names_the_heavy_rank(ruleset):
         f for f in evaluate(ruleset.rules, frame(r0=light, r1=light, r2=heavy)) if f["rule"] == "memory-imbalance"
     )
     assert hit["ranks"] == [2] and hit["severity"] == "critical"
+    # With most of the device free the imbalance limits nothing: the allocator's own variation.
+    roomy = {r: {**f, "memory_headroom_ratio": 0.9} for r, f in (("r0", light), ("r1", light), ("r2", heavy))}
+    assert "memory-imbalance" not in rules_of(evaluate(ruleset.rules, frame(**roomy)))
+    tight = {r: {**f, "memory_headroom_ratio": 0.2} for r, f in (("r0", light), ("r1", light), ("r2", heavy))}
+    assert "memory-imbalance" in rules_of(evaluate(ruleset.rules, frame(**tight)))
 
 
 def test_checklist_is_na_on_cpu_and_judges_the_worst_rank(ruleset):
