@@ -12,6 +12,7 @@ traceback (docs/reliability.md).
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import hashlib
 import json
@@ -386,24 +387,35 @@ def _footer_problem(path: str, kind: str) -> str | frozenset:
         raise
     except (OSError, pa.ArrowException, ValueError) as exc:
         return f"not a readable Parquet file ({first_line(exc)})"
+    problem, nullable_identity = _schema_problem(kind, schema)
+    if problem is not None:
+        return problem
+    with_nulls = _columns_with_nulls(path, list(nullable_identity)) if nullable_identity else []
+    if with_nulls:
+        return f"rows without their identity (NULL in {', '.join(with_nulls)})"
+    return frozenset(schema.names)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(kind: str, schema) -> tuple[str | None, tuple[str, ...]]:
+    """(what is wrong with a ``kind`` segment of this Arrow schema, or None; its nullable identity columns).
+
+    A pure function of the schema, kept per process: a spool's files share a handful of schemas, so each
+    is judged once rather than column by column in Python for every one of a big spool's files."""
     fields = {f.name: f for f in schema}
     columns = {c.name: c for c in KINDS[kind]}
     missing = [name for name, c in columns.items() if not c.nullable and name not in fields]
     if missing:
-        return f"not a {kind} segment: no column {', '.join(missing)}"
+        return f"not a {kind} segment: no column {', '.join(missing)}", ()
     for name, f in fields.items():
         family = _family(f.type)
         wanted = columns.get(name)
         if wanted is None:
             if family not in _READABLE_FAMILIES:
-                return f"column {name} has type {f.type}, which ranksight does not read"
+                return f"column {name} has type {f.type}, which ranksight does not read", ()
         elif family not in _ALLOWED_TYPES[wanted.type] and not (family == "null" and wanted.nullable):
-            return f"column {name} has type {f.type}, expected {wanted.type}"
-    nullable_identity = [c.name for c in IDENTITY if fields[c.name].nullable]
-    with_nulls = _columns_with_nulls(path, nullable_identity) if nullable_identity else []
-    if with_nulls:
-        return f"rows without their identity (NULL in {', '.join(with_nulls)})"
-    return frozenset(fields)
+            return f"column {name} has type {f.type}, expected {wanted.type}", ()
+    return None, tuple(c.name for c in IDENTITY if fields[c.name].nullable)
 
 
 _MAGIC = b"PAR1"
