@@ -174,6 +174,7 @@ class Assembler:
             "gpu_comm_exposed_s": None,
             "gpu_comm_blocked_s": None,
             "gpu_data_idle_s": None,
+            "data_wait_in_step_s": max(0, data_ns) * _NS if data_wait is not None else None,
             "gpu_optimizer_s": None,
             "cpu_s": cpu_ns * _NS if cpu_ns >= 0 else None,
         }

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ._config import GpuOptions
 from ._events import EV_GPU, EV_INFO
@@ -187,8 +187,9 @@ class GpuMarks:
         return ev
 
     def data_end(self, step: int, begin: Any) -> None:
-        """Leaving the block: on the GPU the pair spans only the idle the host's wait caused (the stream
-        reaches the first event after the work queued before it, the second once the host recorded it)."""
+        """Leaving the block: on the GPU the pair spans the idle the host's wait caused (the stream reaches
+        the first event after the work queued before it, the second once the host recorded it), plus any
+        GPU work the block itself queued (its copies: ``.to(device)`` belongs after the block)."""
         end = self._take()
         if end is None:
             self._pool.append(begin)
@@ -332,8 +333,8 @@ class GpuResolver:
         r_ms = at(r) if r is not None else None
         o_ms = at(o) if o is not None else None
         compute_end_ms = r_ms if r_ms is not None else o_ms if o_ms is not None else end_ms
-        if f is not None:
-            f_ms = at(f)
+        f_ms = at(f) if f is not None else None
+        if f_ms is not None:
             row["h2d_s"] = f_ms * 1e-3
             row["gpu_compute_s"] = max(0.0, compute_end_ms - f_ms) * 1e-3
         # "q": the last bucket's all-reduce done (gloo's per-bucket hook, on a stream that waits for it);
@@ -349,13 +350,22 @@ class GpuResolver:
             row["gpu_optimizer_s"] = max(0.0, end_ms - o_ms) * 1e-3
         fetches = marks.get("k")
         if fetches:
-            self._take_out_data_idle(row, fetches, at, f_ms if f is not None else None, compute_end_ms, o_ms)
+            self._take_out_data_idle(row, fetches, at, f_ms, compute_end_ms, o_ms)
         self.resolved_total += 1
 
-    def _take_out_data_idle(self, row: dict, fetches: list, at, f_ms, compute_end_ms, o_ms) -> None:
-        """Move the stream's idle inside in-step data fetches out of the GPU phase each fell in (by where
+    def _take_out_data_idle(
+        self,
+        row: dict,
+        fetches: list,
+        at: Callable[[Any], float],
+        f_ms: Optional[float],
+        compute_end_ms: float,
+        o_ms: Optional[float],
+    ) -> None:
+        """Move the stream's time inside in-step data fetches out of the GPU phase each fell in (by where
         the fetch began on the stream) into ``gpu_data_idle_s``. A fetch outside every bounded phase (after
-        backward, no optimizer mark) was in the period's remainder, which shrinks by itself."""
+        backward, no optimizer mark) was in the period's remainder, which shrinks by itself. Offsets are ms
+        from the step's begin event (``at``)."""
         el = self._elapsed
         total = 0.0
         for a, z in fetches:

@@ -112,20 +112,24 @@ class _DataContext:
     """The reusable context manager that ``Monitor.data()`` returns: time inside it is data wait.
 
     Inside a step it adds to that step's data wait; before a step opens (a fetch at the top of the
-    loop) it also moves the step's start back to the fetch, as a wrapped loader's wait does.
+    loop) it also moves the step's start back to the fetch, as a wrapped loader's wait does. On a GPU
+    rank a block inside a step is also bracketed with two CUDA events: the stream's time between them
+    is what the fetch cost the GPU (``gpu_data_idle_s``).
     """
 
-    __slots__ = ("_m", "_begin_ns", "_gpu_begin", "_gpu_step")
+    __slots__ = ("_m", "_begin_ns", "_gpu_begin", "_gpu_step", "_depth")
 
     def __init__(self, monitor: Monitor) -> None:
         self._m = monitor
         self._begin_ns = 0
         self._gpu_begin = None  # on a GPU rank, inside a step: the event the block's GPU idle is timed from
         self._gpu_step = 0
+        self._depth = 0  # blocks open: one nested in another (a marked get_batch in a marked loop) is the outer's
 
     def __enter__(self) -> _DataContext:
         m = self._m
-        if m._active:
+        self._depth += 1
+        if self._depth == 1 and m._active:
             self._begin_ns = m._clock()
             if m._in_step and m._gpu is not None:
                 try:
@@ -138,6 +142,9 @@ class _DataContext:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         m = self._m
+        self._depth = max(0, self._depth - 1)
+        if self._depth:
+            return False  # an inner block: the outer one times the whole fetch
         begin = self._begin_ns
         gpu_begin, self._gpu_begin = self._gpu_begin, None
         if gpu_begin is not None and m._gpu is not None:

@@ -177,6 +177,16 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _exposed_wait(wait, gap: float, idle, in_step) -> float | None:
+    """The data wait that starved the GPU, as ``ranksight.phases`` defines it: the wait before the step
+    against the idle gap, the wait inside it against what its mon.data() blocks cost the stream."""
+    if not _finite(wait):
+        return None
+    if not (_finite(idle) and _finite(in_step)):
+        return min(wait, gap)
+    return min(max(wait - in_step, 0.0), gap) + min(in_step, idle)
+
+
 def _num(row: dict, *names: str) -> float:
     """The first finite value among ``names`` (coalesce), else 0."""
     for name in names:
@@ -204,8 +214,7 @@ def _on_step_clock(row: dict) -> tuple:
     wait = row.get("data_wait_s")
     gap = row.get("gpu_gap_s")
     gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
-    idle = _num(row, "gpu_data_idle_s")  # in-step fetches the GPU idled for (already out of their phase)
-    exposed_wait = min(wait, gap + idle) if _finite(wait) else None
+    exposed_wait = _exposed_wait(wait, gap, row.get("gpu_data_idle_s"), row.get("data_wait_in_step_s"))
     period = gap + gpu_step
     # The GPU's marks do not leave the blocked collectives out of compute or the optimizer span: they are
     # carved out of the remainder, then the optimizer, then compute, as PHASE_SQL does.

@@ -19,6 +19,7 @@ LATE_STEP_COLUMNS: dict[str, str] = {
     "collective_bytes": "BIGINT",
     "cpu_s": "DOUBLE",  # schema 4
     "gpu_data_idle_s": "DOUBLE",  # schema 5
+    "data_wait_in_step_s": "DOUBLE",
 }
 """Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
 

@@ -25,8 +25,12 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ranksight.schema import IDENTITY, KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STORE_NAME = "store.duckdb"
 LOCK_NAME = ".store.lock"
@@ -397,7 +401,7 @@ def _footer_problem(path: str, kind: str) -> str | frozenset:
 
 
 @functools.lru_cache(maxsize=256)
-def _schema_problem(kind: str, schema) -> tuple[str | None, tuple[str, ...]]:
+def _schema_problem(kind: str, schema: pa.Schema) -> tuple[str | None, tuple[str, ...]]:
     """(what is wrong with a ``kind`` segment of this Arrow schema, or None; its nullable identity columns).
 
     A pure function of the schema, kept per process: a spool's files share a handful of schemas, so each

@@ -26,12 +26,18 @@ def _phase(gpu: str, cpu: str) -> str:
 
 
 # The data wait that starved the GPU: a host wait costs the GPU only what its stream sat idle for it,
-# before the step (gpu_gap_s) or inside it (gpu_data_idle_s: a prefetch between forward and backward,
-# whose idle the agent already took out of the GPU phase it fell in); the rest was hidden behind queued
-# work. NULL data_wait_s means "not measured" (no wrapped loader, no mon.data() marks), and stays NULL:
-# a share of 0 would claim the input is fine.
+# the wait before the step at most the idle gap before it (gpu_gap_s), the wait inside it at most what
+# its mon.data() blocks cost the stream (gpu_data_idle_s, a prefetch between forward and backward,
+# already taken out of the GPU phase it fell in); the rest was hidden behind queued work. A gap before
+# the step caused by something else (logging) never counts an in-step wait as exposed. Rows without
+# the in-step columns (older agents, no in-step blocks) judge the whole wait against the gap. NULL
+# data_wait_s means "not measured" (no wrapped loader, no mon.data() marks), and stays NULL: a share of
+# 0 would claim the input is fine.
 _EXPOSED_WAIT = (
-    f"CASE WHEN data_wait_s IS NULL THEN NULL ELSE least(data_wait_s, {_GPU_GAP} + coalesce(gpu_data_idle_s, 0)) END"
+    "CASE WHEN data_wait_s IS NULL THEN NULL"
+    f" WHEN gpu_data_idle_s IS NULL OR data_wait_in_step_s IS NULL THEN least(data_wait_s, {_GPU_GAP})"
+    f" ELSE least(greatest(data_wait_s - data_wait_in_step_s, 0), {_GPU_GAP})"
+    " + least(data_wait_in_step_s, gpu_data_idle_s) END"
 )
 
 GRAD_COMM_SQL = _phase("coalesce(gpu_comm_exposed_s, comm_exposed_s, 0)", "coalesce(comm_exposed_s, 0)")

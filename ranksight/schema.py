@@ -15,8 +15,8 @@ from dataclasses import dataclass
 SCHEMA_VERSION = 5
 """2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``; 3 added ``steps.comm_blocked_s``,
 ``collectives``, ``collective_bytes``, ``gpu_comm_blocked_s`` and the ``collectives`` kind, and made a NULL
-``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``; 5 added ``steps.gpu_data_idle_s``. Readers give
-NULL for a column an older segment or store lacks."""
+``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``; 5 added ``steps.gpu_data_idle_s`` and
+``data_wait_in_step_s``. Readers give NULL for a column an older segment or store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -91,10 +91,17 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "Time those collectives held the step's GPU stream (CUDA events around each call; GPU only).",
     ),
     Column(
+        "data_wait_in_step_s",
+        "float64",
+        "The part of data_wait_s spent inside the step (mon.data() blocks after the step opened, e.g. a prefetch "
+        "between forward and backward); the rest came before it. NULL when the data wait is not measured.",
+    ),
+    Column(
         "gpu_data_idle_s",
         "float64",
-        "GPU stream idle inside the step's mon.data() blocks (CUDA events around each): the part of an in-step "
-        "fetch (a prefetch between forward and backward) that starved the GPU. GPU only; NULL without such blocks.",
+        "GPU stream time inside the step's mon.data() blocks (CUDA events around each): what an in-step fetch "
+        "(a prefetch between forward and backward) cost the GPU, its idle plus any GPU work the block queued "
+        "(keep .to(device) after the block). GPU only; NULL without such blocks.",
     ),
     Column(
         "cpu_s",

@@ -156,6 +156,24 @@ def single_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
 
 
+def test_a_marked_fetch_nested_in_another_counts_once_and_whole(tmp_path, single_process):
+    """mon.data() around a get_batch() that marks itself too: the outer block times the whole fetch
+    (an inner exit used to end it early and drop the outer's time)."""
+    import time
+
+    mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="nested", flush_interval_s=0.2)
+    for _ in range(3):
+        with mon.step():
+            with mon.data():
+                time.sleep(0.02)
+                with mon.data():  # the helper's own mark
+                    time.sleep(0.02)
+            time.sleep(0.005)
+    mon.close()
+    waits = [r[0] for r in open_run(str(tmp_path / "nested")).execute("SELECT data_wait_s FROM steps").fetchall()]
+    assert len(waits) == 3 and all(0.04 <= w < 0.1 for w in waits), waits
+
+
 def test_single_process_run_records_phases(tmp_path, single_process):
     mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="r1", flush_interval_s=0.2)
     _tiny_training(mon, steps=6)

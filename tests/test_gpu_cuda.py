@@ -38,10 +38,13 @@ def _read(run_path, kind):
     return rows
 
 
-def _train(mon, model, opt, steps, x, y):
+def _train(mon, model, opt, steps, x, y, fetch=False):
     for _ in range(steps):
         with mon.step():
             loss = torch.nn.functional.mse_loss(model(x), y)
+            if fetch:  # a nanoGPT-style prefetch between forward and backward: the in-step data events
+                with mon.data():
+                    x = x + 0
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -85,7 +88,7 @@ def test_monitored_steps_never_sync_the_device(monitor):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _train(mon, model, opt, 30, x, y)  # two windows: steps 3-4 and ~15-16
+        _train(mon, model, opt, 30, x, y, fetch=True)  # two windows: steps 3-4 and ~15-16
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
@@ -100,6 +103,7 @@ def test_monitored_steps_never_sync_the_device(monitor):
         assert r["gpu_step_s"] > 0
         assert 0 <= r["h2d_s"] <= r["gpu_step_s"] * 1.01
         assert 0 < r["gpu_compute_s"] <= r["gpu_step_s"] * 1.01
+    assert sum(r["gpu_data_idle_s"] is not None for r in resolved) >= 28 - 2  # the 2 warm-up steps fetch nothing
     names = {s["name"] for s in _read(mon.run_path, "samples")}
     assert {"kernel_busy_ratio", "idle_ratio", "kernels_per_step", "memory_reserved_bytes"} <= names
 

@@ -112,6 +112,22 @@ NCCL_METRICS = {
     "buckets": 4,
     "bucket_bytes": 100 << 20,
 }
+# nanoGPT: the next batch is fetched between forward and backward, 30 ms on the host, inside the step;
+# the stream idles 28 ms of it (the agent took that out of gpu_compute_s), nothing before the step.
+PREFETCH_STARVED = {
+    "host": {"step_s": 42 * MS, "data_wait_s": 30 * MS, "data_wait_in_step_s": 30 * MS, "compute_s": 10 * MS,
+             "optimizer_s": 0.5 * MS},
+    "gpu": {"gpu_gap_s": 0.01 * MS, "gpu_step_s": 40 * MS, "h2d_s": 0.1 * MS, "gpu_compute_s": 11 * MS,
+            "gpu_optimizer_s": 0.5 * MS, "gpu_data_idle_s": 28 * MS},
+}  # fmt: skip
+# The same prefetch hidden behind queued kernels (the stream never waited), while logging between
+# steps leaves the stream idle 5 ms before each step: that gap is not the input's.
+PREFETCH_HIDDEN_LOGGING_GAP = {
+    "host": {"step_s": 50 * MS, "data_wait_s": 20 * MS, "data_wait_in_step_s": 20 * MS, "compute_s": 25 * MS,
+             "optimizer_s": 0.5 * MS},
+    "gpu": {"gpu_gap_s": 5 * MS, "gpu_step_s": 50 * MS, "h2d_s": 0.1 * MS, "gpu_compute_s": 49 * MS,
+            "gpu_optimizer_s": 0.5 * MS, "gpu_data_idle_s": 0.01 * MS},
+}  # fmt: skip
 # A CPU rank (no GPU columns) with a metric all_reduce + barrier: 4 ms of a 30 ms step held.
 CPU_METRICS = {
     "host": {"step_s": 30 * MS, "data_wait_s": 2 * MS, "compute_s": 20 * MS, "comm_exposed_s": 1 * MS,
@@ -120,7 +136,11 @@ CPU_METRICS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("shape", [GPU_BOUND, STARVED, NCCL_EXPOSED], ids=["gpu-bound", "starved", "nccl"])
+@pytest.mark.parametrize(
+    "shape",
+    [GPU_BOUND, STARVED, NCCL_EXPOSED, PREFETCH_STARVED, PREFETCH_HIDDEN_LOGGING_GAP],
+    ids=["gpu-bound", "starved", "nccl", "prefetch-starved", "prefetch-hidden"],
+)
 def test_phases_add_up_to_the_gpu_period_and_rollup_agrees(tmp_path, shape):
     path = _write_run(tmp_path, "run", 2, shape)
     rows = step_breakdown(open_run(path))
@@ -149,6 +169,19 @@ def test_an_exposed_loader_wait_is_input_bound(tmp_path):
     assert row["data_wait_share"] == pytest.approx(0.75, abs=0.03)
     first = diagnose(path)["findings"][0]
     assert (first["axis"], first["rule"], first["severity"]) == ("data_pipeline", "input-bound", "critical")
+
+
+def test_a_prefetch_inside_the_step_counts_what_it_cost_the_stream(tmp_path):
+    path = _write_run(tmp_path, "prefetch", 2, PREFETCH_STARVED)
+    row = step_breakdown(open_run(path))[0]
+    assert row["data_wait_share"] == pytest.approx(28 / 40, rel=0.05)
+    first = diagnose(path)["findings"][0]
+    assert (first["rule"], first["severity"]) == ("input-bound", "critical")
+    # Hidden behind queued kernels, it costs nothing, and a logging gap before the step is not the input's.
+    path = _write_run(tmp_path, "hidden", 2, PREFETCH_HIDDEN_LOGGING_GAP)
+    row = step_breakdown(open_run(path))[0]
+    assert row["data_wait_share"] < 0.001
+    assert row["other_share"] == pytest.approx(5 / 55, rel=0.1)
 
 
 def test_exposed_allreduce_under_nccl_is_read_on_the_gpu(tmp_path):
@@ -183,8 +216,8 @@ def test_a_store_from_before_the_gpu_columns_is_read_and_migrated(tmp_path):
 
 @pytest.mark.parametrize(
     "shape",
-    [GPU_BOUND, STARVED, NCCL_EXPOSED, NCCL_METRICS, CPU_METRICS],
-    ids=["gpu-bound", "starved", "nccl", "nccl-metrics", "cpu-metrics"],
+    [GPU_BOUND, STARVED, NCCL_EXPOSED, NCCL_METRICS, CPU_METRICS, PREFETCH_STARVED, PREFETCH_HIDDEN_LOGGING_GAP],
+    ids=["gpu-bound", "starved", "nccl", "nccl-metrics", "cpu-metrics", "prefetch-starved", "prefetch-hidden"],
 )
 def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
     """What Prometheus and OTLP export (the agent's rollup) agrees with the stored breakdown."""
