@@ -664,6 +664,24 @@ def describe_device(launch: Launch) -> tuple:
     return words, record
 
 
+def source_digest(root: str = REPO) -> str:
+    """A hash of the package's source files (``.py``, ``.yaml``) under ``root``: names the code that ran even
+    where the checkout's last commit does not (a copy of a working tree, as the GPU machines get)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder in sorted(set(PACKAGE_DIRS.values())):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                if name.endswith((".py", ".yaml")):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as fh:
+                        h.update(hashlib.sha256(fh.read()).digest())
+    return h.hexdigest()
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
@@ -737,6 +755,7 @@ def main(argv: Optional[list] = None) -> int:
     ]
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     commit = _git_commit()  # at the start: others may commit while the corpus runs
+    source_hash = source_digest()
     src, source = None, f"installed package (live working tree {REPO})"
     if args.snapshot != "none":
         src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
@@ -767,8 +786,8 @@ def main(argv: Optional[list] = None) -> int:
     finally:
         summary = score(results)
         header = (
-            f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, {platform.node()}, "
-            f"{os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
+            f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, source {source_hash[:12]}, "
+            f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
         )
         text = report_text(results, summary, header)
@@ -787,6 +806,7 @@ def main(argv: Optional[list] = None) -> int:
                 ),
                 "started": started,
                 "commit": commit,
+                "source_digest": source_hash,
                 "ranksight_source": source,
                 "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
                 "device": device_record,
