@@ -66,8 +66,10 @@ FEATURES: dict[str, str] = {
     "comm_floor_share_noise": "Uncertainty of comm_floor_share: the standard error of its per-step mean.",
     "comm_floor_to_compute": "comm_floor_share over the median rank's compute share.",
     "comm_floor_s": "Mean per-step exposed gradient all-reduce of the rank that waited least, seconds.",
-    "comm_blocked_floor_share": "Blocking collectives' own cost: per step, the blocked time of the rank that was "
-    "blocked least, over the period (copied to every rank); absent when not timed.",
+    "comm_blocked_floor_share": "Blocking collectives' own cost: per step, the least total wait at collectives "
+    "across ranks less the least exposed gradient all-reduce (the blocked time every rank paid, including the "
+    "jitter extra sync points make each rank pay in turn), over the period (copied to every rank); absent when "
+    "not timed.",
     "comm_blocked_floor_share_noise": "Uncertainty of comm_blocked_floor_share from its per-step spread.",
     "collectives_per_step": "Median blocking collectives per step (outside DDP's buckets).",
     "collective_bytes_per_step": "Median bytes of those collectives per step.",

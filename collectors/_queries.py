@@ -158,7 +158,8 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     A collective ends on every rank at about the same time, so per step the rank that waited least
     (exposed gradient all-reduce plus blocked collectives, on the GPU's clock where measured) arrived
     last: the others waited for it. Its own wait is what the collectives cost by themselves (the
-    *floor*); how much longer the next-least-waiting rank waited is what that last arrival cost the
+    *floor*: DDP's share is the least exposed all-reduce, the blocking collectives' share the rest of
+    that least total wait); how much longer the next-least-waiting rank waited is what that last arrival cost the
     step (fixing it gives that back, not more: the next rank is then the last). Returns the floors'
     shares of the period sum with their per-step spread, the imbalance share, and per rank the share
     of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
@@ -222,8 +223,11 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
         "grad_floor_share": sum(r[2] for r in rows) / total,
         "grad_floor_noise": mean_error([r[2] / r[1] for r in rows]),
         "grad_floor_s": sum(r[2] for r in rows) / len(rows),
-        "blocked_floor_share": sum(r[3] for r in rows) / total if timed else None,
-        "blocked_floor_noise": mean_error([r[3] / r[1] for r in rows]) if timed else None,
+        # What every rank waited beyond DDP's own floor: the blocking collectives' own time, and, when the
+        # ranks take turns at being late, the jitter each extra sync point makes every rank pay (one rank
+        # waits in a barrier, the other later in DDP's all-reduce). At least the blocked floor by itself.
+        "blocked_floor_share": sum(r[5] - r[2] for r in rows) / total if timed else None,
+        "blocked_floor_noise": mean_error([(r[5] - r[2]) / r[1] for r in rows]) if timed else None,
         "imbalance_share": sum(gap for gap, _ in gaps) / total,
         "per_rank": per_rank,
     }

@@ -184,6 +184,43 @@ def test_a_prefetch_inside_the_step_counts_what_it_cost_the_stream(tmp_path):
     assert row["other_share"] == pytest.approx(5 / 55, rel=0.1)
 
 
+def _write_ranks(root, name: str, shapes: list[dict]) -> str:
+    """One run whose ranks have shapes of their own (who waits where differs by rank)."""
+    path = os.path.join(str(root), name)
+    for rank, shape in enumerate(shapes):
+        ident = Identity("gpu-period", name, "n0", rank, rank, len(shapes), 4000 + rank)
+        w = SpoolWriter(path, ident)
+        w.write("steps", _rows(shape))
+        meta = {**ident.labels(), "status": "finished", "heartbeat_ns": time.time_ns(), "steps": STEPS}
+        meta["model"] = {"devices": ["cuda:0"], "parameter_bytes": 10**8, "class": "Net"}
+        meta["ddp"] = {"backend": "nccl", "find_unused_parameters": False, "bucket_cap_bytes": 25 << 20}
+        w.write_meta(meta)
+    return path
+
+
+def _waiting(exposed_ms: float, blocked_ms: float) -> dict:
+    host = {**NCCL_EXPOSED["host"], "comm_blocked_s": blocked_ms * MS}
+    gpu = {**NCCL_EXPOSED["gpu"], "gpu_comm_exposed_s": exposed_ms * MS, "gpu_comm_blocked_s": blocked_ms * MS}
+    gpu["gpu_compute_s"] = 30 * MS - exposed_ms * MS - blocked_ms * MS - 0.7 * MS
+    return {"host": host, "gpu": gpu, "buckets": 4, "bucket_bytes": 100 << 20}
+
+
+def test_blocking_collectives_cost_what_every_rank_waits_beyond_ddp(tmp_path):
+    """Metric collectives whose waits alternate between ranks (HF on 2 H200s: rank 1 waited in the
+    barriers, rank 0 later in DDP's all-reduce): every rank waited 8.5 ms or more a step, 2 ms of it
+    DDP's own floor, so the blocking collectives cost 6.5 ms, not the 1.9 ms least blocked time."""
+    from ranksight.collectors import run_features
+
+    path = _write_ranks(tmp_path, "turns", [_waiting(6.6, 1.9), _waiting(2.0, 7.2)])
+    f = run_features(path)[0]
+    assert f["comm_floor_share"] == pytest.approx(2.0 / 30, rel=0.05)
+    assert f["comm_blocked_floor_share"] == pytest.approx(6.5 / 30, rel=0.05)
+    # One rank always last: the floor is its own blocked time, as the least blocked time was.
+    path = _write_ranks(tmp_path, "late", [_waiting(6.0, 5.0), _waiting(1.0, 0.5)])
+    f = run_features(path)[0]
+    assert f["comm_blocked_floor_share"] == pytest.approx(0.5 / 30, rel=0.05)
+
+
 def test_exposed_allreduce_under_nccl_is_read_on_the_gpu(tmp_path):
     path = _write_run(tmp_path, "nccl", 2, NCCL_EXPOSED, backend="nccl")
     row = step_breakdown(open_run(path))[0]
