@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One validation round on a machine with 2 GPUs (NCCL): the agent's overhead on DDP, collective timing
 # against torch.profiler, the demo's sync faults, and the CUDA tests. Work happens in $WORK; the JSON
-# results and the run folders (packed in runs.tgz, for diagnosis elsewhere) are copied to $OUT.
+# results and the run folders (packed in runs.tgz, for diagnosis elsewhere; the tests' own under pytest/)
+# are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
 # PARTS picks what runs (default all): overhead collectives demo tests. PAIRS_ARGS passes options to
@@ -43,9 +44,11 @@ if has demo; then
   cp "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
 fi
 if has tests; then
-  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider ${ROUND_TESTS:-tests/test_gpu_cuda.py \
+  # --basetemp keeps each test's run folders under $W (packed into runs.tgz below), so a verdict a GPU
+  # test disagreed with can be re-diagnosed here after the machine is gone.
+  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider --basetemp "$W/pytest" ${ROUND_TESTS:-tests/test_gpu_cuda.py \
     tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
-RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs 2>/dev/null)
+RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs pytest 2>/dev/null)
 [ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"
