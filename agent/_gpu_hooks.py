@@ -161,41 +161,44 @@ class GpuMarks:
             or self._current_stream().cuda_stream != self._step_stream
         ):
             return None
-        ev = self._take()
-        if ev is not None:
-            self._record(ev, self._stream)
-        return ev
+        return self._open_pair()
 
     def collective_end(self, step: int, begin: Any) -> None:
         """After the call returned: the pair measures how long the call held the current stream."""
-        end = self._take()
-        if end is None:
-            self._pool.append(begin)
-            return
-        self._record(end, self._stream)
-        self._append((EV_GPU, step, ("c", begin, end)))
+        self._close_pair(step, begin, "c")
 
     def data_begin(self) -> Optional[Any]:
         """Entering an in-step ``mon.data()`` block: an event on the step's stream (None when events are off,
         the step is not sampled, or the step already bracketed ``_MAX_DATA_PAIRS`` blocks)."""
         if not (self.events_on and self.sampled) or self._stream is None or self._data_pairs >= _MAX_DATA_PAIRS:
             return None
-        ev = self._take()
+        ev = self._open_pair()
         if ev is not None:
             self._data_pairs += 1
-            self._record(ev, self._stream)
         return ev
 
     def data_end(self, step: int, begin: Any) -> None:
         """Leaving the block: on the GPU the pair spans the idle the host's wait caused (the stream reaches
         the first event after the work queued before it, the second once the host recorded it), plus any
         GPU work the block itself queued (its copies: ``.to(device)`` belongs after the block)."""
+        self._close_pair(step, begin, "k")
+
+    def _open_pair(self) -> Optional[Any]:
+        """The first event of a pair that times a span on the step's stream (None when none is left)."""
+        ev = self._take()
+        if ev is not None:
+            self._record(ev, self._stream)
+        return ev
+
+    def _close_pair(self, step: int, begin: Any, kind: str) -> None:
+        """Record the pair's second event and queue the pair for the resolver under ``kind``; without an
+        event left, the first goes back to the pool and the span is not timed."""
         end = self._take()
         if end is None:
             self._pool.append(begin)
             return
         self._record(end, self._stream)
-        self._append((EV_GPU, step, ("k", begin, end)))
+        self._append((EV_GPU, step, (kind, begin, end)))
 
     def bucket_done(self, step: int) -> None:
         """The last bucket's all-reduce callback: runs on a stream that waits for the collective (a CUDA

@@ -664,19 +664,26 @@ def describe_device(launch: Launch) -> tuple:
     return words, record
 
 
-def source_digest(root: str = REPO) -> str:
-    """A hash of the package's source files (``.py``, ``.yaml``) under ``root``: names the code that ran even
-    where the checkout's last commit does not (a copy of a working tree, as the GPU machines get)."""
+def source_digest(package_root: Optional[str] = None) -> str:
+    """A hash of the package's source files (``.py``, ``.yaml``), named as installed (``ranksight/agent/...``):
+    names the code that ran even where the checkout's last commit does not (a copy of a working tree, as
+    the GPU machines get). ``package_root``: a ``snapshot_source`` package folder; default the checkout's
+    folders, which hash the same for the same code."""
     import hashlib
 
     h = hashlib.sha256()
-    for folder in sorted(set(PACKAGE_DIRS.values())):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+    for sub, folder in sorted(PACKAGE_DIRS.items()):
+        if package_root is None:
+            top = os.path.join(REPO, folder)
+        else:
+            top = package_root if sub == "ranksight" else os.path.join(package_root, sub)
+        for dirpath, dirnames, filenames in os.walk(top):
+            skip = {"__pycache__", *PACKAGE_DIRS} if dirpath == top and sub == "ranksight" else {"__pycache__"}
+            dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for name in sorted(filenames):
                 if name.endswith((".py", ".yaml")):
                     path = os.path.join(dirpath, name)
-                    h.update(os.path.relpath(path, root).encode())
+                    h.update(f"{sub}/{os.path.relpath(path, top)}".encode())
                     with open(path, "rb") as fh:
                         h.update(hashlib.sha256(fh.read()).digest())
     return h.hexdigest()
@@ -755,10 +762,10 @@ def main(argv: Optional[list] = None) -> int:
     ]
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     commit = _git_commit()  # at the start: others may commit while the corpus runs
-    source_hash = source_digest()
     src, source = None, f"installed package (live working tree {REPO})"
     if args.snapshot != "none":
         src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
+    source_hash = source_digest(os.path.join(src, "ranksight") if src else None)
     print(f"ranksight: {source}", flush=True)
     print(
         f"{len(plan)} runs ({len(args.scripts)} scripts x {len(args.faults)} faults x {args.repeats} repeats), "
