@@ -12,15 +12,26 @@ from __future__ import annotations
 import os
 import weakref
 
-from ranksight.digest import COLUMNS, DIGEST_DIR, chunk_of_key, digest_keys, digest_paths
+from ranksight.digest import COLUMNS, DigestError, chunk_of_key, digest_keys, digest_paths, read_digests
 
 from ._answers import answering
 from ._tables import DIGESTS_TABLE, STORE_ALIAS, sql_literal, store_tables
 
-_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> FROM-able SQL of digest rows
+_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> _Noted
+_REGISTERED = "_ranksight_step_digests"
+"""The name the spool's digest rows are registered under on a connection, once a query takes them."""
 
 
-def note_digests(con, run_path: str, db_run: str, spool_names: list[str], store_digests: bool) -> None:
+class _Noted:
+    """What ``open_run`` noted: the digest files of the pending step files and whether the store's count too.
+    The files are read on first use, not at open: most readers never ask."""
+
+    def __init__(self, key: str, paths: list[str], store: bool) -> None:
+        self.key, self.paths, self.store = key, paths, store
+        self.source: str | None = None
+
+
+def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
     """Note for ``con`` the digests of the pending step files ``spool_names`` and (``store_digests``) the
     attached store's; only one digest definition at a time (two would count their rows twice)."""
     _sources.pop(con, None)
@@ -32,16 +43,23 @@ def note_digests(con, run_path: str, db_run: str, spool_names: list[str], store_
     if len(keys) != 1:
         return
     key = keys.pop()
-    columns = ", ".join(c for c, _ in COLUMNS)
-    parts = []
     found = digest_paths(steps_dir, chunk_of_key(key), spool_names)
-    if found:
-        paths = ", ".join(sql_literal(os.path.join(db_run, "steps", DIGEST_DIR, key, n)) for n in sorted(found))
-        parts.append(f"SELECT {columns} FROM read_parquet([{paths}])")
-    if store_digests:
-        parts.append(f"SELECT {columns} FROM {STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = {sql_literal(key)}")
-    if parts:
-        _sources[con] = "(" + " UNION ALL ".join(parts) + ")"
+    if found or store_digests:
+        _sources[con] = _Noted(key, [found[n] for n in sorted(found)], store_digests)
+
+
+def _source(con, noted: _Noted) -> str:
+    """The FROM-able SQL of the noted digest rows; reads the spool's digest files the first time."""
+    if noted.source is None:
+        columns = ", ".join(c for c, _ in COLUMNS)
+        parts = []
+        if noted.paths:
+            con.register(_REGISTERED, read_digests(noted.paths))
+            parts.append(f"SELECT {columns} FROM {_REGISTERED}")
+        if noted.store:
+            parts.append(f"SELECT {columns} FROM {STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = {sql_literal(noted.key)}")
+        noted.source = "(" + " UNION ALL ".join(parts) + ")"
+    return noted.source
 
 
 def covering_digests(con) -> str | None:
@@ -51,12 +69,14 @@ def covering_digests(con) -> str | None:
     read: the rows are there to read instead."""
     import duckdb
 
-    source = _sources.get(con)
-    if source is None or answering(con):
+    noted = _sources.get(con)
+    if noted is None or answering(con):
         return None
     try:
+        source = _source(con, noted)
         rows = con.execute("SELECT count(*) FROM steps").fetchone()[0]
         held = con.execute(f"SELECT sum(n) FROM {source}").fetchone()[0]
-    except duckdb.Error:
+    except (duckdb.Error, DigestError):
+        _sources.pop(con, None)  # do not try again on this connection
         return None
     return source if rows and held == rows else None

@@ -23,11 +23,12 @@ import re
 import shutil
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ranksight.schema import IDENTITY, KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+
+from ._footers import judge_by_schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -378,26 +379,40 @@ def _segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
 
 
 def _footer_problem(path: str, kind: str) -> str | frozenset:
+    framing = _checked_framing(path)
+    return framing if framing else _schema_verdict(path, kind)[0]
+
+
+def _checked_framing(path: str) -> str | None:
+    """``_framing_problem``, with a file that cannot be opened as the problem (FileNotFoundError raised)."""
+    try:
+        return _framing_problem(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return f"not a readable Parquet file ({first_line(exc)})"
+
+
+def _schema_verdict(path: str, kind: str) -> tuple[str | frozenset, bool]:
+    """(what the footer says is wrong, or the file's column names; whether that answer read the file's data,
+    so that it holds for this file alone rather than for every file of its schema)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        framing = _framing_problem(path)
-        if framing:
-            return framing
         with pq.ParquetFile(path) as parquet:  # the footer only; half the CPU of pq.read_schema
             schema = parquet.schema_arrow
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException, ValueError) as exc:
-        return f"not a readable Parquet file ({first_line(exc)})"
+        return f"not a readable Parquet file ({first_line(exc)})", True
     problem, nullable_identity = _schema_problem(kind, schema)
     if problem is not None:
-        return problem
+        return problem, False
     with_nulls = _columns_with_nulls(path, list(nullable_identity)) if nullable_identity else []
     if with_nulls:
-        return f"rows without their identity (NULL in {', '.join(with_nulls)})"
-    return frozenset(schema.names)
+        return f"rows without their identity (NULL in {', '.join(with_nulls)})", True
+    return frozenset(schema.names), bool(nullable_identity)
 
 
 @functools.lru_cache(maxsize=256)
@@ -535,12 +550,13 @@ def _listing(folder: str) -> dict[str, tuple[int, int, str]]:
     return out
 
 
-_PARALLEL_FROM = 64  # footers to read before a thread pool pays off (pyarrow releases the GIL while parsing)
+_BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas pays off
 
 
 def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str | None, frozenset] | None]:
-    """Verdicts of files not judged before (or changed since), reading their footers, in parallel when many;
-    None for a file pruned (or renamed) between the listing and the footer read: not a damaged file."""
+    """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
+    (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
+    schema (``_footers``), each file's framing still checked on its own."""
 
     def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
@@ -548,10 +564,34 @@ def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str 
         except FileNotFoundError:
             return None
 
-    if len(names) < _PARALLEL_FROM:
+    if len(names) < _BATCH_FROM:
         return {name: judge(name) for name in names}
-    with ThreadPoolExecutor(max_workers=min(8, 2 * (os.cpu_count() or 1))) as pool:
-        return dict(zip(names, pool.map(judge, names)))
+    out: dict[str, tuple[str | None, frozenset] | None] = {}
+    framed = []
+    for name in names:
+        try:
+            framing = _checked_framing(os.path.join(folder, name))
+        except FileNotFoundError:
+            out[name] = None
+            continue
+        if framing:
+            out[name] = (framing, _NO_COLUMNS)
+        else:
+            framed.append(name)
+    scopes: dict[str, bool] = {}
+
+    def judge_schema(name: str) -> tuple[str | None, frozenset] | None:
+        try:
+            answer, scopes[name] = _schema_verdict(os.path.join(folder, name), kind)
+        except FileNotFoundError:
+            return None
+        return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
+
+    batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True))
+    if batch is None:
+        batch = {name: judge(name) for name in framed}
+    out.update(batch)
+    return out
 
 
 _verdicts = _SegmentVerdicts()

@@ -126,7 +126,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     if not nodes:  # rows of node stores have no digests: sums are read from the rows
         pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()))
         has_steps = store_kinds is not None and "steps" in store_kinds
-        note_digests(con, run_path, db_run, [os.path.basename(p) for p in pending], has_steps)
+        note_digests(con, run_path, [os.path.basename(p) for p in pending], has_steps)
     # The answers ingest computed over the store's rows hold for views that read those rows alone.
     answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
     return con

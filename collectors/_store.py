@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ranksight.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.digest import DIGEST_DIR, remove_digests
+from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digests, remove_digests
 from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, recording
@@ -361,7 +361,7 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
 
     root = os.path.join(db_run, "steps", DIGEST_DIR)
     try:
-        keys = sorted(k for k in os.listdir(root) if not k.startswith("."))
+        keys = sorted(k for k in os.listdir(root) if chunk_of_key(k) is not None)
     except OSError:
         return
     columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
@@ -369,17 +369,21 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
         found = [n for n in names if os.path.exists(os.path.join(root, key, n))]
         if not found:
             continue
+        try:
+            table = read_digests([os.path.join(root, key, n) for n in found])
+        except DigestError as exc:
+            log.warning("ranksight: step digests under %s not kept in the store (%s)", root, exc)
+            continue
+        con.register("_digest_rows", table)
         con.execute("BEGIN TRANSACTION")
         try:
-            con.execute(
-                f"INSERT INTO {DIGESTS_TABLE} SELECT ?, parse_filename(filename), {columns} "
-                "FROM read_parquet(?, filename=true)",
-                [key, [os.path.join(root, key, n) for n in found]],
-            )
+            con.execute(f"INSERT INTO {DIGESTS_TABLE} SELECT ?, file, {columns} FROM _digest_rows", [key])
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
+        finally:
+            con.unregister("_digest_rows")
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

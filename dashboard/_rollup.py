@@ -30,7 +30,16 @@ from ranksight.collectors import (
     store_signature,
     stored_digests,
 )
-from ranksight.digest import COLUMNS, WARMUP_STEPS, chunk_steps_for, digest_key, digest_paths, fold_sql
+from ranksight.digest import (
+    COLUMNS,
+    WARMUP_STEPS,
+    DigestError,
+    chunk_steps_for,
+    digest_key,
+    digest_paths,
+    fold_sql,
+    read_digests,
+)
 from ranksight.schema import KINDS
 
 log = logging.getLogger("ranksight")
@@ -110,8 +119,19 @@ class Rollup:
         left to read row by row."""
         names = [os.path.basename(p) for p in files]
         digests = digest_paths(os.path.join(self.run_path, "steps"), self.chunk_steps, names)
-        if not self._insert_digests("read_parquet($paths)", {"paths": sorted(digests.values())}, len(digests)):
+        if not digests:
             return files
+        try:
+            table = read_digests(sorted(digests.values()))
+        except DigestError as exc:
+            log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
+            return files
+        self.con.register("_digest_rows", table)
+        try:
+            if not self._insert_digests("_digest_rows", {}, len(digests)):
+                return files
+        finally:
+            self.con.unregister("_digest_rows")
         return [p for p in files if os.path.basename(p) not in digests]
 
     def _insert_digests(self, source: str, params: dict, count: int) -> bool:

@@ -1,0 +1,73 @@
+"""Judging many spool segments' footers at once: one per schema with pyarrow, the rest matched by DuckDB.
+
+Why: a reader checks every segment's footer once per process before DuckDB reads it (a damaged or foreign
+file is left out, not read). pyarrow parses a footer in ~0.5 ms, holding the GIL, so 1,250 node files take
+0.5-0.7 s on any number of threads -- half of a 10,000-rank dashboard's first build (docs/scale.md).
+DuckDB reads the same footers' schemas in C++, in parallel, 3x faster. A spool's files share a handful of
+schemas, so each distinct schema (column names, Parquet types, and the Arrow schema pyarrow would read) is
+judged once, by the same pyarrow check as a lone file, and its verdict holds for every file that has it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+Verdict = Optional[tuple]  # (problem or None, column names) as ``_rundir._segment_verdict`` gives it
+
+_GLOB_CHARACTERS = frozenset("*?[]{}")
+
+_SIGNATURES_SQL = """
+    WITH s AS (SELECT file_name,
+                      string_agg(concat_ws('|', name, type, repetition_type, converted_type, logical_type), ','
+                                 ORDER BY name) AS columns
+               FROM parquet_schema($paths) GROUP BY file_name),
+         k AS (SELECT file_name, hash(value) AS arrow_schema
+               FROM parquet_kv_metadata($paths) WHERE decode(key) = 'ARROW:schema')
+    SELECT s.file_name, s.columns, k.arrow_schema FROM s LEFT JOIN k USING (file_name)
+"""
+
+
+def judge_by_schema(folder: str, names: list[str], judge_one: Callable[[str], Verdict],
+                    needs_each: Callable[[str], bool]) -> dict[str, Verdict] | None:
+    """Verdicts of ``names`` (files in ``folder`` whose framing was checked): ``judge_one(name)`` for one
+    file of each distinct schema, copied to the others. ``needs_each(name)``: whether that file's verdict
+    depends on more than its schema (its data is read), so each file of its schema is judged alone.
+
+    None when DuckDB cannot read every footer (a damaged file among them, or a path DuckDB would expand as
+    a glob): the caller then judges each file alone, which names the damaged one.
+    """
+    import duckdb
+
+    paths = [os.path.join(folder, n) for n in names]
+    if any(c in _GLOB_CHARACTERS for c in folder) or any(c in _GLOB_CHARACTERS for n in names for c in n):
+        return None
+    con = duckdb.connect()
+    try:
+        rows = con.execute(_SIGNATURES_SQL, {"paths": paths}).fetchall()
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+    by_path = {path: (columns, arrow) for path, columns, arrow in rows}
+    if set(by_path) != set(paths):
+        return None
+    groups: dict[tuple, list[str]] = {}
+    for name, path in zip(names, paths):
+        groups.setdefault(by_path[path], []).append(name)
+    out: dict[str, Verdict] = {}
+    for members in groups.values():
+        first = None
+        for name in members:  # the first that is still there (one may be pruned while we read)
+            out[name] = judge_one(name)
+            if out[name] is not None:
+                first = name
+                break
+        if first is None:
+            continue
+        rest = members[members.index(first) + 1:]
+        if needs_each(first):
+            out.update((name, judge_one(name)) for name in rest)
+        else:
+            out.update((name, out[first]) for name in rest)
+    return out
