@@ -29,6 +29,9 @@ class _Noted:
     def __init__(self, key: str, paths: list[str], store: bool) -> None:
         self.key, self.paths, self.store = key, paths, store
         self.source: str | None = None
+        self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
+        self.rows: int | None = None  # of the steps view
+        self.medians: dict[int, dict] | None = None  # warm-up -> {rank: {figure: median}} from the hist part
 
 
 def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
@@ -74,9 +77,61 @@ def covering_digests(con) -> str | None:
         return None
     try:
         source = _source(con, noted)
-        rows = con.execute("SELECT count(*) FROM steps").fetchone()[0]
-        held = con.execute(f"SELECT sum(n) FROM {source}").fetchone()[0]
+        rows = _step_rows(con)
+        held = con.execute(f"SELECT sum(n) FROM {source}").fetchall()[0][0]
     except (duckdb.Error, DigestError):
         _sources.pop(con, None)  # do not try again on this connection
         return None
     return source if rows and held == rows else None
+
+
+def verdict_digests(con) -> dict[str, str] | None:
+    """{part: registered name} of the verdict's digest parts (``ranksight.verdict_digest``: ``sums``,
+    ``hist``, ``steps``) when they stand for every row of ``con``'s ``steps`` view, else None.
+
+    Only a live spool's digests serve here (the store keeps the rollup's part alone, and answers for a run
+    that ended); one that does not read, or a file without its digest, leaves the queries to the rows."""
+    import duckdb
+
+    noted = _sources.get(con)
+    if noted is None or noted.store or not noted.paths or answering(con):
+        return None
+    if noted.verdict is None:
+        noted.verdict = {}
+        try:
+            for part in ("sums", "hist", "steps"):
+                name = f"{_REGISTERED}_{part}"
+                con.register(name, read_digests(noted.paths, part, with_file=False))
+                noted.verdict[part] = name
+            rows = _step_rows(con)
+            held = [con.execute(f"SELECT sum(n) FROM {noted.verdict[p]}").fetchall()[0][0] for p in ("sums", "steps")]
+            if not rows or held != [rows, rows]:
+                noted.verdict = {}
+        except (duckdb.Error, DigestError):
+            noted.verdict = {}
+    return noted.verdict or None
+
+
+def _step_rows(con) -> int:
+    """The rows of ``con``'s ``steps`` view, counted once per noted connection (the views do not change)."""
+    noted = _sources.get(con)
+    if noted is not None and noted.rows is not None:
+        return noted.rows
+    rows = con.execute("SELECT count(*) FROM steps").fetchall()[0][0]
+    if noted is not None:
+        noted.rows = rows
+    return rows
+
+
+def noted_medians(con, warmup_steps: int) -> dict[int, dict] | None:
+    """The medians ``keep_medians`` kept for ``con`` at this warm-up, or None."""
+    noted = _sources.get(con)
+    return noted.medians.get(warmup_steps) if noted is not None and noted.medians else None
+
+
+def keep_medians(con, warmup_steps: int, medians: dict[int, dict]) -> dict[int, dict]:
+    """Keep the per-rank medians read from ``con``'s digests (they do not change with the views); returns them."""
+    noted = _sources.get(con)
+    if noted is not None:
+        noted.medians = {**(noted.medians or {}), warmup_steps: medians}
+    return medians

@@ -17,7 +17,9 @@ import statistics
 
 from ranksight.schema import SAMPLE_NAMES
 
+from . import _digest_queries
 from ._answers import query
+from ._digest_source import verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     PHASES,
@@ -522,6 +524,10 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
     Only steps with a row from every compared rank count. Rows are counted, not distinct ranks (a
     rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
     steps: 1.56 s against 0.21 s)."""
+    parts = verdict_digests(con) if since_ns is None else None
+    found = _digest_queries.slowest_shares(con, parts, warmup_steps, ranks, use_gpu) if parts else None
+    if found is not None:
+        return found
     column = "gpu_compute_s" if use_gpu else "compute_s"
     since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
     sql = f"""

@@ -9,8 +9,9 @@ from __future__ import annotations
 from ranksight.digest import WARMUP_STEPS as DIGEST_WARMUP_STEPS
 from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES
 
+from . import _digest_queries
 from ._answers import query
-from ._digest_source import covering_digests
+from ._digest_source import covering_digests, verdict_digests
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3
@@ -76,11 +77,17 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
 
 def _breakdown_from_digests(con, digests: str, warmup_steps: int) -> list[dict]:
     """``step_breakdown`` with its sums taken from the step digests that stand for every row (the node
-    spool's per-file sums, ``ranksight.digest``); only the two medians read the rows. The same figures:
-    a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no more rows than that
-    keeps them all, as the rows' query does (its row count comes from the digests too, which saves the
-    medians' query a scan of every row)."""
+    spool's per-file sums, ``ranksight.digest``), and its two medians from the digests' histograms where
+    those stand for every row too (``_digest_queries.medians``), else from the rows. The same figures (the
+    medians within ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a
+    rank with no more rows than that keeps them all, as the rows' query does (its row count comes from the
+    digests too, which saves the medians' query a scan of every row)."""
+    parts = verdict_digests(con)
+    found = _digest_queries.medians(con, parts, warmup_steps, ("period", "compute")) if parts else None
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
+    medians = f"""medians AS (SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
+                         FROM {steps_source(con, None)}
+                         WHERE step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?) GROUP BY rank)"""
     sql = f"""
         WITH d AS (SELECT * FROM {digests}),
              total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
@@ -88,16 +95,26 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int) -> list[dict]:
                              coalesce(sum(allreduce_sum), 0) / nullif(sum(step_sum), 0) AS allreduce_share,
                              sum(data_wait_host_sum) / nullif(sum(step_sum), 0) AS data_wait_host_share,
                              {shares}
-                      FROM d JOIN total USING (rank) WHERE NOT warm OR total.n <= ? GROUP BY rank),
-             medians AS (SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
-                         FROM {steps_source(con, None)}
-                         WHERE step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?) GROUP BY rank)
-        SELECT rank, node, steps, step_median_s, step_mean_s, compute_median_s, allreduce_share,
-               data_wait_host_share, {", ".join(f"{p[:-2]}_share" for p in PHASES)}
-        FROM sums JOIN medians USING (rank) ORDER BY rank
+                      FROM d JOIN total USING (rank) WHERE NOT warm OR total.n <= ? GROUP BY rank)
+             {"" if found is not None else ", " + medians}
+        SELECT * FROM sums {"" if found is not None else "JOIN medians USING (rank)"} ORDER BY rank
     """
-    names, rows = query(con, sql, [warmup_steps, warmup_steps, warmup_steps])
-    return [dict(zip(names, row)) for row in rows]
+    params = [warmup_steps] if found is not None else [warmup_steps, warmup_steps, warmup_steps]
+    names, rows = query(con, sql, params)
+    out = []
+    for row in rows:
+        r = dict(zip(names, row))
+        if found is not None:
+            m = found.get(r["rank"], {})
+            r["step_median_s"], r["compute_median_s"] = m.get("period"), m.get("compute")
+        out.append({k: r[k] for k in _BREAKDOWN_ORDER})
+    return out
+
+
+_BREAKDOWN_ORDER = (
+    "rank", "node", "steps", "step_median_s", "step_mean_s", "compute_median_s", "allreduce_share",
+    "data_wait_host_share", *(f"{p[:-2]}_share" for p in PHASES),
+)
 
 
 def mean_error(values: list[float]) -> float | None:
@@ -124,6 +141,10 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
 def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
+    parts = verdict_digests(con) if since_ns is None else None
+    found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
+    if found is not None:
+        return found
     data = PHASE_SQL["data_wait_s"]
     blocked = f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
     sql = f"""
@@ -165,6 +186,16 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
     cost its extra thread CPU time accounts for; None when no step has every rank.
     """
+    parts = verdict_digests(con) if since_ns is None else None
+    rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
+    if rows is None:
+        rows = _wait_rows(con, warmup_steps, since_ns, ranks)
+    return _wait_figures_of(rows, ranks)
+
+
+def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> list[tuple]:
+    """Per step seen by every one of ``ranks``: period, floors, the least and second-least wait and who
+    waited least, and the CPU figures of that rank (``wait_asymmetry`` reads them)."""
     source = steps_source(con, since_ns)
     # The second-least wait of a step is min(x, 2)[2]: two values kept per step. Sorting a list of every
     # rank's wait per step took 2.3 s against 0.26 s at 1,024 ranks x 10,000 steps (docs/scale.md).
@@ -185,7 +216,10 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
                arg_min(period_s - grad_s - blocked_s - data_s, grad_s + blocked_s) AS least_busy_s
         FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
     """
-    _, rows = query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])
+    return query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])[1]
+
+
+def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
     rows = [r for r in rows if r[1] and r[1] > 0]
     if not rows:
         return None

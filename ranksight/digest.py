@@ -19,10 +19,15 @@ from __future__ import annotations
 import hashlib
 import os
 
+from ranksight import verdict_digest
 from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES
 
-FILE_FORMAT = "arrow-ipc"
-"""How a digest file is written (part of its key: a reader never opens a digest of another format)."""
+FILE_FORMAT = "parts-1"
+"""How a digest file is written (part of its key: a reader never opens a digest of another format): a header
+naming its parts, then each part an Arrow IPC file (see ``pack_parts``)."""
+PARTS = ("chunks", "sums", "hist", "steps")
+"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``ranksight.verdict_digest``)."""
+_MAGIC = b"RSDIGEST"
 DIGEST_DIR = ".digests"
 """Folder inside ``steps/`` holding one folder per digest definition (dot-prefixed: spool globs skip it)."""
 WARMUP_STEPS = 5
@@ -76,7 +81,10 @@ def fold_sql(source: str) -> str:
 
 def digest_key(chunk_steps: int) -> str:
     """The name of one digest definition: the chunk size and a hash of the SQL and warm-up behind it."""
-    text = f"{fold_sql('steps')}\nchunk={int(chunk_steps)}\nwarm={WARMUP_STEPS}\nformat={FILE_FORMAT}"
+    text = (
+        f"{fold_sql('steps')}\nchunk={int(chunk_steps)}\nwarm={WARMUP_STEPS}\nformat={FILE_FORMAT}\n"
+        f"{verdict_digest.definition()}"
+    )
     return f"c{int(chunk_steps)}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
@@ -113,8 +121,8 @@ def digest_paths(steps_dir: str, chunk_steps: int, names) -> dict[str, str]:
     return {name: os.path.join(folder, name) for name in names if name in present}
 
 
-def digest_of(table) -> tuple[int, object]:
-    """(chunk size, digest rows as a pyarrow table) of a pyarrow table of step rows; DuckDB on one thread,
+def digest_of(table) -> tuple[int, dict]:
+    """(chunk size, {part: pyarrow table}) of a pyarrow table of step rows (``PARTS``); DuckDB on one thread,
     the chunk size from the rows' world size as the rollup chooses it.
 
     Columns the table lacks (rows of an older agent) read as NULL, as readers of the spool see them.
@@ -136,12 +144,67 @@ def digest_of(table) -> tuple[int, object]:
     con = duckdb.connect(config={"threads": 1})
     try:
         con.register("batch", batch)
-        params = {"chunk": chunk_steps_for(world_size), "warm": WARMUP_STEPS}
-        result = con.sql(fold_sql("batch"), params=params)
-        fetch = getattr(result, "to_arrow_table", None) or result.arrow  # DuckDB 2's name, and 1.x's
-        return chunk_steps_for(world_size), fetch()
+        warm = {"warm": WARMUP_STEPS}
+        queries = {
+            "chunks": (fold_sql("batch"), {"chunk": chunk_steps_for(world_size), **warm}),
+            "sums": (verdict_digest.sums_sql("batch"), warm),
+            "hist": (verdict_digest.hist_sql("batch"), warm),
+            "steps": (verdict_digest.steps_sql("batch"), warm),
+        }
+        parts = {}
+        for part, (sql, params) in queries.items():
+            result = con.sql(sql, params=params)
+            fetch = getattr(result, "to_arrow_table", None) or result.arrow  # DuckDB 2's name, and 1.x's
+            parts[part] = fetch()
+        return chunk_steps_for(world_size), parts
     finally:
         con.close()
+
+
+def pack_parts(parts: dict) -> bytes:
+    """One digest file's bytes: ``_MAGIC``, a 4-byte header length, a JSON header {part: [offset, length]},
+    then each part as an Arrow IPC file. A reader reads the header and the one part it wants."""
+    import json
+
+    import pyarrow as pa
+
+    bodies = {}
+    for name, table in parts.items():
+        sink = pa.BufferOutputStream()
+        # The verdict's parts hold a row per step: LZ4 makes them 2.3x smaller for 0.4 ms a file of 10,000
+        # steps to read back (scale.py's 1,024-rank spool). The rollup's small part stays plain.
+        lz4 = name != "chunks" and pa.Codec.is_available("lz4_frame")
+        options = pa.ipc.IpcWriteOptions(compression="lz4" if lz4 else None)
+        with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        bodies[name] = sink.getvalue().to_pybytes()
+    offsets, at = {}, 0
+    for name, body in bodies.items():
+        offsets[name] = [at, len(body)]
+        at += len(body)
+    header = json.dumps(offsets).encode()
+    return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
+
+
+def read_part(path: str, part: str):
+    """One part of a digest file as a pyarrow table (raises OSError, ValueError or an Arrow error)."""
+    import json
+
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        head = f.read(len(_MAGIC) + 4)
+        if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
+            raise ValueError("not a ranksight digest")
+        header = json.loads(f.read(int.from_bytes(head[len(_MAGIC):], "little")))
+        if part not in header:
+            raise ValueError(f"no {part} part")
+        offset, length = header[part]
+        f.seek(offset, os.SEEK_CUR)
+        body = f.read(length)
+    if len(body) != length:
+        raise ValueError("cut short")
+    return pa.ipc.open_file(pa.py_buffer(body)).read_all()
 
 
 def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
@@ -150,42 +213,42 @@ def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
     ``write_durably(directory, name, write)`` puts a file in place whole or not at all (the node spool's
     own writer), so a reader never sees half a digest.
     """
-    import pyarrow as pa
-
-    chunk_steps, digest = digest_of(table)
+    chunk_steps, parts = digest_of(table)
     folder = digest_folder(steps_dir, chunk_steps)
     os.makedirs(folder, exist_ok=True)
-
-    def write(f) -> None:
-        with pa.ipc.new_file(f, digest.schema) as writer:
-            writer.write_table(digest)
-
-    write_durably(folder, name, write)
+    data = pack_parts(parts)
+    write_durably(folder, name, lambda f: f.write(data))
     return os.path.join(folder, name)
 
 
-def read_digests(paths: list[str]):
-    """The digest rows of the files ``paths``, as one pyarrow table with ``COLUMNS`` (in order) and the
-    column ``file`` (each row's step file name). Raises ``DigestError`` naming the first file that does not
-    read: callers then read the rows of those files instead."""
+def read_digests(paths: list[str], part: str = "chunks", with_file: bool = True):
+    """The ``part`` rows of the digest files ``paths``, as one pyarrow table (``COLUMNS`` in order for
+    ``chunks``) with the column ``file`` (each row's step file name) unless not ``with_file``. Raises
+    ``DigestError`` naming the first file that does not read: callers then read the rows of those files
+    instead."""
     import pyarrow as pa
 
-    schema = digest_schema()
+    schema = digest_schema() if part == "chunks" else None
     tables, files = [], []
     for path in paths:
         try:
-            with open(path, "rb") as f:  # whole, then parsed: a third of the time of Arrow's own file reads
-                table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
-            table = table.select([c for c, _ in COLUMNS])
-            if table.schema != schema:
-                table = table.cast(schema)
-        except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
+            table = read_part(path, part)
+            if schema is not None:
+                table = table.select([c for c, _ in COLUMNS])
+                if table.schema != schema:
+                    table = table.cast(schema)
+        except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as exc:
             raise DigestError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         tables.append(table)
-        files.extend([os.path.basename(path)] * table.num_rows)
+        if with_file:
+            files.extend([os.path.basename(path)] * table.num_rows)
+    if not tables:
+        if schema is None:
+            raise DigestError("no digest files")
+        return schema.empty_table().append_column("file", pa.array([], pa.string()))
     # One chunk, not one per file: DuckDB scans 1,250 one-file chunks ~8x slower than the same rows in one.
-    table = pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
-    return table.append_column("file", pa.array(files, pa.string()))
+    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    return table.append_column("file", pa.array(files, pa.string())) if with_file else table
 
 
 class DigestError(Exception):

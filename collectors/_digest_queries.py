@@ -1,0 +1,139 @@
+"""The verdict's per-rank and per-step figures from the digests' verdict parts instead of the step rows.
+
+Why: the same figures as ``_queries``' row queries (``rank_step_stats``, the breakdown's medians,
+``wait_asymmetry``'s per-step rows, the slowest-compute share), read from a few rows per rank and step that
+the node spool's publisher folded (``ranksight.verdict_digest``), so a live 1,024-rank spool is diagnosed
+without reading its 10 M rows four times. Sums, counts and minima are exact; a duration's median is read
+from a histogram (within ``RELATIVE_ERROR`` of the exact one); a tie for the longest compute credits one of
+the tied ranks, not each. Each function returns None where the digests cannot answer exactly as the rows
+would (a rank with no more rows than the warm-up, other ranks asked for): the caller reads the rows then.
+"""
+
+from __future__ import annotations
+
+from ranksight.verdict_digest import MEDIANS, bucket_value_sql
+
+from ._digest_source import keep_medians, noted_medians
+
+
+def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
+    """The digests' ranks, sorted, when each has more rows than the warm-up (so warm rows are left out
+    everywhere, as the rows' ``kept`` does); else None."""
+    rows = con.execute(f"SELECT rank, sum(n) FROM {parts['sums']} GROUP BY rank").fetchall()
+    if not rows or any(n <= warmup_steps for _, n in rows):
+        return None
+    return sorted(r for r, _ in rows)
+
+
+def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> dict[int, dict] | None:
+    """Per rank, {figure: median} of ``figures`` over its steps after warm-up, from the ``hist`` part; None
+    (read the rows) when a rank has no more rows than the warm-up. Every figure's medians are found in one
+    pass and kept for the connection (the breakdown and the rank figures both ask)."""
+    if _no_short_rank(con, parts, warmup_steps) is None:
+        return None
+    kept = noted_medians(con, warmup_steps)
+    if kept is None:
+        kept = keep_medians(con, warmup_steps, _all_medians(con, parts, tuple(MEDIANS)))
+    return {rank: {f: m.get(f) for f in figures} for rank, m in kept.items()}
+
+
+def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
+    value = bucket_value_sql("bucket", "lo", "hi")
+    picks = ", ".join(f"max(median) FILTER (WHERE figure = '{f}') AS {f}" for f in figures)
+    sql = f"""
+        WITH h AS (SELECT rank, figure, bucket, sum(n) AS n, min(lo) AS lo, max(hi) AS hi FROM {parts['hist']}
+                   WHERE NOT warm AND figure IN (SELECT unnest(?::VARCHAR[])) GROUP BY rank, figure, bucket),
+             c AS (SELECT *, {value} AS v,
+                          sum(n) OVER (PARTITION BY rank, figure ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS upto,
+                          sum(n) OVER (PARTITION BY rank, figure) AS total
+                   FROM h),
+             m AS (SELECT rank, figure,
+                          (max(v) FILTER (WHERE upto - n <= (total - 1) // 2 AND (total - 1) // 2 < upto)
+                           + max(v) FILTER (WHERE upto - n <= total // 2 AND total // 2 < upto)) / 2 AS median
+                   FROM c GROUP BY rank, figure)
+        SELECT rank, {picks} FROM m GROUP BY rank
+    """
+    cur = con.execute(sql, [list(figures)])
+    names = [d[0] for d in cur.description]
+    return {row[0]: dict(zip(names[1:], row[1:])) for row in cur.fetchall()}
+
+
+def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
+    """``rank_step_stats``' figures from the ``sums`` and ``hist`` parts; None to read the rows instead."""
+    if _no_short_rank(con, parts, warmup_steps) is None:
+        return None
+    sql = f"""
+        SELECT rank, any_value(node) AS node, sum(period_sum) AS run_time_s,
+               sum(exposed_sum) AS exposed_sum, sum(allreduce_sum) AS allreduce_sum, sum(bytes_sum) AS bytes_sum,
+               sum(gpu_rows) AS gpu_rows, max(world_size) AS world_size,
+               sum(grad_comm_sum) / nullif(sum(period_sum), 0) AS grad_comm_share,
+               sum(blocked_sum) / nullif(sum(period_sum), 0) AS blocked_share,
+               sum(data_share_n) AS data_n, sum(data_share_sum) AS data_sum, sum(data_share_sq) AS data_sq
+        FROM {parts['sums']} WHERE NOT warm GROUP BY rank
+    """
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description]
+    rows = cur.fetchall()  # before the next query on ``con`` replaces this result
+    found = medians(con, parts, warmup_steps, ("buckets", "bucket_bytes", "gpu_compute", "collectives",
+                                               "collective_bytes")) or {}
+    out = {}
+    for row in rows:
+        r = dict(zip(names, row))
+        n, total, squares = r.pop("data_n") or 0, r.pop("data_sum"), r.pop("data_sq")
+        # stddev_samp over sqrt(count), as the rows' query gives it: from the count, sum and sum of squares
+        r["data_noise"] = (
+            (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
+        )
+        m = found.get(r["rank"], {})
+        r["buckets_per_step"] = m.get("buckets")
+        r["grad_bytes_per_step"] = m.get("bucket_bytes")
+        r["gpu_compute_median_s"] = m.get("gpu_compute")
+        r["collectives_per_step"] = m.get("collectives")
+        r["collective_bytes_per_step"] = m.get("collective_bytes")
+        out[r["rank"]] = r
+    return out
+
+
+def wait_rows(con, parts: dict, warmup_steps: int, ranks: list[int]) -> list[tuple] | None:
+    """``wait_asymmetry``'s per-step rows (same columns, same order) from the ``steps`` part, for steps every
+    one of ``ranks`` recorded; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
+    if _no_short_rank(con, parts, warmup_steps) != sorted(ranks):
+        return None
+    steps = parts["steps"]
+    sql = f"""
+        WITH s AS (SELECT * FROM {steps} WHERE NOT warm),
+             vals AS (SELECT step, least AS v FROM s UNION ALL SELECT step, second FROM s WHERE second IS NOT NULL),
+             sec AS (SELECT step, CASE WHEN count(*) >= 2 THEN min(v, 2)[2] END AS second_s FROM vals GROUP BY step),
+             per AS (SELECT step, sum(n) AS n, sum(period_sum) / sum(n) AS period_s, min(grad_min) AS grad_floor_s,
+                            min(blocked_min) AS blocked_floor_s, bool_or(timed) AS timed, min(least) AS least_s,
+                            arg_min(least_rank, least) AS least_rank, sum(cpu_n) AS cpu_n, sum(cpu_sum) AS cpu_sum,
+                            arg_min(least_cpu, cpu_key) AS least_cpu_s, arg_min(least_busy, least) AS least_busy_s
+                     FROM s GROUP BY step HAVING sum(n) = ?)
+        SELECT step, period_s, grad_floor_s, blocked_floor_s, timed, least_s, second_s, least_rank,
+               CASE WHEN cpu_n = n AND n >= 2 THEN least_cpu_s - (cpu_sum - least_cpu_s) / (n - 1) END,
+               least_cpu_s, least_busy_s
+        FROM per JOIN sec USING (step) ORDER BY step
+    """
+    return con.execute(sql, [len(ranks)]).fetchall()
+
+
+def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gpu: bool) -> dict[int, float] | None:
+    """Per rank, the share of steps (recorded by every one of ``ranks``) in which its compute was the longest,
+    from the ``steps`` part; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
+    found = con.execute(f"SELECT DISTINCT rank FROM {parts['sums']} ORDER BY rank").fetchall()
+    if [r for (r,) in found] != sorted(ranks):
+        return None
+    col = "gpu_compute" if use_gpu else "compute"
+    sql = f"""
+        WITH s AS (SELECT * FROM {parts['steps']}
+                   WHERE NOT warm OR (SELECT max(step_max) FROM {parts['sums']}) < ?),
+             per AS (SELECT step, arg_max({col}_rank, {col}_max) AS top_rank FROM s
+                     GROUP BY step HAVING sum({col}_n) = ?)
+        SELECT top_rank, count(*), (SELECT count(*) FROM per) FROM per GROUP BY top_rank
+    """
+    rows = con.execute(sql, [warmup_steps, len(ranks)]).fetchall()
+    if not rows:
+        return {}
+    complete = rows[0][2]
+    wins = {rank: n for rank, n, _ in rows}
+    return {rank: wins.get(rank, 0) / complete for rank in ranks}

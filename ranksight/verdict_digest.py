@@ -1,0 +1,144 @@
+"""The verdict's part of a step digest: what ``diagnose()`` reads of a file's rows, folded where they are written.
+
+Why: at 1,024 ranks x 10,000 steps the verdict's feature queries read every step row four times (per-rank
+medians and sums, and two per-step comparisons across ranks): 4-5 s on a live spool on 2 cores, against a
+1 s target (docs/scale.md). The node spool's publisher holds each file's rows when it writes it, so it also
+folds them into three small tables, written in the file's digest (``ranksight.digest``):
+
+- ``sums``: per (rank, warm-up or not), the sums, counts and sums of squares the per-rank figures need;
+- ``hist``: per (rank, warm-up or not, figure), a histogram of the figures whose per-rank median the rules
+  read: durations in logarithmic buckets ``RELATIVE_ERROR`` wide (a median read from them is within 0.5 %
+  of the exact one, and exact where a bucket holds one value), whole numbers (bucket counts, bytes) one
+  bucket per value (exact);
+- ``steps``: per (step, warm-up or not), what each comparison across ranks keeps of the file's ranks: the
+  least and second-least wait at collectives and who waited least, the longest compute and whose it was.
+
+Every column is a sum, count, minimum or maximum (or the value of the row holding one), so a rank's or a
+step's rows spread over several files merge exactly. Text only (no imports of the readers): the publisher
+is part of the agent.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL
+
+RELATIVE_ERROR = 0.005
+"""Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
+GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
+_LOG_GAMMA = math.log(GAMMA)
+ZERO_BUCKET = -(2**62)
+"""The bucket of durations of 0 (or below: a clock that stepped back), read as 0."""
+
+_DATA = PHASE_SQL["data_wait_s"]
+_BLOCKED_OR_NULL = (
+    f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
+)
+_DATA_SHARE = f"({_DATA}) / nullif({PERIOD_SQL}, 0)"
+
+SUMS_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("n", "BIGINT", "count(*)"),
+    ("node", "VARCHAR", "any_value(node)"),
+    ("period_sum", "DOUBLE", f"sum({PERIOD_SQL})"),
+    ("exposed_sum", "DOUBLE", "sum(comm_exposed_s)"),
+    ("allreduce_sum", "DOUBLE", "sum(allreduce_s)"),
+    ("bytes_sum", "DOUBLE", "sum(bucket_bytes) FILTER (WHERE allreduce_s > 0)"),
+    ("gpu_rows", "BIGINT", "count(gpu_compute_s)"),
+    ("world_size", "BIGINT", "max(world_size)"),
+    ("grad_comm_sum", "DOUBLE", f"sum({GRAD_COMM_SQL})"),
+    ("blocked_sum", "DOUBLE", f"sum({_BLOCKED_OR_NULL})"),
+    ("data_share_n", "BIGINT", f"count({_DATA_SHARE})"),
+    ("data_share_sum", "DOUBLE", f"sum({_DATA_SHARE})"),
+    ("data_share_sq", "DOUBLE", f"sum(({_DATA_SHARE}) * ({_DATA_SHARE}))"),
+    ("step_min", "BIGINT", "min(step)"),
+    ("step_max", "BIGINT", "max(step)"),
+)
+"""Per (rank, warm) of ``sums``: column, type, SQL over the file's rows."""
+
+MEDIANS: dict[str, tuple[str, bool]] = {
+    "period": (PERIOD_SQL, False),
+    "compute": ("compute_s", False),
+    "gpu_compute": ("gpu_compute_s", False),
+    "buckets": ("buckets", True),
+    "bucket_bytes": ("bucket_bytes", True),
+    "collectives": ("collectives", True),
+    "collective_bytes": ("collective_bytes", True),
+}
+"""Figure -> (SQL of one row's value, whole numbers: one bucket per value) of ``hist``."""
+
+_TOTAL_WAIT = f"({GRAD_COMM_SQL}) + ({BLOCKED_SQL})"
+_CPU = "CASE WHEN gpu_step_s IS NULL THEN cpu_s END"
+_BUSY = f"{PERIOD_SQL} - ({GRAD_COMM_SQL}) - ({BLOCKED_SQL}) - coalesce(data_wait_s, 0)"
+
+STEPS_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("n", "BIGINT", "count(*)"),
+    ("period_sum", "DOUBLE", f"sum({PERIOD_SQL})"),
+    ("grad_min", "DOUBLE", f"min({GRAD_COMM_SQL})"),
+    ("blocked_min", "DOUBLE", f"min({BLOCKED_SQL})"),
+    ("timed", "BOOLEAN", "bool_or(comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL)"),
+    ("least", "DOUBLE", f"min({_TOTAL_WAIT})"),
+    ("second", "DOUBLE", f"CASE WHEN count(*) >= 2 THEN min({_TOTAL_WAIT}, 2)[2] END"),
+    ("least_rank", "INTEGER", f"arg_min(rank, {_TOTAL_WAIT})"),
+    ("cpu_n", "BIGINT", f"count({_CPU})"),
+    ("cpu_sum", "DOUBLE", f"sum({_CPU})"),
+    ("cpu_key", "DOUBLE", f"min({_TOTAL_WAIT}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
+    ("least_cpu", "DOUBLE", f"arg_min({_CPU}, {_TOTAL_WAIT}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
+    ("least_busy", "DOUBLE", f"arg_min({_BUSY}, {_TOTAL_WAIT})"),
+    ("compute_n", "BIGINT", "count(compute_s)"),
+    ("compute_max", "DOUBLE", "max(compute_s)"),
+    ("compute_rank", "INTEGER", "arg_max(rank, compute_s) FILTER (WHERE compute_s IS NOT NULL)"),
+    ("gpu_compute_n", "BIGINT", "count(gpu_compute_s)"),
+    ("gpu_compute_max", "DOUBLE", "max(gpu_compute_s)"),
+    ("gpu_compute_rank", "INTEGER", "arg_max(rank, gpu_compute_s) FILTER (WHERE gpu_compute_s IS NOT NULL)"),
+)
+"""Per (step, warm) of ``steps``: column, type, SQL over the file's rows."""
+
+
+def sums_sql(source: str) -> str:
+    """SELECT of ``sums`` rows of the step rows in ``source``; parameter ``$warm``."""
+    cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in SUMS_COLUMNS)
+    return f"SELECT rank, step < $warm AS warm, {cols} FROM {source} GROUP BY rank, warm"
+
+
+def bucket_sql(value: str, whole: bool) -> str:
+    """The ``hist`` bucket of one value (NULL stays NULL and is not counted)."""
+    if whole:
+        return f"CAST({value} AS BIGINT)"
+    return (
+        f"CASE WHEN {value} IS NULL THEN NULL WHEN {value} <= 0 THEN {ZERO_BUCKET}"
+        f" ELSE CAST(ceil(ln({value}) / {_LOG_GAMMA!r}) AS BIGINT) END"
+    )
+
+
+def bucket_value_sql(bucket: str, lo: str, hi: str) -> str:
+    """The value a ``hist`` bucket stands for: its values' own where they are all one (whole numbers, a
+    duration repeated), else the point of the bucket whose relative distance to every value in it is at most
+    ``RELATIVE_ERROR``, kept within the least and greatest value the bucket holds."""
+    point = f"2 * exp({bucket} * {_LOG_GAMMA!r}) / {GAMMA + 1!r}"
+    return f"CASE WHEN {lo} = {hi} THEN {lo} ELSE greatest({lo}, least({hi}, {point})) END"
+
+
+def hist_sql(source: str) -> str:
+    """SELECT of ``hist`` rows (rank, warm, figure, bucket, n, lo, hi) of the rows in ``source``; ``$warm``."""
+    parts = [
+        f"SELECT rank, step < $warm AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
+        f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL"
+        for name, (value, whole) in MEDIANS.items()
+    ]
+    return (
+        "SELECT rank, warm, figure, bucket, count(*) AS n, min(v) AS lo, max(v) AS hi FROM ("
+        + " UNION ALL ".join(parts)
+        + ") GROUP BY rank, warm, figure, bucket"
+    )
+
+
+def steps_sql(source: str) -> str:
+    """SELECT of ``steps`` rows of the step rows in ``source``; parameter ``$warm``."""
+    cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in STEPS_COLUMNS)
+    return f"SELECT step, step < $warm AS warm, {cols} FROM {source} GROUP BY step, warm"
+
+
+def definition() -> str:
+    """Text that changes whenever a part's meaning does (it goes into the digest's key)."""
+    return "\n".join([sums_sql("s"), hist_sql("s"), steps_sql("s"), repr(GAMMA)])

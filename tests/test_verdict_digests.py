@@ -1,0 +1,158 @@
+"""The verdict read from the node spool's digests (``ranksight.verdict_digest``): the features ``diagnose()``
+judges are those of the rows -- sums, counts, minima and per-step comparisons exact, medians within
+RELATIVE_ERROR -- and no step row is read for them; where the digests cannot answer as the rows would, the
+rows are read."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ranksight.collectors import _answers, open_run, run_features
+from ranksight.collectors._digest_queries import medians
+from ranksight.collectors._digest_source import verdict_digests
+from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
+from ranksight.rules import diagnose
+from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
+
+from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps
+
+FROM_MEDIANS = {"step_median_s": 1, "compute_median_s": 1, "straggler_score": 2, "compute_vs_median": 2}
+"""Features read from histogram medians, and how many medians each one is a ratio of (its error bound)."""
+
+
+def _features_from_rows(run: str) -> dict[int, dict]:
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    try:
+        return run_features(run)
+    finally:
+        os.rename(digests + "-aside", digests)
+
+
+def _assert_same_features(a: dict[int, dict], b: dict[int, dict]) -> None:
+    assert a.keys() == b.keys()
+    for rank in a:
+        assert a[rank].keys() == b[rank].keys()
+        for k, x in a[rank].items():
+            y = b[rank][k]
+            if isinstance(x, float) and isinstance(y, float):
+                tolerance = FROM_MEDIANS[k] * RELATIVE_ERROR * 1.0001 if k in FROM_MEDIANS else 1e-9
+                assert math.isclose(x, y, rel_tol=tolerance, abs_tol=1e-15), (rank, k, x, y)
+            else:
+                assert x == y, (rank, k, x, y)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-rows", "gpu-rows"])
+def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path, gpu, monkeypatch):
+    run = _published_run(tmp_path, gpu=gpu)
+    sql_run = []
+    original = _answers.query
+    def recorded(con, sql, params=()):
+        sql_run.append(sql)
+        return original(con, sql, params)
+
+    for module in ("ranksight.collectors._queries", "ranksight.collectors._features"):
+        monkeypatch.setattr(f"{module}.query", recorded)
+    from_digests = run_features(run)
+    # no feature query read the step rows (the row queries keep their rows in a ``kept`` CTE)
+    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]
+    monkeypatch.undo()
+    _assert_same_features(from_digests, _features_from_rows(run))
+    f = from_digests[3]  # the slow rank: named from the per-step comparison across ranks
+    assert f["slowest_step_share"] == 1.0 and f["compute_vs_median"] > 1.3
+    assert f["straggler_cost_share"] is not None and f["comm_floor_share"] is not None
+    # and the verdict itself is the same
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    first = diagnose(run)
+    os.rename(digests, digests + "-aside")
+    second = diagnose(run)
+    os.rename(digests + "-aside", digests)
+    verdict = [(f["rule"], f["ranks"], f["severity"]) for f in first["findings"]]
+    assert verdict and verdict == [(f["rule"], f["ranks"], f["severity"]) for f in second["findings"]]
+
+
+def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_rows(tmp_path):
+    run = _published_run(tmp_path, publishes=1)
+    _write_steps(str(tmp_path / "local" / "run"), [7], range(3))
+    from ranksight.agent._node_spool import publish_node_spool
+
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    con = open_run(run, follow_spool=False)
+    parts = verdict_digests(con)
+    assert parts is not None and medians(con, parts, 5, ("period",)) is None
+    con.close()
+    from_digests = run_features(run)
+    assert from_digests[7]["steps"] == 3
+    rows = _features_from_rows(run)
+    for rank in from_digests:  # read from the rows: exact, medians included
+        for k in FROM_MEDIANS:
+            assert from_digests[rank][k] == rows[rank][k], (rank, k)
+
+
+def test_a_step_file_without_its_digest_or_a_damaged_digest_leaves_the_verdict_to_the_rows(tmp_path):
+    run = _published_run(tmp_path)
+    paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
+    with open(paths[0], "r+b") as f:  # cut short inside its verdict parts: the header reads, a part does not
+        f.truncate(os.path.getsize(paths[0]) - 100)
+    con = open_run(run, follow_spool=False)
+    assert verdict_digests(con) is None
+    con.close()
+    rows = _features_from_rows(run)
+    features = run_features(run)
+    _assert_same_features(features, rows)  # the breakdown's sums still from the digests' rollup part
+    assert all(features[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # medians: rows
+    os.remove(paths[0])
+    con = open_run(run, follow_spool=False)
+    assert verdict_digests(con) is None
+    con.close()
+    assert run_features(run) == rows
+
+
+def _medians_of(values_by_rank: dict[int, list]) -> dict[int, float]:
+    """Medians read back from ``hist`` rows of these values (every step after the warm-up)."""
+    ranks = [r for r, vs in values_by_rank.items() for _ in vs]
+    values = [v for vs in values_by_rank.values() for v in vs]
+    n = len(values)
+    table = pa.table(
+        {
+            "rank": pa.array(ranks, pa.int32()),
+            "step": pa.array(np.arange(n) + 10),
+            "node": pa.array(["n"] * n),
+            "world_size": pa.array([len(values_by_rank)] * n),
+            "compute_s": pa.array(values, pa.float64()),
+            **{c: pa.nulls(n, pa.float64()) for c in ("step_s", "gpu_step_s", "gpu_gap_s", "data_wait_s",
+                                                     "gpu_compute_s", "comm_exposed_s", "allreduce_s",
+                                                     "comm_blocked_s", "gpu_comm_blocked_s", "gpu_comm_exposed_s",
+                                                     "gpu_data_idle_s", "data_wait_in_step_s", "cpu_s")},
+            **{c: pa.nulls(n, pa.int64()) for c in ("buckets", "bucket_bytes", "collectives", "collective_bytes")},
+        }
+    )
+    con = duckdb.connect()
+    con.register("rows", table)
+    con.execute(f"CREATE TABLE hist AS {hist_sql('rows')}", {"warm": 5})
+    con.execute(f"CREATE TABLE sums AS {sums_sql('rows')}", {"warm": 5})
+    found = medians(con, {"hist": "hist", "sums": "sums"}, 5, ("compute",))
+    return {rank: m["compute"] for rank, m in found.items()}
+
+
+def test_a_median_from_the_histogram_is_within_its_bound_and_exact_on_repeated_values():
+    rng = np.random.default_rng(7)
+    spread = {r: list(rng.lognormal(-4.0, 0.8, size=1000 + r)) for r in range(6)}  # odd and even counts
+    for rank, median in _medians_of(spread).items():
+        exact = float(np.median(spread[rank]))
+        assert abs(median - exact) <= RELATIVE_ERROR * exact, (rank, median, exact)
+    repeated = {
+        0: [0.010] * 7 + [0.012] * 6,
+        1: [0.010] * 3 + [0.0101, 0.03, 0.03, 0.03, 0.04],
+        2: [0.0] * 4 + [0.5] * 3,
+    }
+    found = _medians_of(repeated)
+    assert found[0] == 0.010  # every value in its bucket is the same: exact
+    assert math.isclose(found[1], (0.0101 + 0.03) / 2, rel_tol=RELATIVE_ERROR)  # an even count: the middle two
+    assert found[2] == 0.0
