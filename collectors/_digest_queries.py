@@ -11,7 +11,7 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 
 from __future__ import annotations
 
-from ranksight.verdict_digest import MEDIANS, bucket_value_sql
+from ranksight.verdict_digest import MEDIANS, medians_of
 
 from ._digest_source import keep_medians, noted_medians
 
@@ -38,24 +38,18 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
 
 
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
-    value = bucket_value_sql("bucket", "lo", "hi")
-    picks = ", ".join(f"max(median) FILTER (WHERE figure = '{f}') AS {f}" for f in figures)
-    sql = f"""
-        WITH h AS (SELECT rank, figure, bucket, sum(n) AS n, min(lo) AS lo, max(hi) AS hi FROM {parts['hist']}
-                   WHERE NOT warm AND figure IN (SELECT unnest(?::VARCHAR[])) GROUP BY rank, figure, bucket),
-             c AS (SELECT *, {value} AS v,
-                          sum(n) OVER (PARTITION BY rank, figure ORDER BY bucket ROWS UNBOUNDED PRECEDING) AS upto,
-                          sum(n) OVER (PARTITION BY rank, figure) AS total
-                   FROM h),
-             m AS (SELECT rank, figure,
-                          (max(v) FILTER (WHERE upto - n <= (total - 1) // 2 AND (total - 1) // 2 < upto)
-                           + max(v) FILTER (WHERE upto - n <= total // 2 AND total // 2 < upto)) / 2 AS median
-                   FROM c GROUP BY rank, figure)
-        SELECT rank, {picks} FROM m GROUP BY rank
-    """
-    cur = con.execute(sql, [list(figures)])
-    names = [d[0] for d in cur.description]
-    return {row[0]: dict(zip(names[1:], row[1:])) for row in cur.fetchall()}
+    """Merge the histograms of every file by (rank, figure, bucket) in DuckDB, find the middle in numpy (a
+    window over the merged rows took 0.28 s against ~0.05 s at 1,024 ranks on 2 cores)."""
+    rows = con.execute(
+        f"""SELECT rank, figure, bucket, sum(n) AS n, min(lo) AS lo, max(hi) AS hi FROM {parts['hist']}
+            WHERE NOT warm AND figure IN (SELECT unnest(?::VARCHAR[]))
+            GROUP BY rank, figure, bucket ORDER BY rank, figure, bucket""",
+        [list(figures)],
+    ).fetchnumpy()
+    out: dict[int, dict] = {}
+    for (rank, figure), median in medians_of(rows).items():
+        out.setdefault(rank, {})[figure] = median
+    return out
 
 
 def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:

@@ -12,7 +12,15 @@ from __future__ import annotations
 import os
 import weakref
 
-from ranksight.digest import COLUMNS, DigestError, chunk_of_key, digest_keys, digest_paths, read_digests
+from ranksight.digest import (
+    COLUMNS,
+    DigestError,
+    chunk_of_key,
+    digest_keys,
+    digest_paths,
+    read_digest_parts,
+    read_digests,
+)
 
 from ._answers import answering
 from ._tables import DIGESTS_TABLE, STORE_ALIAS, sql_literal, store_tables
@@ -85,31 +93,36 @@ def covering_digests(con) -> str | None:
     return source if rows and held == rows else None
 
 
-def verdict_digests(con) -> dict[str, str] | None:
-    """{part: registered name} of the verdict's digest parts (``ranksight.verdict_digest``: ``sums``,
-    ``hist``, ``steps``) when they stand for every row of ``con``'s ``steps`` view, else None.
+def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
+    """{part: registered name} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted`` --
+    ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
+    ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
+    ``steps``, the biggest).
 
     Only a live spool's digests serve here (the store keeps the rollup's part alone, and answers for a run
     that ended); one that does not read, or a file without its digest, leaves the queries to the rows."""
     import duckdb
 
     noted = _sources.get(con)
-    if noted is None or noted.store or not noted.paths or answering(con):
+    if noted is None or noted.store or not noted.paths or answering(con) or noted.verdict == {}:
         return None
     if noted.verdict is None:
         noted.verdict = {}
-        try:
-            for part in ("sums", "hist", "steps"):
-                name = f"{_REGISTERED}_{part}"
-                con.register(name, read_digests(noted.paths, part, with_file=False))
-                noted.verdict[part] = name
-            rows = _step_rows(con)
-            held = [con.execute(f"SELECT sum(n) FROM {noted.verdict[p]}").fetchall()[0][0] for p in ("sums", "steps")]
-            if not rows or held != [rows, rows]:
-                noted.verdict = {}
-        except (duckdb.Error, DigestError):
-            noted.verdict = {}
-    return noted.verdict or None
+    missing = [p for p in ("sums", *wanted) if p not in noted.verdict]
+    try:
+        rows = _step_rows(con) if missing else 0
+        for part, table in (read_digest_parts(noted.paths, tuple(missing)).items() if missing else ()):
+            name = f"{_REGISTERED}_{part}"
+            con.register(name, table)
+            if part in ("sums", "steps"):  # one row per step row: their counts add up to the view's rows
+                held = con.execute(f"SELECT sum(n) FROM {name}").fetchall()[0][0]
+                if not rows or held != rows:
+                    raise DigestError(f"the digests hold {held} step rows of {rows}")
+            noted.verdict[part] = name
+    except (duckdb.Error, DigestError):
+        noted.verdict = {}  # do not try again on this connection
+        return None
+    return dict(noted.verdict)
 
 
 def _step_rows(con) -> int:

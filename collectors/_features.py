@@ -524,7 +524,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
     Only steps with a row from every compared rank count. Rows are counted, not distinct ranks (a
     rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
     steps: 1.56 s against 0.21 s)."""
-    parts = verdict_digests(con) if since_ns is None else None
+    parts = verdict_digests(con, "steps") if since_ns is None else None
     found = _digest_queries.slowest_shares(con, parts, warmup_steps, ranks, use_gpu) if parts else None
     if found is not None:
         return found

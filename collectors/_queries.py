@@ -82,7 +82,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int) -> list[dict]:
     medians within ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a
     rank with no more rows than that keeps them all, as the rows' query does (its row count comes from the
     digests too, which saves the medians' query a scan of every row)."""
-    parts = verdict_digests(con)
+    parts = verdict_digests(con, "hist")
     found = _digest_queries.medians(con, parts, warmup_steps, ("period", "compute")) if parts else None
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
     medians = f"""medians AS (SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
@@ -141,7 +141,7 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
 def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
-    parts = verdict_digests(con) if since_ns is None else None
+    parts = verdict_digests(con, "hist") if since_ns is None else None
     found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
     if found is not None:
         return found
@@ -186,7 +186,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
     cost its extra thread CPU time accounts for; None when no step has every rank.
     """
-    parts = verdict_digests(con) if since_ns is None else None
+    parts = verdict_digests(con, "steps") if since_ns is None else None
     rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
     if rows is None:
         rows = _wait_rows(con, warmup_steps, since_ns, ranks)

@@ -188,23 +188,32 @@ def pack_parts(parts: dict) -> bytes:
 
 def read_part(path: str, part: str):
     """One part of a digest file as a pyarrow table (raises OSError, ValueError or an Arrow error)."""
+    return read_parts(path, (part,))[part]
+
+
+def read_parts(path: str, parts) -> dict:
+    """{part: pyarrow table} of the named parts of one digest file, read in one opening."""
     import json
 
     import pyarrow as pa
 
+    out = {}
     with open(path, "rb") as f:
         head = f.read(len(_MAGIC) + 4)
         if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
             raise ValueError("not a ranksight digest")
         header = json.loads(f.read(int.from_bytes(head[len(_MAGIC):], "little")))
-        if part not in header:
-            raise ValueError(f"no {part} part")
-        offset, length = header[part]
-        f.seek(offset, os.SEEK_CUR)
-        body = f.read(length)
-    if len(body) != length:
-        raise ValueError("cut short")
-    return pa.ipc.open_file(pa.py_buffer(body)).read_all()
+        start = f.tell()
+        for part in parts:
+            if part not in header:
+                raise ValueError(f"no {part} part")
+            offset, length = header[part]
+            f.seek(start + offset)
+            body = f.read(length)
+            if len(body) != length:
+                raise ValueError("cut short")
+            out[part] = pa.ipc.open_file(pa.py_buffer(body)).read_all()
+    return out
 
 
 def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
@@ -226,29 +235,40 @@ def read_digests(paths: list[str], part: str = "chunks", with_file: bool = True)
     ``chunks``) with the column ``file`` (each row's step file name) unless not ``with_file``. Raises
     ``DigestError`` naming the first file that does not read: callers then read the rows of those files
     instead."""
+    return read_digest_parts(paths, (part,), with_file)[part]
+
+
+def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
+    """{part: one pyarrow table of that part's rows in every file of ``paths``} (see ``read_digests``),
+    each file opened once. Raises ``DigestError`` naming the first file that does not read."""
     import pyarrow as pa
 
-    schema = digest_schema() if part == "chunks" else None
-    tables, files = [], []
+    schema = digest_schema()
+    tables: dict[str, list] = {part: [] for part in parts}
+    files: dict[str, list] = {part: [] for part in parts}
     for path in paths:
         try:
-            table = read_part(path, part)
-            if schema is not None:
-                table = table.select([c for c, _ in COLUMNS])
-                if table.schema != schema:
-                    table = table.cast(schema)
+            found = read_parts(path, parts)
+            if "chunks" in found:
+                table = found["chunks"].select([c for c, _ in COLUMNS])
+                found["chunks"] = table if table.schema == schema else table.cast(schema)
         except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as exc:
             raise DigestError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-        tables.append(table)
-        if with_file:
-            files.extend([os.path.basename(path)] * table.num_rows)
-    if not tables:
-        if schema is None:
-            raise DigestError("no digest files")
-        return schema.empty_table().append_column("file", pa.array([], pa.string()))
-    # One chunk, not one per file: DuckDB scans 1,250 one-file chunks ~8x slower than the same rows in one.
-    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
-    return table.append_column("file", pa.array(files, pa.string())) if with_file else table
+        for part, table in found.items():
+            tables[part].append(table)
+            if with_file:
+                files[part].extend([os.path.basename(path)] * table.num_rows)
+    out = {}
+    for part in parts:
+        if not tables[part]:
+            if part != "chunks":
+                raise DigestError("no digest files")
+            table = schema.empty_table()
+        else:
+            # One chunk, not one per file: DuckDB scans 1,250 one-file chunks ~8x slower than the same rows.
+            table = pa.concat_tables(tables[part], promote_options="permissive").combine_chunks()
+        out[part] = table.append_column("file", pa.array(files[part], pa.string())) if with_file else table
+    return out
 
 
 class DigestError(Exception):

@@ -111,12 +111,35 @@ def bucket_sql(value: str, whole: bool) -> str:
     )
 
 
-def bucket_value_sql(bucket: str, lo: str, hi: str) -> str:
-    """The value a ``hist`` bucket stands for: its values' own where they are all one (whole numbers, a
-    duration repeated), else the point of the bucket whose relative distance to every value in it is at most
-    ``RELATIVE_ERROR``, kept within the least and greatest value the bucket holds."""
-    point = f"2 * exp({bucket} * {_LOG_GAMMA!r}) / {GAMMA + 1!r}"
-    return f"CASE WHEN {lo} = {hi} THEN {lo} ELSE greatest({lo}, least({hi}, {point})) END"
+def bucket_values(bucket, lo, hi):
+    """The values ``hist`` buckets stand for (numpy arrays in, one out): their values' own where they are all
+    one (whole numbers, a duration repeated), else the point of the bucket whose relative distance to every
+    value in it is at most ``RELATIVE_ERROR``, kept within the least and greatest value the bucket holds."""
+    import numpy as np
+
+    with np.errstate(over="ignore", under="ignore"):
+        point = 2 * np.exp(bucket.astype(np.float64) * _LOG_GAMMA) / (GAMMA + 1)
+    return np.where(lo == hi, lo, np.clip(point, lo, hi))
+
+
+def medians_of(rows) -> dict:
+    """{(rank, figure): median} from merged ``hist`` rows -- numpy arrays ``rank``, ``figure``, ``bucket``,
+    ``n``, ``lo``, ``hi``, sorted by (rank, figure, bucket), one row per bucket -- the way DuckDB's median
+    reads them: the mean of the two middle values (one for an odd count)."""
+    import numpy as np
+
+    rank, figure, n = rows["rank"], rows["figure"], rows["n"].astype(np.int64)
+    if not len(n):
+        return {}
+    values = bucket_values(rows["bucket"], rows["lo"], rows["hi"])
+    starts = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (figure[1:] != figure[:-1])])
+    cum = np.cumsum(n)
+    before = np.r_[0, cum][starts]  # rows counted before each (rank, figure)
+    total = np.add.reduceat(n, starts)
+    low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
+    high = np.searchsorted(cum, before + total // 2, side="right")
+    middle = (values[low] + values[high]) / 2
+    return {(int(rank[s]), str(figure[s])): float(m) for s, m in zip(starts, middle)}
 
 
 def hist_sql(source: str) -> str:
