@@ -39,6 +39,7 @@ class _Noted:
         self.source: str | None = None
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
+        self.preloaded: dict = {}  # verdict parts read with the rollup's part, not registered yet
         self.medians: dict[int, dict] | None = None  # warm-up -> {rank: {figure: median}} from the hist part
 
 
@@ -65,7 +66,12 @@ def _source(con, noted: _Noted) -> str:
         columns = ", ".join(c for c, _ in COLUMNS)
         parts = []
         if noted.paths:
-            con.register(_REGISTERED, read_digests(noted.paths))
+            if noted.store:
+                con.register(_REGISTERED, read_digests(noted.paths, with_file=False))
+            else:  # the breakdown asks for the verdict's medians next: read those parts in the same opening
+                read = read_digest_parts(noted.paths, ("chunks", "sums", "hist"))
+                con.register(_REGISTERED, read.pop("chunks"))
+                noted.preloaded = read
             parts.append(f"SELECT {columns} FROM {_REGISTERED}")
         if noted.store:
             parts.append(f"SELECT {columns} FROM {STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = {sql_literal(noted.key)}")
@@ -111,7 +117,10 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     missing = [p for p in ("sums", *wanted) if p not in noted.verdict]
     try:
         rows = _step_rows(con) if missing else 0
-        for part, table in (read_digest_parts(noted.paths, tuple(missing)).items() if missing else ()):
+        preloaded = {p: noted.preloaded.pop(p) for p in missing if p in noted.preloaded}
+        unread = tuple(p for p in missing if p not in preloaded)
+        read = {**preloaded, **(read_digest_parts(noted.paths, unread) if unread else {})}
+        for part, table in read.items():
             name = f"{_REGISTERED}_{part}"
             con.register(name, table)
             if part in ("sums", "steps"):  # one row per step row: their counts add up to the view's rows

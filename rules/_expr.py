@@ -50,11 +50,14 @@ class Unknown(Exception):
 
 @dataclass(frozen=True)
 class Expr:
-    """A parsed expression and the feature names it reads."""
+    """A parsed expression, the feature names it reads, and the tree compiled to nested closures: a
+    diagnosis evaluates every rule on every rank (57,000 evaluations at 1,024 ranks), and closures take a
+    third of the tree walk's time."""
 
     text: str
     tree: ast.AST = field(repr=False, compare=False)
     names: frozenset
+    fn: object = field(default=None, repr=False, compare=False)
 
 
 def parse(text) -> Expr:
@@ -72,7 +75,7 @@ def parse(text) -> Expr:
         raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)")
     names: set[str] = set()
     _check(tree.body, names)
-    return Expr(text, tree.body, frozenset(names))
+    return Expr(text, tree.body, frozenset(names), _compile(tree.body))
 
 
 def _syntax_tree(text: str) -> ast.Expression:
@@ -144,9 +147,85 @@ def evaluate(expr: Expr, env: dict):
     zero: a figure the run could not give must not stop the diagnosis.
     """
     try:
-        return _eval(expr.tree, env)
+        return expr.fn(env) if expr.fn is not None else _eval(expr.tree, env)
     except (Unknown, ArithmeticError, ValueError, TypeError):
         return None
+
+
+def _compile(node: ast.AST):
+    """A function of ``env`` that gives what ``_eval(node, env)`` gives (raising alike), built once."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+        return lambda env: value
+    if isinstance(node, ast.Name):
+        name = node.id
+        if name in _CONSTS:
+            const = _CONSTS[name]
+            return lambda env: const
+
+        def feature(env):
+            value = env.get(name)
+            if value is None:
+                raise Unknown(name)
+            return value
+
+        return feature
+    if isinstance(node, ast.BinOp):
+        left, right, op = _compile(node.left), _compile(node.right), _BINOPS[type(node.op)]
+        if isinstance(node.op, ast.Div):
+
+            def divide(env):
+                a, b = left(env), right(env)
+                if b == 0:
+                    raise Unknown("division by zero")
+                return op(a, b)
+
+            return divide
+        return lambda env: op(left(env), right(env))
+    if isinstance(node, ast.UnaryOp):
+        operand = _compile(node.operand)
+        if isinstance(node.op, ast.USub):
+            return lambda env: -operand(env)
+        return lambda env: not operand(env)
+    if isinstance(node, ast.BoolOp):
+        values = [_compile(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return lambda env: all(bool(v(env)) for v in values)  # stops at the first false, like Python
+        return lambda env: any(bool(v(env)) for v in values)
+    if isinstance(node, ast.Compare):
+        first = _compile(node.left)
+        rest = [(_CMPOPS[type(op)], _compile(c)) for op, c in zip(node.ops, node.comparators)]
+
+        def compare(env):
+            left = first(env)
+            for op, comparator in rest:
+                right = comparator(env)
+                if not op(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
+    if isinstance(node, ast.Call):
+        args = [_compile(a) for a in node.args]
+        if node.func.id == "coalesce":
+
+            def coalesce(env):
+                for arg in args:
+                    try:
+                        return arg(env)
+                    except Unknown:
+                        continue
+                raise Unknown("coalesce")
+
+            return coalesce
+        func = _FUNCS[node.func.id]
+        return lambda env: func(*(a(env) for a in args))
+
+    def unknown(env):
+        raise Unknown(type(node).__name__)
+
+    return unknown
 
 
 def _eval(node: ast.AST, env: dict):
