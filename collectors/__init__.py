@@ -24,7 +24,16 @@ from ._rundir import (
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
 from ._spool_reader import open_run, skipped_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
-from ._tables import DIGESTS_TABLE, SEGMENT_COLUMN, STORE_ALIAS, ingested_segments, select_list, stored_digests
+from ._tables import (
+    DIGESTS_TABLE,
+    SEGMENT_COLUMN,
+    STORE_ALIAS,
+    ingested_segments,
+    register_arrow,
+    select_list,
+    stored_digests,
+    unregister_arrow,
+)
 
 __all__ = [
     # finding and reading runs
@@ -74,6 +83,8 @@ __all__ = [
     "ingested_segments",
     "select_list",
     "stored_digests",
+    "register_arrow",
+    "unregister_arrow",
     # multi-node jobs
     "PrometheusError",
     "PrometheusReader",

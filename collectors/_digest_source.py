@@ -23,7 +23,7 @@ from ranksight.digest import (
 )
 
 from ._answers import answering
-from ._tables import DIGESTS_TABLE, STORE_ALIAS, sql_literal, store_tables
+from ._tables import DIGESTS_TABLE, STORE_ALIAS, register_arrow, sql_literal, store_tables
 
 _sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> _Noted
 _REGISTERED = "_ranksight_step_digests"
@@ -67,10 +67,10 @@ def _source(con, noted: _Noted) -> str:
         parts = []
         if noted.paths:
             if noted.store:
-                con.register(_REGISTERED, read_digests(noted.paths, with_file=False))
+                register_arrow(con, _REGISTERED, read_digests(noted.paths, with_file=False))
             else:  # the breakdown asks for the verdict's medians next: read those parts in the same opening
                 read = read_digest_parts(noted.paths, ("chunks", "sums", "hist"))
-                con.register(_REGISTERED, read.pop("chunks"))
+                register_arrow(con, _REGISTERED, read.pop("chunks"))
                 noted.preloaded = read
             parts.append(f"SELECT {columns} FROM {_REGISTERED}")
         if noted.store:
@@ -122,7 +122,7 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         read = {**preloaded, **(read_digest_parts(noted.paths, unread) if unread else {})}
         for part, table in read.items():
             name = f"{_REGISTERED}_{part}"
-            con.register(name, table)
+            register_arrow(con, name, table)
             if part in ("sums", "steps"):  # one row per step row: their counts add up to the view's rows
                 held = con.execute(f"SELECT sum(n) FROM {name}").fetchall()[0][0]
                 if not rows or held != rows:

@@ -51,10 +51,12 @@ from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
+    register_arrow,
     select_list,
     sql_literal,
     store_tables,
     store_views,
+    unregister_arrow,
 )
 
 log = logging.getLogger("ranksight")
@@ -374,7 +376,7 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
         except DigestError as exc:
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, exc)
             continue
-        con.register("_digest_rows", table)
+        register_arrow(con, "_digest_rows", table)
         con.execute("BEGIN TRANSACTION")
         try:
             con.execute(f"INSERT INTO {DIGESTS_TABLE} SELECT ?, file, {columns} FROM _digest_rows", [key])
@@ -383,7 +385,7 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
             con.execute("ROLLBACK")
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
         finally:
-            con.unregister("_digest_rows")
+            unregister_arrow(con, "_digest_rows")
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

@@ -88,3 +88,16 @@ def store_tables(con, catalog: str) -> set[str]:
 def sql_literal(text: str) -> str:
     """Quote a path for DuckDB DDL (views cannot take bound parameters)."""
     return "'" + text.replace("'", "''") + "'"
+
+
+def register_arrow(con, name: str, table) -> None:
+    """``con.register(name, table)``, after finishing any result a caller left half-read on ``con``:
+    DuckDB 2 refuses to register or unregister while one is pending ("unfinished result")."""
+    con.execute("SELECT 1").fetchall()
+    con.register(name, table)
+
+
+def unregister_arrow(con, name: str) -> None:
+    """``con.unregister(name)``, after finishing any half-read result (see ``register_arrow``)."""
+    con.execute("SELECT 1").fetchall()
+    con.unregister(name)

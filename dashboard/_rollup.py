@@ -24,11 +24,13 @@ from ranksight.collectors import (
     ingested_segments,
     open_run,
     read_rank_meta,
+    register_arrow,
     segment_columns,
     segment_files,
     select_list,
     store_signature,
     stored_digests,
+    unregister_arrow,
 )
 from ranksight.digest import (
     COLUMNS,
@@ -126,12 +128,12 @@ class Rollup:
         except DigestError as exc:
             log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
             return files
-        self.con.register("_digest_rows", table)
+        register_arrow(self.con, "_digest_rows", table)
         try:
             if not self._insert_digests("_digest_rows", {}, len(digests)):
                 return files
         finally:
-            self.con.unregister("_digest_rows")
+            unregister_arrow(self.con, "_digest_rows")
         return [p for p in files if os.path.basename(p) not in digests]
 
     def _insert_digests(self, source: str, params: dict, count: int) -> bool:

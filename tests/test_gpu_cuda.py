@@ -415,12 +415,13 @@ def test_events_on_one_step_in_k(monitor):
 def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tmp_path, monkeypatch):
     """A CUDA rank with a node spool: its publisher (DuckDB, on the agent thread) writes each step file's
     digest while the loop runs under sync debug mode "error"; the rollup folds the digests and the
-    breakdown taken from them equals the one from the rows, GPU columns included."""
+    breakdown taken from them equals the one from the rows (medians within their bound), GPU columns included."""
     import ranksight
     from ranksight.collectors import open_run, step_breakdown
     from ranksight.collectors._digest_source import covering_digests
     from ranksight.dashboard import Rollup
     from ranksight.digest import DIGEST_DIR
+    from ranksight.verdict_digest import RELATIVE_ERROR
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -452,7 +453,7 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     rollup = Rollup(run)
     assert rollup.digested == len(files)
     con = open_run(run, follow_spool=False)
-    assert con.execute("SELECT count(gpu_step_s) FROM steps").fetchone()[0] > 0
+    assert con.execute("SELECT count(gpu_step_s) FROM steps").fetchone()[0] > 0  # left half-read on purpose
     from_digests = step_breakdown(con)
     assert covering_digests(con) is not None
     digests = os.path.join(run, "steps", DIGEST_DIR)
@@ -462,8 +463,9 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     assert covering_digests(con) is None
     assert from_digests[0].keys() == from_rows[0].keys()
     for key, value in from_digests[0].items():
-        if isinstance(value, float):
-            assert value == pytest.approx(from_rows[0][key], rel=1e-9), key
+        if isinstance(value, float):  # medians from the digests' histograms, within their bound
+            rel = RELATIVE_ERROR if key in ("step_median_s", "compute_median_s") else 1e-9
+            assert value == pytest.approx(from_rows[0][key], rel=rel), key
         else:
             assert value == from_rows[0][key], key
 

@@ -1,0 +1,148 @@
+"""The verdict from step digests against the verdict from the rows, on real runs of the diagnosis corpus.
+
+Why: ``diagnose()`` reads a run's per-rank medians from the digests' histograms (within 0.5 %) and its
+per-step comparisons across ranks from per-file partials when the node spool published them
+(``ranksight.verdict_digest``). This script takes finished run folders (``diagnosis_corpus.py --out``'s
+``runs/*``, CPU or GPU), gives every step segment of a copy the digest a node spool's publisher would
+write, and diagnoses the copy twice -- from the digests and with them set aside -- so that what the
+approximation changes on jobs we did not plant is counted: findings that differ, and each feature's
+largest relative difference.
+
+    python benchmarks/digest_verdict_corpus.py /tmp/corpus_full /tmp/gpu-corpus-a --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+
+def run_folders(roots: list[str]) -> list[str]:
+    """Run folders (a ``ranks/`` and a ``steps/`` folder) under each root's ``runs/`` (or the root itself)."""
+    found = []
+    for root in roots:
+        for path in sorted(glob.glob(os.path.join(glob.escape(root), "runs", "*"))) or [root]:
+            if os.path.isdir(os.path.join(path, "ranks")) and os.path.isdir(os.path.join(path, "steps")):
+                found.append(path)
+    return found
+
+
+def _write_durably(directory: str, name: str, write) -> None:
+    tmp = os.path.join(directory, f".{name}.partial")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def digest_every_segment(run: str) -> int:
+    """Write the node spool's digest beside every step segment of ``run``; the segments digested."""
+    import pyarrow.parquet as pq
+
+    from ranksight.collectors import segment_files
+    from ranksight.digest import write_digest
+
+    steps = os.path.join(run, "steps")
+    files = segment_files(run, "steps")
+    for path in files:
+        write_digest(pq.read_table(path), steps, os.path.basename(path), _write_durably)
+    return len(files)
+
+
+def verdict_of(run: str) -> tuple[list, dict, bool]:
+    """(findings as (rule, ranks, severity), features per rank, whether the verdict read digests)."""
+    from ranksight.collectors import open_run, run_features
+    from ranksight.collectors._digest_source import verdict_digests
+    from ranksight.rules import diagnose
+
+    con = open_run(run, follow_spool=False)
+    used = verdict_digests(con, "hist", "steps") is not None
+    con.close()
+    findings = [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in diagnose(run)["findings"]]
+    return findings, run_features(run), used
+
+
+def compare(run: str, workdir: str) -> dict:
+    from ranksight.digest import DIGEST_DIR
+
+    copy = os.path.join(workdir, os.path.basename(run))
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("store.duckdb*", ".digests"))
+    segments = digest_every_segment(copy)
+    digested, feats_d, used = verdict_of(copy)
+    digests = os.path.join(copy, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    rows, feats_r, _ = verdict_of(copy)
+    shutil.rmtree(copy)
+    worst: dict[str, float] = {}
+    for rank, f in feats_r.items():
+        for key, value in f.items():
+            other = feats_d.get(rank, {}).get(key)
+            if isinstance(value, float) and isinstance(other, float) and value != other:
+                rel = abs(other - value) / max(abs(value), 1e-12)
+                if math.isfinite(rel) and rel > worst.get(key, 0.0):
+                    worst[key] = rel
+            elif value != other and not (isinstance(value, float) and isinstance(other, float)):
+                worst[key] = math.inf
+    return {
+        "run": os.path.basename(run),
+        "segments": segments,
+        "digests_used": used,
+        "findings_same": digested == rows,
+        "first_same": digested[:1] == rows[:1],
+        "from_digests": digested,
+        "from_rows": rows,
+        "largest_relative_difference": {k: v for k, v in sorted(worst.items()) if v > 1e-9},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    runs = run_folders(args.roots)
+    if not runs:
+        print(f"no run folders under {', '.join(args.roots)}", file=sys.stderr)
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory(prefix="digest-verdict-") as workdir:
+        for run in runs:
+            try:
+                results.append(compare(run, workdir))
+            except Exception as exc:  # noqa: BLE001 -- a run that cannot be diagnosed is reported, not fatal
+                results.append({"run": os.path.basename(run), "error": str(exc).splitlines()[0]})
+    done = [r for r in results if "error" not in r]
+    used = [r for r in done if r["digests_used"]]
+    worst: dict[str, float] = {}
+    for r in used:
+        for k, v in r["largest_relative_difference"].items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    summary = {
+        "runs": len(results),
+        "diagnosed": len(done),
+        "verdict_read_digests": len(used),
+        "findings_same": sum(r["findings_same"] for r in used),
+        "first_finding_same": sum(r["first_same"] for r in used),
+        "largest_relative_difference": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
+        "errors": [r for r in results if "error" in r],
+    }
+    print(f"{summary['verdict_read_digests']} of {len(results)} runs diagnosed from digests: findings identical "
+          f"in {summary['findings_same']}, first finding identical in {summary['first_finding_same']}")
+    for k, v in summary["largest_relative_difference"].items():
+        print(f"  {k}: largest relative difference {v:.4%}")
+    for r in used:
+        if not r["findings_same"]:
+            print(f"  {r['run']}: digests {r['from_digests']} / rows {r['from_rows']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "runs": results}, f, indent=1, default=list)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
