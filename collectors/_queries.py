@@ -197,6 +197,8 @@ def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -
     """Per step seen by every one of ``ranks``: period, floors, the least and second-least wait and who
     waited least, and the CPU figures of that rank (``wait_asymmetry`` reads them)."""
     source = steps_source(con, since_ns)
+    # Who waited least is the least (wait, rank): equal waits name the lowest rank, whatever order DuckDB's
+    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.verdict_digest``).
     # The second-least wait of a step is min(x, 2)[2]: two values kept per step. Sorting a list of every
     # rank's wait per step took 2.3 s against 0.26 s at 1,024 ranks x 10,000 steps (docs/scale.md).
     sql = f"""
@@ -208,12 +210,13 @@ def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -
         SELECT step, avg(period_s) AS period_s, min(grad_s) AS grad_floor_s, min(blocked_s) AS blocked_floor_s,
                bool_or(timed) AS timed, min(grad_s + blocked_s) AS least_s,
                CASE WHEN count(*) >= 2 THEN min(grad_s + blocked_s, 2)[2] END AS second_s,
-               arg_min(rank, grad_s + blocked_s) AS least_rank,
+               arg_min(rank, (grad_s + blocked_s, rank)) AS least_rank,
                CASE WHEN count(cpu_s) = count(*) AND count(*) >= 2
-                    THEN arg_min(cpu_s, grad_s + blocked_s)
-                         - (sum(cpu_s) - arg_min(cpu_s, grad_s + blocked_s)) / (count(*) - 1) END AS extra_cpu_s,
-               arg_min(cpu_s, grad_s + blocked_s) AS least_cpu_s,
-               arg_min(period_s - grad_s - blocked_s - data_s, grad_s + blocked_s) AS least_busy_s
+                    THEN arg_min(cpu_s, (grad_s + blocked_s, rank))
+                         - (sum(cpu_s) - arg_min(cpu_s, (grad_s + blocked_s, rank))) / (count(*) - 1)
+               END AS extra_cpu_s,
+               arg_min(cpu_s, (grad_s + blocked_s, rank)) AS least_cpu_s,
+               arg_min(period_s - grad_s - blocked_s - data_s, (grad_s + blocked_s, rank)) AS least_busy_s
         FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
     """
     return query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])[1]

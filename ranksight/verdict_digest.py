@@ -68,6 +68,10 @@ MEDIANS: dict[str, tuple[str, bool]] = {
 """Figure -> (SQL of one row's value, whole numbers: one bucket per value) of ``hist``."""
 
 _TOTAL_WAIT = f"({GRAD_COMM_SQL}) + ({BLOCKED_SQL})"
+LEAST_KEY = f"({_TOTAL_WAIT}, rank)"
+"""Who waited least at a step: the least total wait, the lowest rank among equal waits (a tie -- two ranks
+that waited nothing -- names the same rank whichever order the rows are read in, here and in the rows'
+query, ``collectors._queries``)."""
 _CPU = "CASE WHEN gpu_step_s IS NULL THEN cpu_s END"
 _BUSY = f"{PERIOD_SQL} - ({GRAD_COMM_SQL}) - ({BLOCKED_SQL}) - coalesce(data_wait_s, 0)"
 
@@ -79,12 +83,13 @@ STEPS_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("timed", "BOOLEAN", "bool_or(comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL)"),
     ("least", "DOUBLE", f"min({_TOTAL_WAIT})"),
     ("second", "DOUBLE", f"CASE WHEN count(*) >= 2 THEN min({_TOTAL_WAIT}, 2)[2] END"),
-    ("least_rank", "INTEGER", f"arg_min(rank, {_TOTAL_WAIT})"),
+    ("least_rank", "INTEGER", f"arg_min(rank, {LEAST_KEY})"),
     ("cpu_n", "BIGINT", f"count({_CPU})"),
     ("cpu_sum", "DOUBLE", f"sum({_CPU})"),
     ("cpu_key", "DOUBLE", f"min({_TOTAL_WAIT}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
-    ("least_cpu", "DOUBLE", f"arg_min({_CPU}, {_TOTAL_WAIT}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
-    ("least_busy", "DOUBLE", f"arg_min({_BUSY}, {_TOTAL_WAIT})"),
+    ("cpu_key_rank", "INTEGER", f"arg_min(rank, {LEAST_KEY}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
+    ("least_cpu", "DOUBLE", f"arg_min({_CPU}, {LEAST_KEY}) FILTER (WHERE ({_CPU}) IS NOT NULL)"),
+    ("least_busy", "DOUBLE", f"arg_min({_BUSY}, {LEAST_KEY})"),
     ("compute_n", "BIGINT", "count(compute_s)"),
     ("compute_max", "DOUBLE", "max(compute_s)"),
     ("compute_rank", "INTEGER", "arg_max(rank, compute_s) FILTER (WHERE compute_s IS NOT NULL)"),
