@@ -11,14 +11,17 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 
 from __future__ import annotations
 
+from ranksight.digest import WARMUP_STEPS
 from ranksight.verdict_digest import MEDIANS, medians_of
 
 from ._digest_source import keep_medians, noted_medians
 
 
 def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
-    """The digests' ranks, sorted, when each has more rows than the warm-up (so warm rows are left out
-    everywhere, as the rows' ``kept`` does); else None."""
+    """The digests' ranks, sorted, when the warm-up is the digests' own (their ``warm`` flag) and each rank
+    has more rows than it (so warm rows are left out everywhere, as the rows' ``kept`` does); else None."""
+    if warmup_steps != WARMUP_STEPS:
+        return None
     rows = con.execute(f"SELECT rank, sum(n) FROM {parts['sums']} GROUP BY rank").fetchall()
     if not rows or any(n <= warmup_steps for _, n in rows):
         return None
@@ -115,6 +118,8 @@ def wait_rows(con, parts: dict, warmup_steps: int, ranks: list[int]) -> list[tup
 def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gpu: bool) -> dict[int, float] | None:
     """Per rank, the share of steps (recorded by every one of ``ranks``) in which its compute was the longest,
     from the ``steps`` part; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
+    if warmup_steps != WARMUP_STEPS:
+        return None
     found = con.execute(f"SELECT DISTINCT rank FROM {parts['sums']} ORDER BY rank").fetchall()
     if [r for (r,) in found] != sorted(ranks):
         return None

@@ -77,6 +77,23 @@ def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path
     assert verdict and verdict == [(f["rule"], f["ranks"], f["severity"]) for f in second["findings"]]
 
 
+def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
+    """The digests keep the default warm-up's first steps apart; a verdict with another warm-up reads rows."""
+    run = _published_run(tmp_path)
+    con = open_run(run, follow_spool=False)
+    parts = verdict_digests(con, "hist", "steps")
+    assert parts is not None and medians(con, parts, 3, ("period",)) is None
+    con.close()
+    from_digests = run_features(run, warmup_steps=3)
+    assert from_digests[0]["steps"] == 117
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    rows = run_features(run, warmup_steps=3)
+    os.rename(digests + "-aside", digests)
+    _assert_same_features(from_digests, rows)
+    assert all(from_digests[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)
+
+
 def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_rows(tmp_path):
     run = _published_run(tmp_path, publishes=1)
     _write_steps(str(tmp_path / "local" / "run"), [7], range(3))
