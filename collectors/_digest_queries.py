@@ -42,16 +42,19 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
 
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     """Merge the histograms of every file by (rank, figure, bucket) in DuckDB, find the middle in numpy (a
-    window over the merged rows took 0.28 s against ~0.05 s at 1,024 ranks on 2 cores)."""
+    window over the merged rows took 0.28 s against ~0.05 s at 1,024 ranks on 2 cores). Figures travel as
+    their position in ``figures`` and counts as BIGINT: strings and DuckDB's 128-bit sums become Python
+    objects in numpy (0.18 s against 0.10 s for the query here)."""
     rows = con.execute(
-        f"""SELECT rank, figure, bucket, sum(n) AS n, min(lo) AS lo, max(hi) AS hi FROM {parts['hist']}
-            WHERE NOT warm AND figure IN (SELECT unnest(?::VARCHAR[]))
-            GROUP BY rank, figure, bucket ORDER BY rank, figure, bucket""",
-        [list(figures)],
+        f"""SELECT rank, list_position(?::VARCHAR[], figure) AS figure, bucket, sum(n)::BIGINT AS n,
+                   min(lo) AS lo, max(hi) AS hi
+            FROM {parts['hist']} WHERE NOT warm AND list_position(?::VARCHAR[], figure) > 0
+            GROUP BY ALL ORDER BY ALL""",
+        [list(figures), list(figures)],
     ).fetchnumpy()
     out: dict[int, dict] = {}
-    for (rank, figure), median in medians_of(rows).items():
-        out.setdefault(rank, {})[figure] = median
+    for (rank, position), median in medians_of(rows).items():
+        out.setdefault(rank, {})[figures[int(position) - 1]] = median
     return out
 
 

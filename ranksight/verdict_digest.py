@@ -144,7 +144,8 @@ def medians_of(rows) -> dict:
     low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
     high = np.searchsorted(cum, before + total // 2, side="right")
     middle = (values[low] + values[high]) / 2
-    return {(int(rank[s]), str(figure[s])): float(m) for s, m in zip(starts, middle)}
+    return {(int(rank[s]), figure[s].item() if hasattr(figure[s], "item") else figure[s]): float(m)
+            for s, m in zip(starts, middle)}
 
 
 def hist_sql(source: str) -> str:
