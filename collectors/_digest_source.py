@@ -69,7 +69,10 @@ def _source(con, noted: _Noted) -> str:
             if noted.store:
                 register_arrow(con, _REGISTERED, read_digests(noted.paths, with_file=False))
             else:  # the breakdown asks for the verdict's medians next: read those parts in the same opening
-                read = read_digest_parts(noted.paths, ("chunks", "sums", "hist"))
+                try:
+                    read = read_digest_parts(noted.paths, ("chunks", "sums", "hist"))
+                except DigestError:  # a verdict part that does not read costs the verdict's parts, not these
+                    read = {"chunks": read_digests(noted.paths, with_file=False)}
                 register_arrow(con, _REGISTERED, read.pop("chunks"))
                 noted.preloaded = read
             parts.append(f"SELECT {columns} FROM {_REGISTERED}")

@@ -5,6 +5,7 @@ rows are read."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -15,7 +16,7 @@ import pytest
 
 from ranksight.collectors import _answers, open_run, run_features
 from ranksight.collectors._digest_queries import medians
-from ranksight.collectors._digest_source import verdict_digests
+from ranksight.collectors._digest_source import covering_digests, verdict_digests
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.rules import diagnose
 from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
@@ -177,3 +178,23 @@ def test_a_median_from_the_histogram_is_within_its_bound_and_exact_on_repeated_v
     assert found[0] == 0.010  # every value in its bucket is the same: exact
     assert math.isclose(found[1], (0.0101 + 0.03) / 2, rel_tol=RELATIVE_ERROR)  # an even count: the middle two
     assert found[2] == 0.0
+
+
+def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
+    run = _published_run(tmp_path)
+    rows = _features_from_rows(run)
+    path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
+    with open(path, "r+b") as f:
+        data = f.read()
+        magic = len(b"RSDIGEST")
+        size = int.from_bytes(data[magic : magic + 4], "little")
+        offset, length = json.loads(data[magic + 4 : magic + 4 + size])["hist"]
+        f.seek(magic + 4 + size + offset)
+        f.write(b"\x00" * length)  # the part's bytes zeroed: its IPC magic is gone
+    con = open_run(run, follow_spool=False)
+    assert covering_digests(con) is not None  # the rollup's part still reads
+    assert verdict_digests(con, "hist") is None
+    con.close()
+    features = run_features(run)
+    _assert_same_features(features, rows)
+    assert all(features[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # the rows' medians
