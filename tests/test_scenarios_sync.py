@@ -39,7 +39,7 @@ def test_slow_last_rank_is_the_straggler(tmp_path):
 
 def test_a_rank_thirty_percent_slower_is_a_warning_naming_it(tmp_path):
     """The known failure: a rank ~35 % slower got only info, because compute ratios missed it."""
-    result = run_scenario(tmp_path, "straggler30", steps=24)
+    result = run_scenario(tmp_path, "straggler30")  # 40 steps: a few seconds of a loaded host do not outvote it
     first = result["findings"][0]
     assert (first["axis"], first["rule"], first["ranks"]) == ("sync", "straggler", [1]), describe(result)
     assert first["severity"] in ("warning", "critical") and first["cost_share"] >= 0.1
