@@ -8,7 +8,7 @@ write, and diagnoses the copy twice -- from the digests and with them set aside 
 approximation changes on jobs we did not plant is counted: findings that differ, and each feature's
 largest relative difference.
 
-    python benchmarks/digest_verdict_corpus.py /tmp/corpus_full /tmp/gpu-corpus-a --json out.json
+    python benchmarks/digest_verdict_corpus.py CPU_CORPUS_OUT GPU_CORPUS_RUNS --json out.json
 """
 
 from __future__ import annotations

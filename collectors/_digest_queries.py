@@ -34,17 +34,17 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
     pass and kept for the connection (the breakdown and the rank figures both ask)."""
     if _no_short_rank(con, parts, warmup_steps) is None:
         return None
-    kept = noted_medians(con, warmup_steps)
+    kept = noted_medians(con)
     if kept is None:
-        kept = keep_medians(con, warmup_steps, _all_medians(con, parts, tuple(MEDIANS)))
+        kept = keep_medians(con, _all_medians(con, parts, tuple(MEDIANS)))
     return {rank: {f: m.get(f) for f in figures} for rank, m in kept.items()}
 
 
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
-    """Merge the histograms of every file by (rank, figure, bucket) in DuckDB, find the middle in numpy (a
-    window over the merged rows took 0.28 s against ~0.05 s at 1,024 ranks on 2 cores). Figures travel as
-    their position in ``figures`` and counts as BIGINT: strings and DuckDB's 128-bit sums become Python
-    objects in numpy (0.18 s against 0.10 s for the query here)."""
+    """Merge the histograms of every file by (rank, figure, bucket) in DuckDB and find the middle in numpy: a
+    SQL window over the merged rows sorted them again, several times slower. Figures travel as their
+    position in ``figures`` and counts as BIGINT: strings and DuckDB's 128-bit sums would reach numpy as
+    Python objects."""
     rows = con.execute(
         f"""SELECT rank, list_position(?::VARCHAR[], figure) AS figure, bucket, sum(n)::BIGINT AS n,
                    min(lo) AS lo, max(hi) AS hi

@@ -40,7 +40,7 @@ class _Noted:
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.preloaded: dict = {}  # verdict parts read with the rollup's part, not registered yet
-        self.medians: dict[int, dict] | None = None  # warm-up -> {rank: {figure: median}} from the hist part
+        self.medians: dict[int, dict] | None = None  # rank -> {figure: median} from the hist part
 
 
 def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
@@ -148,15 +148,16 @@ def _step_rows(con) -> int:
     return rows
 
 
-def noted_medians(con, warmup_steps: int) -> dict[int, dict] | None:
-    """The medians ``keep_medians`` kept for ``con`` at this warm-up, or None."""
+def noted_medians(con) -> dict[int, dict] | None:
+    """The per-rank medians ``keep_medians`` kept for ``con``, or None."""
     noted = _sources.get(con)
-    return noted.medians.get(warmup_steps) if noted is not None and noted.medians else None
+    return noted.medians if noted is not None else None
 
 
-def keep_medians(con, warmup_steps: int, medians: dict[int, dict]) -> dict[int, dict]:
-    """Keep the per-rank medians read from ``con``'s digests (they do not change with the views); returns them."""
+def keep_medians(con, medians: dict[int, dict]) -> dict[int, dict]:
+    """Keep the per-rank medians read from ``con``'s digests (they do not change with the views); returns them.
+    One set: the digests serve one warm-up, their own."""
     noted = _sources.get(con)
     if noted is not None:
-        noted.medians = {**(noted.medians or {}), warmup_steps: medians}
+        noted.medians = medians
     return medians

@@ -124,7 +124,7 @@ class Rollup:
         if not digests:
             return files
         try:
-            table = read_digests(sorted(digests.values()))
+            table = read_digests(sorted(digests.values()), with_file=False)
         except DigestError as exc:
             log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
             return files

@@ -4,9 +4,9 @@ Why: the dashboard's rollup and the verdict's breakdown sum the phase expression
 1,024 ranks x 10,000 steps, 1.3 s for the rollup's first build and most of the breakdown's 1.4-2.1 s on 2
 cores (docs/scale.md). A file the node spool publishes never changes, and its publisher holds the file's rows
 in memory at that moment, so it sums them there (~0.05 s for one node's 8,000 rows) and writes the sums as a
-small Arrow IPC file, ``steps/.digests/<key>/<file name>``. A reader folds the digest instead of the rows.
-Arrow IPC, not Parquet: a digest is read whole, often by the thousand, and opening a small Parquet file is
-most of its cost (1,250 digests: 0.7 s into DuckDB from Parquet, 0.2 s from IPC; docs/scale.md).
+small file, ``steps/.digests/<key>/<file name>``. A reader folds the digest instead of the rows.
+Its parts are Arrow IPC, not Parquet: a digest is read whole, often by the thousand, and opening a small
+Parquet file is most of its cost (docs/scale.md "Step digests").
 
 ``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.phases``), the
 chunk size, the warm-up and the file format. A reader whose definition differs (another chunk size, a newer agent or
@@ -171,8 +171,8 @@ def pack_parts(parts: dict) -> bytes:
     bodies = {}
     for name, table in parts.items():
         sink = pa.BufferOutputStream()
-        # The verdict's parts hold a row per step: LZ4 makes them 2.3x smaller for 0.4 ms a file of 10,000
-        # steps to read back (scale.py's 1,024-rank spool). The rollup's small part stays plain.
+        # The verdict's parts hold a row per step: LZ4 makes what a shared filesystem carries smaller for
+        # little CPU to read back. The rollup's small part, read by the thousand, stays plain.
         lz4 = name != "chunks" and pa.Codec.is_available("lz4_frame")
         options = pa.ipc.IpcWriteOptions(compression="lz4" if lz4 else None)
         with pa.ipc.new_file(sink, table.schema, options=options) as writer:
@@ -184,11 +184,6 @@ def pack_parts(parts: dict) -> bytes:
         at += len(body)
     header = json.dumps(offsets).encode()
     return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
-
-
-def read_part(path: str, part: str):
-    """One part of a digest file as a pyarrow table (raises OSError, ValueError or an Arrow error)."""
-    return read_parts(path, (part,))[part]
 
 
 def read_parts(path: str, parts) -> dict:
@@ -264,7 +259,7 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
                 raise DigestError("no digest files")
             table = schema.empty_table()
         else:
-            # One chunk, not one per file: DuckDB scans 1,250 one-file chunks ~8x slower than the same rows.
+            # One chunk, not one per file: DuckDB scans many one-file chunks far slower than the same rows.
             table = pa.concat_tables(tables[part], promote_options="permissive").combine_chunks()
             if part == "chunks" and table.schema != schema:
                 table = table.cast(schema)  # once for all files, not per file
