@@ -100,20 +100,20 @@ def wait_rows(con, parts: dict, warmup_steps: int, ranks: list[int]) -> list[tup
     if _no_short_rank(con, parts, warmup_steps) != sorted(ranks):
         return None
     steps = parts["steps"]
+    # The step's second-least wait: the second of the files' least waits, or the second wait of the file
+    # that holds the least, whichever is smaller (any other file's second is at least its own least).
     sql = f"""
-        WITH s AS (SELECT * FROM {steps} WHERE NOT warm),
-             vals AS (SELECT step, least AS v FROM s UNION ALL SELECT step, second FROM s WHERE second IS NOT NULL),
-             sec AS (SELECT step, CASE WHEN count(*) >= 2 THEN min(v, 2)[2] END AS second_s FROM vals GROUP BY step),
-             per AS (SELECT step, sum(n) AS n, sum(period_sum) / sum(n) AS period_s, min(grad_min) AS grad_floor_s,
+        WITH per AS (SELECT step, sum(n) AS n, sum(period_sum) / sum(n) AS period_s, min(grad_min) AS grad_floor_s,
                             min(blocked_min) AS blocked_floor_s, bool_or(timed) AS timed, min(least) AS least_s,
+                            least(min(least, 2)[2], arg_min(second, (least, least_rank))) AS second_s,
                             arg_min(least_rank, (least, least_rank)) AS least_rank, sum(cpu_n) AS cpu_n,
                             sum(cpu_sum) AS cpu_sum, arg_min(least_cpu, (cpu_key, cpu_key_rank)) AS least_cpu_s,
                             arg_min(least_busy, (least, least_rank)) AS least_busy_s
-                     FROM s GROUP BY step HAVING sum(n) = ?)
+                     FROM {steps} WHERE NOT warm GROUP BY step HAVING sum(n) = ?)
         SELECT step, period_s, grad_floor_s, blocked_floor_s, timed, least_s, second_s, least_rank,
                CASE WHEN cpu_n = n AND n >= 2 THEN least_cpu_s - (cpu_sum - least_cpu_s) / (n - 1) END,
                least_cpu_s, least_busy_s
-        FROM per JOIN sec USING (step) ORDER BY step
+        FROM per ORDER BY step
     """
     return con.execute(sql, [len(ranks)]).fetchall()
 

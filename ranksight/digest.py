@@ -233,6 +233,11 @@ def read_digests(paths: list[str], part: str = "chunks", with_file: bool = True)
     return read_digest_parts(paths, (part,), with_file)[part]
 
 
+_SCANNED_WHOLE = 2048
+"""Rows per chunk from which a part's chunks (one or more per file) are scanned as they are (DuckDB's vector
+is 2,048 rows)."""
+
+
 def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
     """{part: one pyarrow table of that part's rows in every file of ``paths``} (see ``read_digests``),
     each file opened once. Raises ``DigestError`` naming the first file that does not read."""
@@ -259,8 +264,12 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
                 raise DigestError("no digest files")
             table = schema.empty_table()
         else:
-            # One chunk, not one per file: DuckDB scans many one-file chunks far slower than the same rows.
-            table = pa.concat_tables(tables[part], promote_options="permissive").combine_chunks()
+            table = pa.concat_tables(tables[part], promote_options="permissive")
+            if table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks:
+                # DuckDB scans many small chunks far slower than the same rows in one; chunks of a
+                # vector's rows or more scan as fast, and are not copied again (a 1,024-rank steps part
+                # is ~190 MB).
+                table = table.combine_chunks()
             if part == "chunks" and table.schema != schema:
                 table = table.cast(schema)  # once for all files, not per file
         out[part] = table.append_column("file", pa.array(files[part], pa.string())) if with_file else table
