@@ -23,7 +23,15 @@ from ranksight.digest import (
 )
 
 from ._answers import answering
-from ._tables import DIGESTS_TABLE, STORE_ALIAS, register_arrow, sql_literal, store_tables
+from ._tables import (
+    DIGESTS_TABLE,
+    SEGMENT_COLUMN,
+    STORE_ALIAS,
+    VERDICT_PART_TABLES,
+    register_arrow,
+    sql_literal,
+    store_tables,
+)
 
 _sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> _Noted
 _REGISTERED = "_ranksight_step_digests"
@@ -103,17 +111,17 @@ def covering_digests(con) -> str | None:
 
 
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
-    """{part: registered name} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted`` --
-    ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
+    """{part: name to read it from} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted``
+    -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
-    ``steps``, the biggest).
-
-    Only a live spool's digests serve here (the store keeps the rollup's part alone, and answers for a run
-    that ended); one that does not read, or a file without its digest, leaves the queries to the rows."""
+    ``steps``, the biggest): from the pending files' digests, and from the store's copies of the ingested
+    segments' (``VERDICT_PART_TABLES``), so a live run that ``ingest --every`` compacts is judged from them
+    too. A run that ended is answered by the store instead (``_answers``); a part that does not read, or a
+    file or segment without it, leaves the queries to the rows."""
     import duckdb
 
     noted = _sources.get(con)
-    if noted is None or noted.store or not noted.paths or answering(con) or noted.verdict == {}:
+    if noted is None or not (noted.paths or noted.store) or answering(con) or noted.verdict == {}:
         return None
     if noted.verdict is None:
         noted.verdict = {}
@@ -121,11 +129,23 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     try:
         rows = _step_rows(con) if missing else 0
         preloaded = {p: noted.preloaded.pop(p) for p in missing if p in noted.preloaded}
-        unread = tuple(p for p in missing if p not in preloaded)
+        unread = tuple(p for p in missing if p not in preloaded) if noted.paths else ()
         read = {**preloaded, **(read_digest_parts(noted.paths, unread) if unread else {})}
-        for part, table in read.items():
+        stored = store_tables(con, STORE_ALIAS) if noted.store else set()
+        for part in missing:
             name = f"{_REGISTERED}_{part}"
-            register_arrow(con, name, table)
+            sources = []
+            if part in read:
+                register_arrow(con, f"{name}_spool", read[part])
+                sources.append(f"SELECT * FROM {name}_spool")
+            if noted.store:
+                if VERDICT_PART_TABLES[part] not in stored:
+                    raise DigestError(f"the store holds no {part} part")
+                sources.append(
+                    f"SELECT * EXCLUDE (key, {SEGMENT_COLUMN}) FROM {STORE_ALIAS}.{VERDICT_PART_TABLES[part]}"
+                    f" WHERE key = {sql_literal(noted.key)}"
+                )
+            con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {' UNION ALL BY NAME '.join(sources)}")
             if part in ("sums", "steps"):  # one row per step row: their counts add up to the view's rows
                 held = con.execute(f"SELECT sum(n) FROM {name}").fetchall()[0][0]
                 if not rows or held != rows:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ranksight.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digests, remove_digests
+from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digest_parts, read_digests, remove_digests
 from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, recording
@@ -51,6 +51,7 @@ from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
+    VERDICT_PART_TABLES,
     register_arrow,
     select_list,
     sql_literal,
@@ -386,6 +387,34 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
         finally:
             unregister_arrow(con, "_digest_rows")
+        _append_verdict_parts(con, key, [os.path.join(root, key, n) for n in found])
+
+
+def _append_verdict_parts(con, key: str, paths: list[str]) -> None:
+    """Copy the verdict's parts of the digests ``paths`` into the store (``VERDICT_PART_TABLES``), all or
+    none. Like the rollup's part they only save readers time: parts that do not read, or no longer fit the
+    tables (another definition), are left out with one warning line, and the verdict reads the rows."""
+    import duckdb
+
+    try:
+        read = read_digest_parts(paths, tuple(VERDICT_PART_TABLES), with_file=True)
+    except DigestError as exc:
+        log.warning("ranksight: the verdict's step digests not kept in the store (%s)", exc)
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for part, table in read.items():
+            register_arrow(con, "_digest_part", table)
+            try:
+                rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
+                con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
+                con.execute(f"INSERT INTO {VERDICT_PART_TABLES[part]} BY NAME {rows}", [key])
+            finally:
+                unregister_arrow(con, "_digest_part")
+        con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        log.warning("ranksight: the verdict's step digests not kept in the store (%s)", first_line(exc))
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

@@ -245,7 +245,7 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
 
     schema = digest_schema()
     tables: dict[str, list] = {part: [] for part in parts}
-    files: dict[str, list] = {part: [] for part in parts}
+    rows_per_file: dict[str, list] = {part: [] for part in parts}
     for path in paths:
         try:
             found = read_parts(path, parts)
@@ -255,8 +255,7 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
             raise DigestError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         for part, table in found.items():
             tables[part].append(table)
-            if with_file:
-                files[part].extend([os.path.basename(path)] * table.num_rows)
+            rows_per_file[part].append(table.num_rows)
     out = {}
     for part in parts:
         if not tables[part]:
@@ -272,8 +271,19 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
                 table = table.combine_chunks()
             if part == "chunks" and table.schema != schema:
                 table = table.cast(schema)  # once for all files, not per file
-        out[part] = table.append_column("file", pa.array(files[part], pa.string())) if with_file else table
+        out[part] = table.append_column("file", _file_column(paths, rows_per_file[part])) if with_file else table
     return out
+
+
+def _file_column(paths: list[str], rows_per_file: list[int]):
+    """Each row's file name, dictionary-encoded: a 1,024-rank run's per-step part has a million rows, and a
+    list of that many strings took longer than reading the files."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = pa.array([os.path.basename(p) for p in paths], pa.string())
+    indices = np.repeat(np.arange(len(rows_per_file), dtype=np.int32), rows_per_file)
+    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), names)
 
 
 class DigestError(Exception):

@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from ranksight.collectors import _answers, open_run, run_features
+from ranksight.agent._node_spool import publish_node_spool
+from ranksight.collectors import _answers, ingest, open_run, run_features
 from ranksight.collectors._digest_queries import medians
 from ranksight.collectors._digest_source import covering_digests, verdict_digests
+from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.rules import diagnose
 from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
@@ -98,8 +101,6 @@ def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
 def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_rows(tmp_path):
     run = _published_run(tmp_path, publishes=1)
     _write_steps(str(tmp_path / "local" / "run"), [7], range(3))
-    from ranksight.agent._node_spool import publish_node_spool
-
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
     con = open_run(run, follow_spool=False)
     parts = verdict_digests(con, "hist")
@@ -198,3 +199,72 @@ def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to
     features = run_features(run)
     _assert_same_features(features, rows)
     assert all(features[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # the rows' medians
+
+
+def _drop_verdict_parts(run: str) -> None:
+    """The store as an ingest before its verdict parts were kept wrote it (its rollup part stays)."""
+    con = duckdb.connect(os.path.join(run, "store.duckdb"))
+    for table in VERDICT_PART_TABLES.values():
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.close()
+
+
+def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_and_the_pending_files(
+    tmp_path, monkeypatch
+):
+    """``ingest`` keeps the verdict's parts of the segments it compacts; a live run's verdict then reads them
+    with the pending files' digests, and gets the rows' features (medians within their bound)."""
+    run = _published_run(tmp_path, publishes=2)
+    result = ingest(run)
+    assert result.rows_by_kind["steps"] == 2 * 40 * len(RANKS)
+    con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
+    for part, table in VERDICT_PART_TABLES.items():  # every ingested segment's part, under its definition
+        segments = con.execute(f"SELECT count(DISTINCT _segment), count(DISTINCT key) FROM {table}").fetchall()
+        assert segments == [(2, 1)], (part, segments)
+    assert con.execute("SELECT sum(n) FROM _digest_steps").fetchall()[0][0] == result.rows_by_kind["steps"]
+    con.close()
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))  # a third publish, not ingested yet
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+
+    con = open_run(run, follow_spool=False)
+    assert not _answers.answering(con)  # rows beside the store: its answers do not serve
+    assert verdict_digests(con, "hist", "steps") is not None
+    con.close()
+    sql_run = []
+    original = _answers.query
+
+    def recorded(con, sql, params=()):
+        sql_run.append(sql)
+        return original(con, sql, params)
+
+    for module in ("ranksight.collectors._queries", "ranksight.collectors._features"):
+        monkeypatch.setattr(f"{module}.query", recorded)
+    from_digests = run_features(run)
+    monkeypatch.undo()
+    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]  # no step row read
+
+    # the same run with no digest anywhere: the rows
+    plain = str(tmp_path / "plain")
+    shutil.copytree(run, plain)
+    shutil.rmtree(os.path.join(plain, "steps", DIGEST_DIR))
+    _drop_verdict_parts(plain)
+    assert not _parts_that_serve(plain, "hist")
+    rows = run_features(plain)
+    _assert_same_features(from_digests, rows)
+    assert from_digests[3]["slowest_step_share"] == 1.0 and from_digests[0]["steps"] == 115
+
+
+def test_a_store_without_the_verdict_parts_leaves_a_live_verdict_to_the_rows(tmp_path):
+    """A store an older ingest wrote holds the rollup's part alone: the verdict reads the rows, not a part
+    that stands for the pending files only."""
+    run = _published_run(tmp_path, publishes=2)
+    ingest(run)
+    _drop_verdict_parts(run)
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    assert not _parts_that_serve(run, "hist")
+    con = open_run(run, follow_spool=False)
+    assert covering_digests(con) is not None  # the rollup's part still stands for every row
+    con.close()
+    features = run_features(run)
+    assert features[0]["steps"] == 115 and features[3]["slowest_step_share"] == 1.0
