@@ -6,7 +6,9 @@ per-step comparisons across ranks from per-file partials when the node spool pub
 ``runs/*``, CPU or GPU), gives every step segment of a copy the digest a node spool's publisher would
 write, and diagnoses the copy twice -- from the digests and with them set aside -- so that what the
 approximation changes on jobs we did not plant is counted: findings that differ, and each feature's
-largest relative difference.
+largest relative difference. ``--store`` ingests half of each copy's step segments first and drops the
+store's answers, as for a live run that ``ingest --every`` compacts: the verdict then reads the store's
+copies of the parts with the pending files' digests.
 
     python benchmarks/digest_verdict_corpus.py CPU_CORPUS_OUT GPU_CORPUS_RUNS --json out.json
 """
@@ -67,15 +69,52 @@ def verdict_of(run: str) -> tuple[list, dict, bool]:
     return findings, run_features(run), used
 
 
-def compare(run: str, workdir: str) -> dict:
+def ingest_half(run: str) -> None:
+    """Ingest ``run`` with the later half of its step segments held back (pending beside the store after),
+    and drop the store's answers: a live run that ``ingest --every`` compacts, judged from the store's
+    verdict parts and the pending files' digests."""
+    import duckdb
+
+    from ranksight.collectors import ingest, segment_files
+
+    held = sorted(segment_files(run, "steps"))[len(segment_files(run, "steps")) // 2 :]
+    aside = run + "-held"
+    os.makedirs(aside)
+    for path in held:
+        os.rename(path, os.path.join(aside, os.path.basename(path)))
+    ingest(run)
+    for path in held:
+        os.rename(os.path.join(aside, os.path.basename(path)), path)
+    os.rmdir(aside)
+    con = duckdb.connect(os.path.join(run, "store.duckdb"))
+    con.execute("DROP TABLE IF EXISTS _answers")
+    con.close()
+
+
+def _rows_only(run: str) -> None:
+    """Leave ``run``'s verdict nothing but rows: spool digests set aside, the store's verdict parts dropped."""
+    import duckdb
+
+    from ranksight.collectors._tables import VERDICT_PART_TABLES
     from ranksight.digest import DIGEST_DIR
 
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    if os.path.exists(os.path.join(run, "store.duckdb")):
+        con = duckdb.connect(os.path.join(run, "store.duckdb"))
+        for table in VERDICT_PART_TABLES.values():
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+        con.close()
+
+
+def compare(run: str, workdir: str, store: bool = False) -> dict:
     copy = os.path.join(workdir, os.path.basename(run))
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("store.duckdb*", ".digests"))
     segments = digest_every_segment(copy)
+    if store:
+        ingest_half(copy)
     digested, feats_d, used = verdict_of(copy)
-    digests = os.path.join(copy, "steps", DIGEST_DIR)
-    os.rename(digests, digests + "-aside")
+    _rows_only(copy)
     rows, feats_r, _ = verdict_of(copy)
     shutil.rmtree(copy)
     worst: dict[str, float] = {}
@@ -104,6 +143,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--store", action="store_true",
+                        help="ingest half of each copy's step segments first (a live run's store beside pending files)")
     args = parser.parse_args()
     runs = run_folders(args.roots)
     if not runs:
@@ -113,7 +154,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="digest-verdict-") as workdir:
         for run in runs:
             try:
-                results.append(compare(run, workdir))
+                results.append(compare(run, workdir, args.store))
             except Exception as exc:  # noqa: BLE001 -- a run that cannot be diagnosed is reported, not fatal
                 results.append({"run": os.path.basename(run), "error": str(exc).splitlines()[0]})
     done = [r for r in results if "error" not in r]

@@ -372,11 +372,19 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
         found = [n for n in names if os.path.exists(os.path.join(root, key, n))]
         if not found:
             continue
+        paths = [os.path.join(root, key, n) for n in found]
+        parts, unread = {}, None
+        try:  # every part in one opening of each file
+            parts = read_digest_parts(paths, ("chunks", *VERDICT_PART_TABLES), with_file=True)
+        except DigestError as exc:  # a verdict part that does not read costs the verdict's parts only
+            unread = exc
         try:
-            table = read_digests([os.path.join(root, key, n) for n in found])
+            table = parts.pop("chunks") if parts else read_digests(paths)
         except DigestError as exc:
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, exc)
             continue
+        if unread is not None:
+            log.warning("ranksight: the verdict's step digests not kept in the store (%s)", unread)
         register_arrow(con, "_digest_rows", table)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -387,23 +395,20 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
             log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
         finally:
             unregister_arrow(con, "_digest_rows")
-        _append_verdict_parts(con, key, [os.path.join(root, key, n) for n in found])
+        if parts:
+            _append_verdict_parts(con, key, parts)
 
 
-def _append_verdict_parts(con, key: str, paths: list[str]) -> None:
-    """Copy the verdict's parts of the digests ``paths`` into the store (``VERDICT_PART_TABLES``), all or
-    none. Like the rollup's part they only save readers time: parts that do not read, or no longer fit the
-    tables (another definition), are left out with one warning line, and the verdict reads the rows."""
+def _append_verdict_parts(con, key: str, parts: dict) -> None:
+    """Copy the verdict's digest ``parts`` ({part: table with its ``file`` column}) into the store
+    (``VERDICT_PART_TABLES``), all or none. Like the rollup's part they only save readers time: parts that
+    no longer fit the tables (another definition) are left out with one warning line, and the verdict reads
+    the rows."""
     import duckdb
 
-    try:
-        read = read_digest_parts(paths, tuple(VERDICT_PART_TABLES), with_file=True)
-    except DigestError as exc:
-        log.warning("ranksight: the verdict's step digests not kept in the store (%s)", exc)
-        return
     con.execute("BEGIN TRANSACTION")
     try:
-        for part, table in read.items():
+        for part, table in parts.items():
             register_arrow(con, "_digest_part", table)
             try:
                 rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"

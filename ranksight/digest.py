@@ -266,8 +266,8 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
             table = pa.concat_tables(tables[part], promote_options="permissive")
             if table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks:
                 # DuckDB scans many small chunks far slower than the same rows in one; chunks of a
-                # vector's rows or more scan as fast, and are not copied again (a 1,024-rank steps part
-                # is ~190 MB).
+                # vector's rows or more scan as fast, and are not copied again (a per-step part holds a
+                # row per step and file: large at many ranks).
                 table = table.combine_chunks()
             if part == "chunks" and table.schema != schema:
                 table = table.cast(schema)  # once for all files, not per file
@@ -276,8 +276,8 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
 
 
 def _file_column(paths: list[str], rows_per_file: list[int]):
-    """Each row's file name, dictionary-encoded: a 1,024-rank run's per-step part has a million rows, and a
-    list of that many strings took longer than reading the files."""
+    """Each row's file name, dictionary-encoded: a per-step part can have millions of rows, and a Python
+    string per row would cost more than the part's own read."""
     import numpy as np
     import pyarrow as pa
 

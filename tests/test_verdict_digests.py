@@ -52,21 +52,28 @@ def _assert_same_features(a: dict[int, dict], b: dict[int, dict]) -> None:
                 assert x == y, (rank, k, x, y)
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-rows", "gpu-rows"])
-def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path, gpu, monkeypatch):
-    run = _published_run(tmp_path, gpu=gpu)
+def _features_reading_no_row(run: str, monkeypatch) -> dict[int, dict]:
+    """``run_features(run)``, asserting that no feature query read the step rows (the row queries keep their
+    rows in a ``kept`` CTE)."""
     sql_run = []
     original = _answers.query
+
     def recorded(con, sql, params=()):
         sql_run.append(sql)
         return original(con, sql, params)
 
     for module in ("ranksight.collectors._queries", "ranksight.collectors._features"):
         monkeypatch.setattr(f"{module}.query", recorded)
-    from_digests = run_features(run)
-    # no feature query read the step rows (the row queries keep their rows in a ``kept`` CTE)
-    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]
+    features = run_features(run)
     monkeypatch.undo()
+    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]
+    return features
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-rows", "gpu-rows"])
+def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path, gpu, monkeypatch):
+    run = _published_run(tmp_path, gpu=gpu)
+    from_digests = _features_reading_no_row(run, monkeypatch)
     _assert_same_features(from_digests, _features_from_rows(run))
     f = from_digests[3]  # the slow rank: named from the per-step comparison across ranks
     assert f["slowest_step_share"] == 1.0 and f["compute_vs_median"] > 1.3
@@ -230,18 +237,7 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     assert not _answers.answering(con)  # rows beside the store: its answers do not serve
     assert verdict_digests(con, "hist", "steps") is not None
     con.close()
-    sql_run = []
-    original = _answers.query
-
-    def recorded(con, sql, params=()):
-        sql_run.append(sql)
-        return original(con, sql, params)
-
-    for module in ("ranksight.collectors._queries", "ranksight.collectors._features"):
-        monkeypatch.setattr(f"{module}.query", recorded)
-    from_digests = run_features(run)
-    monkeypatch.undo()
-    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]  # no step row read
+    from_digests = _features_reading_no_row(run, monkeypatch)
 
     # the same run with no digest anywhere: the rows
     plain = str(tmp_path / "plain")
