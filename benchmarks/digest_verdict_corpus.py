@@ -57,7 +57,8 @@ def digest_every_segment(run: str) -> int:
 
 
 def verdict_of(run: str) -> tuple[list, dict, bool]:
-    """(findings as (rule, ranks, severity), features per rank, whether the verdict read digests)."""
+    """(findings as (rule, ranks, severity), features per rank with the breakdown's figures under
+    ``breakdown.``, whether the verdict read digests)."""
     from ranksight.collectors import open_run, run_features
     from ranksight.collectors._digest_source import verdict_digests
     from ranksight.rules import diagnose
@@ -65,8 +66,12 @@ def verdict_of(run: str) -> tuple[list, dict, bool]:
     con = open_run(run, follow_spool=False)
     used = verdict_digests(con, "hist", "steps") is not None
     con.close()
-    findings = [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in diagnose(run)["findings"]]
-    return findings, run_features(run), used
+    verdict = diagnose(run)
+    findings = [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in verdict["findings"]]
+    features = run_features(run)
+    for row in verdict.get("breakdown", {}).get("ranks", []):
+        features.setdefault(row["rank"], {}).update({f"breakdown.{k}": v for k, v in row.items()})
+    return findings, features, used
 
 
 def ingest_half(run: str) -> None:

@@ -12,7 +12,7 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 from __future__ import annotations
 
 from ranksight.digest import WARMUP_STEPS
-from ranksight.verdict_digest import MEDIANS, medians_of
+from ranksight.verdict_digest import medians_of
 
 from ._digest_source import keep_medians, noted_medians
 
@@ -34,9 +34,10 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
     pass and kept for the connection (the breakdown and the rank figures both ask)."""
     if _no_short_rank(con, parts, warmup_steps) is None:
         return None
-    kept = noted_medians(con)
-    if kept is None:
-        kept = keep_medians(con, _all_medians(con, parts, tuple(MEDIANS)))
+    kept, done = noted_medians(con)
+    missing = tuple(f for f in figures if f not in done)
+    if missing:
+        kept = keep_medians(con, _all_medians(con, parts, missing), missing)
     return {rank: {f: m.get(f) for f in figures} for rank, m in kept.items()}
 
 

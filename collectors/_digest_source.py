@@ -48,7 +48,8 @@ class _Noted:
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.preloaded: dict = {}  # verdict parts read with the rollup's part, not registered yet
-        self.medians: dict[int, dict] | None = None  # rank -> {figure: median} from the hist part
+        self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
+        self.median_figures: set[str] = set()  # the figures found so far
 
 
 def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
@@ -168,16 +169,19 @@ def _step_rows(con) -> int:
     return rows
 
 
-def noted_medians(con) -> dict[int, dict] | None:
-    """The per-rank medians ``keep_medians`` kept for ``con``, or None."""
+def noted_medians(con) -> tuple[dict[int, dict], set[str]]:
+    """The per-rank medians ``keep_medians`` kept for ``con``, and the figures they hold."""
     noted = _sources.get(con)
-    return noted.medians if noted is not None else None
+    return (noted.medians, noted.median_figures) if noted is not None else ({}, set())
 
 
-def keep_medians(con, medians: dict[int, dict]) -> dict[int, dict]:
-    """Keep the per-rank medians read from ``con``'s digests (they do not change with the views); returns them.
-    One set: the digests serve one warm-up, their own."""
+def keep_medians(con, medians: dict[int, dict], figures) -> dict[int, dict]:
+    """Add the per-rank medians of ``figures`` read from ``con``'s digests (they do not change with the
+    views) to those kept; returns all kept. One set: the digests serve one warm-up, their own."""
     noted = _sources.get(con)
-    if noted is not None:
-        noted.medians = medians
-    return medians
+    if noted is None:
+        return medians
+    for rank, found in medians.items():
+        noted.medians.setdefault(rank, {}).update(found)
+    noted.median_figures.update(figures)
+    return noted.medians

@@ -57,9 +57,13 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
-    digests = covering_digests(con) if warmup_steps == DIGEST_WARMUP_STEPS and since_ns is None else None
-    if digests is not None:
-        return _breakdown_from_digests(con, digests, warmup_steps)
+    if warmup_steps == DIGEST_WARMUP_STEPS and since_ns is None:
+        parts = verdict_digests(con, "hist")
+        if parts is not None:
+            return _breakdown_from_digests(con, parts["sums"], warmup_steps, parts)
+        digests = covering_digests(con)
+        if digests is not None:
+            return _breakdown_from_digests(con, digests, warmup_steps, None)
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
     sql = f"""
         WITH {kept_steps_sql(steps_source(con, since_ns))}
@@ -75,25 +79,27 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
     return [dict(zip(names, row)) for row in rows]
 
 
-def _breakdown_from_digests(con, digests: str, warmup_steps: int) -> list[dict]:
-    """``step_breakdown`` with its sums taken from the step digests that stand for every row (the node
-    spool's per-file sums, ``ranksight.digest``), and its two medians from the digests' histograms where
-    those stand for every row too (``_digest_queries.medians``), else from the rows. The same figures (the
-    medians within ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a
-    rank with no more rows than that keeps them all, as the rows' query does (its row count comes from the
-    digests too, which saves the medians' query a scan of every row)."""
-    parts = verdict_digests(con, "hist")
+def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
+    """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
+    ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
+    steps, ``ranksight.digest``); its two medians from the verdict's histograms (``parts``,
+    ``_digest_queries.medians``) where those serve, else from the rows. The same figures (the medians within
+    ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no
+    more rows than that keeps them all, as the rows' query does (its row count comes from the digests too,
+    which saves the medians' query a scan of every row)."""
     found = _digest_queries.medians(con, parts, warmup_steps, ("period", "compute")) if parts else None
-    shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
+    step_sum = "period_sum" if parts else "step_sum"
+    shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum({step_sum}), 0) AS {p[:-2]}_share" for p in PHASES)
     medians = f"""medians AS (SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
                          FROM {steps_source(con, None)}
                          WHERE step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?) GROUP BY rank)"""
     sql = f"""
         WITH d AS (SELECT * FROM {digests}),
              total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
-             sums AS (SELECT rank, any_value(node) AS node, sum(d.n) AS steps, sum(step_sum) / sum(d.n) AS step_mean_s,
-                             coalesce(sum(allreduce_sum), 0) / nullif(sum(step_sum), 0) AS allreduce_share,
-                             sum(data_wait_host_sum) / nullif(sum(step_sum), 0) AS data_wait_host_share,
+             sums AS (SELECT rank, any_value(node) AS node, sum(d.n) AS steps,
+                             sum({step_sum}) / sum(d.n) AS step_mean_s,
+                             coalesce(sum(allreduce_sum), 0) / nullif(sum({step_sum}), 0) AS allreduce_share,
+                             sum(data_wait_host_sum) / nullif(sum({step_sum}), 0) AS data_wait_host_share,
                              {shares}
                       FROM d JOIN total USING (rank) WHERE NOT warm OR total.n <= ? GROUP BY rank)
              {"" if found is not None else ", " + medians}

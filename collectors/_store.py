@@ -413,6 +413,7 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
             try:
                 rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
                 con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
+                _add_new_columns(con, VERDICT_PART_TABLES[part], "_digest_part")
                 con.execute(f"INSERT INTO {VERDICT_PART_TABLES[part]} BY NAME {rows}", [key])
             finally:
                 unregister_arrow(con, "_digest_part")
@@ -420,6 +421,16 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
     except duckdb.Error as exc:
         con.execute("ROLLBACK")
         log.warning("ranksight: the verdict's step digests not kept in the store (%s)", first_line(exc))
+
+
+def _add_new_columns(con, table: str, source: str) -> None:
+    """Add to the store's ``table`` the columns of ``source`` it lacks: a newer digest definition (another
+    key) may carry more, and a store outlives an upgrade. The older key's rows read them as NULL, and are
+    never read under the newer key."""
+    have = {name for name, *_ in con.execute(f"DESCRIBE {table}").fetchall()}
+    for name, kind, *_ in con.execute(f"DESCRIBE {source}").fetchall():
+        if name != "file" and name not in have:
+            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

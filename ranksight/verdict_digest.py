@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL
+from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES
 
 RELATIVE_ERROR = 0.005
 """Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
@@ -53,8 +53,11 @@ SUMS_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("data_share_sq", "DOUBLE", f"sum(({_DATA_SHARE}) * ({_DATA_SHARE}))"),
     ("step_min", "BIGINT", "min(step)"),
     ("step_max", "BIGINT", "max(step)"),
+    *((f"{p[:-2]}_sum", "DOUBLE", f"sum({PHASE_SQL[p]})") for p in PHASES),
+    ("data_wait_host_sum", "DOUBLE", "sum(data_wait_s)"),
 )
-"""Per (rank, warm) of ``sums``: column, type, SQL over the file's rows."""
+"""Per (rank, warm) of ``sums``: column, type, SQL over the file's rows. The phase sums are the breakdown's
+(``step_breakdown`` reads two rows per rank and file, not the rollup's row per chunk of steps)."""
 
 MEDIANS: dict[str, tuple[str, bool]] = {
     "period": (PERIOD_SQL, False),

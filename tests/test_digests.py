@@ -23,7 +23,7 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import PHASES, ingest, open_run, prune, step_breakdown
+from ranksight.collectors import PHASES, _queries, ingest, open_run, prune, step_breakdown
 from ranksight.collectors._digest_source import covering_digests
 from ranksight.dashboard import Rollup
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
@@ -209,6 +209,17 @@ def test_a_publisher_killed_between_digest_and_file_publishes_both_once(tmp_path
     _same(_totals(rollup), _from_rows(run))
 
 
+def zero_part(path: str, part: str) -> None:
+    """Zero the bytes of one part of a digest file: its IPC magic gone, that part alone does not read."""
+    with open(path, "r+b") as f:
+        data = f.read()
+        magic = len(b"RSDIGEST")
+        size = int.from_bytes(data[magic : magic + 4], "little")
+        offset, length = json.loads(data[magic + 4 : magic + 4 + size])[part]
+        f.seek(magic + 4 + size + offset)
+        f.write(b"\x00" * length)
+
+
 def _breakdown(run: str) -> tuple[list[dict], bool]:
     """``step_breakdown`` of the run as ``diagnose`` reads it, and whether digests stood for its rows."""
     con = open_run(run, follow_spool=False)
@@ -291,3 +302,24 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_keeps_them_in_the_breakdown_
             tolerance = RELATIVE_ERROR if k in MEDIANS else 1e-12
             same = math.isclose(x[k], y[k], rel_tol=tolerance) if isinstance(x[k], float) else x[k] == y[k]
             assert same, (x["rank"], k, x[k], y[k])
+
+
+def test_the_breakdown_reads_the_verdicts_two_rows_per_rank_and_file_not_the_rollups_chunks(tmp_path, monkeypatch):
+    run = _published_run(tmp_path, publishes=2)
+    chunks_read = []
+    original = _queries.covering_digests
+    monkeypatch.setattr(_queries, "covering_digests", lambda con: chunks_read.append(1) or original(con))
+    from_sums, _ = _breakdown(run)
+    assert not chunks_read  # the verdict's sums part served: the rollup's chunks were not asked for
+    digests = os.path.join(run, "steps", DIGEST_DIR)
+    os.rename(digests, digests + "-aside")
+    from_rows, _ = _breakdown(run)
+    os.rename(digests + "-aside", digests)
+    _same_breakdown(from_sums, from_rows)
+    # the verdict's parts of one file unreadable (its sums part zeroed): the rollup's chunks stand in
+    path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
+    zero_part(path, "sums")
+    chunks_read.clear()
+    from_chunks, used = _breakdown(run)
+    assert chunks_read and used
+    _same_breakdown(from_chunks, from_rows)

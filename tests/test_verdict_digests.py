@@ -22,9 +22,10 @@ from ranksight.collectors._digest_source import covering_digests, verdict_digest
 from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.rules import diagnose
+from ranksight.schema import arrow_schema
 from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
 
-from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps
+from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, zero_part
 
 FROM_MEDIANS = {"step_median_s": 1, "compute_median_s": 1, "straggler_score": 2, "compute_vs_median": 2}
 """Features read from histogram medians, and how many medians each one is a ratio of (its error bound)."""
@@ -163,6 +164,9 @@ def _medians_of(values_by_rank: dict[int, list]) -> dict[int, float]:
             **{c: pa.nulls(n, pa.int64()) for c in ("buckets", "bucket_bytes", "collectives", "collective_bytes")},
         }
     )
+    schema = arrow_schema("steps")  # every other step column NULL, as the publisher reads an older agent's rows
+    table = pa.table({f.name: table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
+                      for f in schema})
     con = duckdb.connect()
     con.register("rows", table)
     con.execute(f"CREATE TABLE hist AS {hist_sql('rows')}", {"warm": 5})
@@ -192,13 +196,7 @@ def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
     path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
-    with open(path, "r+b") as f:
-        data = f.read()
-        magic = len(b"RSDIGEST")
-        size = int.from_bytes(data[magic : magic + 4], "little")
-        offset, length = json.loads(data[magic + 4 : magic + 4 + size])["hist"]
-        f.seek(magic + 4 + size + offset)
-        f.write(b"\x00" * length)  # the part's bytes zeroed: its IPC magic is gone
+    zero_part(path, "hist")
     con = open_run(run, follow_spool=False)
     assert covering_digests(con) is not None  # the rollup's part still reads
     assert verdict_digests(con, "hist") is None
@@ -264,3 +262,30 @@ def test_a_store_without_the_verdict_parts_leaves_a_live_verdict_to_the_rows(tmp
     con.close()
     features = run_features(run)
     assert features[0]["steps"] == 115 and features[3]["slowest_step_share"] == 1.0
+
+
+def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_columns(tmp_path, caplog, monkeypatch):
+    """A store outlives an upgrade: the parts of a newer definition, with columns the store's tables lack, are
+    kept beside the older key's rows, which read the new columns as NULL."""
+    run = _published_run(tmp_path, publishes=1)
+    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:  # a rank still running: no answers
+        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    ingest(run)
+    con = duckdb.connect(os.path.join(run, "store.duckdb"))
+    key, older = con.execute("SELECT any_value(key), count(*) FROM _digest_sums").fetchone()
+    for table in VERDICT_PART_TABLES.values():  # as an older definition wrote them: another key, a column fewer
+        con.execute(f"UPDATE {table} SET key = 'c2-000000000000'")
+    con.execute("ALTER TABLE _digest_sums DROP COLUMN data_wait_host_sum")
+    con.execute("DELETE FROM _digests")  # and the rollup's part of those segments, under the older key too
+    con.close()
+    local = str(tmp_path / "local" / "run")
+    for steps in (range(40, 80), range(80, 120)):
+        _write_steps(local, RANKS, steps)
+        publish_node_spool(local, run, "nodeA")
+    with caplog.at_level("WARNING", logger="ranksight"):
+        ingest(run)
+    assert "not kept" not in caplog.text
+    con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
+    kept = con.execute("SELECT key, count(*), count(data_wait_host_sum) FROM _digest_sums GROUP BY key ORDER BY key")
+    assert kept.fetchall() == [("c2-000000000000", older, 0), (key, 2 * len(RANKS), 2 * len(RANKS))]
+    con.close()
