@@ -213,13 +213,14 @@ def compute_features(
     excess = recompile_excess(con, warmup_steps, since_ns)
     ranks = sorted(set(meta_by_rank) | {r["rank"] for r in rows})
     local_sizes = _ranks_per_node(meta_by_rank, rows)
+    row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
     for rank in ranks:
         f = {name: None for name in FEATURES}
         f["rank"] = rank
         meta = meta_by_rank.get(rank, {})
         f.update(_meta_features(meta))
-        f.update(_step_features(next((r for r in rows if r["rank"] == rank), None), stats.get(rank, {})))
+        f.update(_step_features(row_by_rank.get(rank), stats.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
         f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))

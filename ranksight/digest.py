@@ -246,13 +246,17 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
     schema = digest_schema()
     tables: dict[str, list] = {part: [] for part in parts}
     rows_per_file: dict[str, list] = {part: [] for part in parts}
-    for path in paths:
+
+    def read_one(path: str) -> dict:
         try:
             found = read_parts(path, parts)
             if "chunks" in found:
                 found["chunks"] = found["chunks"].select([c for c, _ in COLUMNS])
+            return found
         except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as exc:
             raise DigestError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+
+    for found in _in_path_order(read_one, paths):
         for part, table in found.items():
             tables[part].append(table)
             rows_per_file[part].append(table.num_rows)
@@ -273,6 +277,23 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
                 table = table.cast(schema)  # once for all files, not per file
         out[part] = table.append_column("file", _file_column(paths, rows_per_file[part])) if with_file else table
     return out
+
+
+_READERS = 4
+"""Files read at once: pyarrow lets go of the GIL to read and decompress a part, and a fresh process's first
+read of a per-step part is mostly the kernel's page faults, which threads overlap."""
+
+
+def _in_path_order(read_one, paths: list[str]):
+    """``read_one(path)`` of each path, yielded in the order of ``paths`` (so the first that raises, in that
+    order, is the one reported), read by up to ``_READERS`` threads."""
+    if len(paths) < 2:
+        yield from map(read_one, paths)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(_READERS, len(paths)), thread_name_prefix="ranksight-digest") as pool:
+        yield from pool.map(read_one, paths)
 
 
 def _file_column(paths: list[str], rows_per_file: list[int]):
