@@ -144,6 +144,42 @@ def total_from_breakdown(rows: list[dict]) -> dict:
     return out
 
 
+BARS_AT_MOST = 64
+"""Ranks a per-rank chart draws a bar each for; above it, the ranks that stand out and one bar for the rest."""
+STANDOUT_BARS = 40
+"""Bars for the ranks that stand out, when there are more than ``BARS_AT_MOST``."""
+
+
+def standout_ranks(rows: list[dict], named=(), bars: int = STANDOUT_BARS) -> tuple[list[dict], dict | None]:
+    """(the rows to draw a bar each for, sorted by rank; one row of the others' mean shares, or None).
+
+    Up to ``BARS_AT_MOST`` ranks, every row and no summary. Above it, the ``bars`` ranks whose mix of phases
+    is furthest from the median rank's (the sum of each phase share's distance from that phase's median),
+    the ranks in ``named`` (a finding's) first. Why: 1,024 bars are under a pixel each and took the browser
+    ~1.5 s to draw (docs/scale.md); the ranks worth a look are the ones unlike the rest, and the rest are
+    summed up in one bar.
+    """
+    if len(rows) <= BARS_AT_MOST:
+        return rows, None
+    import statistics
+
+    keys = [f"{p[:-2]}_share" for p in PHASES]
+    medians = {k: statistics.median(vals) if (vals := [r[k] for r in rows if r.get(k) is not None]) else 0.0
+               for k in keys}
+
+    def distance(r: dict) -> float:
+        return sum(abs((r.get(k) or 0.0) - medians[k]) for k in keys if r.get(k) is not None)
+
+    named = set(named)
+    order = sorted(rows, key=lambda r: (r["rank"] not in named, -distance(r), r["rank"]))
+    kept, others = order[:bars], order[bars:]
+    summary: dict = {"rank": None, "ranks": len(others)}
+    for k in keys:
+        vals = [r[k] for r in others if r.get(k) is not None]
+        summary[k] = sum(vals) / len(vals) if vals else None
+    return sorted(kept, key=lambda r: r["rank"]), summary
+
+
 def fix_gain_text(finding: dict) -> str:
     """'fixing this could make steps up to 1.46× faster' from a finding's ``speedup`` ('' when the rule gives none)."""
     speedup = finding.get("speedup")

@@ -15,8 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from . import _data
-from ._queries import PHASE_LABELS
+from ._queries import PHASE_LABELS, standout_ranks
 from ._source import Source
+from ._svg import stacked_bars
 
 NO_RUNS = "no runs yet: add `ranksight.init()` to your loop, or run `ranksight demo`"
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$&:])")
@@ -146,9 +147,18 @@ def _phase_colors(df: pd.DataFrame) -> alt.Scale:
     return alt.Scale(domain=present, range=[_PHASE_COLORS[_PHASE_ORDER.index(p)] for p in present])
 
 
-def stacked_by_rank(rows: list[dict]) -> alt.Chart:
-    df = shares_long(rows, "rank")
-    x = alt.X("rank:O", title="rank") if len(rows) <= 64 else alt.X("rank:Q", title="rank")
+def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
+    """Each rank's phase shares, a bar per rank; above ``BARS_AT_MOST`` ranks the ones that stand out
+    (``named`` first, see ``standout_ranks``) and one bar for the others' mean."""
+    kept, rest = standout_ranks(rows, named)
+    if rest is None:
+        df, field = shares_long(rows, "rank"), "rank"
+        x = alt.X("rank:O", title="rank")
+    else:
+        bars = [{**r, "bar": str(r["rank"])} for r in kept] + [{**rest, "bar": f"other {rest['ranks']} (mean)"}]
+        df, field = shares_long(bars, "bar"), "bar"
+        x = alt.X("bar:N", sort=[b["bar"] for b in bars], axis=alt.Axis(labelAngle=-90),
+                  title=f"rank: the {len(kept)} of {len(rows)} least like the median rank, and the rest")
     return (
         alt.Chart(df)
         .mark_bar()
@@ -157,11 +167,23 @@ def stacked_by_rank(rows: list[dict]) -> alt.Chart:
             y=alt.Y("share:Q", stack="zero", title="share of step time", axis=alt.Axis(format="%")),
             color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=_phase_colors(df)),
             order=alt.Order("phase_order:Q"),
-            tooltip=["rank", "phase", alt.Tooltip("share:Q", format=".1%")],
+            tooltip=[field, "phase", alt.Tooltip("share:Q", format=".1%")],
         )
         .transform_calculate(phase_order=f"indexof({_PHASE_ORDER!r}, datum.phase)")
         .properties(height=320)
     )
+
+
+def stacked_by_rank_svg(rows: list[dict], named=()) -> str:
+    """``stacked_by_rank`` as inline SVG (``_svg``): the landing page draws it without loading Vega."""
+    kept, rest = standout_ranks(rows, named)
+    bars = [(str(r["rank"]), r) for r in kept]
+    title = "rank"
+    if rest is not None:
+        bars.append((f"rest ({rest['ranks']})", rest))
+        title = f"rank: the {len(kept)} of {len(rows)} least like the median rank; the rest, mean"
+    shares = [(label, {PHASE_LABELS[p]: r.get(f"{p[:-2]}_share") for p in PHASE_LABELS}) for label, r in bars]
+    return stacked_bars(shares, _PHASE_ORDER, dict(zip(_PHASE_ORDER, _PHASE_COLORS)), title)
 
 
 def stacked_over_time(rows: list[dict]) -> alt.Chart:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -359,19 +360,49 @@ def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_co
     gain = fix_gain_text(diag["findings"][0])  # from the finding's speedup, "(estimate)" when the rule estimates it
     assert gain.startswith(f"fixing this could make steps up to {speedup:.2f}× faster")
     assert f"**{md_escape(gain)}**" in [m.value for m in first.markdown]
-    charts = [e for e in beside if getattr(e, "type", "") == "vega_lite_chart"]
-    assert len(charts) == 1
-    spec = json.loads(charts[0].proto.spec)
-    assert spec["mark"]["type"] == "bar" and spec["encoding"]["y"]["stack"] == "zero"
-    import pyarrow.ipc
-
-    data = pyarrow.ipc.open_stream(charts[0].proto.datasets[0].data.data).read_all().to_pandas()
-    per_rank = data.groupby("rank")["share"].sum()
-    assert sorted(per_rank.index) == [0, 1] and all(abs(v - 1) < 1e-6 for v in per_rank)  # phases add up
+    charts = [m.value for m in beside.markdown if "data-chart='stacked-shares'" in m.value]
+    assert len(charts) == 1  # drawn as SVG: the landing page loads no Vega
+    bars = svg_bars(charts[0])
+    assert sorted(bars) == ["0", "1"] and all(abs(sum(b.values()) - 1) < 1e-5 for b in bars.values())  # phases add up
     wait = {r["rank"]: r["data_wait_share"] for r in diag["breakdown"]["ranks"]}
-    for rank, share in data[data["phase"] == "data wait"][["rank", "share"]].itertuples(index=False):
-        assert share == pytest.approx(wait[rank])
-    assert "H2D copy" not in set(data["phase"])  # CPU job: absent, not a zero bar
+    for rank, phases in bars.items():
+        assert phases["data wait"] == pytest.approx(wait[int(rank)], abs=1e-6)
+        assert "H2D copy" not in phases  # CPU job: absent, not a zero bar
+
+
+def svg_bars(svg: str) -> dict[str, dict[str, float]]:
+    """{bar: {phase: share}} of a ``_svg.stacked_bars`` chart, read back from its segments' attributes."""
+    import html
+
+    found: dict[str, dict[str, float]] = {}
+    for bar, phase, share in re.findall(r"data-bar='([^']*)' data-phase='([^']*)' data-share='([^']*)'", svg):
+        found.setdefault(html.unescape(bar), {})[html.unescape(phase)] = float(share)
+    return found
+
+
+def test_a_chart_of_many_ranks_draws_those_unlike_the_rest_and_the_named_and_sums_up_the_others():
+    from ranksight.dashboard._queries import BARS_AT_MOST, STANDOUT_BARS, standout_ranks
+    from ranksight.dashboard._view import stacked_by_rank_svg
+
+    def row(rank, wait):
+        return {"rank": rank, "data_wait_share": wait, "h2d_share": None, "compute_share": 0.8 - wait,
+                "comm_exposed_share": 0.1, "optimizer_share": 0.05, "other_share": 0.05}
+
+    few = [row(r, 0.1) for r in range(BARS_AT_MOST)]
+    assert standout_ranks(few) == (few, None)  # a bar each
+    rows = [row(r, 0.1 + 0.0001 * (r % 7)) for r in range(1000)]
+    for r in (17, 500, 999):
+        rows[r] = row(r, 0.5)  # three ranks that wait for data five times as long
+    kept, rest = standout_ranks(rows, named=[3])
+    ranks = [r["rank"] for r in kept]
+    assert len(kept) == STANDOUT_BARS and ranks == sorted(ranks)
+    assert {3, 17, 500, 999} <= set(ranks)  # the named rank, and the ranks furthest from the median rank's mix
+    others = [r for r in rows if r["rank"] not in ranks]
+    assert rest["ranks"] == len(others) == 1000 - STANDOUT_BARS and rest["h2d_share"] is None
+    assert rest["data_wait_share"] == pytest.approx(sum(r["data_wait_share"] for r in others) / len(others))
+    bars = svg_bars(stacked_by_rank_svg(rows, named=[3]))
+    assert len(bars) == STANDOUT_BARS + 1 and bars["500"]["data wait"] == pytest.approx(0.5)
+    assert bars[f"rest ({len(others)})"]["data wait"] == pytest.approx(rest["data_wait_share"], abs=1e-6)
 
 
 def test_run_picker_tells_runs_of_one_job_apart(tmp_path, monkeypatch):

@@ -104,6 +104,13 @@ def test_verdict_page_in_chromium(served, browser):
     snippet = diagnose(served["demo"])["findings"][0]["fix"]["snippet"]
     code = page.locator("[data-testid='stCode'], pre code").first
     assert code.inner_text().split() == snippet.split()
+    # Each rank's phase shares, drawn as SVG in the page (no Vega to load), each segment with its tooltip.
+    segments = page.locator("svg[data-chart='stacked-shares'] rect[data-bar]")
+    segments.first.wait_for(timeout=30000)
+    assert segments.first.bounding_box()["height"] > 0
+    titles = segments.locator("title").all_text_contents()
+    assert any(t.startswith("0 · data wait ") for t in titles) and any(t.startswith("1 · compute ") for t in titles)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 0
     assert "Traceback" not in body.inner_text()
     os.makedirs(ARTIFACTS, exist_ok=True)
     shot = os.path.join(ARTIFACTS, "dashboard-verdict.png")

@@ -14,7 +14,7 @@ from ranksight.dashboard._view import (
     md_escape,
     require_run,
     share_sentence,
-    stacked_by_rank,
+    stacked_by_rank_svg,
 )
 
 _COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
@@ -42,7 +42,8 @@ def verdict(path: str) -> None:
         if chart is not None:
             with chart:
                 st.markdown("**Step time per rank** (share of each phase, after warm-up)")
-                st.altair_chart(stacked_by_rank(rows), width="stretch")
+                named = [r for f in findings for r in (f.get("ranks") or [])]
+                st.markdown(stacked_by_rank_svg(rows, named), unsafe_allow_html=True)
         for i, f in enumerate(findings[1:], start=1):
             _finding(i, f)
         checklist = diag.get("checklist", [])
