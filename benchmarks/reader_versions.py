@@ -1,0 +1,118 @@
+"""Two versions of ranksight's readers on one run folder, side by side: ``open_run`` + ``step_breakdown`` and
+``diagnose()``, each in fresh processes taking turns, so that a change is judged against the code before it on
+the same machine at the same moment (this VM's speed drifts by a quarter between hours).
+
+Why not two ``scale.py`` runs: their figures move with the machine more than with most changes. Here each
+round runs the older and the newer code one after the other, and the medians of the rounds are compared.
+
+The older version is an installed copy of an older commit, outside the checkout::
+
+    git worktree add /tmp/ranksight-old COMMIT
+    pip install --no-deps --no-build-isolation --target /tmp/ranksight-old-site /tmp/ranksight-old
+    python benchmarks/reader_versions.py RUN --old-site /tmp/ranksight-old-site --json out.json
+
+RUN needs the step digests of both versions' definitions where their keys differ (a digest is read only
+under its own key): write the older one's with ``--write-old-digests`` first. The newer version is the
+one this interpreter imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+_MEASURE = r"""
+import json, sys, time
+old_site = sys.argv[1]
+if old_site:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
+    sys.path.insert(0, old_site)
+import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
+from ranksight.collectors import open_run, step_breakdown
+from ranksight.rules import diagnose
+run, what, repeats = sys.argv[2], sys.argv[3], int(sys.argv[4])
+times = []
+for _ in range(repeats):
+    t = time.perf_counter()
+    if what == "breakdown":
+        con = open_run(run, follow_spool=False)
+        step_breakdown(con)
+        con.close()
+    else:
+        diagnose(run)
+    times.append(time.perf_counter() - t)
+import ranksight
+print(json.dumps({"times": times, "module": ranksight.__file__}))
+"""
+
+_WRITE_DIGESTS = r"""
+import os, sys, glob
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+sys.path.insert(0, sys.argv[1])
+import pyarrow.parquet as pq
+from ranksight.digest import write_digest
+
+def write_durably(directory, name, write):
+    tmp = os.path.join(directory, "." + name + ".partial")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, os.path.join(directory, name))
+
+steps = os.path.join(sys.argv[2], "steps")
+for path in sorted(glob.glob(os.path.join(glob.escape(steps), "[!.]*.parquet"))):
+    write_digest(pq.read_table(path), steps, os.path.basename(path), write_durably)
+"""
+
+
+def measure(old_site: str, run: str, what: str, repeats: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", _MEASURE, old_site, run, what, str(repeats)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run")
+    parser.add_argument("--old-site", required=True, help="pip install --target folder of the older commit")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="calls per process (the first is a fresh one)")
+    parser.add_argument("--write-old-digests", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.write_old_digests:
+        subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, args.old_site, args.run], check=True)
+    results: dict = {}
+    for what in ("breakdown", "diagnose"):
+        runs: dict[str, list] = {"older": [], "newer": []}
+        for _ in range(args.rounds):
+            for version, site in (("older", args.old_site), ("newer", "")):
+                runs[version].append(measure(site, args.run, what, args.repeats))
+        assert all(args.old_site in r["module"] for r in runs["older"])
+        assert not any(args.old_site in r["module"] for r in runs["newer"])
+        figures = {}
+        for version, rounds in runs.items():
+            first = [r["times"][0] for r in rounds]
+            later = [t for r in rounds for t in r["times"][1:]]
+            figures[version] = {"first_call_median_s": statistics.median(first),
+                                "later_calls_median_s": statistics.median(later) if later else None,
+                                "first_calls_s": first, "later_calls_s": later}
+        older, newer = figures["older"], figures["newer"]
+        figures["newer_over_older_first"] = newer["first_call_median_s"] / older["first_call_median_s"]
+        if older["later_calls_median_s"]:
+            figures["newer_over_older_later"] = newer["later_calls_median_s"] / older["later_calls_median_s"]
+        results[what] = figures
+        print(f"{what}: first call {older['first_call_median_s']:.3f} s -> {newer['first_call_median_s']:.3f} s; "
+              f"later calls {older['later_calls_median_s'] or 0:.3f} s -> {newer['later_calls_median_s'] or 0:.3f} s",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"run": args.run, "old_site": args.old_site, "rounds": args.rounds, "repeats": args.repeats,
+                       **results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
