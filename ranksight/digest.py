@@ -292,8 +292,11 @@ def _in_path_order(read_one, paths: list[str]):
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(_READERS, len(paths)), thread_name_prefix="ranksight-digest") as pool:
+    pool = ThreadPoolExecutor(min(_READERS, len(paths)), thread_name_prefix="ranksight-digest")
+    try:
         yield from pool.map(read_one, paths)
+    finally:  # a file that does not read ends the reading: the files not started yet are not read
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _file_column(paths: list[str], rows_per_file: list[int]):

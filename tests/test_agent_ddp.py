@@ -55,11 +55,18 @@ def test_phases_add_up_to_the_loops_own_wall_time(baseline):
             [rank],
         ).fetchall()
         assert len(rows) == len(loop_s)
+        close = []
         for (step, step_s, *phases), truth in zip(rows, loop_s):
             assert all(p is not None and p >= 0 for p in phases), (step, phases)
             assert sum(phases) == pytest.approx(step_s, rel=1e-6, abs=1e-6)
-            # The agent's step time against an independent clock around the same loop iteration.
-            assert abs(step_s - truth) <= max(0.002, 0.1 * truth), (rank, step, step_s, truth)
+            # The agent's step time against an independent clock around the same loop iteration. The process
+            # can be preempted between the loop's clock and the agent's (a loaded 2-core machine), which moves
+            # time from one step to the next: one step in ten may be off by more than 10 %, none by 30 %.
+            assert abs(step_s - truth) <= max(0.006, 0.3 * truth), (rank, step, step_s, truth)
+            close.append(abs(step_s - truth) <= max(0.002, 0.1 * truth))
+        assert sum(close) >= 0.9 * len(close), (rank, close)
+        total, loop_total = sum(r[1] for r in rows), sum(loop_s)
+        assert abs(total - loop_total) <= max(0.01, 0.05 * loop_total), (rank, total, loop_total)
         named = [sum(p[:-1]) for (_, _, *p) in rows]  # everything but "other"
         assert sum(named) / sum(r[1] for r in rows) > 0.6  # the named phases explain most of the step
 

@@ -323,3 +323,23 @@ def test_the_breakdown_reads_the_verdicts_two_rows_per_rank_and_file_not_the_rol
     from_chunks, used = _breakdown(run)
     assert chunks_read and used
     _same_breakdown(from_chunks, from_rows)
+
+
+def test_digests_read_at_once_name_the_first_that_does_not_read_in_path_order(tmp_path):
+    import shutil
+
+    from ranksight.digest import DigestError, read_digest_parts
+
+    run = _published_run(tmp_path, publishes=1)
+    (source,) = digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values()
+    paths = [str(tmp_path / f"d{i:02d}") for i in range(12)]
+    for path in paths:
+        shutil.copy(source, path)
+    whole = read_digest_parts(paths, ("chunks", "steps"))
+    one = read_digest_parts(paths[:1], ("chunks", "steps"))
+    assert whole["steps"].num_rows == 12 * one["steps"].num_rows  # every file, once
+    for bad in (paths[9], paths[4]):
+        zero_part(bad, "steps")
+    with pytest.raises(DigestError) as caught:
+        read_digest_parts(paths, ("chunks", "steps"))
+    assert str(caught.value).startswith(paths[4] + ":")
