@@ -26,15 +26,15 @@ import urllib.request
 _APP = """
 import json, sys
 import streamlit as st
-from ranksight.dashboard._view import {function}
+from ranksight.dashboard.{module} import {function}
 rows = json.load(open({rows!r}))
 st.markdown("**Step time per rank**")
 {draw}
 """
 _DRAW = {
-    "vega": ("stacked_by_rank", 'st.altair_chart(stacked_by_rank(rows), width="stretch")',
+    "vega": ("_charts", "stacked_by_rank", 'st.altair_chart(stacked_by_rank(rows), width="stretch")',
              "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg.marks"),
-    "svg": ("stacked_by_rank_svg", "st.markdown(stacked_by_rank_svg(rows), unsafe_allow_html=True)",
+    "svg": ("_view", "stacked_by_rank_svg", "st.markdown(stacked_by_rank_svg(rows), unsafe_allow_html=True)",
             "svg[data-chart='stacked-shares'] rect[data-bar]"),
 }
 CHROMIUM_ARGS = ("--no-sandbox", "--disable-background-networking", "--disable-dev-shm-usage")
@@ -95,10 +95,10 @@ def main() -> int:
             json.dump(rows, f)
         servers = {}
         try:
-            for kind, (function, draw, _) in _DRAW.items():
+            for kind, (module, function, draw, _) in _DRAW.items():
                 app = os.path.join(tmp, f"app_{kind}.py")
                 with open(app, "w") as f:
-                    f.write(_APP.format(function=function, rows=rows_path, draw=draw))
+                    f.write(_APP.format(module=module, function=function, rows=rows_path, draw=draw))
                 port = _free_port()
                 servers[kind] = (_serve(app, port), port)
             with sync_playwright() as pw:
@@ -106,7 +106,7 @@ def main() -> int:
                 page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
                 for kind, (_, port) in servers.items():  # once each first: the servers' own first runs
                     page.goto(f"http://127.0.0.1:{port}/")
-                    _drawn(page, _DRAW[kind][2])
+                    _drawn(page, _DRAW[kind][3])
                 for _ in range(args.rounds):
                     for kind, (_, port) in servers.items():
                         if args.cold:  # a browser context of its own: nothing cached, as for a first visit
@@ -114,7 +114,7 @@ def main() -> int:
                             page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
                         t = time.perf_counter()
                         page.goto(f"http://127.0.0.1:{port}/")
-                        _drawn(page, _DRAW[kind][2])
+                        _drawn(page, _DRAW[kind][3])
                         times[kind].append(time.perf_counter() - t)
                 browser.close()
         finally:

@@ -1,4 +1,4 @@
-"""Shared page pieces: the selected run, safe text, error guard, live panels and the charts.
+"""Shared page pieces: the selected run, safe text, error guard, live panels and the landing page's chart.
 
 Text that comes from a run (run ids, job names, reasons, rule output) goes through ``md_escape`` or
 a plain-text element, so quotes, markdown or HTML in it are shown, never rendered.
@@ -10,8 +10,6 @@ import contextlib
 import re
 from dataclasses import dataclass
 
-import altair as alt
-import pandas as pd
 import streamlit as st
 
 from . import _data
@@ -126,56 +124,13 @@ def share_sentence(total: dict) -> str:
     return " · ".join(f"{label} {pct(v)}" for v, label in sorted(parts, reverse=True))
 
 
-def shares_long(rows: list[dict], index: str) -> pd.DataFrame:
-    """Rows with ``<phase>_share`` columns -> long frame (index, phase, share) for stacked charts."""
-    recs = []
-    for r in rows:
-        for key, label in PHASE_LABELS.items():
-            v = r.get(f"{key[:-2]}_share")
-            if v is not None:
-                recs.append({index: r[index], "phase": label, "share": float(v)})
-    return pd.DataFrame(recs, columns=[index, "phase", "share"])
+PHASE_ORDER = list(PHASE_LABELS.values())
+PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
 
-
-_PHASE_ORDER = list(PHASE_LABELS.values())
-_PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
-
-
-def _phase_colors(df: pd.DataFrame) -> alt.Scale:
-    """The phases present (H2D is absent on a CPU job: no legend entry for it), each in its fixed colour."""
-    present = [p for p in _PHASE_ORDER if p in set(df["phase"])] or _PHASE_ORDER
-    return alt.Scale(domain=present, range=[_PHASE_COLORS[_PHASE_ORDER.index(p)] for p in present])
-
-
-def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
-    """Each rank's phase shares, a bar per rank; above ``BARS_AT_MOST`` ranks the ones that stand out
-    (``named`` first, see ``standout_ranks``) and one bar for the others' mean."""
-    kept, rest = standout_ranks(rows, named)
-    if rest is None:
-        df, field = shares_long(rows, "rank"), "rank"
-        x = alt.X("rank:O", title="rank")
-    else:
-        bars = [{**r, "bar": str(r["rank"])} for r in kept] + [{**rest, "bar": f"other {rest['ranks']} (mean)"}]
-        df, field = shares_long(bars, "bar"), "bar"
-        x = alt.X("bar:N", sort=[b["bar"] for b in bars], axis=alt.Axis(labelAngle=-90),
-                  title=f"rank: the {len(kept)} of {len(rows)} least like the median rank, and the rest")
-    return (
-        alt.Chart(df)
-        .mark_bar()
-        .encode(
-            x=x,
-            y=alt.Y("share:Q", stack="zero", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=_phase_colors(df)),
-            order=alt.Order("phase_order:Q"),
-            tooltip=[field, "phase", alt.Tooltip("share:Q", format=".1%")],
-        )
-        .transform_calculate(phase_order=f"indexof({_PHASE_ORDER!r}, datum.phase)")
-        .properties(height=320)
-    )
 
 
 def stacked_by_rank_svg(rows: list[dict], named=()) -> str:
-    """``stacked_by_rank`` as inline SVG (``_svg``): the landing page draws it without loading Vega."""
+    """``_charts.stacked_by_rank`` as inline SVG (``_svg``): the landing page draws it without Vega and altair."""
     kept, rest = standout_ranks(rows, named)
     bars = [(str(r["rank"]), r) for r in kept]
     title = "rank"
@@ -183,72 +138,4 @@ def stacked_by_rank_svg(rows: list[dict], named=()) -> str:
         bars.append((f"rest ({rest['ranks']})", rest))
         title = f"rank: the {len(kept)} of {len(rows)} least like the median rank; the rest, mean"
     shares = [(label, {PHASE_LABELS[p]: r.get(f"{p[:-2]}_share") for p in PHASE_LABELS}) for label, r in bars]
-    return stacked_bars(shares, _PHASE_ORDER, dict(zip(_PHASE_ORDER, _PHASE_COLORS)), title)
-
-
-def stacked_over_time(rows: list[dict]) -> alt.Chart:
-    df = shares_long(rows, "t_s")
-    return (
-        alt.Chart(df)
-        .mark_area()
-        .encode(
-            x=alt.X("t_s:Q", title="seconds since the first step"),
-            y=alt.Y("share:Q", stack="normalize", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=_PHASE_ORDER, scale=_phase_colors(df)),
-            order=alt.Order("phase_order:Q"),
-            tooltip=[alt.Tooltip("t_s:Q", format=".1f"), "phase", alt.Tooltip("share:Q", format=".1%")],
-        )
-        .transform_calculate(phase_order=f"indexof({_PHASE_ORDER!r}, datum.phase)")
-        .properties(height=260)
-    )
-
-
-def heatmap_chart(hm: dict) -> alt.Chart:
-    df = pd.DataFrame(hm["cells"], columns=["row", "bin", "t_s", "value", "label"])
-    fmt = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}[hm["unit"]]
-    scheme = alt.Scale(scheme="orangered", reverse=hm["metric"] == "gpu_utilization_ratio")
-    rows = max(1, len(hm["rows"]))
-    last = max(hm["cells"], key=lambda c: c["bin"], default=None)
-    per_bin = last["t_s"] / last["bin"] if last and last["bin"] else None
-    x_title = "time →" + (f" ({per_bin:.1f} s per column)" if per_bin else "")
-    return (
-        alt.Chart(df)
-        .mark_rect()
-        .encode(
-            x=alt.X("bin:O", title=x_title, axis=alt.Axis(labels=False, ticks=False)),
-            y=alt.Y(
-                "label:N",
-                sort=alt.EncodingSortField(field="row", op="min"),
-                title="rank (worst first)",
-                axis=alt.Axis(labelOverlap=True),
-            ),
-            color=alt.Color("value:Q", scale=scheme, title=hm["unit"], legend=alt.Legend(format=fmt)),
-            tooltip=["label", alt.Tooltip("t_s:Q", title="from s", format=".1f"), alt.Tooltip("value:Q", format=fmt)],
-        )
-        .properties(height=min(640, max(120, 6 * rows + 40)))
-    )
-
-
-def series_chart(rows: list[dict]) -> alt.Chart:
-    df = pd.DataFrame(rows, columns=["name", "bin", "t_s", "mean", "min", "max"])
-    base = alt.Chart(df).encode(x=alt.X("t_s:Q", title="seconds since the first sample"))
-    band = base.mark_area(opacity=0.25).encode(y="min:Q", y2="max:Q", color="name:N")
-    line = base.mark_line().encode(y=alt.Y("mean:Q", title="mean over ranks (band: min-max)"), color="name:N")
-    layered = (band + line).properties(height=140, width=600)
-    return layered.facet(row=alt.Row("name:N", title=None)).resolve_scale(y="independent")
-
-
-def util_chart(rows: list[dict]) -> alt.Chart:
-    df = pd.DataFrame(rows, columns=["rank", "name", "mean"])
-    return (
-        alt.Chart(df)
-        .mark_bar()
-        .encode(
-            x=alt.X("rank:O"),
-            xOffset="name:N",
-            y=alt.Y("mean:Q", title="mean ratio", axis=alt.Axis(format="%")),
-            color="name:N",
-            tooltip=["rank", "name", alt.Tooltip("mean:Q", format=".1%")],
-        )
-        .properties(height=260)
-    )
+    return stacked_bars(shares, PHASE_ORDER, dict(zip(PHASE_ORDER, PHASE_COLORS)), title)

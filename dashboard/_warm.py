@@ -2,8 +2,8 @@
 it will open first.
 
 Why: the landing page shows ``diagnose(run)``, which reads every step row (about 2 s at 1,024 ranks x
-10,000 steps on 2 cores), and the first script run also pays for importing the rules, pandas and
-altair. Done on a thread while the server starts, a user who opens the browser a few seconds later
+10,000 steps on 2 cores), and the first script run also pays for importing the rules and pandas.
+Done on a thread while the server starts, a user who opens the browser a few seconds later
 finds the verdict ready. Each result is handed over once; the page's own caching takes it from there.
 This module needs no Streamlit: the launcher fills it before Streamlit's runtime exists.
 """
@@ -92,10 +92,10 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         job.diagnosis = None
     finally:
         job.done.set()
-    # The landing page's imports next (altair, pandas: ~1-3 s on 2 busy cores), before the rollup, which the
-    # landing page does not need: the first view should not wait for them behind a scan of every step row.
+    # The landing page's import next (pandas, for its tables: ~0.4-1.5 s on 2 cores), before the rollup,
+    # which the landing page does not need: the first view should not wait for it behind a scan of every
+    # step row. Altair (the other pages' charts; the landing page draws SVG) once the landing page is drawn.
     try:
-        import altair  # noqa: F401
         import pandas  # noqa: F401
     except Exception:
         pass
@@ -104,6 +104,10 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
     # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.2-0.3 s,
     # docs/scale.md); see release().
     job.released.wait(HOLD_S)
+    try:
+        import altair  # noqa: F401
+    except Exception:
+        pass
     try:
         if with_rollup and not _stopping.is_set():
             from ._rollup import Rollup

@@ -281,6 +281,25 @@ def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monke
     assert _warm.take_rollup(demo_run) is None
 
 
+def test_the_landing_page_draws_without_importing_altair_and_the_others_with_it(tmp_path):
+    """The Verdict page's chart is SVG: its first render does not wait for altair's import (docs/scale.md)."""
+    run = write_run(str(tmp_path / "runs" / "r"), 2, 8)
+    code = (
+        "import os, sys; os.environ['RANKSIGHT_DASHBOARD_PATH'] = sys.argv[1]\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        f"at = AppTest.from_file({APP_PATH!r}, default_timeout=60).run()\n"
+        "assert not at.exception, at.exception\n"
+        "assert any(\"data-chart='stacked-shares'\" in m.value for m in at.markdown)\n"
+        "print('verdict', 'altair' in sys.modules)\n"
+        "at.switch_page('_pages/breakdown.py').run()\n"
+        "assert not at.exception, at.exception\n"
+        "print('breakdown', 'altair' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, run], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "verdict False" in out.stdout and "breakdown True" in out.stdout, out.stdout
+
+
 def test_resolve_takes_a_run_or_a_root(tmp_path):
     run = write_run(str(tmp_path / "r1"), 1, 3)
     assert resolve(run).root == str(tmp_path) and resolve(run).run == "r1"

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._charts import stacked_by_rank, stacked_over_time
 from ranksight.dashboard._queries import breakdown_over_time, breakdown_per_rank, breakdown_total
 from ranksight.dashboard._view import (
     context,
@@ -13,8 +14,6 @@ from ranksight.dashboard._view import (
     pct,
     require_run,
     share_sentence,
-    stacked_by_rank,
-    stacked_over_time,
 )
 
 ctx = context()

@@ -3,8 +3,9 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._charts import heatmap_chart
 from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
-from ranksight.dashboard._view import context, guard, heatmap_chart, live_panel, ms, require_run
+from ranksight.dashboard._view import context, guard, live_panel, ms, require_run
 
 SOLO_ROWS = 16  # above the row limit, the worst ranks keep a row each; the rest are grouped
 ctx = context()

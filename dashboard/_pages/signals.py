@@ -3,6 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
+from ranksight.dashboard._charts import series_chart, util_chart
 from ranksight.dashboard._queries import (
     FRAGMENTATION_SIGNALS,
     UTILIZATION_SIGNALS,
@@ -10,7 +11,7 @@ from ranksight.dashboard._queries import (
     sample_per_rank,
     sample_series,
 )
-from ranksight.dashboard._view import context, guard, live_panel, require_run, series_chart, util_chart
+from ranksight.dashboard._view import context, guard, live_panel, require_run
 
 ctx = context()
 st.title("Signals")
