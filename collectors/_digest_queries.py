@@ -30,8 +30,8 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
 
 def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> dict[int, dict] | None:
     """Per rank, {figure: median} of ``figures`` over its steps after warm-up, from the ``hist`` part; None
-    (read the rows) when a rank has no more rows than the warm-up. Every figure's medians are found in one
-    pass and kept for the connection (the breakdown and the rank figures both ask)."""
+    (read the rows) when a rank has no more rows than the warm-up. The figures not found yet are found in one
+    pass and kept for the connection: the breakdown asks for two, the rank figures for five more."""
     if _no_short_rank(con, parts, warmup_steps) is None:
         return None
     kept, done = noted_medians(con)

@@ -1,8 +1,8 @@
 """The Altair (Vega-Lite) charts of the pages after the landing page.
 
-Why a module of their own: altair and pandas take 0.7 s to import on a quiet 2-core machine and more on a
-busy one; the Verdict page (the landing page, ``_view.stacked_by_rank_svg``) does without them, so its
-first render does not wait for them.
+Why a module of their own: importing altair takes a good part of a second on 2 cores, more while the
+server's warm-up diagnoses; the Verdict page (the landing page, ``_view.stacked_by_rank_svg``) does without
+it, so its first render does not wait for that import.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         job.diagnosis = None
     finally:
         job.done.set()
-    # The landing page's import next (pandas, for its tables: ~0.4-1.5 s on 2 cores), before the rollup,
+    # The landing page's import next (pandas, for its tables: most of a second on 2 busy cores), before the rollup,
     # which the landing page does not need: the first view should not wait for it behind a scan of every
     # step row. Altair (the other pages' charts; the landing page draws SVG) once the landing page is drawn.
     try:
