@@ -12,7 +12,7 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 from __future__ import annotations
 
 from ranksight.digest import WARMUP_STEPS
-from ranksight.verdict_digest import medians_of
+from ranksight.verdict_digest import medians_of, merge_steps_sql
 
 from ._digest_source import keep_medians, noted_medians
 
@@ -95,26 +95,24 @@ def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
     return out
 
 
+_WAIT_COLUMNS = ("n", "period_sum", "grad_min", "blocked_min", "timed", "least", "second", "least_rank", "cpu_n",
+                 "cpu_sum", "least_cpu", "least_busy")
+"""The merged ``steps`` columns ``wait_rows`` reads."""
+
+
 def wait_rows(con, parts: dict, warmup_steps: int, ranks: list[int]) -> list[tuple] | None:
     """``wait_asymmetry``'s per-step rows (same columns, same order) from the ``steps`` part, for steps every
     one of ``ranks`` recorded; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
     if _no_short_rank(con, parts, warmup_steps) != sorted(ranks):
         return None
-    steps = parts["steps"]
-    # The step's second-least wait: the second of the files' least waits, or the second wait of the file
-    # that holds the least, whichever is smaller (any other file's second is at least its own least).
+    # The files' rows merged per step as ingest merges a batch's (``merge_steps_sql``: one copy of the rules).
+    merged = merge_steps_sql(f"(SELECT * FROM {parts['steps']} WHERE NOT warm)", _WAIT_COLUMNS)
     sql = f"""
-        WITH per AS (SELECT step, sum(n) AS n, sum(period_sum) / sum(n) AS period_s, min(grad_min) AS grad_floor_s,
-                            min(blocked_min) AS blocked_floor_s, bool_or(timed) AS timed, min(least) AS least_s,
-                            least(min(least, 2)[2], arg_min(second, (least, least_rank))) AS second_s,
-                            arg_min(least_rank, (least, least_rank)) AS least_rank, sum(cpu_n) AS cpu_n,
-                            sum(cpu_sum) AS cpu_sum, arg_min(least_cpu, (cpu_key, cpu_key_rank)) AS least_cpu_s,
-                            arg_min(least_busy, (least, least_rank)) AS least_busy_s
-                     FROM {steps} WHERE NOT warm GROUP BY step HAVING sum(n) = ?)
-        SELECT step, period_s, grad_floor_s, blocked_floor_s, timed, least_s, second_s, least_rank,
-               CASE WHEN cpu_n = n AND n >= 2 THEN least_cpu_s - (cpu_sum - least_cpu_s) / (n - 1) END,
-               least_cpu_s, least_busy_s
-        FROM per ORDER BY step
+        WITH per AS ({merged})
+        SELECT step, period_sum / n, grad_min, blocked_min, timed, least, second, least_rank,
+               CASE WHEN cpu_n = n AND n >= 2 THEN least_cpu - (cpu_sum - least_cpu) / (n - 1) END,
+               least_cpu, least_busy
+        FROM per WHERE n = ? ORDER BY step
     """
     return con.execute(sql, [len(ranks)]).fetchall()
 

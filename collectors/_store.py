@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ranksight.digest import COLUMNS as DIGEST_COLUMNS
 from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digest_parts, read_digests, remove_digests
 from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
+from ranksight.verdict_digest import merge_steps_sql
 
 from ._answers import ANSWERS_TABLE, recording
 from ._features import compute_context, compute_features
@@ -412,6 +413,9 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
             register_arrow(con, "_digest_part", table)
             try:
                 rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
+                if part == "steps":  # a row per step for the batch, not per step and file: merged as readers merge
+                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)")
+                    rows = f"SELECT ?::VARCHAR AS key, NULL::VARCHAR AS {SEGMENT_COLUMN}, * FROM ({merged})"
                 con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
                 _add_new_columns(con, VERDICT_PART_TABLES[part], "_digest_part")
                 con.execute(f"INSERT INTO {VERDICT_PART_TABLES[part]} BY NAME {rows}", [key])

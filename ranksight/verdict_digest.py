@@ -171,6 +171,43 @@ def steps_sql(source: str) -> str:
     return f"SELECT step, step < $warm AS warm, {cols} FROM {source} GROUP BY step, warm"
 
 
+MERGED_STEPS: dict[str, str] = {
+    "n": "sum(n)",
+    "period_sum": "sum(period_sum)",
+    "grad_min": "min(grad_min)",
+    "blocked_min": "min(blocked_min)",
+    "timed": "bool_or(timed)",
+    "least": "min(least)",
+    # The second-least wait of several files' ranks: the second of their least waits, or the second wait of
+    # the file that holds the least, whichever is smaller (any other file's second is at least its least).
+    "second": "least(min(least, 2)[2], arg_min(second, (least, least_rank)))",
+    "least_rank": "arg_min(least_rank, (least, least_rank))",
+    "cpu_n": "sum(cpu_n)",
+    "cpu_sum": "sum(cpu_sum)",
+    "cpu_key": "min(cpu_key)",
+    "cpu_key_rank": "arg_min(cpu_key_rank, (cpu_key, cpu_key_rank))",
+    "least_cpu": "arg_min(least_cpu, (cpu_key, cpu_key_rank))",
+    "least_busy": "arg_min(least_busy, (least, least_rank))",
+    "compute_n": "sum(compute_n)",
+    "compute_max": "max(compute_max)",
+    "compute_rank": "arg_max(compute_rank, compute_max)",
+    "gpu_compute_n": "sum(gpu_compute_n)",
+    "gpu_compute_max": "max(gpu_compute_max)",
+    "gpu_compute_rank": "arg_max(gpu_compute_rank, gpu_compute_max)",
+}
+"""How ``steps`` rows of several files merge into one per (step, warm), column by column: what the readers'
+per-step comparisons do with the files' rows (``collectors._digest_queries``), so a merged row is read like
+one more file's."""
+
+
+def merge_steps_sql(source: str, columns=None) -> str:
+    """SELECT of one ``steps`` row per (step, warm) standing for all the rows of ``source`` (``MERGED_STEPS``):
+    every column, or those named in ``columns``."""
+    cols = ", ".join(f"CAST({MERGED_STEPS[c]} AS {t}) AS {c}" for c, t, _ in STEPS_COLUMNS
+                     if columns is None or c in columns)
+    return f"SELECT step, warm, {cols} FROM {source} GROUP BY step, warm"
+
+
 def definition() -> str:
     """Text that changes whenever a part's meaning does (it goes into the digest's key)."""
     return "\n".join([sums_sql("s"), hist_sql("s"), steps_sql("s"), repr(GAMMA)])

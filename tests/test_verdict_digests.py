@@ -223,9 +223,13 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     result = ingest(run)
     assert result.rows_by_kind["steps"] == 2 * 40 * len(RANKS)
     con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
-    for part, table in VERDICT_PART_TABLES.items():  # every ingested segment's part, under its definition
+    for part in ("sums", "hist"):  # every ingested segment's part, under its definition
+        table = VERDICT_PART_TABLES[part]
         segments = con.execute(f"SELECT count(DISTINCT _segment), count(DISTINCT key) FROM {table}").fetchall()
         assert segments == [(2, 1)], (part, segments)
+    # the per-step part merged over the batch: a row per step, not per step and file
+    merged = "SELECT count(*), count(DISTINCT step), count(_segment), count(DISTINCT key) FROM _digest_steps"
+    assert con.execute(merged).fetchall() == [(80, 80, 0, 1)]
     assert con.execute("SELECT sum(n) FROM _digest_steps").fetchall()[0][0] == result.rows_by_kind["steps"]
     con.close()
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))  # a third publish, not ingested yet
@@ -289,3 +293,35 @@ def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_column
     kept = con.execute("SELECT key, count(*), count(data_wait_host_sum) FROM _digest_sums GROUP BY key ORDER BY key")
     assert kept.fetchall() == [("c2-000000000000", older, 0), (key, 2 * len(RANKS), 2 * len(RANKS))]
     con.close()
+
+
+def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_rows_figures(tmp_path, monkeypatch):
+    """The same steps of two nodes, ingested in two batches, then a third file pending: the per-step part's
+    merged rows (the store's) merge with each other and with a file's as the rows do -- who waited least, the
+    second-least wait, the longest compute."""
+    run = _published_run(tmp_path, publishes=1)  # node A: ranks 0-3, steps 0-39
+    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:  # a rank still running: no answers
+        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    ingest(run)
+    other = str(tmp_path / "local-b" / "run")
+    _write_steps(other, (4, 5, 6, 7), range(0, 40))  # node B: the same steps, four more ranks
+    publish_node_spool(other, run, "nodeB")
+    ingest(run)
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(40, 80))
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    _write_steps(other, (4, 5, 6, 7), range(40, 80))
+    publish_node_spool(other, run, "nodeB")
+    con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*), count(DISTINCT step) FROM _digest_steps").fetchall() == [(80, 40)]
+    con.close()
+    assert _parts_that_serve(run, "hist", "steps")
+    from_digests = _features_reading_no_row(run, monkeypatch)
+
+    plain = str(tmp_path / "plain")
+    shutil.copytree(run, plain)
+    shutil.rmtree(os.path.join(plain, "steps", DIGEST_DIR))
+    _drop_verdict_parts(plain)
+    rows = run_features(plain)
+    _assert_same_features(from_digests, rows)
+    assert sorted(from_digests) == [0, 1, 2, 3, 4, 5, 6, 7, 99]
+    assert from_digests[3]["slowest_step_share"] == 1.0
