@@ -232,6 +232,23 @@ def page_on_fresh_server(run_path: str):
         proc.wait(timeout=20)
 
 
+DRAWN_JS = "!document.querySelector('[data-testid=\"stSkeleton\"]')"
+"""True once no element is still a placeholder: Streamlit draws a table or chart as a grey skeleton until its
+code has loaded, which can be after the script is idle."""
+
+
+def time_visit_drawn(page, url: str, marker: str) -> tuple[float, float]:
+    """(seconds until ``marker`` is drawn and Streamlit idle, as ``time_visit``; seconds until, beyond that,
+    no element is a placeholder any more)."""
+    t = time.perf_counter()
+    page.goto(url)
+    page.get_by_text(marker).first.wait_for(timeout=120000)
+    page.wait_for_function(IDLE_JS, timeout=120000, polling=50)
+    idle = time.perf_counter() - t
+    page.wait_for_function(DRAWN_JS, timeout=120000, polling=50)
+    return idle, time.perf_counter() - t
+
+
 def time_visit(page, url: str, marker: str) -> float:
     """Seconds from navigating to ``url`` until ``marker`` is drawn and Streamlit is idle."""
     t = time.perf_counter()
