@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,21 +50,11 @@ print(json.dumps({"times": times, "module": ranksight.__file__}))
 """
 
 _WRITE_DIGESTS = r"""
-import os, sys, glob
+import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
-sys.path.insert(0, sys.argv[1])
-import pyarrow.parquet as pq
-from ranksight.digest import write_digest
-
-def write_durably(directory, name, write):
-    tmp = os.path.join(directory, "." + name + ".partial")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, os.path.join(directory, name))
-
-steps = os.path.join(sys.argv[2], "steps")
-for path in sorted(glob.glob(os.path.join(glob.escape(steps), "[!.]*.parquet"))):
-    write_digest(pq.read_table(path), steps, os.path.basename(path), write_durably)
+sys.path[:0] = [sys.argv[1], sys.argv[3]]  # the older version first, then this folder's scripts
+from digest_verdict_corpus import digest_every_segment  # the publisher's digest beside every step segment
+digest_every_segment(sys.argv[2])
 """
 
 
@@ -83,7 +74,8 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.write_old_digests:
-        subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, args.old_site, args.run], check=True)
+        here = os.path.dirname(os.path.abspath(__file__))
+        subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, args.old_site, args.run, here], check=True)
     results: dict = {}
     for what in ("breakdown", "diagnose"):
         runs: dict[str, list] = {"older": [], "newer": []}

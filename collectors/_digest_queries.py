@@ -126,11 +126,10 @@ def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gp
     if [r for (r,) in found] != sorted(ranks):
         return None
     col = "gpu_compute" if use_gpu else "compute"
+    kept = f"(SELECT * FROM {parts['steps']} WHERE NOT warm OR (SELECT max(step_max) FROM {parts['sums']}) < ?)"
+    merged = merge_steps_sql(kept, (f"{col}_n", f"{col}_rank", f"{col}_max"))
     sql = f"""
-        WITH s AS (SELECT * FROM {parts['steps']}
-                   WHERE NOT warm OR (SELECT max(step_max) FROM {parts['sums']}) < ?),
-             per AS (SELECT step, arg_max({col}_rank, {col}_max) AS top_rank FROM s
-                     GROUP BY step HAVING sum({col}_n) = ?)
+        WITH per AS (SELECT {col}_rank AS top_rank FROM ({merged}) WHERE {col}_n = ?)
         SELECT top_rank, count(*), (SELECT count(*) FROM per) FROM per GROUP BY top_rank
     """
     rows = con.execute(sql, [warmup_steps, len(ranks)]).fetchall()

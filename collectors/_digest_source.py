@@ -47,7 +47,6 @@ class _Noted:
         self.source: str | None = None
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
-        self.preloaded: dict = {}  # verdict parts read with the rollup's part, not registered yet
         self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
         self.median_figures: set[str] = set()  # the figures found so far
 
@@ -75,15 +74,8 @@ def _source(con, noted: _Noted) -> str:
         columns = ", ".join(c for c, _ in COLUMNS)
         parts = []
         if noted.paths:
-            if noted.store:
-                register_arrow(con, _REGISTERED, read_digests(noted.paths, with_file=False))
-            else:  # the breakdown asks for the verdict's medians next: read those parts in the same opening
-                try:
-                    read = read_digest_parts(noted.paths, ("chunks", "sums", "hist"))
-                except DigestError:  # a verdict part that does not read costs the verdict's parts, not these
-                    read = {"chunks": read_digests(noted.paths, with_file=False)}
-                register_arrow(con, _REGISTERED, read.pop("chunks"))
-                noted.preloaded = read
+            # The breakdown asks for the verdict's parts first; this rollup part is its fallback (they did not serve).
+            register_arrow(con, _REGISTERED, read_digests(noted.paths, with_file=False))
             parts.append(f"SELECT {columns} FROM {_REGISTERED}")
         if noted.store:
             parts.append(f"SELECT {columns} FROM {STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = {sql_literal(noted.key)}")
@@ -129,9 +121,7 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     missing = [p for p in ("sums", *wanted) if p not in noted.verdict]
     try:
         rows = _step_rows(con) if missing else 0
-        preloaded = {p: noted.preloaded.pop(p) for p in missing if p in noted.preloaded}
-        unread = tuple(p for p in missing if p not in preloaded) if noted.paths else ()
-        read = {**preloaded, **(read_digest_parts(noted.paths, unread) if unread else {})}
+        read = read_digest_parts(noted.paths, tuple(missing)) if noted.paths else {}
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
             name = f"{_REGISTERED}_{part}"

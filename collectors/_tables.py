@@ -15,8 +15,9 @@ DIGESTS_TABLE = "_digests"
 ``key`` and ``_segment``; copied from the spool by ``ingest``, so they outlive ``prune``."""
 VERDICT_PART_TABLES = {"sums": "_digest_sums", "hist": "_digest_hist", "steps": "_digest_steps"}
 """Store tables: the verdict's parts of those digests (``ranksight.verdict_digest``), each row with its
-definition ``key`` and ``_segment``, so ``diagnose()`` of a live run that ``ingest --every`` compacts reads a
-few rows per rank and step instead of the store's rows. Created at the first ingest that has them."""
+definition ``key`` and ``_segment`` (``steps``: one row per step and ingest, its files merged, ``_segment``
+NULL), so ``diagnose()`` of a live run that ``ingest --every`` compacts reads a few rows per rank and step
+instead of the store's rows. Created at the first ingest that has them."""
 SEGMENT_COLUMN = "_segment"
 """Store-only column: the spool segment each row came from, so a reader can pick up exactly the
 segments it has not seen yet, also after ``prune`` deleted their files (NULL for rows an older

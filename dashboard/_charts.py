@@ -10,7 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ._queries import PHASE_LABELS, standout_ranks
+from ._queries import PHASE_LABELS, rank_bars
 from ._view import PHASE_COLORS, PHASE_ORDER
 
 
@@ -33,16 +33,12 @@ def _phase_colors(df: pd.DataFrame) -> alt.Scale:
 
 def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
     """Each rank's phase shares, a bar per rank; above ``BARS_AT_MOST`` ranks the ones that stand out
-    (``named`` first, see ``standout_ranks``) and one bar for the others' mean."""
-    kept, rest = standout_ranks(rows, named)
-    if rest is None:
-        df, field = shares_long(rows, "rank"), "rank"
-        x = alt.X("rank:O", title="rank")
-    else:
-        bars = [{**r, "bar": str(r["rank"])} for r in kept] + [{**rest, "bar": f"other {rest['ranks']} (mean)"}]
-        df, field = shares_long(bars, "bar"), "bar"
-        x = alt.X("bar:N", sort=[b["bar"] for b in bars], axis=alt.Axis(labelAngle=-90),
-                  title=f"rank: the {len(kept)} of {len(rows)} least like the median rank, and the rest")
+    (``named`` first) and one bar for the others' mean (``rank_bars``)."""
+    bars, title = rank_bars(rows, named)
+    df = shares_long([{**r, "bar": label} for label, r in bars], "bar")
+    x = alt.X("bar:N", sort=[label for label, _ in bars], title=title,
+              axis=alt.Axis(labelAngle=-90 if len(bars) > 16 else 0))
+    field = alt.Tooltip("bar:N", title="rank")
     return (
         alt.Chart(df)
         .mark_bar()

@@ -155,9 +155,8 @@ def standout_ranks(rows: list[dict], named=(), bars: int = STANDOUT_BARS) -> tup
 
     Up to ``BARS_AT_MOST`` ranks, every row and no summary. Above it, the ``bars`` ranks whose mix of phases
     is furthest from the median rank's (the sum of each phase share's distance from that phase's median),
-    the ranks in ``named`` (a finding's) first. Why: 1,024 bars are under a pixel each and took the browser
-    ~1.5 s to draw (docs/scale.md); the ranks worth a look are the ones unlike the rest, and the rest are
-    summed up in one bar.
+    the ranks in ``named`` (a finding's) first. Why: 1,024 bars are under a pixel each in the page's column;
+    the ranks worth a look are the ones unlike the rest, and the rest are summed up in one bar.
     """
     if len(rows) <= BARS_AT_MOST:
         return rows, None
@@ -178,6 +177,17 @@ def standout_ranks(rows: list[dict], named=(), bars: int = STANDOUT_BARS) -> tup
         vals = [r[k] for r in others if r.get(k) is not None]
         summary[k] = sum(vals) / len(vals) if vals else None
     return sorted(kept, key=lambda r: r["rank"]), summary
+
+
+def rank_bars(rows: list[dict], named=()) -> tuple[list[tuple[str, dict]], str]:
+    """The bars of a per-rank chart, in order, as (label, row with the ``<phase>_share`` figures), and the
+    axis title (``standout_ranks``: above ``BARS_AT_MOST`` ranks the last bar is the others' mean)."""
+    kept, rest = standout_ranks(rows, named)
+    bars = [(str(r["rank"]), r) for r in kept]
+    if rest is None:
+        return bars, "rank"
+    bars.append((f"rest ({rest['ranks']})", rest))
+    return bars, f"rank: the {len(kept)} of {len(rows)} least like the median rank; the rest, mean"
 
 
 def fix_gain_text(finding: dict) -> str:

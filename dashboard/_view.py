@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from . import _data
-from ._queries import PHASE_LABELS, standout_ranks
+from ._queries import PHASE_LABELS, rank_bars
 from ._source import Source
 from ._svg import stacked_bars
 
@@ -131,11 +131,6 @@ PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"
 
 def stacked_by_rank_svg(rows: list[dict], named=()) -> str:
     """``_charts.stacked_by_rank`` as inline SVG (``_svg``): the landing page draws it without Vega and altair."""
-    kept, rest = standout_ranks(rows, named)
-    bars = [(str(r["rank"]), r) for r in kept]
-    title = "rank"
-    if rest is not None:
-        bars.append((f"rest ({rest['ranks']})", rest))
-        title = f"rank: the {len(kept)} of {len(rows)} least like the median rank; the rest, mean"
+    bars, title = rank_bars(rows, named)
     shares = [(label, {PHASE_LABELS[p]: r.get(f"{p[:-2]}_share") for p in PHASE_LABELS}) for label, r in bars]
     return stacked_bars(shares, PHASE_ORDER, dict(zip(PHASE_ORDER, PHASE_COLORS)), title)

@@ -422,6 +422,10 @@ def test_a_chart_of_many_ranks_draws_those_unlike_the_rest_and_the_named_and_sum
     bars = svg_bars(stacked_by_rank_svg(rows, named=[3]))
     assert len(bars) == STANDOUT_BARS + 1 and bars["500"]["data wait"] == pytest.approx(0.5)
     assert bars[f"rest ({len(others)})"]["data wait"] == pytest.approx(rest["data_wait_share"], abs=1e-6)
+    from ranksight.dashboard._charts import stacked_by_rank
+
+    altair_bars = stacked_by_rank(rows, named=[3]).data["bar"]  # the Breakdown page's chart: the same bars
+    assert list(dict.fromkeys(altair_bars)) == list(bars)
 
 
 def test_run_picker_tells_runs_of_one_job_apart(tmp_path, monkeypatch):

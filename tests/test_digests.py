@@ -36,14 +36,14 @@ TOTALS = """SELECT rank, sum(n), sum(step_sum), sum(compute_sum), sum(data_wait_
             FROM rollup GROUP BY rank ORDER BY rank"""
 
 
-def _write_steps(local: str, ranks, steps: range, gpu: bool = False) -> None:
-    """Step rows of ``ranks`` into a node-local spool, as the agents write them (rank 3 computes 1.5x longer);
+def _write_steps(local: str, ranks, steps: range, gpu: bool = False, slow: int | None = 3) -> None:
+    """Step rows of ``ranks`` into a node-local spool, as the agents write them (rank ``slow`` computes 1.5x longer);
     ``gpu``: with the GPU stream's columns too, as a CUDA rank's rows carry them (the phases then read those)."""
     for rank in ranks:
         w = SpoolWriter(local, Identity("digest", "run", "nodeA", rank, rank, WORLD, 1000 + rank))
         rows = []
         for s in steps:
-            compute = 0.010 * (1.5 if rank == 3 else 1.0) * (1 + 0.1 * (s % 7))
+            compute = 0.010 * (1.5 if rank == slow else 1.0) * (1 + 0.1 * (s % 7))
             wait, comm, blocked = 0.002 * (s % 3), 0.001 * ((s + rank) % 4), 0.0005 * (s % 2)
             row = {
                 "step": s,
@@ -209,6 +209,12 @@ def test_a_publisher_killed_between_digest_and_file_publishes_both_once(tmp_path
     _same(_totals(rollup), _from_rows(run))
 
 
+def still_running(run: str) -> None:
+    """A rank that still writes (its heartbeat far ahead): ``ingest`` keeps no answers, as beside a live job."""
+    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:
+        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+
+
 def zero_part(path: str, part: str) -> None:
     """Zero the bytes of one part of a digest file: its IPC magic gone, that part alone does not read."""
     with open(path, "r+b") as f:
@@ -271,9 +277,7 @@ def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equa
 
 def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tmp_path):
     run = _published_run(tmp_path, publishes=2)
-    # a rank still running: the store gets no answers, and the next publish stays pending beside it
-    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:
-        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    still_running(run)  # the store gets no answers, and the next publish stays pending beside it
     ingest(run)
     prune(run, older_than_s=0)
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))

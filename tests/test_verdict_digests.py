@@ -5,7 +5,6 @@ rows are read."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -25,7 +24,7 @@ from ranksight.rules import diagnose
 from ranksight.schema import arrow_schema
 from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
 
-from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, zero_part
+from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
 FROM_MEDIANS = {"step_median_s": 1, "compute_median_s": 1, "straggler_score": 2, "compute_vs_median": 2}
 """Features read from histogram medians, and how many medians each one is a ratio of (its error bound)."""
@@ -268,12 +267,11 @@ def test_a_store_without_the_verdict_parts_leaves_a_live_verdict_to_the_rows(tmp
     assert features[0]["steps"] == 115 and features[3]["slowest_step_share"] == 1.0
 
 
-def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_columns(tmp_path, caplog, monkeypatch):
+def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_columns(tmp_path, caplog):
     """A store outlives an upgrade: the parts of a newer definition, with columns the store's tables lack, are
     kept beside the older key's rows, which read the new columns as NULL."""
     run = _published_run(tmp_path, publishes=1)
-    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:  # a rank still running: no answers
-        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    still_running(run)
     ingest(run)
     con = duckdb.connect(os.path.join(run, "store.duckdb"))
     key, older = con.execute("SELECT any_value(key), count(*) FROM _digest_sums").fetchone()
@@ -296,21 +294,28 @@ def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_column
 
 
 def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_rows_figures(tmp_path, monkeypatch):
-    """The same steps of two nodes, ingested in two batches, then a third file pending: the per-step part's
-    merged rows (the store's) merge with each other and with a file's as the rows do -- who waited least, the
-    second-least wait, the longest compute."""
-    run = _published_run(tmp_path, publishes=1)  # node A: ranks 0-3, steps 0-39
-    with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:  # a rank still running: no answers
-        json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
+    """The same steps on three nodes: two nodes' files merged in one ingest, the third's in a second ingest, the
+    next steps of all three pending. The per-step part's merged rows (the store's) merge with each other and
+    with files' as the rows do -- who waited least, the second-least wait, the longest compute (a rank of the
+    second node's, so a merge that kept the first file's would be wrong)."""
+    run = str(tmp_path / "runs" / "run")
+    os.makedirs(run)
+    nodes = {"nodeA": ((0, 1, 2, 3), None), "nodeB": ((4, 5, 6, 7), 7), "nodeC": ((8, 9, 10, 11), None)}
+
+    def publish(node: str, steps: range) -> None:
+        local = str(tmp_path / node / "run")
+        ranks, slow = nodes[node]
+        _write_steps(local, ranks, steps, slow=slow)
+        publish_node_spool(local, run, node)
+
+    publish("nodeA", range(0, 40))
+    publish("nodeB", range(0, 40))
+    still_running(run)
     ingest(run)
-    other = str(tmp_path / "local-b" / "run")
-    _write_steps(other, (4, 5, 6, 7), range(0, 40))  # node B: the same steps, four more ranks
-    publish_node_spool(other, run, "nodeB")
+    publish("nodeC", range(0, 40))
     ingest(run)
-    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(40, 80))
-    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
-    _write_steps(other, (4, 5, 6, 7), range(40, 80))
-    publish_node_spool(other, run, "nodeB")
+    for node in nodes:
+        publish(node, range(40, 80))
     con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
     assert con.execute("SELECT count(*), count(DISTINCT step) FROM _digest_steps").fetchall() == [(80, 40)]
     con.close()
@@ -323,5 +328,5 @@ def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_r
     _drop_verdict_parts(plain)
     rows = run_features(plain)
     _assert_same_features(from_digests, rows)
-    assert sorted(from_digests) == [0, 1, 2, 3, 4, 5, 6, 7, 99]
-    assert from_digests[3]["slowest_step_share"] == 1.0
+    assert sorted(from_digests) == [*range(12), 99]
+    assert from_digests[7]["slowest_step_share"] == 1.0
