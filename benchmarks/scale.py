@@ -454,12 +454,15 @@ def rollup_first_build_s(run_path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _timed(fn, repeats: int = 3) -> tuple[float, object]:
+def _timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
+    """(median seconds of ``repeats`` calls, the last call's result); every call's seconds added to ``each``."""
     times, out = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
+    if each is not None:
+        each.extend(times)
     return statistics.median(times), out
 
 
@@ -485,8 +488,11 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         con.close()
         return out
 
-    live_s, live = _timed(breakdown)
-    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+    # Calls in one process: the first reads the files' digest parts, later ones take the parts this process
+    # kept merged (collectors/_digest_fold.py), as a live dashboard's do; each call's time is kept too.
+    live_each, diag_live_each = [], []
+    live_s, live = _timed(breakdown, each=live_each)
+    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
     # The same two with the node files' step digests set aside (as for files published without them).
     digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
     has_digests = os.path.isdir(digests_dir)
@@ -559,11 +565,13 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
+        "breakdown_live_each_s": live_each,  # the first in this process, then two more
         "breakdown_live_without_digests_s": live_rows_s if has_digests else None,
         "breakdown_store_s": store_s,
         "duckdb_groupby_files_s": floor_files_s,
         "duckdb_groupby_table_s": groupby_s,
         "diagnose_live_s": diag_live_s,
+        "diagnose_live_each_s": diag_live_each,  # after the breakdown's calls: its sums and hist parts kept
         "diagnose_live_without_digests_s": diag_live_rows_s if has_digests else None,
         "diagnose_store_s": diag_store_s,
         # the dashboard's rollup, first build in a fresh process (footers unread), and the step files it folded

@@ -18,11 +18,11 @@ from ranksight.digest import (
     chunk_of_key,
     digest_keys,
     digest_paths,
-    read_digest_parts,
     read_digests,
 )
 
 from ._answers import answering
+from ._digest_fold import derived_from, folded_parts
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -107,7 +107,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     """{part: name to read it from} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted``
     -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
-    ``steps``, the biggest): from the pending files' digests, and from the store's copies of the ingested
+    ``steps``, the biggest): from the pending files' digests (merged per key, and kept for the next reader:
+``_digest_fold``), and from the store's copies of the ingested
     segments' (``VERDICT_PART_TABLES``), so a live run that ``ingest --every`` compacts is judged from them
     too. A run that ended is answered by the store instead (``_answers``); a part that does not read, or a
     file or segment without it, leaves the queries to the rows."""
@@ -121,7 +122,7 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     missing = [p for p in ("sums", *wanted) if p not in noted.verdict]
     try:
         rows = _step_rows(con) if missing else 0
-        read = read_digest_parts(noted.paths, tuple(missing)) if noted.paths else {}
+        read = folded_parts(con, noted.paths, tuple(missing)) if noted.paths else {}
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
             name = f"{_REGISTERED}_{part}"
@@ -129,6 +130,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
             if part in read:
                 register_arrow(con, f"{name}_spool", read[part])
                 sources.append(f"SELECT * FROM {name}_spool")
+                if part == "hist" and not noted.store:
+                    _share_medians(noted, derived_from(read[part]))
             if noted.store:
                 if VERDICT_PART_TABLES[part] not in stored:
                     raise DigestError(f"the store holds no {part} part")
@@ -157,6 +160,14 @@ def _step_rows(con) -> int:
     if noted is not None:
         noted.rows = rows
     return rows
+
+
+def _share_medians(noted: _Noted, derived: dict | None) -> None:
+    """Keep ``noted``'s medians with the merged ``hist`` part they are read from (``_digest_fold``), so the
+    next reader of the same files finds those already found instead of reading the histograms again."""
+    if derived is not None:
+        noted.medians = derived.setdefault("medians", {})
+        noted.median_figures = derived.setdefault("median_figures", set())
 
 
 def noted_medians(con) -> tuple[dict[int, dict], set[str]]:

@@ -208,6 +208,30 @@ def merge_steps_sql(source: str, columns=None) -> str:
     return f"SELECT step, warm, {cols} FROM {source} GROUP BY step, warm"
 
 
+_SUMS_NOT_SUMMED = {"node": "any_value(node)", "world_size": "max(world_size)", "step_min": "min(step_min)",
+                    "step_max": "max(step_max)"}
+MERGED_SUMS: dict[str, str] = {c: _SUMS_NOT_SUMMED.get(c, f"sum({c})") for c, _, _ in SUMS_COLUMNS}
+"""How ``sums`` rows of several files merge into one per (rank, warm): every column a sum or count but these."""
+
+MERGED_HIST: dict[str, str] = {"n": "sum(n)", "lo": "min(lo)", "hi": "max(hi)"}
+"""How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket)."""
+_HIST_TYPES = ("BIGINT", "DOUBLE", "DOUBLE")
+
+
+def merge_part_sql(part: str, source: str) -> str:
+    """SELECT of the rows of verdict part ``part`` in ``source`` merged into one per key, with the part's own
+    column types: the rows of many files read like those of one."""
+    if part == "steps":
+        return merge_steps_sql(source)
+    if part == "sums":
+        cols = ", ".join(f"CAST({MERGED_SUMS[c]} AS {t}) AS {c}" for c, t, _ in SUMS_COLUMNS)
+        return f"SELECT rank, warm, {cols} FROM {source} GROUP BY rank, warm"
+    if part == "hist":
+        cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for (c, sql), t in zip(MERGED_HIST.items(), _HIST_TYPES))
+        return f"SELECT rank, warm, figure, bucket, {cols} FROM {source} GROUP BY rank, warm, figure, bucket"
+    raise ValueError(f"no verdict part {part!r}")
+
+
 def definition() -> str:
     """Text that changes whenever a part's meaning does (it goes into the digest's key)."""
     return "\n".join([sums_sql("s"), hist_sql("s"), steps_sql("s"), repr(GAMMA)])

@@ -330,3 +330,90 @@ def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_r
     _assert_same_features(from_digests, rows)
     assert sorted(from_digests) == [*range(12), 99]
     assert from_digests[7]["slowest_step_share"] == 1.0
+
+
+def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_the_rows_figures(
+    tmp_path, monkeypatch
+):
+    """A live dashboard diagnoses again as files arrive: the parts it kept merged (``_digest_fold``) take in
+    the new files' rows alone, and the figures are those of the rows, and of a build from every file."""
+    from ranksight.collectors import _digest_fold
+
+    run = _published_run(tmp_path, publishes=2)
+    first = run_features(run)
+    before = set(_step_files(run))
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120), slow=1)  # another rank slow now
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    added = set(_step_files(run)) - before
+    assert added
+    read = []
+    original = _digest_fold.read_digest_parts
+
+    def recorded(paths, parts, with_file=False):
+        read.append(({os.path.basename(p) for p in paths}, parts))
+        return original(paths, parts, with_file)
+
+    monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
+    merged = _features_reading_no_row(run, monkeypatch)
+    assert read and all(names == added for names, _ in read)  # the kept parts took in the new file alone
+    assert {p for _, parts in read for p in parts} == {"sums", "hist", "steps"}
+    assert merged != first
+    _assert_same_features(merged, _features_from_rows(run))
+    _digest_fold.forget()
+    _assert_same_features(merged, run_features(run))  # a build from every file
+    assert (merged[1]["slowest_step_share"], merged[3]["slowest_step_share"]) == (40 / 115, 75 / 115)
+
+
+def test_a_kept_merge_is_not_taken_once_a_file_it_read_is_gone_or_changed(tmp_path):
+    from ranksight.collectors import _digest_fold
+
+    run = _published_run(tmp_path)
+    rows = _features_from_rows(run)
+    _digest_fold.forget()
+    _assert_same_features(run_features(run), rows)
+    paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
+    assert {os.path.dirname(paths[0])} == {folder for folder, _ in _digest_fold._folds}
+    zero_part(paths[0], "steps")  # changed in place: its steps part no longer reads (the kept one would)
+    assert not _parts_that_serve(run, "hist", "steps")
+    _assert_same_features(run_features(run), rows)
+    os.remove(paths[0])  # gone, its step file kept: the kept sums would still add up to the rows
+    assert not _parts_that_serve(run, "hist")
+    _assert_same_features(run_features(run), rows)
+
+
+def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_rows():
+    """``merge_part_sql``: the parts of files cut by node and by time merge into the parts of the rows read as
+    one file -- minima, maxima and who holds them exact; sums to rounding."""
+    from ranksight.digest import digest_of
+    from ranksight.verdict_digest import merge_part_sql
+
+    rng = np.random.default_rng(7)
+    steps, ranks = 30, 8
+    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    n = len(step)
+    table = pa.table({
+        "step": step, "rank": rank.astype(np.int32), "node": [f"node{r // 4}" for r in rank],
+        "world_size": np.where(step < 20, ranks, ranks + 4),  # grown mid-run: the merge keeps the largest
+        "step_s": rng.uniform(0.02, 0.05, n), "data_wait_s": rng.uniform(0, 0.01, n),
+        "compute_s": rng.uniform(0.01, 0.03, n), "comm_exposed_s": rng.uniform(0, 0.004, n),
+        "allreduce_s": rng.uniform(0, 0.01, n), "optimizer_s": rng.uniform(0, 0.002, n), "other_s": np.zeros(n),
+        "comm_blocked_s": rng.uniform(0, 0.003, n), "buckets": rng.integers(1, 4, n),
+        "bucket_bytes": rng.integers(1, 3, n) * 1024,
+    })
+    files = [table.filter(pa.compute.and_(pa.compute.equal(pa.compute.divide(table["rank"], 4), node),
+                                          pa.compute.equal(pa.compute.greater_equal(table["step"], 12), later)))
+             for node in (0, 1) for later in (False, True)]
+    whole = digest_of(table)[1]
+    keys = {"sums": ["rank", "warm"], "hist": ["rank", "warm", "figure", "bucket"], "steps": ["step", "warm"]}
+    con = duckdb.connect()
+    for part, key in keys.items():
+        con.register("files", pa.concat_tables([digest_of(f)[1][part] for f in files]))
+        merged = con.sql(merge_part_sql(part, "files")).df().sort_values(key).reset_index(drop=True)
+        expected = whole[part].to_pandas().sort_values(key).reset_index(drop=True)
+        assert len(merged) == len(expected) and list(merged.columns) == list(expected.columns), part
+        for column in expected.columns:
+            a, b = merged[column].to_numpy(), expected[column].to_numpy()
+            if a.dtype.kind == "f":
+                assert np.allclose(a, b, rtol=1e-12, equal_nan=True), (part, column)
+            else:
+                assert (a == b).all(), (part, column)
