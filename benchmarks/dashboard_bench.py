@@ -232,6 +232,57 @@ def page_on_fresh_server(run_path: str):
         proc.wait(timeout=20)
 
 
+_BARE_APP = """import streamlit as st
+st.set_page_config(page_title="ranksight", layout="wide")
+st.markdown("**{marker}**: a page with this line alone")
+"""
+
+
+@contextlib.contextmanager
+def bare_page_on_fresh_server(marker: str):
+    """As ``page_on_fresh_server``, for a Streamlit app of one line holding ``marker``, served with the
+    dashboard's own flags: what any Streamlit page costs a fresh browser here (the floor under the Verdict
+    page's first render, as DuckDB's own queries are under the readers')."""
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+
+    from ranksight.dashboard import serve_command
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
+        app = os.path.join(folder, "bare.py")
+        with open(app, "w") as f:
+            f.write(_BARE_APP.format(marker=marker))
+        flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", app, *flags],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError(f"the bare Streamlit app did not answer on 127.0.0.1:{port}") from None
+                    time.sleep(0.1)
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
+                try:
+                    yield browser.new_page(viewport={"width": 1400, "height": 1000}), port
+                finally:
+                    browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
 DRAWN_JS = "!document.querySelector('[data-testid=\"stSkeleton\"]')"
 """True once no element is still a placeholder: Streamlit draws a table or chart as a grey skeleton until its
 code has loaded, which can be after the script is idle."""

@@ -8,7 +8,10 @@ write, and diagnoses the copy twice -- from the digests and with them set aside 
 approximation changes on jobs we did not plant is counted: findings that differ, and each feature's
 largest relative difference. ``--store`` ingests half of each copy's step segments first and drops the
 store's answers, as for a live run that ``ingest --every`` compacts: the verdict then reads the store's
-copies of the parts with the pending files' digests.
+copies of the parts with the pending files' digests. ``--grow`` diagnoses each copy with the later half of
+its step segments held back, then with all of them, in one process: the second verdict takes the parts that
+process kept merged for the first half and merges in the other half's alone (``collectors/_digest_fold.py``),
+as a live dashboard's next diagnosis does.
 
     python benchmarks/digest_verdict_corpus.py CPU_CORPUS_OUT GPU_CORPUS_RUNS --json out.json
 """
@@ -16,6 +19,7 @@ copies of the parts with the pending files' digests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
@@ -96,6 +100,45 @@ def ingest_half(run: str) -> None:
     con.close()
 
 
+def diagnose_half_first(run: str) -> set[str]:
+    """Diagnose ``run`` with the later half of its step segments held back, then put them back; their names."""
+    from ranksight.collectors import segment_files
+    from ranksight.rules import diagnose
+
+    files = sorted(segment_files(run, "steps"))
+    held = files[len(files) // 2 :]
+    aside = run + "-held"
+    os.makedirs(aside)
+    for path in held:
+        os.rename(path, os.path.join(aside, os.path.basename(path)))
+    try:
+        diagnose(run)
+    finally:
+        for path in held:
+            os.rename(os.path.join(aside, os.path.basename(path)), path)
+        os.rmdir(aside)
+    return {os.path.basename(p) for p in held}
+
+
+@contextlib.contextmanager
+def digests_read():
+    """Yield a list that collects the names of the digest files the verdict's parts are read from meanwhile."""
+    from ranksight.collectors import _digest_fold
+
+    names: list[str] = []
+    original = _digest_fold.read_digest_parts
+
+    def recorded(paths, parts, with_file=False):
+        names.extend(os.path.basename(p) for p in paths)
+        return original(paths, parts, with_file)
+
+    _digest_fold.read_digest_parts = recorded
+    try:
+        yield names
+    finally:
+        _digest_fold.read_digest_parts = original
+
+
 def _rows_only(run: str) -> None:
     """Leave ``run``'s verdict nothing but rows: spool digests set aside, the store's verdict parts dropped."""
     import duckdb
@@ -112,13 +155,15 @@ def _rows_only(run: str) -> None:
         con.close()
 
 
-def compare(run: str, workdir: str, store: bool = False) -> dict:
+def compare(run: str, workdir: str, store: bool = False, grow: bool = False) -> dict:
     copy = os.path.join(workdir, os.path.basename(run))
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns("store.duckdb*", ".digests"))
     segments = digest_every_segment(copy)
     if store:
         ingest_half(copy)
-    digested, feats_d, used = verdict_of(copy)
+    held = diagnose_half_first(copy) if grow else set()
+    with digests_read() as read:
+        digested, feats_d, used = verdict_of(copy)
     _rows_only(copy)
     rows, feats_r, _ = verdict_of(copy)
     shutil.rmtree(copy)
@@ -137,6 +182,8 @@ def compare(run: str, workdir: str, store: bool = False) -> dict:
         "segments": segments,
         "digests_used": used,
         "findings_same": digested == rows,
+        # --grow: the digests read for the whole run's verdict are the held-back half's alone
+        "read_only_the_added": (set(read) == held) if grow else None,
         "first_same": digested[:1] == rows[:1],
         "from_digests": digested,
         "from_rows": rows,
@@ -150,6 +197,8 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--store", action="store_true",
                         help="ingest half of each copy's step segments first (a live run's store beside pending files)")
+    parser.add_argument("--grow", action="store_true",
+                        help="diagnose each copy with half its step segments first, then all (a live process)")
     args = parser.parse_args()
     runs = run_folders(args.roots)
     if not runs:
@@ -159,7 +208,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="digest-verdict-") as workdir:
         for run in runs:
             try:
-                results.append(compare(run, workdir, args.store))
+                results.append(compare(run, workdir, args.store, args.grow))
             except Exception as exc:  # noqa: BLE001 -- a run that cannot be diagnosed is reported, not fatal
                 results.append({"run": os.path.basename(run), "error": str(exc).splitlines()[0]})
     done = [r for r in results if "error" not in r]
@@ -174,11 +223,14 @@ def main() -> int:
         "verdict_read_digests": len(used),
         "findings_same": sum(r["findings_same"] for r in used),
         "first_finding_same": sum(r["first_same"] for r in used),
+        "read_only_the_added": sum(bool(r["read_only_the_added"]) for r in used) if args.grow else None,
         "largest_relative_difference": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
         "errors": [r for r in results if "error" in r],
     }
     print(f"{summary['verdict_read_digests']} of {len(results)} runs diagnosed from digests: findings identical "
           f"in {summary['findings_same']}, first finding identical in {summary['first_finding_same']}")
+    if args.grow:
+        print(f"  the whole run's verdict read only the added half's digests in {summary['read_only_the_added']}")
     for k, v in summary["largest_relative_difference"].items():
         print(f"  {k}: largest relative difference {v:.4%}")
     for r in used:

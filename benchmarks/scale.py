@@ -436,6 +436,19 @@ def verdict_render_s(run_path: str) -> dict[str, float]:
     return out
 
 
+def streamlit_floor_s() -> dict[str, float]:
+    """``verdict_render_s``'s visits to a Streamlit app of one line holding the same marker, on a fresh server
+    with the dashboard's flags: what any Streamlit page costs a fresh headless Chromium on this machine."""
+    sys.path.insert(0, HERE)
+    from dashboard_bench import RENDER_PAGES, bare_page_on_fresh_server, time_visit_drawn
+
+    out = {}
+    with bare_page_on_fresh_server(RENDER_PAGES[""]) as (page, port):
+        for visit in ("first", "again"):
+            out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
+    return out
+
+
 ROLLUP_FIRST_BUILD = """
 import json, sys, time
 from ranksight.dashboard import Rollup
@@ -526,6 +539,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
     verdict_store = verdict_render_s(run_path) if browser else {}
+    floor_page = streamlit_floor_s() if browser else {}
     # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
     for path in (floor_db, floor_db + ".wal"):
@@ -590,6 +604,9 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "verdict_again_drawn_live_s": verdict_live.get("again_drawn"),
         "verdict_first_drawn_store_s": verdict_store.get("first_drawn"),
         "verdict_again_drawn_store_s": verdict_store.get("again_drawn"),
+        # the floor under those: a Streamlit page of one line, same flags, same fresh browser
+        "streamlit_floor_first_s": floor_page.get("first"),
+        "streamlit_floor_again_s": floor_page.get("again"),
     }
 
 
