@@ -417,3 +417,41 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
                 assert np.allclose(a, b, rtol=1e-12, equal_nan=True), (part, column)
             else:
                 assert (a == b).all(), (part, column)
+
+
+def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(tmp_path):
+    """The dashboard diagnoses on several threads (its warm-up, each browser session's script) while the spool
+    grows: readers that meet in ``_digest_fold`` at once each get the verdict of the files they listed."""
+    import threading
+
+    from ranksight.collectors import _digest_fold
+
+    run = _published_run(tmp_path, publishes=2)
+    before = _features_from_rows(run)
+    _digest_fold.forget()
+    results: dict[int, dict] = {}
+    errors = []
+
+    def judge(i: int) -> None:
+        try:
+            results[i] = run_features(run)
+        except Exception as exc:  # noqa: BLE001 -- reported below, with the thread's own error
+            errors.append(exc)
+
+    threads = [threading.Thread(target=judge, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120), slow=1)
+    publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")  # while they read, or after
+    threads += [threading.Thread(target=judge, args=(i,)) for i in range(4, 8)]
+    for t in threads[4:]:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 8
+    rows = _features_from_rows(run)
+    for i in range(4):  # started before the publish: the files they listed, before or after it
+        _assert_same_features(results[i], before if results[i][0]["steps"] == before[0]["steps"] else rows)
+    for i in range(4, 8):  # started after the publish: every file
+        _assert_same_features(results[i], rows)
+    assert results[7][1]["slowest_step_share"] == 40 / 115
