@@ -240,6 +240,13 @@ def test_every_grafana_query_returns_data_from_a_real_job(prometheus_with_rules_
     mean_step = dict(queries)["Mean step time per rank"]
     while len(reader.query(mean_step)) < 2 and time.monotonic() < deadline + 60:
         time.sleep(1)  # a rank found later needs two scrapes inside the rate window
+    firing = dict(queries)["Findings firing (ranksight alert rules)"]
+
+    def input_bound_ranks() -> float:
+        return next((r["value"] for r in reader.query(firing) if r["rule"] == "input-bound"), 0)
+
+    while input_bound_ranks() < 2 and time.monotonic() < deadline + 90:
+        time.sleep(1)  # the rule holds for a rank once its rate window has the share's samples (1 s evaluations)
 
     by_title = {t: reader.query(q) for t, q in queries}
     # Per-rank panels have one series per rank, with the agent's labels.
