@@ -45,11 +45,11 @@ def _merges(part: str, kept: _Fold | None) -> bool:
 
 
 def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict:
-    """{part: one pyarrow table standing for that part's rows in every file of ``paths`` (merged per key as
-    ``_merges`` says: readers group them either way)}. Reads only
-    the files this process has not merged yet; raises ``DigestError`` (from ``read_digest_parts``) naming the
-    first one that does not read, and then keeps nothing of that call. Merges on a cursor of ``con``: a
-    database of its own would start its own threads for one query."""
+    """{part: one pyarrow table standing for that part's rows in every file of ``paths``}, merged per key as
+    ``_merges`` says (readers group the rows either way). Reads only the files this process has not merged
+    yet; raises ``DigestError`` (from ``read_digest_parts``) naming the first one that does not read, and
+    then keeps nothing of that call. Merges on a cursor of ``con``: a database of its own would start its
+    own threads for one query."""
     if not paths:
         return read_digest_parts(paths, parts)
     signatures = {p: _signature(p) for p in paths}

@@ -107,11 +107,11 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     """{part: name to read it from} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted``
     -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
-    ``steps``, the biggest): from the pending files' digests (merged per key, and kept for the next reader:
-``_digest_fold``), and from the store's copies of the ingested
-    segments' (``VERDICT_PART_TABLES``), so a live run that ``ingest --every`` compacts is judged from them
-    too. A run that ended is answered by the store instead (``_answers``); a part that does not read, or a
-    file or segment without it, leaves the queries to the rows."""
+    ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,
+    ``_digest_fold``), and from the store's copies of the ingested segments' (``VERDICT_PART_TABLES``), so a
+    live run that ``ingest --every`` compacts is judged from them too. A run that ended is answered by the
+    store instead (``_answers``); a part that does not read, or a file or segment without it, leaves the
+    queries to the rows."""
     import duckdb
 
     noted = _sources.get(con)

@@ -213,9 +213,9 @@ _SUMS_NOT_SUMMED = {"node": "any_value(node)", "world_size": "max(world_size)", 
 MERGED_SUMS: dict[str, str] = {c: _SUMS_NOT_SUMMED.get(c, f"sum({c})") for c, _, _ in SUMS_COLUMNS}
 """How ``sums`` rows of several files merge into one per (rank, warm): every column a sum or count but these."""
 
-MERGED_HIST: dict[str, str] = {"n": "sum(n)", "lo": "min(lo)", "hi": "max(hi)"}
-"""How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket)."""
-_HIST_TYPES = ("BIGINT", "DOUBLE", "DOUBLE")
+MERGED_HIST: tuple[tuple[str, str, str], ...] = (("n", "sum(n)", "BIGINT"), ("lo", "min(lo)", "DOUBLE"),
+                                                ("hi", "max(hi)", "DOUBLE"))
+"""How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket): column, SQL, type."""
 
 
 def merge_part_sql(part: str, source: str) -> str:
@@ -227,7 +227,7 @@ def merge_part_sql(part: str, source: str) -> str:
         cols = ", ".join(f"CAST({MERGED_SUMS[c]} AS {t}) AS {c}" for c, t, _ in SUMS_COLUMNS)
         return f"SELECT rank, warm, {cols} FROM {source} GROUP BY rank, warm"
     if part == "hist":
-        cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for (c, sql), t in zip(MERGED_HIST.items(), _HIST_TYPES))
+        cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, sql, t in MERGED_HIST)
         return f"SELECT rank, warm, figure, bucket, {cols} FROM {source} GROUP BY rank, warm, figure, bucket"
     raise ValueError(f"no verdict part {part!r}")
 
