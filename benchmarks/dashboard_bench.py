@@ -205,28 +205,39 @@ IDLE_JS = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
 """True once Streamlit shows no running-script widget: the page is drawn and idle."""
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _fresh_browser_page():
+    """A page of a headless Chromium started for it alone (nothing cached), closed after the block."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
 @contextlib.contextmanager
 def page_on_fresh_server(run_path: str):
     """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
     moment the server answers: its warm-up (diagnosis, rollup) may still be running."""
-    import socket
-
-    from playwright.sync_api import sync_playwright
-
     from ranksight.commands.dashboard import start, wait_ready
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     proc = start(run_path, port, quiet=True)
     try:
         wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
-            try:
-                yield browser.new_page(viewport={"width": 1400, "height": 1000}), port
-            finally:
-                browser.close()
+        with _fresh_browser_page() as page:
+            yield page, port
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -243,18 +254,13 @@ def bare_page_on_fresh_server(marker: str):
     """As ``page_on_fresh_server``, for a Streamlit app of one line holding ``marker``, served with the
     dashboard's own flags: what any Streamlit page costs a fresh browser here (the floor under the Verdict
     page's first render, as DuckDB's own queries are under the readers')."""
-    import socket
     import subprocess
     import tempfile
-    import urllib.request
 
-    from playwright.sync_api import sync_playwright
-
+    from ranksight.commands.dashboard import wait_ready
     from ranksight.dashboard import serve_command
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
         app = os.path.join(folder, "bare.py")
         with open(app, "w") as f:
@@ -263,21 +269,9 @@ def bare_page_on_fresh_server(marker: str):
         proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", app, *flags],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(f"the bare Streamlit app did not answer on 127.0.0.1:{port}") from None
-                    time.sleep(0.1)
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
-                try:
-                    yield browser.new_page(viewport={"width": 1400, "height": 1000}), port
-                finally:
-                    browser.close()
+            wait_ready(proc, "127.0.0.1", port)
+            with _fresh_browser_page() as page:
+                yield page, port
         finally:
             proc.terminate()
             proc.wait(timeout=20)

@@ -1,8 +1,8 @@
 """The verdict's digest parts of a spool's step files, merged into one row per key and kept between readers.
 
 Why: a live dashboard diagnoses the same run again and again while the node spool adds files. Each time, the
-readers read every file's ``steps`` part (a row per step and file: 1.28 M rows, 186 MB at 1,024 ranks x
-10,000 steps) and merge it per step, twice. A digest file never changes once it is in place (it is written
+readers read every file's ``steps`` part (a row per step and file: 1.28 M rows at 1,024 ranks x 10,000
+steps) and merge it per step, twice. A digest file never changes once it is in place (it is written
 under a temporary name and renamed), and the parts' rows merge exactly in any grouping
 (``ranksight.verdict_digest.merge_part_sql``). So this process keeps each part merged over the files it has
 read -- 10,000 rows for that ``steps`` part -- and a later reader reads and merges only the files added
@@ -17,25 +17,27 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ranksight.digest import read_digest_parts
+from ranksight.digest import DigestError, read_digest_parts
 from ranksight.verdict_digest import merge_part_sql
 
 KEPT_FOLDS = 8
 """(Digest folder, part) merges kept in a process, least recently used dropped first: a dashboard compares
-two runs at most, each with three parts (``steps`` is the large one: ~1.7 MB per 10,000 steps)."""
+two runs at most, each with three parts (``steps`` merged is a row per step)."""
 
 _lock = threading.Lock()  # readers only (dashboard threads): never taken on a training thread
-_folds: OrderedDict[tuple[str, str], _Fold] = OrderedDict()
+_folds: OrderedDict[tuple[str, str], KeptPart] = OrderedDict()
 
 
 @dataclass(frozen=True)
-class _Fold:
+class KeptPart:
+    """One part of the files read so far, as this process keeps it."""
+
     files: dict[str, tuple[int, int, int]]  # path -> (inode, size, mtime_ns) when read
     table: object  # pyarrow.Table: the part's rows of ``files`` (merged per key: see ``_merges``)
-    derived: dict = field(default_factory=dict)  # what readers found from ``table`` alone (``derived_from``)
+    derived: dict = field(default_factory=dict)  # what readers found from ``table`` alone: valid while it is kept
 
 
-def _merges(part: str, kept: _Fold | None) -> bool:
+def _merges(part: str, kept: KeptPart | None) -> bool:
     """Whether a build merges the part's rows per key. ``steps`` always: every reader merges it per step, and
     at 1,024 ranks 1.28 M rows become 10,000. The small parts only when adding files to a kept build: a
     first build keeps the files' rows as read (merging them would be one more pass over all of them, and
@@ -44,14 +46,14 @@ def _merges(part: str, kept: _Fold | None) -> bool:
     return part == "steps" or kept is not None
 
 
-def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict:
-    """{part: one pyarrow table standing for that part's rows in every file of ``paths``}, merged per key as
+def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict[str, KeptPart]:
+    """{part: the ``KeptPart`` whose table stands for that part's rows in every file of ``paths``}, merged as
     ``_merges`` says (readers group the rows either way). Reads only the files this process has not merged
     yet; raises ``DigestError`` (from ``read_digest_parts``) naming the first one that does not read, and
     then keeps nothing of that call. Merges on a cursor of ``con``: a database of its own would start its
     own threads for one query."""
     if not paths:
-        return read_digest_parts(paths, parts)
+        raise DigestError("no digest files")
     signatures = {p: _signature(p) for p in paths}
     folder = os.path.dirname(paths[0])
     with _lock:
@@ -70,24 +72,13 @@ def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict:
                     out[part] = fold
                     continue
                 rows = read[part] if fold is None else [fold.table, read[part]]
-                out[part] = _Fold(signatures, _merged(con, part, rows) if _merges(part, fold) else rows)
+                out[part] = KeptPart(signatures, _merged(con, part, rows) if _merges(part, fold) else rows)
         for part in parts:  # only once every part read: a file that does not read keeps nothing of the call
             _folds[(folder, part)] = out[part]
             _folds.move_to_end((folder, part))
-            out[part] = out[part].table
         while len(_folds) > KEPT_FOLDS:
             _folds.popitem(last=False)
     return out
-
-
-def derived_from(table) -> dict | None:
-    """A dict kept with the build that returned ``table`` (None when none kept did), for results readers
-    find from that table alone: they hold for as long as the build is reused."""
-    with _lock:
-        for fold in _folds.values():
-            if fold.table is table:
-                return fold.derived
-    return None
 
 
 def forget() -> None:
@@ -104,7 +95,7 @@ def _signature(path: str) -> tuple[int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _reusable(fold: _Fold | None, signatures: dict) -> _Fold | None:
+def _reusable(fold: KeptPart | None, signatures: dict) -> KeptPart | None:
     """``fold`` when every file it merged is still among ``signatures``, unchanged; else None."""
     if fold is None or any(signatures.get(p) != s for p, s in fold.files.items()):
         return None

@@ -22,7 +22,7 @@ from ranksight.digest import (
 )
 
 from ._answers import answering
-from ._digest_fold import derived_from, folded_parts
+from ._digest_fold import folded_parts
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -128,10 +128,10 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
             name = f"{_REGISTERED}_{part}"
             sources = []
             if part in read:
-                register_arrow(con, f"{name}_spool", read[part])
+                register_arrow(con, f"{name}_spool", read[part].table)
                 sources.append(f"SELECT * FROM {name}_spool")
                 if part == "hist" and not noted.store:
-                    _share_medians(noted, derived_from(read[part]))
+                    _share_medians(noted, read[part].derived)
             if noted.store:
                 if VERDICT_PART_TABLES[part] not in stored:
                     raise DigestError(f"the store holds no {part} part")
@@ -162,12 +162,11 @@ def _step_rows(con) -> int:
     return rows
 
 
-def _share_medians(noted: _Noted, derived: dict | None) -> None:
-    """Keep ``noted``'s medians with the merged ``hist`` part they are read from (``_digest_fold``), so the
+def _share_medians(noted: _Noted, derived: dict) -> None:
+    """Keep ``noted``'s medians with the kept ``hist`` part they are read from (``_digest_fold``), so the
     next reader of the same files finds those already found instead of reading the histograms again."""
-    if derived is not None:
-        noted.medians = derived.setdefault("medians", {})
-        noted.median_figures = derived.setdefault("median_figures", set())
+    noted.medians = derived.setdefault("medians", {})
+    noted.median_figures = derived.setdefault("median_figures", set())
 
 
 def noted_medians(con) -> tuple[dict[int, dict], set[str]]:
