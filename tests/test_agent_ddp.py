@@ -121,8 +121,13 @@ def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_pa
     for rank in (0, 1):
         assert sync[rank]["allreduce_share"] > 0.3
         assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
-    # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means.
-    assert mean(sync, "comm_exposed_share") > mean(sync, "compute_share")
+    # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means. On
+    # 2 cores a 64 MB gloo all-reduce and the backward that writes those 64 MB take about as long (exposed
+    # 0.39-0.50 against compute 0.32-0.43 of the step in three runs), so the exposed all-reduce is held
+    # against the healthy job's and against every phase but compute, not against compute itself.
+    assert mean(sync, "comm_exposed_share") > mean(base, "comm_exposed_share") + 0.2
+    for phase in ("data_wait_share", "optimizer_share", "other_share"):  # no host-to-device copy on CPU
+        assert mean(sync, "comm_exposed_share") > mean(sync, phase), phase
     assert mean(sync, "allreduce_share") > mean(base, "allreduce_share")
     # 300x the bytes: well over 4x the time, even when the two jobs run under different load (the
     # baseline's 215 KB all-reduce is latency-bound and contention moves it most: 5.4 ms measured at load).
