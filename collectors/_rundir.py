@@ -482,7 +482,7 @@ class _SegmentVerdicts:
         # name -> (size, mtime_ns, problem or None, column names of a readable file)
         self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset]]] = {}
 
-    def scan(self, folder: str, kind: str, unread: frozenset) -> tuple[list[str], list[SkippedFile]]:
+    def scan(self, folder: str, kind: str, unread: frozenset, con=None) -> tuple[list[str], list[SkippedFile]]:
         listed = {n: sig for n, sig in _listing(folder).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
@@ -496,7 +496,7 @@ class _SegmentVerdicts:
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        for name, verdict in _judge_all(folder, kind, to_judge).items():
+        for name, verdict in _judge_all(folder, kind, to_judge, con).items():
             if verdict is not None:
                 verdicts[name] = (*listed[name][:2], *verdict)
         with self._lock:  # keep what is known of the files left unread: another caller may want them
@@ -553,7 +553,7 @@ def _listing(folder: str) -> dict[str, tuple[int, int, str]]:
 _BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas pays off
 
 
-def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str | None, frozenset] | None]:
+def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
     """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
     (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
     schema (``_footers``), each file's framing still checked on its own."""
@@ -587,7 +587,7 @@ def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str 
             return None
         return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
 
-    batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True))
+    batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
     if batch is None:
         batch = {name: judge(name) for name in framed}
     out.update(batch)
@@ -597,14 +597,17 @@ def _judge_all(folder: str, kind: str, names: list[str]) -> dict[str, tuple[str 
 _verdicts = _SegmentVerdicts()
 
 
-def scan_segments(run_path: str, kind: str, unread: frozenset = frozenset()) -> tuple[list[str], list[SkippedFile]]:
+def scan_segments(
+    run_path: str, kind: str, unread: frozenset = frozenset(), con=None
+) -> tuple[list[str], list[SkippedFile]]:
     """(readable segment paths, sorted; the segments left out and why) of a record kind.
 
     Each file's footer is read once per process (``segment_problem``); names in ``unread`` (segments a
     store holds, whose rows come from it) are left out without being read. Logs nothing: each caller
-    warns about what matters to it.
+    warns about what matters to it. ``con``: the DuckDB connection that will read the segments, if any;
+    many footers are then read on it (a cursor), so its Parquet metadata cache keeps them for its views.
     """
-    return _verdicts.scan(os.path.join(run_path, kind), kind, unread)
+    return _verdicts.scan(os.path.join(run_path, kind), kind, unread, con)
 
 
 def segment_columns(paths: list[str]) -> frozenset | None:

@@ -82,6 +82,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     check_run_dir(run_path)
     # A spool's files never change once published: DuckDB may keep their footers for the connection's
     # next queries (a verdict asks a dozen over the same files) instead of parsing them again each time.
+    reopened = con is not None
     if con is None:
         con = duckdb.connect()
         try:
@@ -122,7 +123,8 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
         if spool:
             parts.append(spool)
         store_alone = store_alone and len(parts) == 1 and kind in store_kinds
-        _drop(con, kind)  # a re-opened connection may hold the other kind of object under this name
+        if reopened:  # a re-opened connection may hold the other kind of object under this name
+            _drop(con, kind)
         if parts:
             con.execute(f"CREATE VIEW {kind} AS " + " UNION ALL ".join(parts))
         else:
@@ -131,7 +133,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
         warn_skipped(item)
     _skipped[con] = tuple(skipped)
     if not nodes:  # rows of node stores have no digests: sums are read from the rows
-        pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()))
+        pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()), con)
         has_steps = store_kinds is not None and "steps" in store_kinds
         note_digests(con, run_path, [os.path.basename(p) for p in pending], has_steps)
     # The answers ingest computed over the store's rows hold for views that read those rows alone.
@@ -152,7 +154,7 @@ def _spool_part(
     included, which a concurrent ``prune`` may be deleting (docs/reliability.md).
     """
     done = frozenset(ingested or ())
-    pending, bad = scan_segments(run_path, kind, done)
+    pending, bad = scan_segments(run_path, kind, done, con)
     # A finished (or long silent) run whose segments are all in the store reads the store alone:
     # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
     if quiet and not pending:

@@ -131,24 +131,33 @@ def bucket_values(bucket, lo, hi):
 
 
 def medians_of(rows) -> dict:
-    """{(rank, figure): median} from merged ``hist`` rows -- numpy arrays ``rank``, ``figure``, ``bucket``,
-    ``n``, ``lo``, ``hi``, sorted by (rank, figure, bucket), one row per bucket -- the way DuckDB's median
-    reads them: the mean of the two middle values (one for an odd count)."""
+    """{(rank, figure): median} from ``hist`` rows -- numpy arrays ``rank``, ``figure`` (numbers), ``bucket``,
+    ``n``, ``lo``, ``hi``, in any order, a bucket on several rows where several files hold it -- the way
+    DuckDB's median reads the values: the mean of the two middle ones (one for an odd count). Sorting and
+    merging here takes half the time of DuckDB's GROUP BY ... ORDER BY of the same rows."""
     import numpy as np
 
-    rank, figure, n = rows["rank"], rows["figure"], rows["n"].astype(np.int64)
-    if not len(n):
+    if not len(rows["n"]):
         return {}
-    values = bucket_values(rows["bucket"], rows["lo"], rows["hi"])
-    starts = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (figure[1:] != figure[:-1])])
+    order = np.lexsort((rows["bucket"], rows["figure"], rows["rank"]))
+    rank, figure, bucket, lo, hi = (np.asarray(rows[c])[order] for c in ("rank", "figure", "bucket", "lo", "hi"))
+    n = np.asarray(rows["n"])[order].astype(np.int64)
+    same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
+    same_bucket = same_key & (bucket[1:] == bucket[:-1])
+    if same_bucket.any():  # one row per bucket: counts added, the least and greatest value kept
+        at = np.flatnonzero(np.r_[True, ~same_bucket])
+        n, lo, hi = np.add.reduceat(n, at), np.minimum.reduceat(lo, at), np.maximum.reduceat(hi, at)
+        rank, figure, bucket = rank[at], figure[at], bucket[at]
+        same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
+    values = bucket_values(bucket, lo, hi)
+    starts = np.flatnonzero(np.r_[True, ~same_key])
     cum = np.cumsum(n)
     before = np.r_[0, cum][starts]  # rows counted before each (rank, figure)
     total = np.add.reduceat(n, starts)
     low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
     high = np.searchsorted(cum, before + total // 2, side="right")
     middle = (values[low] + values[high]) / 2
-    return {(int(rank[s]), figure[s].item() if hasattr(figure[s], "item") else figure[s]): float(m)
-            for s, m in zip(starts, middle)}
+    return {(int(rank[s]), int(figure[s])): float(m) for s, m in zip(starts, middle)}
 
 
 def hist_sql(source: str) -> str:
@@ -171,6 +180,18 @@ def steps_sql(source: str) -> str:
     return f"SELECT step, step < $warm AS warm, {cols} FROM {source} GROUP BY step, warm"
 
 
+_LEAST_ROW = "arg_min({'least_rank': least_rank, 'second': second, 'least_busy': least_busy}, (least, least_rank))"
+_CPU_KEY_ROW = (
+    "arg_min({'cpu_key_rank': cpu_key_rank, 'least_cpu': least_cpu}, (cpu_key, cpu_key_rank))"
+    " FILTER (WHERE cpu_key IS NOT NULL)"
+)
+"""The file row holding a step's least wait (and the one holding its least wait among CPU-timed ranks), each
+chosen once for every column taken from it: DuckDB computes an aggregate written several times once, and
+one ``arg_min`` by a (value, rank) key per column was most of the merge's time. Unlike ``arg_min`` of one
+column, a struct is taken from its row even where a field is NULL: ``second`` (a file of one rank) then
+leaves ``least`` to the second of the files' least waits, which is the answer; a file without CPU-timed
+ranks has no ``cpu_key`` and is filtered out."""
+
 MERGED_STEPS: dict[str, str] = {
     "n": "sum(n)",
     "period_sum": "sum(period_sum)",
@@ -180,14 +201,14 @@ MERGED_STEPS: dict[str, str] = {
     "least": "min(least)",
     # The second-least wait of several files' ranks: the second of their least waits, or the second wait of
     # the file that holds the least, whichever is smaller (any other file's second is at least its least).
-    "second": "least(min(least, 2)[2], arg_min(second, (least, least_rank)))",
-    "least_rank": "arg_min(least_rank, (least, least_rank))",
+    "second": f"least(min(least, 2)[2], {_LEAST_ROW}.second)",
+    "least_rank": f"{_LEAST_ROW}.least_rank",
     "cpu_n": "sum(cpu_n)",
     "cpu_sum": "sum(cpu_sum)",
     "cpu_key": "min(cpu_key)",
-    "cpu_key_rank": "arg_min(cpu_key_rank, (cpu_key, cpu_key_rank))",
-    "least_cpu": "arg_min(least_cpu, (cpu_key, cpu_key_rank))",
-    "least_busy": "arg_min(least_busy, (least, least_rank))",
+    "cpu_key_rank": f"{_CPU_KEY_ROW}.cpu_key_rank",
+    "least_cpu": f"{_CPU_KEY_ROW}.least_cpu",
+    "least_busy": f"{_LEAST_ROW}.least_busy",
     "compute_n": "sum(compute_n)",
     "compute_max": "max(compute_max)",
     "compute_rank": "arg_max(compute_rank, compute_max)",

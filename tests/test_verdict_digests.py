@@ -22,7 +22,7 @@ from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.rules import diagnose
 from ranksight.schema import arrow_schema
-from ranksight.verdict_digest import RELATIVE_ERROR, hist_sql, sums_sql
+from ranksight.verdict_digest import GAMMA, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
 
 from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
@@ -189,6 +189,26 @@ def test_a_median_from_the_histogram_is_within_its_bound_and_exact_on_repeated_v
     assert found[0] == 0.010  # every value in its bucket is the same: exact
     assert math.isclose(found[1], (0.0101 + 0.03) / 2, rel_tol=RELATIVE_ERROR)  # an even count: the middle two
     assert found[2] == 0.0
+
+
+def test_a_bucket_several_files_hold_reads_as_that_bucket_merged_in_any_row_order():
+    """Two files each hold one value of the same bucket (each exact there on its own): the median reads the
+    bucket merged (both values, their range), as a kept merge of those files would hold it, whatever order
+    the rows come in -- so a verdict does not depend on how many times the files were merged before."""
+    bucket = 400
+    x1, x2 = GAMMA ** (bucket - 0.8), GAMMA ** (bucket - 0.3)  # two values of one bucket
+    y = GAMMA ** (bucket + 5.5)
+    merged = {"rank": np.array([0, 0]), "figure": np.array([1, 1]), "bucket": np.array([bucket, bucket + 6]),
+              "n": np.array([2, 1]), "lo": np.array([x1, y]), "hi": np.array([x2, y])}
+    per_file = {"rank": np.array([0, 0, 0]), "figure": np.array([1, 1, 1]),
+                "bucket": np.array([bucket, bucket + 6, bucket]), "n": np.array([1, 1, 1]),
+                "lo": np.array([x2, y, x1]), "hi": np.array([x2, y, x1])}
+    expected = medians_of(merged)[(0, 1)]
+    assert x1 < expected < x2  # the bucket's point, not either file's value
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        order = rng.permutation(3)
+        assert medians_of({k: v[order] for k, v in per_file.items()}) == {(0, 1): expected}
 
 
 def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
@@ -383,7 +403,9 @@ def test_a_kept_merge_is_not_taken_once_a_file_it_read_is_gone_or_changed(tmp_pa
 
 def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_rows():
     """``merge_part_sql``: the parts of files cut by node and by time merge into the parts of the rows read as
-    one file -- minima, maxima and who holds them exact; sums to rounding."""
+    one file -- minima, maxima and who holds them exact; sums to rounding. One file holds a single rank (no
+    second-least wait of its own) and only the first node's ranks are CPU-timed (the other files have no
+    least CPU wait to offer)."""
     from ranksight.digest import digest_of
     from ranksight.verdict_digest import merge_part_sql
 
@@ -399,10 +421,10 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
         "allreduce_s": rng.uniform(0, 0.01, n), "optimizer_s": rng.uniform(0, 0.002, n), "other_s": np.zeros(n),
         "comm_blocked_s": rng.uniform(0, 0.003, n), "buckets": rng.integers(1, 4, n),
         "bucket_bytes": rng.integers(1, 3, n) * 1024,
+        "cpu_s": pa.array(np.where(rank < 4, rng.uniform(0.01, 0.03, n), np.nan), mask=rank >= 4),
     })
-    files = [table.filter(pa.compute.and_(pa.compute.equal(pa.compute.divide(table["rank"], 4), node),
-                                          pa.compute.equal(pa.compute.greater_equal(table["step"], 12), later)))
-             for node in (0, 1) for later in (False, True)]
+    group = np.where(rank < 4, 0, np.where(rank < 7, 1, 2))  # the last "node" is rank 7 alone
+    files = [table.filter((group == node) & ((step >= 12) == later)) for node in (0, 1, 2) for later in (False, True)]
     whole = digest_of(table)[1]
     keys = {"sums": ["rank", "warm"], "hist": ["rank", "warm", "figure", "bucket"], "steps": ["step", "warm"]}
     con = duckdb.connect()
