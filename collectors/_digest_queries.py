@@ -44,7 +44,7 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     """Read the histogram rows of ``figures`` (every file's, after warm-up) and find each middle in numpy
     (``medians_of`` merges a bucket several files hold): DuckDB sorting the rows again, by a window or an
-    ORDER BY, took twice as long. Figures travel as their position in ``figures`` and counts as BIGINT:
+    ORDER BY, was slower. Figures travel as their position in ``figures`` and counts as BIGINT:
     strings and DuckDB's 128-bit sums would reach numpy as Python objects."""
     rows = con.execute(
         f"""SELECT rank, list_position(?::VARCHAR[], figure) AS figure, bucket, n::BIGINT AS n, lo, hi
