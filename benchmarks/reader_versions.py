@@ -1,6 +1,7 @@
 """Two versions of ranksight's readers on one run folder, side by side: ``open_run`` + ``step_breakdown`` and
-``diagnose()``, each in fresh processes taking turns, so that a change is judged against the code before it on
-the same machine at the same moment (this VM's speed drifts by a quarter between hours).
+``diagnose()`` (with ``--what``, also the dashboard's rollup build), each in fresh processes taking turns, so
+that a change is judged against the code before it on the same machine at the same moment (this VM's speed
+drifts by a quarter between hours).
 
 Why not two ``scale.py`` runs: their figures move with the machine more than with most changes. Here each
 round runs the older and the newer code one after the other, and the medians of the rounds are compared.
@@ -35,6 +36,8 @@ import duckdb, pyarrow  # imported before the clock starts, as in a reader that 
 from ranksight.collectors import open_run, step_breakdown
 from ranksight.rules import diagnose
 run, what, repeats = sys.argv[2], sys.argv[3], int(sys.argv[4])
+if what == "rollup":
+    from ranksight.dashboard import Rollup
 times = []
 for _ in range(repeats):
     t = time.perf_counter()
@@ -42,6 +45,8 @@ for _ in range(repeats):
         con = open_run(run, follow_spool=False)
         step_breakdown(con)
         con.close()
+    elif what == "rollup":  # the dashboard's first build of a run
+        Rollup(run).close()
     else:
         diagnose(run)
     times.append(time.perf_counter() - t)
@@ -71,13 +76,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="calls per process (the first is a fresh one)")
     parser.add_argument("--write-old-digests", action="store_true")
+    parser.add_argument("--what", default="breakdown,diagnose",
+                        help="comma-separated: breakdown, diagnose, rollup (the dashboard's Rollup)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.write_old_digests:
         here = os.path.dirname(os.path.abspath(__file__))
         subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, args.old_site, args.run, here], check=True)
     results: dict = {}
-    for what in ("breakdown", "diagnose"):
+    for what in args.what.split(","):
+        if what not in ("breakdown", "diagnose", "rollup"):
+            parser.error(f"--what: no measure {what!r} (breakdown, diagnose, rollup)")
         runs: dict[str, list] = {"older": [], "newer": []}
         for _ in range(args.rounds):
             for version, site in (("older", args.old_site), ("newer", "")):
