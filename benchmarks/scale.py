@@ -18,13 +18,14 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
     segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the part of its time spent
     computing the verdict's answers it keeps in the store), ``step_breakdown`` and ``diagnose()`` on the
-    live spool and on the store, each beside DuckDB doing the least the same job takes (Arrow insert,
-    Parquet -> table, GROUP BY over the store, the same GROUP BY over the files); and the dashboard's
+    live spool (in this process, and as the first call of fresh processes) and on the store, each beside
+    DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP BY over the store, the
+    same GROUP BY over the files); and the dashboard's
     Verdict page in headless Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it
     answers, then the page once more (``--no-browser`` leaves it out).
 ``dashboard``
-    The dashboard's rollup (first build, refresh) and heatmap queries over a node-merged spool of
-    ``--dash-ranks`` x ``--dash-steps``.
+    The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
+    a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
 
 Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard] [--seconds 40] [--speed 10]
 [--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under ``nice`` on a
@@ -380,6 +381,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     rollup = Rollup(run_path)
     rollup_s = time.perf_counter() - t0
     assert rollup.digested == files, (rollup.digested, files)
+    rollup_fresh = [rollup_first_build_s(run_path)["seconds"] for _ in range(FRESH_PROCESSES)]
     # The same first build from the files' rows (as for files published without digests), and its result.
     digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
     os.rename(digests_dir, digests_dir + "-aside")
@@ -410,6 +412,9 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
         "built_s": built_s,
         "rollup_first_build_s": rollup_s,
         "rollup_first_build_from_rows_s": rollup_rows_s,
+        # the same first build in each of FRESH_PROCESSES fresh processes, as a new dashboard server pays it
+        "rollup_first_build_fresh_s": statistics.median(rollup_fresh),
+        "rollup_first_build_fresh_each_s": rollup_fresh,
         # what the node spool's publisher spends on one file's digest (one node's rows of the whole run here)
         "digest_one_file_s": digest_s,
         "rows_per_file": one_file.num_rows,
@@ -467,6 +472,38 @@ def rollup_first_build_s(run_path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+FIRST_CALL = """
+import json, sys, time
+import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
+from ranksight.collectors import open_run, step_breakdown
+from ranksight.rules import diagnose
+t0 = time.perf_counter()
+if sys.argv[2] == "breakdown":
+    con = open_run(sys.argv[1], follow_spool=False)
+    step_breakdown(con)
+    con.close()
+else:
+    diagnose(sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+"""
+FRESH_PROCESSES = 5
+"""Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
+quarter here)."""
+
+
+def fresh_first_calls_s(run_path: str, what: str) -> list[float]:
+    """``what`` ("breakdown": ``open_run`` + ``step_breakdown``; "diagnose") of ``run_path`` as the first call of
+    each of ``FRESH_PROCESSES`` fresh processes: what a CLI call or a new dashboard server pays, with no
+    part of the run read before (in this process the first call follows building the spool)."""
+    times = []
+    for _ in range(FRESH_PROCESSES):
+        out = subprocess.run([sys.executable, "-c", FIRST_CALL, run_path, what], capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(out.stderr.strip().splitlines()[-1])
+        times.append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    return times
+
+
 def _timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
     """(median seconds of ``repeats`` calls, the last call's result); every call's seconds added to ``each``."""
     times, out = [], None
@@ -506,6 +543,8 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     live_each, diag_live_each = [], []
     live_s, live = _timed(breakdown, each=live_each)
     diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
+    breakdown_fresh = fresh_first_calls_s(run_path, "breakdown")
+    diagnose_fresh = fresh_first_calls_s(run_path, "diagnose")
     # The same two with the node files' step digests set aside (as for files published without them).
     digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
     has_digests = os.path.isdir(digests_dir)
@@ -580,12 +619,17 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
         "breakdown_live_each_s": live_each,  # the first in this process, then two more
+        # the first call of each of FRESH_PROCESSES fresh processes (no part of the run read before)
+        "breakdown_live_first_fresh_s": statistics.median(breakdown_fresh),
+        "breakdown_live_first_fresh_each_s": breakdown_fresh,
         "breakdown_live_without_digests_s": live_rows_s if has_digests else None,
         "breakdown_store_s": store_s,
         "duckdb_groupby_files_s": floor_files_s,
         "duckdb_groupby_table_s": groupby_s,
         "diagnose_live_s": diag_live_s,
         "diagnose_live_each_s": diag_live_each,  # after the breakdown's calls: its sums and hist parts kept
+        "diagnose_live_first_fresh_s": statistics.median(diagnose_fresh),
+        "diagnose_live_first_fresh_each_s": diagnose_fresh,
         "diagnose_live_without_digests_s": diag_live_rows_s if has_digests else None,
         "diagnose_store_s": diag_store_s,
         # the dashboard's rollup, first build in a fresh process (footers unread), and the step files it folded
