@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -52,15 +53,23 @@ def _alone(run: str) -> tuple[list[str], dict[str, str]]:
     return good, bad
 
 
+@pytest.mark.parametrize("on_reader", [False, True], ids=["own-connection", "reader-connection"])
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_many_segments_get_the_verdicts_each_would_get_alone(tmp_path, one_rank, damage, monkeypatch):
+def test_many_segments_get_the_verdicts_each_would_get_alone(tmp_path, one_rank, damage, on_reader, monkeypatch):
+    """Also when the footers are read on the connection that then reads the files (``open_run``'s, whose
+    Parquet metadata cache keeps them): a damaged file is judged as alone there too, and the connection
+    still reads the good ones."""
     run = write_run(str(tmp_path))
     _many_segments(run)
     bad = DAMAGES[damage](run)
     footers_parsed = []
     parse = _rundir._schema_verdict
     monkeypatch.setattr(_rundir, "_schema_verdict", lambda *a: footers_parsed.append(a) or parse(*a))
-    good, skipped = scan_segments(run, "steps")
+    reader = None
+    if on_reader:
+        reader = duckdb.connect()
+        reader.execute("SET parquet_metadata_cache = true")
+    good, skipped = scan_segments(run, "steps", con=reader)
     assert len(footers_parsed) <= 2  # one file of each schema, not one per file
     monkeypatch.setattr(_rundir, "_schema_verdict", parse)
     assert len(good) + len(skipped) > _BATCH_FROM
@@ -68,6 +77,9 @@ def test_many_segments_get_the_verdicts_each_would_get_alone(tmp_path, one_rank,
     assert good == expected_good
     assert {s.path: s.reason for s in skipped} == expected_bad
     assert list(expected_bad) == [bad]
+    if reader is not None:
+        rows = reader.execute("SELECT count(*) FROM read_parquet($good, union_by_name=true)", {"good": good})
+        assert rows.fetchone()[0] == sum(pq.read_metadata(p).num_rows for p in good)
 
 
 def test_a_footer_damaged_inside_among_many_fails_only_its_own_file(tmp_path, one_rank):
