@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional
 
+from ._tables import quiet_connection
+
 Verdict = Optional[tuple]  # (problem or None, column names) as ``_rundir._segment_verdict`` gives it
 
 _GLOB_CHARACTERS = frozenset("*?[]{}")
@@ -46,7 +48,7 @@ def judge_by_schema(folder: str, names: list[str], judge_one: Callable[[str], Ve
     paths = [os.path.join(folder, n) for n in names]
     if any(c in _GLOB_CHARACTERS for c in folder) or any(c in _GLOB_CHARACTERS for n in names for c in n):
         return None
-    con = duckdb.connect() if reader is None else reader.cursor()
+    con = quiet_connection() if reader is None else reader.cursor()
     try:
         rows = con.execute(_SIGNATURES_SQL, {"paths": paths}).fetchall()
     except duckdb.Error:

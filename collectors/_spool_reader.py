@@ -41,6 +41,7 @@ from ._tables import (
     STORE_ALIAS,
     describe,
     ingested_segments,
+    quiet_connection,
     select_list,
     sql_literal,
     store_select,
@@ -84,7 +85,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     # next queries (a verdict asks a dozen over the same files) instead of parsing them again each time.
     reopened = con is not None
     if con is None:
-        con = duckdb.connect()
+        con = quiet_connection()
         try:
             con.execute("SET parquet_metadata_cache = true")
         except duckdb.Error:  # a DuckDB without the setting reads the footers again: slower, same rows

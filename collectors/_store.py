@@ -53,6 +53,7 @@ from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
     VERDICT_PART_TABLES,
+    quiet_connection,
     register_arrow,
     select_list,
     sql_literal,
@@ -141,9 +142,7 @@ def _attached(path: str, read_only: bool = False):
     """A connection whose current database is the file at ``path``, attached rather than opened:
     ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?`` is reached
     through one (``duckdb_run_path``)."""
-    import duckdb
-
-    con = duckdb.connect()
+    con = quiet_connection()
     try:
         con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}{' (READ_ONLY)' if read_only else ''}")
         con.execute(f"USE {_STORE_DB}")

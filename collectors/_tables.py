@@ -24,6 +24,18 @@ segments it has not seen yet, also after ``prune`` deleted their files (NULL for
 ingest wrote)."""
 
 
+def quiet_connection():
+    """A new in-memory DuckDB connection that draws no progress bar. In a process DuckDB takes for
+    interactive (``python -c``, a REPL, a notebook) it draws one on stdout for any query past 2 s, also
+    when stdout is a pipe: it would land inside the output of a script that reads ours (JSON from
+    ``python -c``, a notebook cell's result). Cursors of the connection inherit the setting."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
 def store_select(con, catalog: str, kind: str) -> str:
     """The SELECT a reader's view of ``kind`` makes over a store attached as ``catalog``: the schema's
     columns (an older store may lack newer ones: NULL for those), without the store's own ``_segment``."""

@@ -143,6 +143,7 @@ def digest_of(table) -> tuple[int, dict]:
     world_size = pc.max(batch["world_size"]).as_py() or 1
     con = duckdb.connect(config={"threads": 1})
     try:
+        con.execute("SET enable_progress_bar = false")  # never a bar in a training job's output
         con.register("batch", batch)
         warm = {"warm": WARMUP_STEPS}
         queries = {

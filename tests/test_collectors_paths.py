@@ -26,3 +26,44 @@ def test_run_folders_with_glob_characters_are_read(tmp_path, monkeypatch, folder
     path = str(tmp_path / folder)
     assert [m.rank for m in read_rank_meta(path)] == [0]
     assert open_run(path).execute("SELECT count(*) FROM steps").fetchone() == (7,)
+
+
+_SETTINGS_OF_OUR_CONNECTIONS = r"""
+import json, sys
+from ranksight.collectors import _footers, _store, ingest, open_run
+run = sys.argv[1]
+setting = "SELECT current_setting('enable_progress_bar')"
+con = open_run(run)
+ingest(run)
+print(json.dumps({
+    "plain": __import__("duckdb").connect().execute(setting).fetchone()[0],
+    "open_run": con.execute(setting).fetchone()[0],
+    "cursor": con.cursor().execute(setting).fetchone()[0],
+    "store": _store._attached(_store.store_path(run), read_only=True).execute(setting).fetchone()[0],
+    "footers": _footers.quiet_connection().execute(setting).fetchone()[0],
+}))
+"""
+
+
+def test_readers_and_ingest_draw_no_progress_bar(tmp_path, monkeypatch):
+    """In a process DuckDB takes for interactive (``python -c`` here, a REPL, a notebook) it draws a
+    progress bar on stdout for a query past 2 s, also into a pipe, inside what a script reads from us. The
+    connections ranksight makes (``open_run``'s and its cursors, the store's while ``ingest`` writes it,
+    the footer check's) have it off; a plain DuckDB connection in the same process has it on."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("RANKSIGHT_DISABLED", raising=False)
+    mon = ranksight.init(run_dir=str(tmp_path), job="quiet", run_id="quiet", flush_interval_s=0.1)
+    for _ in mon.loader(range(7)):
+        with mon.step():
+            pass
+    mon.close()
+    out = subprocess.run([sys.executable, "-c", _SETTINGS_OF_OUR_CONNECTIONS, str(tmp_path / "quiet")],
+                         capture_output=True, text=True, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found.pop("plain") is True  # what DuckDB does there unless told otherwise
+    assert found == {"open_run": False, "cursor": False, "store": False, "footers": False}
