@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,26 +24,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCESSES = 3
 
-READ = """
-import json, sys, time
-import duckdb, pyarrow  # imported before the clock starts
-from ranksight.collectors import open_run, step_breakdown
-t0 = time.perf_counter()
-con = open_run(sys.argv[1], follow_spool=False)
-rows = step_breakdown(con)
-print(json.dumps({"seconds": time.perf_counter() - t0, "ranks": len(rows)}))
-"""
-
-
 def fresh_reads_s(run_path: str) -> list[float]:
-    """``open_run`` + ``step_breakdown`` of ``run_path`` as the first call of ``PROCESSES`` fresh processes."""
-    times = []
-    for _ in range(PROCESSES):
-        out = subprocess.run([sys.executable, "-c", READ, run_path], capture_output=True, text=True)
-        if out.returncode:
-            raise RuntimeError(out.stderr.strip().splitlines()[-1])
-        times.append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
-    return times
+    """``open_run`` + ``step_breakdown`` of ``run_path`` as the first call of ``PROCESSES`` fresh processes
+    (``reader_versions.measure`` of this checkout)."""
+    sys.path.insert(0, HERE)
+    from reader_versions import measure
+
+    return [measure("", run_path, "breakdown", 1)["times"][0] for _ in range(PROCESSES)]
 
 
 def node_store(base: str, steps: int) -> str:

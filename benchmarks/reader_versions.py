@@ -64,6 +64,8 @@ digest_every_segment(sys.argv[2])
 
 
 def measure(old_site: str, run: str, what: str, repeats: int) -> dict:
+    """{"times": each of ``repeats`` calls of ``what``, "module": where ranksight came from} in one fresh
+    process, the older version's (``old_site``) or, with "", this checkout's."""
     out = subprocess.run([sys.executable, "-c", _MEASURE, old_site, run, what, str(repeats)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -472,20 +472,6 @@ def rollup_first_build_s(run_path: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-FIRST_CALL = """
-import json, sys, time
-import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
-from ranksight.collectors import open_run, step_breakdown
-from ranksight.rules import diagnose
-t0 = time.perf_counter()
-if sys.argv[2] == "breakdown":
-    con = open_run(sys.argv[1], follow_spool=False)
-    step_breakdown(con)
-    con.close()
-else:
-    diagnose(sys.argv[1])
-print(json.dumps({"seconds": time.perf_counter() - t0}))
-"""
 FRESH_PROCESSES = 5
 """Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
 quarter here)."""
@@ -493,15 +479,13 @@ quarter here)."""
 
 def fresh_first_calls_s(run_path: str, what: str) -> list[float]:
     """``what`` ("breakdown": ``open_run`` + ``step_breakdown``; "diagnose") of ``run_path`` as the first call of
-    each of ``FRESH_PROCESSES`` fresh processes: what a CLI call or a new dashboard server pays, with no
-    part of the run read before (in this process the first call follows building the spool)."""
-    times = []
-    for _ in range(FRESH_PROCESSES):
-        out = subprocess.run([sys.executable, "-c", FIRST_CALL, run_path, what], capture_output=True, text=True)
-        if out.returncode:
-            raise RuntimeError(out.stderr.strip().splitlines()[-1])
-        times.append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
-    return times
+    each of ``FRESH_PROCESSES`` fresh processes (``reader_versions.measure`` of this checkout): what a CLI call
+    or a new dashboard server pays, with no part of the run read before (in this process the first call
+    follows building the spool)."""
+    sys.path.insert(0, HERE)
+    from reader_versions import measure
+
+    return [measure("", run_path, what, 1)["times"][0] for _ in range(FRESH_PROCESSES)]
 
 
 def _timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:

@@ -144,7 +144,7 @@ def medians_of(rows) -> dict:
     n = np.asarray(rows["n"])[order].astype(np.int64)
     same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
     same_bucket = same_key & (bucket[1:] == bucket[:-1])
-    if same_bucket.any():  # one row per bucket: counts added, the least and greatest value kept
+    if same_bucket.any():  # one row per bucket, merged as MERGED_HIST merges them in SQL: n added, lo/hi kept
         at = np.flatnonzero(np.r_[True, ~same_bucket])
         n, lo, hi = np.add.reduceat(n, at), np.minimum.reduceat(lo, at), np.maximum.reduceat(hi, at)
         rank, figure, bucket = rank[at], figure[at], bucket[at]

@@ -122,9 +122,9 @@ def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_pa
         assert sync[rank]["allreduce_share"] > 0.3
         assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
     # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means. On
-    # 2 cores a 64 MB gloo all-reduce and the backward that writes those 64 MB take about as long (exposed
-    # 0.39-0.50 against compute 0.32-0.43 of the step in three runs), so the exposed all-reduce is held
-    # against the healthy job's and against every phase but compute, not against compute itself.
+    # 2 cores a 64 MB gloo all-reduce and the backward that writes those 64 MB take about as long (either
+    # may be the larger share from one run to the next), so the exposed all-reduce is held against the
+    # healthy job's and against every phase but compute, not against compute itself.
     assert mean(sync, "comm_exposed_share") > mean(base, "comm_exposed_share") + 0.2
     for phase in ("data_wait_share", "optimizer_share", "other_share"):  # no host-to-device copy on CPU
         assert mean(sync, "comm_exposed_share") > mean(sync, phase), phase

@@ -6,23 +6,24 @@ import os
 
 import pytest
 
-import ranksight
 from ranksight.collectors import open_run, read_rank_meta
 
+from .reliability._damage import write_run
 
-@pytest.mark.parametrize("folder", ["run[1]", "a*b?c", "quote'd"])
-def test_run_folders_with_glob_characters_are_read(tmp_path, monkeypatch, folder):
-    """The agent refuses such run ids, but a user can still rename or copy a run folder: readers escape
-    glob characters and quotes in paths."""
+
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch):
+    """Identity the agent needs before it writes (``write_run``)."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.delenv("RANKSIGHT_DISABLED", raising=False)
-    mon = ranksight.init(run_dir=str(tmp_path), job="paths", run_id="plain", flush_interval_s=0.1)
-    for _ in mon.loader(range(7)):
-        with mon.step():
-            pass
-    mon.close()
-    os.rename(tmp_path / "plain", tmp_path / folder)
+
+
+@pytest.mark.parametrize("folder", ["run[1]", "a*b?c", "quote'd"])
+def test_run_folders_with_glob_characters_are_read(tmp_path, folder):
+    """The agent refuses such run ids, but a user can still rename or copy a run folder: readers escape
+    glob characters and quotes in paths."""
+    os.rename(write_run(str(tmp_path), "plain", steps=7), tmp_path / folder)
     path = str(tmp_path / folder)
     assert [m.rank for m in read_rank_meta(path)] == [0]
     assert open_run(path).execute("SELECT count(*) FROM steps").fetchone() == (7,)
@@ -45,7 +46,7 @@ print(json.dumps({
 """
 
 
-def test_readers_and_ingest_draw_no_progress_bar(tmp_path, monkeypatch):
+def test_readers_and_ingest_draw_no_progress_bar(tmp_path):
     """In a process DuckDB takes for interactive (``python -c`` here, a REPL, a notebook) it draws a
     progress bar on stdout for a query past 2 s, also into a pipe, inside what a script reads from us. The
     connections ranksight makes (``open_run``'s and its cursors, the store's while ``ingest`` writes it,
@@ -54,15 +55,8 @@ def test_readers_and_ingest_draw_no_progress_bar(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.delenv("RANKSIGHT_DISABLED", raising=False)
-    mon = ranksight.init(run_dir=str(tmp_path), job="quiet", run_id="quiet", flush_interval_s=0.1)
-    for _ in mon.loader(range(7)):
-        with mon.step():
-            pass
-    mon.close()
-    out = subprocess.run([sys.executable, "-c", _SETTINGS_OF_OUR_CONNECTIONS, str(tmp_path / "quiet")],
+    run = write_run(str(tmp_path), "quiet", steps=7)
+    out = subprocess.run([sys.executable, "-c", _SETTINGS_OF_OUR_CONNECTIONS, run],
                          capture_output=True, text=True, check=True)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found.pop("plain") is True  # what DuckDB does there unless told otherwise
