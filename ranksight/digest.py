@@ -187,6 +187,21 @@ def pack_parts(parts: dict) -> bytes:
     return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
 
 
+_ONE_THREAD = None
+
+
+def _one_thread_options():
+    """IPC read options that decompress a part on the calling thread: ``read_digest_parts`` already reads
+    ``_READERS`` files at once, and pyarrow's own pool besides (its default) put up to six threads on 2 cores
+    (docs/scale.md, "Decompressing on the reading thread")."""
+    global _ONE_THREAD
+    if _ONE_THREAD is None:
+        import pyarrow as pa
+
+        _ONE_THREAD = pa.ipc.IpcReadOptions(use_threads=False)
+    return _ONE_THREAD
+
+
 def read_parts(path: str, parts) -> dict:
     """{part: pyarrow table} of the named parts of one digest file, read in one opening."""
     import json
@@ -208,7 +223,7 @@ def read_parts(path: str, parts) -> dict:
             body = f.read(length)
             if len(body) != length:
                 raise ValueError("cut short")
-            out[part] = pa.ipc.open_file(pa.py_buffer(body)).read_all()
+            out[part] = pa.ipc.open_file(pa.py_buffer(body), options=_one_thread_options()).read_all()
     return out
 
 
