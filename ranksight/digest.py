@@ -187,19 +187,25 @@ def pack_parts(parts: dict) -> bytes:
     return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
 
 
-_ONE_THREAD = None
+_READ_WITH = None
 
 
-def _one_thread_options():
-    """IPC read options that decompress a part on the calling thread: ``read_digest_parts`` already reads
-    ``_READERS`` files at once, and pyarrow's own pool besides (its default) put up to six threads on 2 cores
-    (docs/scale.md, "Decompressing on the reading thread")."""
-    global _ONE_THREAD
-    if _ONE_THREAD is None:
+def _read_with() -> dict:
+    """How a part is read: decompressed on the calling thread (``read_digest_parts`` already reads
+    ``_READERS`` files at once; pyarrow's own pool besides, its default, put up to six threads on 2 cores),
+    into jemalloc's memory pool, or the system's where pyarrow has no jemalloc. pyarrow's default pool
+    (mimalloc) takes transparent huge pages for a per-step part's 185 MB, and a fresh process's read then
+    waited on the kernel to find them (docs/scale.md, "Decompressing on the reading thread")."""
+    global _READ_WITH
+    if _READ_WITH is None:
         import pyarrow as pa
 
-        _ONE_THREAD = pa.ipc.IpcReadOptions(use_threads=False)
-    return _ONE_THREAD
+        try:
+            pool = pa.jemalloc_memory_pool()
+        except NotImplementedError:
+            pool = pa.system_memory_pool()
+        _READ_WITH = {"options": pa.ipc.IpcReadOptions(use_threads=False), "memory_pool": pool}
+    return _READ_WITH
 
 
 def read_parts(path: str, parts) -> dict:
@@ -223,7 +229,7 @@ def read_parts(path: str, parts) -> dict:
             body = f.read(length)
             if len(body) != length:
                 raise ValueError("cut short")
-            out[part] = pa.ipc.open_file(pa.py_buffer(body), options=_one_thread_options()).read_all()
+            out[part] = pa.ipc.open_file(pa.py_buffer(body), **_read_with()).read_all()
     return out
 
 
