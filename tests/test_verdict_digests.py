@@ -211,6 +211,41 @@ def test_a_bucket_several_files_hold_reads_as_that_bucket_merged_in_any_row_orde
         assert medians_of({k: v[order] for k, v in per_file.items()}) == {(0, 1): expected}
 
 
+def test_histogram_rows_already_grouped_read_as_sorted_ones_and_a_rank_two_files_hold_is_merged():
+    """``medians_of`` skips its sort where each (rank, figure)'s rows already lie together, buckets ascending
+    (a digest's ``hist`` part is written that way): the medians are those of the same rows shuffled. Two
+    files of one rank, each grouped on its own, read one after the other are not grouped: the rank's rows
+    are merged, as its rows shuffled are."""
+    rng = np.random.default_rng(11)
+    files = []
+    # The last file holds rank 1 again (a later time span), with longer steps than any before: its rows
+    # move rank 1's medians.
+    for ranks, lowest in (([0, 1, 2], 300), ([3, 4], 300), ([1], 350)):
+        rows = []
+        for rank in ranks:
+            for figure in (2, 1):  # figures in any order within a rank
+                buckets = np.sort(rng.choice(np.arange(lowest, lowest + 40), size=rng.integers(3, 12), replace=False))
+                values = GAMMA ** (buckets - 0.5)
+                rows += [(rank, figure, b, 1, v, v) for b, v in zip(buckets, values)]
+        files.append(rows)
+
+    def columns(rows):
+        names = ("rank", "figure", "bucket", "n", "lo", "hi")
+        return {name: np.array([r[i] for r in rows]) for i, name in enumerate(names)}
+
+    def shuffled(rows):
+        return columns([rows[i] for i in rng.permutation(len(rows))])
+
+    one_file = files[0] + files[1]
+    assert medians_of(columns(one_file)) == medians_of(shuffled(one_file))
+    every_file = files[0] + files[1] + files[2]
+    found = medians_of(columns(every_file))
+    assert found == medians_of(shuffled(every_file))
+    for figure in (1, 2):  # rank 1's median is of both its files' rows, neither file's alone
+        assert found[(1, figure)] not in (medians_of(columns(files[0]))[(1, figure)],
+                                          medians_of(columns(files[2]))[(1, figure)])
+
+
 def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
