@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import string
 import tempfile
 
@@ -203,8 +204,9 @@ def main():
         doc_chars=12000,
     )
 
+    output_dir = tempfile.mkdtemp(prefix="hf-trainer-")
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-trainer-"),
+        output_dir=output_dir,  # nothing is saved there (save_strategy="no")
         per_device_train_batch_size=batch,
         max_steps=args.steps,
         learning_rate=5e-4,
@@ -235,7 +237,10 @@ def main():
             TruthCallback(truth),
         ],
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
     truth.write()
     if dist.is_initialized():
         dist.destroy_process_group()

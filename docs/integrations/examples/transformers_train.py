@@ -48,26 +48,27 @@ def main() -> None:
     model = GPT2LMHeadModel(config)
     batch = 16
     data = Tokens(n=batch * 2 * (args.steps + 2), seq_len=64, vocab=1024, tokenize_s=0.02 if args.slow_data else 0.0)
-    training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-example-"),
-        per_device_train_batch_size=batch,
-        max_steps=args.steps,
-        learning_rate=1e-4,
-        use_cpu=True,
-        ddp_backend="gloo",
-        dataloader_num_workers=0,
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=data,
-        callbacks=[RanksightCallback(run_dir=args.run_dir, job="transformers-example")],
-    )
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="hf-example-") as output_dir:
+        training_args = TrainingArguments(
+            output_dir=output_dir,  # nothing is saved there (save_strategy="no")
+            per_device_train_batch_size=batch,
+            max_steps=args.steps,
+            learning_rate=1e-4,
+            use_cpu=True,
+            ddp_backend="gloo",
+            dataloader_num_workers=0,
+            report_to="none",
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model,
+            args=training_args,
+            train_dataset=data,
+            callbacks=[RanksightCallback(run_dir=args.run_dir, job="transformers-example")],
+        )
+        trainer.train()
 
 
 if __name__ == "__main__":
