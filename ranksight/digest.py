@@ -22,11 +22,16 @@ import os
 from ranksight import verdict_digest
 from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES
 
-FILE_FORMAT = "parts-1"
+FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
-naming its parts, then each part an Arrow IPC file (see ``pack_parts``)."""
+naming its parts, then each part an Arrow IPC file (see ``pack_parts``); the ``steps`` part without the
+columns that are NULL on every one of its rows (``SPARSE_PARTS``)."""
 PARTS = ("chunks", "sums", "hist", "steps")
 """The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``ranksight.verdict_digest``)."""
+SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEPS_COLUMNS))}
+"""Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
+figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
+it, NULL (``read_digest_parts``)."""
 _MAGIC = b"RSDIGEST"
 DIGEST_DIR = ".digests"
 """Folder inside ``steps/`` holding one folder per digest definition (dot-prefixed: spool globs skip it)."""
@@ -156,10 +161,17 @@ def digest_of(table) -> tuple[int, dict]:
         for part, (sql, params) in queries.items():
             result = con.sql(sql, params=params)
             fetch = getattr(result, "to_arrow_table", None) or result.arrow  # DuckDB 2's name, and 1.x's
-            parts[part] = fetch()
+            parts[part] = _without_empty_columns(fetch()) if part in SPARSE_PARTS else fetch()
         return chunk_steps_for(world_size), parts
     finally:
         con.close()
+
+
+def _without_empty_columns(table):
+    """``table`` without the columns that are NULL on every row (all of them kept when it has no rows)."""
+    if not table.num_rows:
+        return table
+    return table.select([i for i, column in enumerate(table.columns) if column.null_count < table.num_rows])
 
 
 def pack_parts(parts: dict) -> bytes:
@@ -291,16 +303,28 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
                 raise DigestError("no digest files")
             table = schema.empty_table()
         else:
-            table = pa.concat_tables(tables[part], promote_options="permissive")
-            if table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks:
-                # DuckDB scans many small chunks far slower than the same rows in one; chunks of a
-                # vector's rows or more scan as fast, and are not copied again (a per-step part holds a
-                # row per step and file: large at many ranks).
-                table = table.combine_chunks()
+            table = concat_part(part, tables[part])
             if part == "chunks" and table.schema != schema:
                 table = table.cast(schema)  # once for all files, not per file
         out[part] = table.append_column("file", _file_column(paths, rows_per_file[part])) if with_file else table
     return out
+
+
+def concat_part(part: str, tables: list):
+    """One pyarrow table of the ``part`` tables of several digest files, as readers take it: a column some
+    files left out (``SPARSE_PARTS``) NULL in their rows, one that all left out a column of NULLs (typed by the
+    readers' SQL, which casts every column)."""
+    import pyarrow as pa
+
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks:
+        # DuckDB scans many small chunks far slower than the same rows in one; chunks of a vector's rows or
+        # more scan as fast, and are not copied again (a per-step part holds a row per step and file).
+        table = table.combine_chunks()
+    for name in SPARSE_PARTS.get(part, ()):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows))
+    return table
 
 
 _READERS = 4
