@@ -1,6 +1,6 @@
 """Where a fresh process's first ``diagnose()`` (or ``step_breakdown``) spends its time: wall, user and system
 CPU seconds of the call, and of the reader's steps that vary most (reading the digests' parts, merging the
-per-step part, the per-rank medians, the rules).
+per-step part, the per-rank medians, the rules); and the bytes in memory of each digest part it read.
 
 Why: on this VM the same first call takes 0.6 s in one hour and 1.2 s in another with the same code;
 ``reader_versions.py`` says which version is faster, this says whether the difference is in user time (the
@@ -24,6 +24,7 @@ from ranksight.collectors import _digest_fold, _digest_queries, open_run, step_b
 from ranksight.rules import _diagnose, diagnose
 
 steps = {}
+part_bytes = {}  # part -> bytes in memory of what read_digest_parts returned (the per-step part: its largest)
 
 def timed(module, name, label):
     inner = getattr(module, name)
@@ -32,7 +33,10 @@ def timed(module, name, label):
     def wrapper(*args, **kwargs):
         before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         try:
-            return inner(*args, **kwargs)
+            out = inner(*args, **kwargs)
+            if name == "read_digest_parts":
+                part_bytes.update({part: table.nbytes for part, table in out.items()})
+            return out
         finally:
             after = resource.getrusage(resource.RUSAGE_SELF)
             wall, system = steps.get(label, (0.0, 0.0))
@@ -56,7 +60,8 @@ wall = time.perf_counter() - start
 after = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
                   "system_s": after.ru_stime - before.ru_stime,
-                  "steps": {k: {"wall_s": w, "system_s": s} for k, (w, s) in steps.items()}}))
+                  "steps": {k: {"wall_s": w, "system_s": s} for k, (w, s) in steps.items()},
+                  "part_bytes": part_bytes}))
 """
 
 
@@ -76,7 +81,8 @@ def main() -> int:
     calls = [one_call(args.run, args.what) for _ in range(args.processes)]
     for call in calls:
         parts = ", ".join(f"{k} {v['wall_s']:.3f} s ({v['system_s']:.3f} system)" for k, v in call["steps"].items())
-        print(f"{call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f}; {parts}")
+        sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in call["part_bytes"].items())
+        print(f"{call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f}; {parts}; {sizes}")
     summary = {k: statistics.median(c[k] for c in calls) for k in ("wall_s", "user_s", "system_s")}
     print("medians: " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items()))
     if args.json:

@@ -205,9 +205,9 @@ _READ_WITH = None
 def _read_with() -> dict:
     """How a part is read: decompressed on the calling thread (``read_digest_parts`` already reads
     ``_READERS`` files at once; pyarrow's own pool besides, its default, put up to six threads on 2 cores),
-    into jemalloc's memory pool, or the system's where pyarrow has no jemalloc. pyarrow's default pool
-    (mimalloc) takes transparent huge pages for a per-step part's 185 MB, and a fresh process's read then
-    waited on the kernel to find them (docs/scale.md, "Decompressing on the reading thread")."""
+    into jemalloc's memory pool, or the system's where pyarrow has no jemalloc: pyarrow's default pool
+    (mimalloc) took transparent huge pages for a per-step part, and some fresh processes' reads then spent
+    several times the system time (docs/scale.md, "Decompressing on the reading thread")."""
     global _READ_WITH
     if _READ_WITH is None:
         import pyarrow as pa
