@@ -5,7 +5,7 @@ Why the low-level profiler calls instead of ``torch.profiler.profile``: its ``__
 ``torch.cuda.synchronize()`` and parses every event into Python objects on the training thread.
 Here the window's end is a CUDA event; the profiler is stopped at a later step boundary once
 ``event.query()`` says the GPU has caught up (no sync), and the raw result is handed to the agent
-thread, which reads it and reduces it (``_trace_reduce``). The training thread pays only for the
+thread, which reads it and reduces it (``ranksight.trace_reduce``). The training thread pays only for the
 profiler's own start/stop and its per-op recording during the traced steps.
 """
 
@@ -18,8 +18,9 @@ import time
 import weakref
 from typing import Any, Optional
 
+from ranksight.trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
+
 from ._events import EV_GPU, EV_INFO
-from ._trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
 
 log = logging.getLogger("ranksight")
 
