@@ -34,6 +34,7 @@ from ._tables import (
     stored_digests,
     unregister_arrow,
 )
+from ._trace_import import ImportResult, find_trace_files, import_traces
 
 __all__ = [
     # finding and reading runs
@@ -85,6 +86,10 @@ __all__ = [
     "stored_digests",
     "register_arrow",
     "unregister_arrow",
+    # torch.profiler traces -> a run (ranksight import)
+    "ImportResult",
+    "find_trace_files",
+    "import_traces",
     # multi-node jobs
     "PrometheusError",
     "PrometheusReader",

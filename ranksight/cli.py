@@ -21,6 +21,7 @@ COMMANDS = {
     "dashboard": "dashboard",
     "demo": "demo",
     "diagnose": "diagnose",
+    "import": "import_cmd",
     "ingest": "ingest",
     "publish": "publish",
     "rules": "rules_cmd",
