@@ -32,10 +32,10 @@ from typing import Callable, Optional
 
 from ranksight._version import __version__
 from ranksight.schema import KINDS, RANKS_DIR, SAMPLE_NAMES, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
-from ranksight.trace_reduce import ACTIVITY_KIND, Ev
+from ranksight.trace_reduce import ACTIVITY_KIND
 
 from ._rundir import RunDirError
-from ._trace_reduce_steps import GPU_KINDS, StepSpan, reduce_step
+from ._trace_reduce_steps import GPU_KINDS, StepSpan, TraceEvent, reduce_step
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 STEP_MARK = "ProfilerStep#"
@@ -175,12 +175,45 @@ def _lane(value) -> int:
         return zlib.crc32(str(value).encode())  # e.g. "stream 7 ": stable across processes, unlike hash()
 
 
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "long int": 8,
+    "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
+}  # fmt: skip
+"""Bytes per element of the dtype names ``record_shapes=True`` writes in a trace's ``Input type``."""
+_COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+
+
+def _collective_bytes(name: str, args: dict) -> Optional[int]:
+    """Tensor bytes of a collective, when the trace was recorded with ``record_shapes=True``."""
+    if not name.startswith(_COLLECTIVE_PREFIXES):
+        return None
+    n, dtype = args.get("In msg nelems"), args.get("dtype")
+    if isinstance(n, int) and isinstance(dtype, str) and dtype in _DTYPE_BYTES:
+        return n * _DTYPE_BYTES[dtype]
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not dims or not isinstance(types, list) or not types:
+        return None
+    first, dtype = dims[0], types[0]
+    shapes = first if first and isinstance(first[0], list) else [first]  # a TensorList or one tensor
+    # A TensorList hides its dtype: gradients are float32 unless the gloo / nccl span says otherwise.
+    size = _DTYPE_BYTES.get(dtype, 4 if dtype == "TensorList" else 0)
+    total = 0
+    for shape in shapes:
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return None
+        count = 1
+        for d in shape:
+            count *= d
+        total += count
+    return total * size or None
+
+
 def _stream_events(con, f: _File, prefix: str, progress: Optional[Callable[[int], None]]) -> None:
     """Append the file's complete ("X") events of known kinds to the ``ev`` table, in batches."""
     import ijson
     import pyarrow as pa
 
-    cols: dict[str, list] = {k: [] for k in ("file", "kind", "name", "start_ns", "end_ns", "lane", "corr")}
+    cols: dict[str, list] = {k: [] for k in ("file", "kind", "name", "start_ns", "end_ns", "lane", "corr", "nbytes")}
 
     def flush() -> None:
         if cols["kind"]:
@@ -215,6 +248,7 @@ def _stream_events(con, f: _File, prefix: str, progress: Optional[Callable[[int]
                 cols["lane"].append(_lane(e.get("tid", 0)))
                 corr = args.get("correlation", 0) if isinstance(args, dict) else 0
                 cols["corr"].append(corr if isinstance(corr, int) else 0)
+                cols["nbytes"].append(_collective_bytes(cols["name"][-1], args) if isinstance(args, dict) else None)
                 f.events += 1
                 if len(cols["kind"]) >= _BATCH_EVENTS:
                     flush()
@@ -265,7 +299,7 @@ def import_traces(
         con.execute("SET preserve_insertion_order = false")
         con.execute(
             "CREATE TABLE ev (file INTEGER, kind VARCHAR, name VARCHAR, start_ns BIGINT, end_ns BIGINT, "
-            "lane BIGINT, corr BIGINT)"
+            "lane BIGINT, corr BIGINT, nbytes BIGINT)"
         )
         for f, prefix in zip(files, prefixes):
             if f.damage is None:
@@ -337,17 +371,17 @@ _STEPS_SQL = f"""
 # them (by correlation id), whenever they ran.
 _EVENTS_SQL = """
     WITH host AS (
-        SELECT e.file, e.kind, e.name, e.start_ns, e.end_ns, e.lane, e.corr, s.step
+        SELECT e.file, e.kind, e.name, e.start_ns, e.end_ns, e.lane, e.corr, e.nbytes, s.step
         FROM (SELECT * FROM ev WHERE file IN (SELECT unnest(?)) AND kind NOT IN ('kernel', 'memcpy', 'memset')) e
         ASOF JOIN _steps s ON e.file = s.file AND e.start_ns >= s.s0
         WHERE e.start_ns < s.s1),
     launch AS (SELECT file, corr, any_value(step) AS step FROM host WHERE kind = 'rt' AND corr <> 0 GROUP BY ALL),
     device AS (
-        SELECT e.file, e.kind, e.name, e.start_ns, e.end_ns, e.lane, e.corr, l.step
+        SELECT e.file, e.kind, e.name, e.start_ns, e.end_ns, e.lane, e.corr, e.nbytes, l.step
         FROM ev e JOIN launch l ON e.file = l.file AND e.corr = l.corr
         WHERE e.file IN (SELECT unnest(?)) AND e.kind IN ('kernel', 'memcpy', 'memset'))
-    SELECT step, kind, name, start_ns, end_ns, lane, corr FROM host
-    UNION ALL SELECT step, kind, name, start_ns, end_ns, lane, corr FROM device
+    SELECT step, kind, name, start_ns, end_ns, lane, corr, nbytes FROM host
+    UNION ALL SELECT step, kind, name, start_ns, end_ns, lane, corr, nbytes FROM device
     ORDER BY step, start_ns
 """
 
@@ -397,17 +431,17 @@ def _import_rank(con, run_path: str, job: str, run_id: str, rank: int, world: in
     steps = 0
     if spans:
         cur = con.execute(_EVENTS_SQL, [ids, ids])
-        pending: list[Ev] = []
+        pending: list[TraceEvent] = []
         current = None
         while True:
             chunk = cur.fetchmany(50_000)
-            for step, kind, name, s, e, lane, corr in chunk:
+            for step, kind, name, s, e, lane, corr, nbytes in chunk:
                 if step != current:
                     if current is not None:
                         prev_gpu_end = _write_step(writer, spans[current], pending, prev_gpu_end, base)
                         steps += 1
                     current, pending = step, []
-                pending.append(Ev(kind, name, s, e, lane, corr))
+                pending.append(TraceEvent(kind, name, s, e, lane, corr, nbytes))
             if not chunk:
                 break
         if current is not None:
@@ -444,7 +478,7 @@ def _import_rank(con, run_path: str, job: str, run_id: str, rank: int, world: in
     return steps, bool(gpu_events), problems
 
 
-def _write_step(writer: _SegmentWriter, span: StepSpan, events: list[Ev], prev_gpu_end, base: int):
+def _write_step(writer: _SegmentWriter, span: StepSpan, events: list[TraceEvent], prev_gpu_end, base: int):
     red = reduce_step(span, events, prev_gpu_end, base)
     writer.add("steps", [red.step])
     writer.add("buckets", red.buckets)

@@ -48,6 +48,19 @@ _NOT_FORWARD = METADATA_OPS | {"aten::copy_", "aten::pin_memory", "aten::_pin_me
 """Ops that may run between the fetch and forward without being forward (moving the batch, noise)."""
 
 
+class TraceEvent(NamedTuple):
+    """A :class:`ranksight.trace_reduce.Ev` (same fields first, so ``reduce_window`` reads it) plus the
+    tensor bytes of a collective, when the trace recorded shapes."""
+
+    kind: str
+    name: str
+    start_ns: int
+    end_ns: int
+    lane: int
+    corr: int
+    nbytes: Optional[int] = None
+
+
 class StepSpan(NamedTuple):
     """One ``ProfilerStep#N`` mark: its number, host span and the training thread it ran on."""
 
@@ -67,7 +80,7 @@ class StepReduction(NamedTuple):
     gpu_end_ns: Optional[int]  # where the step's GPU work ended, for the next step's gap
 
 
-def _spans(events: list[Ev], lo: int, hi: int) -> list[tuple[int, int]]:
+def _spans(events: list[TraceEvent], lo: int, hi: int) -> list[tuple[int, int]]:
     return union_intervals(clip_intervals([(e.start_ns, e.end_ns) for e in events], lo, hi))
 
 
@@ -82,7 +95,9 @@ def _collective_op(name: str) -> str:
     return {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter"}.get(op, op)
 
 
-def reduce_step(span: StepSpan, events: list[Ev], prev_gpu_end_ns: Optional[int], wall_offset_ns: int) -> StepReduction:
+def reduce_step(
+    span: StepSpan, events: list[TraceEvent], prev_gpu_end_ns: Optional[int], wall_offset_ns: int
+) -> StepReduction:
     """Reduce one profiled step's events (host events inside its span, GPU events it launched)."""
     s0, s1, main = span.start_ns, span.end_ns, span.lane
     step_ns = s1 - s0
@@ -119,29 +134,35 @@ def reduce_step(span: StepSpan, events: list[Ev], prev_gpu_end_ns: Optional[int]
     # gloo runs each collective on its own thread, in issue order: its gloo:<op> span ends when it is done.
     gloo = sorted((e for e in host if e.name.startswith("gloo:") and e.lane != main), key=lambda e: e.start_ns)
     done_by_call: dict[int, int] = {}
+    gloo_by_call: dict[int, TraceEvent] = {}
     pool = list(gloo)
     for call in sorted(bucket_calls + user_calls, key=lambda e: e.start_ns):
         j = next((k for k, g in enumerate(pool) if g.start_ns >= call.start_ns), None)
         if j is not None:
-            done_by_call[id(call)] = pool.pop(j).end_ns
+            gloo_by_call[id(call)] = g = pool.pop(j)
+            done_by_call[id(call)] = g.end_ns
 
+    bytes_by_call = {id(c): _call_bytes(c, gloo_by_call.get(id(c)), host) for c in bucket_calls + user_calls}
     exposed_ns = allreduce_ns = None
     buckets: list[dict] = []
     if bucket_calls:
-        last_ready = min(max(c.start_ns for c in bucket_calls), boundary)
+        # A bucket is ready when DDP's hook runs: right after the gradient was copied into it (the hook's
+        # own Python, before it issues the all-reduce, is already the wait), as the agent marks it.
+        ready = [_ready_ns(c, host, autograd) for c in bucket_calls]
+        last_ready = min(max(ready), boundary)
         dones = [done_by_call.get(id(c), c.end_ns) for c in bucket_calls]
         last_done = min(max(dones), boundary)
         exposed_ns = max(0, last_done - last_ready)
-        allreduce_ns = sum(max(0, d - c.start_ns) for c, d in zip(bucket_calls, dones))
+        allreduce_ns = sum(max(0, d - r) for r, d in zip(ready, dones))
         compute_end = last_ready
-        for i, (c, d) in enumerate(zip(bucket_calls, dones)):
+        for i, (c, r, d) in enumerate(zip(bucket_calls, ready, dones)):
             buckets.append(
                 {
                     "step": span.step,
                     "bucket": i,
-                    "bytes": None,
-                    "ready_s": (c.start_ns - s0) * _NS,
-                    "allreduce_s": max(0, d - c.start_ns) * _NS,
+                    "bytes": bytes_by_call[id(c)],
+                    "ready_s": (r - s0) * _NS,
+                    "allreduce_s": max(0, d - r) * _NS,
                     "is_last": i == len(bucket_calls) - 1,
                 }
             )
@@ -160,7 +181,9 @@ def reduce_step(span: StepSpan, events: list[Ev], prev_gpu_end_ns: Optional[int]
     optimizer_ns = (opt_e - opt_b) if opt_b is not None else None
     named = sum(x for x in (data_ns, compute_ns, exposed_ns, blocked_ns, optimizer_ns) if x)
 
-    collectives = _collective_rows(span.step, blocked, bucket_calls, allreduce_ns)
+    collectives = _collective_rows(span.step, blocked, bucket_calls, allreduce_ns, bytes_by_call)
+    bucket_bytes = _sum_known([bytes_by_call[id(c)] for c in bucket_calls])
+    user_bytes = _sum_known([bytes_by_call[id(c)] for c in user_calls])
     row = {
         "step": span.step,
         "time_ns": s1 + wall_offset_ns,
@@ -173,10 +196,10 @@ def reduce_step(span: StepSpan, events: list[Ev], prev_gpu_end_ns: Optional[int]
         "optimizer_s": optimizer_ns * _NS if optimizer_ns is not None else None,
         "other_s": max(0, step_ns - named) * _NS,
         "buckets": len(bucket_calls) or None,
-        "bucket_bytes": None,
+        "bucket_bytes": bucket_bytes,
         "comm_blocked_s": blocked_ns * _NS,
         "collectives": len(user_calls),
-        "collective_bytes": None,
+        "collective_bytes": user_bytes if user_calls else 0,
         "data_wait_in_step_s": None,
     }
 
@@ -194,7 +217,13 @@ def reduce_step(span: StepSpan, events: list[Ev], prev_gpu_end_ns: Optional[int]
 
 
 def _gpu_phases(
-    row: dict, gpu: list[Ev], host: list[Ev], fwd: Optional[int], opt_b: Optional[int], boundary: int, prev_end
+    row: dict,
+    gpu: list[TraceEvent],
+    host: list[TraceEvent],
+    fwd: Optional[int],
+    opt_b: Optional[int],
+    boundary: int,
+    prev_end,
 ) -> int:
     """Fill the GPU columns of a step row on the GPU's clock; return where the step's GPU work ended."""
     launch = {e.corr: e.start_ns for e in host if e.kind == "rt" and e.corr}
@@ -249,23 +278,64 @@ def _minus(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int
     return out
 
 
-def _collective_rows(step: int, blocked: list, bucket_calls: list[Ev], allreduce_ns: Optional[int]) -> list[dict]:
+def _sum_known(values: list) -> Optional[int]:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _ready_ns(call: TraceEvent, host: list[TraceEvent], autograd: list[tuple[int, int]]) -> int:
+    """When DDP's hook for this bucket ran: the end of the gradient's copy into the bucket just before it."""
+    i = bisect.bisect_right(autograd, (call.start_ns, float("inf"))) - 1
+    lo = autograd[i][0] if i >= 0 else call.start_ns
+    ends = [
+        e.end_ns
+        for e in host
+        if e.lane == call.lane and e.name in _BUCKET_COPIES and lo <= e.start_ns and e.end_ns <= call.start_ns
+    ]
+    return max(ends, default=call.start_ns)
+
+
+_BUCKET_COPIES = frozenset({"torch::distributed::reducer::copy_", "torch::autograd::AccumulateGrad"})
+
+
+def _call_bytes(call: TraceEvent, gloo: Optional[TraceEvent], host: list[TraceEvent]) -> Optional[int]:
+    """A collective's bytes: its gloo span's (it names the dtype), an NCCL span inside the call, or its own."""
+    if gloo is not None and gloo.nbytes:
+        return gloo.nbytes
+    inner = next(
+        (
+            e.nbytes
+            for e in host
+            if e.nbytes and e.name.startswith("nccl:") and e.lane == call.lane
+            and call.start_ns <= e.start_ns <= call.end_ns
+        ),
+        None,
+    )  # fmt: skip
+    return inner or call.nbytes
+
+
+def _collective_rows(
+    step: int, blocked: list, bucket_calls: list[TraceEvent], allreduce_ns: Optional[int], nbytes: dict
+) -> list[dict]:
     """Per (op, origin) of the step, as the agent sums them: user calls with their held time, DDP's buckets."""
     rows: dict[tuple[str, str], dict] = {}
     for call, b, e in blocked:
         r = rows.setdefault(
             (_collective_op(call.name), "user"),
-            {"count": 0, "blocked_s": 0.0, "busy_s": None},
+            {"count": 0, "blocked_s": 0.0, "busy_s": None, "bytes": None},
         )
         r["count"] += 1
         r["blocked_s"] += max(0, e - b) * _NS
+        if nbytes.get(id(call)) is not None:
+            r["bytes"] = (r["bytes"] or 0) + nbytes[id(call)]
     if bucket_calls:
         rows[("all_reduce", "ddp")] = {
             "count": len(bucket_calls),
             "blocked_s": None,
             "busy_s": allreduce_ns * _NS if allreduce_ns is not None else None,
+            "bytes": _sum_known([nbytes.get(id(c)) for c in bucket_calls]),
         }
     return [
-        {"step": step, "op": op, "origin": origin, "process_group": "default", "bytes": None, "gpu_s": None, **r}
+        {"step": step, "op": op, "origin": origin, "process_group": "default", "gpu_s": None, **r}
         for (op, origin), r in rows.items()
     ]

@@ -1,0 +1,420 @@
+"""``ranksight import`` against the agent on the same steps, and on a large trace.
+
+    python benchmarks/import_trace.py paired --device cpu --scenarios none,input,sync,straggler \\
+        --json benchmarks/results/cpu_import_paired.json
+    python benchmarks/import_trace.py paired --device cuda --scenarios pageable-sync --json gpu_import_paired.json
+    python benchmarks/import_trace.py large --device cpu --source synthetic --target-mb 500 \\
+        --json benchmarks/results/cpu_import_trace.json
+    python benchmarks/import_trace.py large --device cuda --source real --target-mb 500 --json gpu_import_trace.json
+
+``paired``: a real job (2 gloo ranks on CPU; one rank on a GPU) runs with the agent attached and with
+``torch.profiler`` (``tensorboard_trace_handler``) on the same steps; the traces are imported and both
+runs diagnosed. Prints per scenario and rank each phase's share from both runs over the same step
+numbers, the largest difference in percentage points, and both first findings.
+
+``large``: a Kineto trace of at least ``--target-mb`` (``real``: a profiled window of a deep, narrow
+model, as many steps as the size needs; ``synthetic``: a small real trace's steps repeated with shifted
+times, step numbers and correlation ids), then ``ranksight import`` on it in a fresh process: wall
+time and peak RSS (``ru_maxrss``) of that process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_SCENARIOS = ("none", "input", "sync", "straggler")
+GPU_SCENARIOS = ("pageable-sync",)
+PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
+WARMUP = 5  # the readers' warm-up: profiling starts right after it, so both runs judge the same steps
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, cfg: dict, port: int) -> None:
+    """One rank of the paired job: the agent and torch.profiler on the same loop."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(cfg["ranks"]),
+        RANKSIGHT_RUN_ID=cfg["run_id"],
+    )
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    cuda = cfg["device"] == "cuda"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cfg["ranks"] > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=cfg["ranks"])
+    scenario = cfg["scenario"]
+    # The agent's own sampled window on a GPU runs before the profiled steps (it yields to a user's profiler).
+    gpu = {"trace_first_step": WARMUP, "trace_every_steps": 10**6} if cuda else None
+    mon = ranksight.init(run_dir=cfg["run_dir"], job=f"import-{scenario}", flush_interval_s=0.5, gpu=gpu)
+    width, depth, batch, in_features, item_sleep_s, bucket_mb = 128, 3, 4096, 32, 0.0, 25.0
+    if scenario == "input":
+        item_sleep_s = 0.03
+    if scenario == "sync":
+        width, depth, batch, bucket_mb = 1536, 6, 4, 512.0
+    if scenario == "pageable-sync":
+        width, depth, batch, in_features = 1024, 4, 8192, 4096  # 128 MiB batches from pageable memory
+    slow = 4 if scenario == "straggler" and rank == cfg["ranks"] - 1 else 1
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(in_features, width)
+            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            self.out = nn.Linear(width, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            for layer in self.body:
+                h = torch.relu(layer(h))
+                for _ in range(slow - 1):  # the straggler's extra work, same result
+                    h = h + 0.0 * torch.relu(layer(h))
+            return self.out(h)
+
+    model = Net().to(device)
+    if cfg["ranks"] > 1:
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    mon.watch(model, optimizer=opt)
+
+    class Data(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            g = torch.Generator().manual_seed(rank)
+            self.x = torch.randn(4, batch, in_features, generator=g)  # pageable host memory
+            self.y = torch.randn(4, batch, 1, generator=g)
+
+        def __len__(self) -> int:
+            return 10**6
+
+        def __getitem__(self, i):
+            if item_sleep_s:
+                time.sleep(item_sleep_s)
+            return self.x[i % 4], self.y[i % 4]
+
+    loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=False)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    first, active = cfg["first_profiled"], cfg["active"]
+    prof = torch.profiler.profile(
+        activities=activities,
+        record_shapes=True,  # collectives' tensor sizes: the gradient bytes the all-reduce rules need
+        schedule=torch.profiler.schedule(wait=first - 1, warmup=1, active=active, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(cfg["trace_dir"], use_gzip=cfg.get("gzip", False)),
+    )
+    prof.start()
+    for step, (x, y) in enumerate(mon.loader(loader)):
+        with mon.step():
+            x, y = x.to(device), y.to(device)  # pageable: a synchronous copy on a GPU
+            if scenario == "pageable-sync":
+                x = x / max(x.abs().max().item(), 1e-6)  # a host sync every step
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        prof.step()
+        if step + 1 >= first + active:
+            break
+    prof.stop()
+    if cuda:
+        torch.cuda.synchronize()
+    mon.close()
+    if cfg["ranks"] > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_job(cfg: dict) -> None:
+    """Run the paired job to completion (rank processes started with spawn)."""
+    import torch.multiprocessing as mp
+
+    os.makedirs(cfg["trace_dir"], exist_ok=True)
+    port = _free_port()
+    if cfg["ranks"] == 1:
+        _rank_main(0, cfg, port)
+    else:
+        mp.start_processes(_rank_main, args=(cfg, port), nprocs=cfg["ranks"], start_method="spawn")
+
+
+def phase_shares(run_path: str, steps: list[int]) -> dict[int, dict[str, float]]:
+    """Per rank, each phase's share of the summed step period over the given step numbers."""
+    import duckdb
+
+    from ranksight.collectors import PERIOD_SQL, PHASE_SQL
+
+    sums = ", ".join(f"sum({PHASE_SQL[p]}) / sum({PERIOD_SQL}) AS {p}" for p in PHASES)
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    sql = f"""SELECT rank, {sums} FROM read_parquet('{glob}', union_by_name=true)
+              WHERE step IN (SELECT unnest(?)) GROUP BY rank"""
+    con = duckdb.connect()
+    cur = con.execute(sql, [steps])
+    names = [d[0] for d in cur.description]
+    return {row[0]: {n: row[i] for i, n in enumerate(names) if i} for row in cur.fetchall()}
+
+
+def first_finding(run_path: str) -> dict | None:
+    """The verdict's first finding (rule, severity, ranks), or None for a run judged healthy."""
+    from ranksight.rules import diagnose
+
+    findings = diagnose(run_path)["findings"]
+    if not findings:
+        return None
+    f = findings[0]
+    return {"rule": f["rule"], "severity": f["severity"], "ranks": f["ranks"], "cost_share": f["cost_share"]}
+
+
+def compare_runs(agent_run: str, imported_run: str, steps: list[int]) -> dict:
+    """Phase shares of both runs over the same steps, their largest difference, and both first findings."""
+    a, b = phase_shares(agent_run, steps), phase_shares(imported_run, steps)
+    ranks = {}
+    worst = 0.0
+    for rank in sorted(set(a) | set(b)):
+        rows = {}
+        for p in PHASES:
+            va, vb = (a.get(rank) or {}).get(p), (b.get(rank) or {}).get(p)
+            diff = abs(va - vb) * 100 if va is not None and vb is not None else None
+            if diff is not None:
+                worst = max(worst, diff)
+            rows[p] = {"agent": va, "import": vb, "diff_pp": diff}
+        ranks[rank] = rows
+    fa, fb = first_finding(agent_run), first_finding(imported_run)
+    return {
+        "steps": steps,
+        "ranks": ranks,
+        "max_diff_pp": worst,
+        "agent_first": fa,
+        "import_first": fb,
+        "same_first": (fa or {}).get("rule") == (fb or {}).get("rule"),
+    }
+
+
+def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:
+    """Run one scenario with the agent and the profiler, import the traces, compare; return the result."""
+    from ranksight.collectors import import_traces
+
+    ranks = 1 if device == "cuda" else 2
+    first = WARMUP if device == "cpu" else WARMUP + 6  # on a GPU, after the agent's own sampled window
+    cfg = {
+        "scenario": scenario,
+        "device": device,
+        "ranks": ranks,
+        "run_dir": os.path.join(out, "agent"),
+        "run_id": f"agent-{scenario}",
+        "trace_dir": os.path.join(out, f"traces-{scenario}"),
+        "first_profiled": first,
+        "active": active,
+    }
+    t0 = time.perf_counter()
+    run_job(cfg)
+    job_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = import_traces([cfg["trace_dir"]], os.path.join(out, "imported"), run_id=f"import-{scenario}")
+    import_s = time.perf_counter() - t0
+    cmp = compare_runs(os.path.join(cfg["run_dir"], cfg["run_id"]), result.run_path, list(range(first, first + active)))
+    return {
+        "scenario": scenario,
+        "device": device,
+        "job_s": job_s,
+        "import_s": import_s,
+        "problems": result.problems,
+        **cmp,
+    }
+
+
+def _print_paired(results: list[dict]) -> None:
+    for r in results:
+        fa, fb = r["agent_first"], r["import_first"]
+        print(
+            f"\n{r['scenario']} ({r['device']}): first finding agent={fa and fa['rule']} import={fb and fb['rule']} "
+            f"({'same' if r['same_first'] else 'DIFFERENT'}); largest phase difference {r['max_diff_pp']:.2f} pp"
+        )
+        print(f"  {'rank':>4} {'phase':<15} {'agent %':>8} {'import %':>9} {'diff pp':>8}")
+        for rank, rows in r["ranks"].items():
+            for p, v in rows.items():
+                if v["agent"] is None and v["import"] is None:
+                    continue
+                fmt = lambda x: "–" if x is None else f"{x * 100:.1f}"  # noqa: E731
+                d = "–" if v["diff_pp"] is None else f"{v['diff_pp']:.2f}"
+                print(f"  {rank:>4} {p:<15} {fmt(v['agent']):>8} {fmt(v['import']):>9} {d:>8}")
+        for line in r["problems"]:
+            print(f"  import warning: {line}")
+
+
+# --------------------------------------------------------------------------------------------- large
+
+
+def _profile_deep(device: str, trace_dir: str, steps: int, depth: int) -> None:
+    """Profile ``steps`` steps of a deep, narrow MLP (many small kernels per step) into ``trace_dir``."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda" if device == "cuda" else "cpu")
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(64, 64), nn.ReLU()]
+    model = nn.Sequential(*layers).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False)  # one kernel per parameter: many events
+    x = torch.randn(32, 64, device=dev)
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch.profiler.profile(
+        activities=acts,
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir),
+    ) as prof:
+        for _ in range(steps + 2):
+            loss = model(x).square().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            prof.step()
+
+
+def _trace_size(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+
+
+def make_real(device: str, folder: str, target_mb: float, depth: int = 100) -> str:
+    """A real profiled window of at least ``target_mb``: a short calibration profile sizes the long one."""
+    probe = os.path.join(folder, "probe")
+    _profile_deep(device, probe, 4, depth)
+    per_step = _trace_size(probe) / 4
+    steps = max(4, int(target_mb * 1e6 / per_step * 1.08) + 1)
+    out = os.path.join(folder, "trace")
+    _profile_deep(device, out, steps, depth)
+    return out
+
+
+def make_synthetic(device: str, folder: str, target_mb: float) -> str:
+    """A small real trace's steps repeated, shifted in time, step number and correlation id, to ``target_mb``."""
+    probe = os.path.join(folder, "probe")
+    _profile_deep(device, probe, 4, 20)
+    src = os.path.join(probe, sorted(os.listdir(probe))[0])
+    with open(src) as fh:
+        trace = json.load(fh)
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    lo = min(e["ts"] for e in events)
+    span = max(e["ts"] + e.get("dur", 0) for e in events) - lo
+    steps = sorted(int(e["name"][13:]) for e in events if e["name"].startswith("ProfilerStep#"))
+    nsteps = steps[-1] - steps[0] + 1
+    max_corr = max(((e.get("args") or {}).get("correlation", 0) for e in events), default=0) + 1
+    out_dir = os.path.join(folder, "trace")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "synthetic_rank0.pt.trace.json")
+    header = {k: v for k, v in trace.items() if k != "traceEvents"}
+    with open(path, "w") as out:
+        out.write("{\n" + json.dumps(header, indent=2)[2:-2] + ',\n  "traceEvents": [\n')
+        k, first = 0, True
+        while out.tell() < target_mb * 1e6:
+            for e in events:
+                e2 = dict(e, ts=e["ts"] + k * span * 1.001)
+                if e2["name"].startswith("ProfilerStep#"):
+                    e2["name"] = f"ProfilerStep#{int(e['name'][13:]) + k * nsteps}"
+                args = e.get("args")
+                if isinstance(args, dict) and "correlation" in args:
+                    e2["args"] = dict(args, correlation=args["correlation"] + k * max_corr)
+                out.write(("" if first else ",\n") + "  " + json.dumps(e2, indent=2).replace("\n", "\n  "))
+                first = False
+            k += 1
+        out.write("\n  ]\n}\n")
+    return out_dir
+
+
+_IMPORT_CHILD = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+from ranksight.collectors import import_traces
+r = import_traces([sys.argv[1]], sys.argv[2], run_id="large")
+wall = time.perf_counter() - t0
+print(json.dumps({"import_s": wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "events": r.events, "steps": sum(r.ranks.values()), "problems": r.problems}))
+"""
+
+
+def large(device: str, source: str, target_mb: float, out: str) -> dict:
+    """Make a large trace and time a fresh process importing it (wall time and peak RSS)."""
+    t0 = time.perf_counter()
+    trace = make_real(device, out, target_mb) if source == "real" else make_synthetic(device, out, target_mb)
+    make_s = time.perf_counter() - t0
+    size = _trace_size(trace)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHILD, trace, os.path.join(out, "runs")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = {
+        "device": device,
+        "source": source,
+        "trace_mb": size / 1e6,
+        "make_s": make_s,
+        **measured,
+        "mb_per_s": size / 1e6 / measured["import_s"],
+    }
+    print(
+        f"{source} {device} trace {result['trace_mb']:.0f} MB ({result['events']:,} events, {result['steps']} steps): "
+        f"import {result['import_s']:.1f} s ({result['mb_per_s']:.0f} MB/s), peak RSS {result['peak_rss_mb']:.0f} MB"
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("paired", help="agent vs imported trace on the same steps")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--scenarios", default=None, help="comma-separated (default: all for the device)")
+    p.add_argument("--active", type=int, default=8, help="profiled steps")
+    p.add_argument("--out", default=None, help="folder for runs and traces (default: a temporary one)")
+    p.add_argument("--json", default=None)
+    q = sub.add_parser("large", help="import a large trace: time and peak RSS")
+    q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    q.add_argument("--source", choices=("real", "synthetic"), default="synthetic")
+    q.add_argument("--target-mb", type=float, default=500.0)
+    q.add_argument("--out", default=None)
+    q.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    out = args.out or tempfile.mkdtemp(prefix="ranksight-import-bench-")
+    if args.what == "paired":
+        names = (
+            args.scenarios.split(",") if args.scenarios else (GPU_SCENARIOS if args.device == "cuda" else CPU_SCENARIOS)
+        )
+        results = [paired(s, args.device, out, args.active) for s in names]
+        _print_paired(results)
+        payload: dict = {"what": "paired", "results": results}
+        ok = all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results)
+    else:
+        payload = {"what": "large", **large(args.device, args.source, args.target_mb, out)}
+        ok = True
+    payload["out"] = out
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(payload, fh, indent=1, default=str)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
