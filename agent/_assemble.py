@@ -87,7 +87,11 @@ class Assembler:
             row, brows = self._finish(p)
             steps.append(row)
             buckets.extend(brows)
-            crows = _collective_rows(step, p.collectives, p.buckets.values(), row["allreduce_s"])
+            crows = (
+                _collective_rows(step, p.collectives, p.buckets.values(), row["allreduce_s"])
+                if p.collectives or p.buckets
+                else []
+            )
             collectives.extend(crows)
             if self.collective_gpu is not None:
                 begin = min([p.raw[2], *(c[4] for c in p.collectives)])
@@ -117,8 +121,9 @@ class Assembler:
         loader_ns = fetch_e - fetch_b if has_fetch else 0
         data_wait = None if data_ns < 0 and not has_fetch else (loader_ns + pre_data_ns + max(0, data_ns)) * _NS
 
-        ready = [b[1] for b in p.buckets.values() if b[1]]
-        done = [b[2] for b in p.buckets.values() if b[2]]
+        buckets = p.buckets.values()
+        ready = [b[1] for b in buckets if b[1]] if p.buckets else ()
+        done = [b[2] for b in buckets if b[2]] if p.buckets else ()
         boundary = opt_b if opt_b and begin <= opt_b <= end else end
         compute_start = fwd if fwd and begin <= fwd <= boundary else None
         allreduce = exposed = None
@@ -150,7 +155,7 @@ class Assembler:
             compute = max(0, compute_ns) * _NS
         comm_blocked = blocked * _NS if p.collectives or self.collectives_on else None
         optimizer = (opt_e - opt_b) * _NS if opt_b and begin <= opt_b <= opt_e <= end else None
-        named = sum(x for x in (data_wait, compute, exposed, comm_blocked, optimizer) if x)
+        named = (data_wait or 0) + (compute or 0) + (exposed or 0) + (comm_blocked or 0) + (optimizer or 0)
         bucket_bytes = sum(b[0] for b in p.buckets.values()) if p.buckets else self.grad_bytes
         row = {
             "step": step,
@@ -178,7 +183,7 @@ class Assembler:
             "gpu_optimizer_s": None,
             "cpu_s": cpu_ns * _NS if cpu_ns >= 0 else None,
         }
-        brows = [
+        brows = p.buckets and [
             {
                 "step": step,
                 "bucket": index,
@@ -189,7 +194,7 @@ class Assembler:
             }
             for index, b in sorted(p.buckets.items())
         ]
-        return row, brows
+        return row, brows or []
 
     collectives_on = False
     """Set when collective timing is installed: a step without any then reads 0, not unknown."""

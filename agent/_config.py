@@ -42,10 +42,19 @@ class GpuOptions:
     """Step of the first window (after compilation and allocator warm-up)."""
     trace_dir: Optional[str] = None
     """A folder to also save each window's Chrome trace in."""
-    events_every_steps: int = 1
-    """Record the step's CUDA events on one step in this many (1: every step). Each event costs the
-    training thread a driver call (5-10 µs on a VM) and the agent thread two more to read it; at k > 1
-    the other steps' GPU columns stay NULL, so phase shares mix GPU rows with host-clock rows."""
+    events_every_steps: Optional[int] = None
+    """Record the step's CUDA events on about one step in this many; None (the default) picks it from the
+    measured step time so the events cost at most ``events_budget`` of a step. Which steps are sampled is a
+    fixed function of the step index (the same on every rank, irregular so it cannot lock onto a periodic
+    eval or log step); the step before each sampled one marks its end too, for the gap. Unsampled steps
+    keep their host-clock columns and carry ``gpu_sampled = false``; readers take GPU phase shares from
+    the sampled rows only (docs/agent.md, "Sampled GPU phases")."""
+    events_budget: float = 0.001
+    """With ``events_every_steps=None``: the share of a step the CUDA events may cost, counting the training
+    thread's ``record()`` calls (timed at attach) and the agent thread's reading of them (timed as it goes)."""
+    events_full_steps: int = 200
+    """Steps from the first that record events every step whatever the sampling: a short job's verdict rests
+    on all of its steps, and the step time that sets the sampling is known by then."""
     nccl_timing: bool = True
     """Each NCCL collective's GPU time (``collectives.gpu_s``), from NCCL's own start and end events
     as PyTorch's flight recorder keeps them (``TORCH_NCCL_ENABLE_TIMING`` is switched on)."""
@@ -55,8 +64,14 @@ class GpuOptions:
     reads it get ``gpu_s``, the others keep it NULL."""
 
     def __post_init__(self) -> None:
-        if int(self.events_every_steps) < 1:
-            raise ValueError(f"ranksight: gpu option events_every_steps must be >= 1, got {self.events_every_steps!r}")
+        if self.events_every_steps is not None and int(self.events_every_steps) < 1:
+            raise ValueError(
+                f"ranksight: gpu option events_every_steps must be >= 1 or None (auto), got {self.events_every_steps!r}"
+            )
+        if not 0 < float(self.events_budget) < 1:
+            raise ValueError(f"ranksight: gpu option events_budget must be in (0, 1), got {self.events_budget!r}")
+        if int(self.events_full_steps) < 0:
+            raise ValueError(f"ranksight: gpu option events_full_steps must be >= 0, got {self.events_full_steps!r}")
         if not float(self.nccl_timing_every_s) >= 0:
             raise ValueError(
                 f"ranksight: gpu option nccl_timing_every_s must be >= 0, got {self.nccl_timing_every_s!r}"

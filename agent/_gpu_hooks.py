@@ -38,6 +38,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from ._config import GpuOptions
+from ._event_sampling import choose_every, is_sampled, threshold
 from ._events import EV_GPU, EV_INFO
 from ._protocol import MonitorLike
 
@@ -69,10 +70,38 @@ class GpuMarks:
         self._fwd_marked = True
         self._opt_marked = True
         self.events_on = True
-        self.every = 1  # events on one step in this many (GpuOptions.events_every_steps)
+        self.every = 1  # events on about one step in this many (GpuOptions.events_every_steps; set_every)
+        self._bound = threshold(1)  # the schedule's hash bound for ``every`` (_event_sampling)
+        self.full_steps = 0  # steps from the first that are all sampled (GpuOptions.events_full_steps)
         self.sampled = True  # whether the current step records its events
+        self.record_cost_s = 0.0  # host time of one Event.record(), timed at attach (measure_record_cost)
         self._data_pairs = 0  # in-step data blocks bracketed in the current step
         self.window = None  # TraceWindow, when the sampled kernel-level window is on
+
+    def set_every(self, every: int) -> None:
+        """Sample about one step in ``every`` from now on (the agent thread calls it; two attribute writes)."""
+        self._bound = threshold(every)
+        self.every = max(1, int(every))
+
+    def samples(self, step: int) -> bool:
+        """Whether ``step`` records its CUDA events (the same steps on every rank: ``_event_sampling``)."""
+        return step < self.full_steps or is_sampled(step, self._bound)
+
+    def measure_record_cost(self, n: int = 32) -> None:
+        """Time ``Event.record()`` on the current stream, before the loop: what one event costs the training
+        thread on this host, which sets how sparsely events are sampled. The events go to the pool."""
+        stream = self._current_stream()
+        events = [self._take() for _ in range(n)]
+        events = [ev for ev in events if ev is not None]
+        if not events:
+            return
+        clock, took = time.perf_counter, []
+        for ev in events:
+            t0 = clock()
+            self._record(ev, stream)
+            took.append(clock() - t0)
+        self.record_cost_s = sorted(took)[len(took) // 2]  # the median: the first record may set things up
+        self._pool.extend(events)
 
     def _take(self) -> Optional[Any]:
         try:
@@ -97,7 +126,7 @@ class GpuMarks:
         if self._stream is None:
             self._stream = self._current_stream()
             self._step_stream = self._stream.cuda_stream
-        on = self.sampled = self.every == 1 or step % self.every == 0
+        on = self.sampled = self.samples(step)
         self._fwd_marked = self._opt_marked = not on  # an unsampled step's hooks return at once
         self._data_pairs = 0
         if on:
@@ -118,7 +147,7 @@ class GpuMarks:
             except Exception as exc:
                 self._window_failed(exc)
         # The step before a sampled one marks its end too: the sampled step's gap is measured from it.
-        if self.sampled or (step + 1) % self.every == 0:
+        if self.sampled or self.samples(step + 1):
             self._mark(step, "e")
 
     def forward(self) -> None:
@@ -242,6 +271,8 @@ class GpuResolver:
         self.resolved_total = 0
         self.dropped_total = 0
         self._prev_end: Optional[tuple[int, Any]] = None  # (step, end event) kept for the next step's gap
+        self.budget: Optional[float] = None  # GpuOptions.events_budget under automatic sampling, else None
+        self._read_s: Optional[float] = None  # this thread's time to read one sampled step (running mean)
 
     def __call__(self, gpu_marks: list, step_rows: list[dict], final: bool) -> list[dict]:
         """Take this flush's marks and step rows; return the rows to write now, GPU columns filled."""
@@ -262,6 +293,9 @@ class GpuResolver:
         self._held.extend((now, row) for row in step_rows)
         ready: list[dict] = []
         self._ready = ready  # for salvage() if anything below fails
+        events_on = getattr(self._marks, "events_on", True)
+        t0 = time.perf_counter()
+        sampled = events = 0
         while self._held:
             since, row = self._held[0]
             marks = pending.get(row["step"])
@@ -271,11 +305,19 @@ class GpuResolver:
                 break  # the GPU has not got there yet; later steps are behind it on the stream
             self._held.popleft()
             pending.pop(row["step"], None)
+            on = marks is not None and marks.get("b") is not None
+            if events_on:  # NULL where events are off: then the host's phases are the rank's only ones
+                row["gpu_sampled"] = on
             if marks:
+                if on:
+                    sampled += 1
+                    events += sum(2 * len(v) if k in ("c", "k") else 1 for k, v in marks.items())
                 self._fill(row, marks, queried=end is not None and waiting)
                 self._keep_end(row["step"], marks)
                 self._release(marks)
             ready.append(row)
+        if sampled:
+            self._retune(ready, sampled, events, time.perf_counter() - t0)
         # Marks whose step row was already written (or will never be) are dropped, not kept forever.
         newest = max((r["step"] for r in ready), default=None)
         if final or newest is not None:
@@ -285,6 +327,20 @@ class GpuResolver:
             self._marks.release([self._prev_end[1]])
             self._prev_end = None
         return ready
+
+    def _retune(self, rows: list[dict], sampled: int, events: int, spent_s: float) -> None:
+        """With automatic sampling, set how many steps apart events are recorded from what they cost: the
+        training thread's ``record()`` per event times the events of a sampled step, plus this thread's
+        reading of one sampled step, against ``budget`` of the median host step of this flush."""
+        if self.budget is None:
+            return
+        read_s = spent_s / sampled
+        self._read_s = read_s if self._read_s is None else 0.8 * self._read_s + 0.2 * read_s
+        steps = sorted(r["step_s"] for r in rows if r.get("step_s"))
+        if not steps:
+            return
+        cost = self._marks.record_cost_s * events / sampled + self._read_s
+        self._marks.set_every(choose_every(steps[len(steps) // 2], cost, self.budget))
 
     def _release(self, marks: dict) -> None:
         pairs = [*marks.pop("c", ()), *marks.pop("k", ())]
@@ -485,7 +541,16 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
             _hook_backward_end(monitor, model, marks)
     else:
         marks.events_on = False
-    marks.every = int(opts.events_every_steps)
+    marks.full_steps = int(opts.events_full_steps)
+    if opts.events_every_steps is None:
+        resolver.budget = float(opts.events_budget)
+        if marks.events_on:
+            try:
+                marks.measure_record_cost()
+            except Exception as exc:
+                monitor._warn_once("gpu_event_cost", f"cannot time a CUDA event ({exc}): events on every step")
+    else:
+        marks.set_every(int(opts.events_every_steps))
     if opts.nccl_timing:
         try:
             from ._nccl_timing import attach_nccl_timing

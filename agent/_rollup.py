@@ -120,7 +120,7 @@ class Rollup:
 
     def _update_steps(self, rows: list[dict]) -> None:
         counts = [0] * len(self._bucket_counts)
-        total = wait = exposed = allreduce = 0.0
+        total = phased = wait = exposed = allreduce = 0.0
         has_wait = has_exposed = False
         times = []
         for r in rows:
@@ -130,6 +130,9 @@ class Rollup:
             times.append(step_s)
             counts[bisect.bisect_left(STEP_BUCKETS_S, step_s)] += 1  # le: a value equal to a bound goes in it
             total += step_s
+            if r.get("gpu_sampled") is False:
+                continue  # a GPU rank's step without events: its step time counts, its host phases do not
+            phased += step_s
             if _finite(data_wait):
                 wait += data_wait
                 has_wait = True
@@ -146,12 +149,12 @@ class Rollup:
             self._count += len(times)
             self._sum += total
             self._counters["ranksight_allreduce_seconds_total"] += allreduce
-            if total > 0:
-                # Ratios cover the latest flush window only: they follow the job as it changes.
+            if phased > 0:
+                # Ratios cover the latest flush window only (its sampled steps on a GPU rank).
                 if has_wait:  # no wrapped loader: unknown, so absent rather than zero
-                    self._gauges["ranksight_data_wait_ratio"] = wait / total
+                    self._gauges["ranksight_data_wait_ratio"] = wait / phased
                 if has_exposed:
-                    self._gauges["ranksight_comm_exposed_ratio"] = exposed / total
+                    self._gauges["ranksight_comm_exposed_ratio"] = exposed / phased
             if self._keep_step_times and len(self._step_times) < _MAX_KEPT_TIMES:
                 self._step_times.extend(times)
 

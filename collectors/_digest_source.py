@@ -20,6 +20,7 @@ from ranksight.digest import (
     digest_paths,
     read_digests,
 )
+from ranksight.phases import SAMPLED_SQL
 
 from ._answers import answering
 from ._digest_fold import folded_parts
@@ -152,11 +153,12 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
 
 
 def _step_rows(con) -> int:
-    """The rows of ``con``'s ``steps`` view, counted once per noted connection (the views do not change)."""
+    """The rows of ``con``'s ``steps`` view that digests fold (``SAMPLED_SQL``: not a GPU rank's steps without
+    CUDA events), counted once per noted connection (the views do not change)."""
     noted = _sources.get(con)
     if noted is not None and noted.rows is not None:
         return noted.rows
-    rows = con.execute("SELECT count(*) FROM steps").fetchall()[0][0]
+    rows = con.execute(f"SELECT count(*) FROM steps WHERE {SAMPLED_SQL}").fetchall()[0][0]
     if noted is not None:
         noted.rows = rows
     return rows

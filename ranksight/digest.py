@@ -20,7 +20,7 @@ import hashlib
 import os
 
 from ranksight import verdict_digest
-from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES
+from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 
 FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
@@ -70,7 +70,9 @@ def chunk_steps_for(world_size: int) -> int:
 
 
 def fold_sql(source: str) -> str:
-    """SELECT of the digest rows of the step rows in ``source``; parameters ``$chunk`` and ``$warm``.
+    """SELECT of the digest rows of the step rows in ``source``; parameters ``$chunk`` and ``$warm``. A GPU
+    rank's steps without CUDA events are left out (``ranksight.phases.SAMPLED_SQL``), as the readers leave
+    them out of the rows.
 
     Every figure is a sum, count, minimum or maximum, so the rows of one (rank, chunk, warm) spread over
     several files add up: readers sum digest rows again by (rank, chunk).
@@ -81,7 +83,7 @@ def fold_sql(source: str) -> str:
                min(step) AS step_min, max(step) AS step_max, min(time_ns) AS t_min, max(time_ns) AS t_max,
                {sums}, sum(coalesce(gpu_compute_s, compute_s)) AS compute_eff_sum,
                max({PERIOD_SQL}) AS step_max_s, count(h2d_s) AS h2d_n
-        FROM {source} GROUP BY rank, chunk, warm"""
+        FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, chunk, warm"""
 
 
 def digest_key(chunk_steps: int) -> str:

@@ -11,6 +11,12 @@ from __future__ import annotations
 PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
 """The step phases a breakdown shows; their shares of the step period add up to 1 (see ``PHASE_SQL``)."""
 
+SAMPLED_SQL = "gpu_sampled IS DISTINCT FROM false"
+"""The step rows phase figures rest on: every row but a GPU rank's steps that recorded no CUDA events
+(``GpuOptions.events_every_steps``). Such a row's host phases are not the GPU's (the host runs ahead of a
+GPU-bound job), so mixing them in would blur the shares; a share from the sampled steps estimates the
+every-step share (docs/agent.md, "Sampled GPU phases"). Rows of older agents lack the column: NULL, kept."""
+
 _ON_GPU = "gpu_step_s IS NOT NULL"
 _GPU_GAP = "coalesce(gpu_gap_s, data_wait_s, 0)"
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2 added ``steps.gpu_gap_s``, ``gpu_comm_exposed_s``, ``gpu_optimizer_s``; 3 added ``steps.comm_blocked_s``,
 ``collectives``, ``collective_bytes``, ``gpu_comm_blocked_s`` and the ``collectives`` kind, and made a NULL
 ``data_wait_s`` mean "not measured"; 4 added ``steps.cpu_s``; 5 added ``steps.gpu_data_idle_s`` and
-``data_wait_in_step_s``. Readers give NULL for a column an older segment or store lacks."""
+``data_wait_in_step_s``; 6 added ``steps.gpu_sampled``. Readers give NULL for a column an older segment or
+store lacks."""
 
 #: Folder names inside a run directory.
 RANKS_DIR = "ranks"  # one JSON file per rank: identity, status, heartbeat, configuration
@@ -108,6 +109,13 @@ STEPS: tuple[Column, ...] = IDENTITY + (
         "float64",
         "CPU time the training thread used during the step (its thread CPU clock). Against step_s it tells a "
         "rank doing more work from one waiting for a core on a busy host.",
+    ),
+    Column(
+        "gpu_sampled",
+        "bool",
+        "Whether CUDA events timed this step: false on a GPU rank's step left out of event sampling (its GPU "
+        "columns NULL, its host columns kept; readers take phase shares from the sampled steps), NULL on a "
+        "CPU rank or with GPU events off.",
     ),
 )
 

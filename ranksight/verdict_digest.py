@@ -13,16 +13,16 @@ folds them into three small tables, written in the file's digest (``ranksight.di
 - ``steps``: per (step, warm-up or not), what each comparison across ranks keeps of the file's ranks: the
   least and second-least wait at collectives and who waited least, the longest compute and whose it was.
 
-Every column is a sum, count, minimum or maximum (or the value of the row holding one), so a rank's or a
-step's rows spread over several files merge exactly. Text only (no imports of the readers): the publisher
-is part of the agent.
-"""
+Like the readers' queries over rows, every part leaves out a GPU rank's steps without CUDA events
+(``ranksight.phases.SAMPLED_SQL``). Every column is a sum, count, minimum or maximum (or the value of the row
+holding one), so a rank's or a step's rows spread over several files merge exactly. Text only (no imports of
+the readers): the publisher is part of the agent."""
 
 from __future__ import annotations
 
 import math
 
-from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES
+from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 
 RELATIVE_ERROR = 0.005
 """Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
@@ -109,7 +109,7 @@ x 10,000 steps, and a fresh reader's time goes with its bytes."""
 def sums_sql(source: str) -> str:
     """SELECT of ``sums`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in SUMS_COLUMNS)
-    return f"SELECT rank, step < $warm AS warm, {cols} FROM {source} GROUP BY rank, warm"
+    return f"SELECT rank, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
 
 
 def bucket_sql(value: str, whole: bool) -> str:
@@ -185,7 +185,7 @@ def hist_sql(source: str) -> str:
     """SELECT of ``hist`` rows (rank, warm, figure, bucket, n, lo, hi) of the rows in ``source``; ``$warm``."""
     parts = [
         f"SELECT rank, step < $warm AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
-        f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL"
+        f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL AND {SAMPLED_SQL}"
         for name, (value, whole) in MEDIANS.items()
     ]
     return (
@@ -198,7 +198,7 @@ def hist_sql(source: str) -> str:
 def steps_sql(source: str) -> str:
     """SELECT of ``steps`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in STEPS_COLUMNS)
-    return f"SELECT step, step < $warm AS warm, {cols} FROM {source} GROUP BY step, warm"
+    return f"SELECT step, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY step, warm"
 
 
 _LEAST_ROW = "arg_min({'least_rank': least_rank, 'second': second, 'least_busy': least_busy}, (least, least_rank))"

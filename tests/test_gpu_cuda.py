@@ -391,25 +391,96 @@ def test_nccl_collectives_get_their_gpu_time(monitor, tmp_path, monkeypatch):
 
 
 def test_events_on_one_step_in_k(monitor):
-    """``events_every_steps=4``: GPU columns on steps 0, 4, 8, ... only, each with its gap (the step before
-    marks its end too); the other steps' stay NULL; nothing synchronises the device."""
-    mon = monitor(trace_first_step=10**9, events_every_steps=4)
+    """``events_every_steps=4`` (no full-rate start): GPU columns on the schedule's steps only, each with its
+    gap (the step before marks its end too); the other steps' stay NULL and say ``gpu_sampled = false``;
+    nothing synchronises the device."""
+    from ranksight.agent._event_sampling import is_sampled, threshold
+
+    mon = monitor(trace_first_step=10**9, events_every_steps=4, events_full_steps=0)
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
     mon.watch(model, optimizer=opt)
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _train(mon, model, opt, 24, x, y)
+        _train(mon, model, opt, 40, x, y)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     mon.close()
     assert mon.errors == {}
     rows = {r["step"]: r for r in _read(mon.run_path, "steps")}
-    assert len(rows) == 24
-    assert {s for s, r in rows.items() if r["gpu_step_s"] is not None} == set(range(0, 24, 4))
-    assert all(rows[s]["gpu_gap_s"] is not None and rows[s]["gpu_compute_s"] is not None for s in range(4, 24, 4))
+    assert len(rows) == 40
+    want = {s for s in range(40) if is_sampled(s, threshold(4))}
+    assert 4 <= len(want) <= 20
+    assert {s for s, r in rows.items() if r["gpu_step_s"] is not None} == want
+    assert {s for s, r in rows.items() if r["gpu_sampled"]} == want
+    assert all(rows[s]["gpu_sampled"] is False for s in set(range(40)) - want)
+    assert all(rows[s]["gpu_gap_s"] is not None and rows[s]["gpu_compute_s"] is not None for s in want - {0})
+
+
+def test_automatic_sampling_starts_at_every_step_then_follows_the_step_time(monitor):
+    """The default: every step for ``events_full_steps``, then one step in N, N set from the timed cost of
+    an event against the step (a ~1 ms step of a small model: sparser than every step)."""
+    from ranksight.agent._event_sampling import is_sampled, threshold
+
+    mon = monitor(trace_first_step=10**9, events_full_steps=30)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    mon.watch(model, optimizer=opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    _train(mon, model, opt, 30, x, y)
+    time.sleep(1.0)  # a flush or two: the agent thread sets N from the first 30 steps
+    every = mon._gpu.every
+    _train(mon, model, opt, 300, x, y)
+    torch.cuda.synchronize()
+    mon.close()
+    assert mon.errors == {}
+    assert mon._gpu.record_cost_s > 0
+    assert every > 1, every  # a cheap step cannot pay for its events every step at a 0.1 % budget
+    rows = {r["step"]: r for r in _read(mon.run_path, "steps")}
+    assert all(rows[s]["gpu_sampled"] for s in range(30))
+    late = {s for s in range(30, 330) if rows[s]["gpu_sampled"]}
+    # N may move a little between flushes; the schedule is nested, so the sampled steps lie between the
+    # sets of the sparsest and the densest N seen.
+    assert late, "no step sampled after the start"
+    assert len(late) < 300 / 2
+    assert late <= {s for s in range(30, 330) if is_sampled(s, threshold(2))}
+
+
+def test_shares_from_sampled_steps_agree_with_every_step(monitor):
+    """The same loop (a fixed 2 ms host wait for data before each ~GPU-bound step) with events on every
+    step and on one step in 8: each phase share within 2 pp."""
+    from ranksight.collectors import PHASES, open_run, step_breakdown
+
+    def run(**opts):
+        mon = monitor(trace_first_step=10**9, events_full_steps=0, **opts)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)]).cuda()
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        mon.watch(model, optimizer=opt)
+        x = torch.randn(512, 2048, device="cuda")
+        for i in range(400):
+            with mon.data():
+                time.sleep(0.002 if i % 3 else 0.0)  # the input waits on two steps of three
+            with mon.step():
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        mon.close()
+        assert mon.errors == {}
+        (row,) = step_breakdown(open_run(mon.run_path))
+        return row
+
+    every, sampled = run(events_every_steps=1), run(events_every_steps=8)
+    assert sampled["steps"] < every["steps"] / 4  # the sampled run's shares rest on its sampled steps
+    for p in PHASES:
+        a, b = every[f"{p[:-2]}_share"], sampled[f"{p[:-2]}_share"]
+        if a is None:
+            assert b is None, p
+            continue
+        assert abs(a - b) < 0.02, (p, a, b)
 
 
 def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tmp_path, monkeypatch):

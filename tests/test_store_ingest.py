@@ -117,7 +117,9 @@ def test_segments_from_an_older_agent_without_newer_columns(tmp_path):
     schema = arrow_schema("steps")
     old = pa.schema([f for f in schema if f.name not in ("gpu_compute_s", "gpu_step_s")])
     values = {"job": "j", "run": "run", "node": "n"}
-    table = pa.Table.from_pydict({f.name: [values.get(f.name, 1)] * 4 for f in old}, schema=old)
+    table = pa.Table.from_pydict(
+        {f.name: [values.get(f.name, None if pa.types.is_boolean(f.type) else 1)] * 4 for f in old}, schema=old
+    )
     pq.write_table(table, os.path.join(run, "steps", "n_r00000_p1_000000.parquet"))
     assert open_run(run).execute("SELECT count(*), count(gpu_step_s) FROM steps").fetchone() == (4, 0)
     assert ingest(run).rows == 4

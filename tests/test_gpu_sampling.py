@@ -1,0 +1,185 @@
+"""GPU phases from sampled steps: which steps record CUDA events, and how every reader leaves the others out.
+
+A GPU rank records its CUDA events on a subset of steps (``GpuOptions.events_every_steps``); the other steps
+keep their host-clock columns and carry ``gpu_sampled = false``. The rows here are written through the
+agent's own spool writer and node-spool publisher (digests included) and read by the real readers: the
+breakdown from rows and from digests, the dashboard's rollup, the live metrics and the verdict must all
+read the sampled steps alone, as if the unsampled rows were not there. The same on real CUDA events runs
+in ``tests/test_gpu_cuda.py`` on the H200.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from ranksight.agent._event_sampling import MAX_EVERY, choose_every, is_sampled, threshold
+from ranksight.agent._gpu_hooks import GpuResolver
+from ranksight.agent._identity import Identity
+from ranksight.agent._node_spool import publish_node_spool
+from ranksight.agent._spool import SpoolWriter
+from ranksight.collectors import PHASES, open_run, step_breakdown
+from ranksight.collectors._digest_source import covering_digests
+from ranksight.dashboard import _queries as q
+from ranksight.dashboard._rollup import Rollup
+from ranksight.rules import diagnose
+
+MS = 1e-3
+
+
+def _sampled(steps, every: int) -> set[int]:
+    bound = threshold(every)
+    return {s for s in steps if is_sampled(s, bound)}
+
+
+def test_the_schedule_samples_one_step_in_n_irregularly_and_nested():
+    steps = range(20_000)
+    for every in (2, 3, 8, 10, 64):
+        got = _sampled(steps, every)
+        assert len(got) == pytest.approx(len(steps) / every, rel=0.02)
+        # A loop with a logging .item() or an eval every 10 / 100 steps: those steps are sampled at the same
+        # rate as the rest, not always (a stride of 10) or never (a stride of 8 against a period of 10).
+        for period in (10, 100):
+            hit = sum(1 for s in range(0, 20_000, period) if s in got)
+            assert hit / (20_000 / period) == pytest.approx(1 / every, rel=0.25, abs=0.01), (every, period)
+    # Nested: a rank that settled on a sparser schedule samples a subset of a denser rank's steps.
+    assert _sampled(steps, 16) <= _sampled(steps, 8) <= _sampled(steps, 3)
+    assert _sampled(steps, 1) == set(steps)
+
+
+def test_the_sampling_follows_the_cost_of_the_events_against_the_step():
+    # 60 us of events per sampled step; a 0.1 % budget allows 10 us of a 10 ms step: one step in 6.
+    assert choose_every(0.010, 60e-6, 0.001) == 6
+    assert choose_every(0.003, 60e-6, 0.001) == 20
+    assert choose_every(0.200, 60e-6, 0.001) == 1  # a long step pays for its events
+    assert choose_every(0.0001, 60e-6, 0.001) == MAX_EVERY
+    assert choose_every(0.0, 60e-6, 0.001) == 1  # nothing measured yet
+
+
+class _Event:
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: _Event) -> float:
+        return other.ms - self.ms
+
+
+class _Marks:
+    """What the resolver reads of ``GpuMarks``: the pool, whether events are on, the measured record cost."""
+
+    def __init__(self, events_on: bool = True) -> None:
+        self.events_on = events_on
+        self.record_cost_s = 5e-6
+        self.every = 1
+
+    def release(self, events) -> None:
+        pass
+
+    def set_every(self, every: int) -> None:
+        self.every = every
+
+
+def test_the_resolver_marks_sampled_rows_and_retunes_from_their_cost():
+    marks = _Marks()
+    res = GpuResolver(marks)
+    res.budget = 0.001
+    gpu_marks = []
+    for s in (0, 2):  # steps 0 and 2 sampled (begin, forward, end); step 1 marked its end only, for step 2's gap
+        gpu_marks += [(None, s, (k, _Event(10 * s + dt))) for k, dt in (("b", 0), ("f", 1), ("e", 9))]
+    gpu_marks.append((None, 1, ("e", _Event(19))))
+    rows = [{"step": s, "step_s": 0.001} for s in range(4)]
+    out = res(gpu_marks, rows, final=False)
+    assert [(r["step"], r["gpu_sampled"]) for r in out] == [(0, True), (1, False), (2, True), (3, False)]
+    assert out[0]["gpu_step_s"] == pytest.approx(0.009) and "gpu_step_s" not in out[1]
+    assert out[2]["gpu_gap_s"] == pytest.approx(0.001)  # from step 1's end, kept although step 1 was not sampled
+    # Three events a sampled step at 5 us each against a 0.1 % budget of a 1 ms step: well past one in 15.
+    assert marks.every >= 15
+    off = GpuResolver(_Marks(events_on=False))
+    assert "gpu_sampled" not in off([], [{"step": 0, "step_s": 0.001}], final=True)[0]  # events off: NULL
+
+
+# A GPU-bound rank: on its sampled steps the GPU computes 30 ms of a 31 ms period and never waits for
+# the loader. Its unsampled steps carry only the host's clock, which ran ahead and says 60 % data wait:
+# were they read, the verdict would be input-bound.
+SAMPLED_GPU = {"step_s": 31 * MS, "data_wait_s": 0.5 * MS, "compute_s": 3 * MS, "optimizer_s": 0.3 * MS,
+               "other_s": 27.2 * MS, "gpu_gap_s": 0.01 * MS, "gpu_step_s": 31 * MS, "h2d_s": 0.2 * MS,
+               "gpu_compute_s": 30 * MS, "gpu_optimizer_s": 0.5 * MS, "gpu_sampled": True}  # fmt: skip
+UNSAMPLED_HOST = {"step_s": 31 * MS, "data_wait_s": 19 * MS, "compute_s": 3 * MS, "optimizer_s": 0.3 * MS,
+                  "other_s": 8.7 * MS, "gpu_sampled": False}  # fmt: skip
+EVERY = 4
+STEPS = range(0, 160)
+
+
+def _rows(steps, keep_unsampled: bool) -> list[dict]:
+    rows = []
+    chosen = _sampled(steps, EVERY)
+    for s in steps:
+        j = 1 + 0.03 * ((s * 7) % 5 - 2)  # +-6 %: medians are not degenerate
+        shape = SAMPLED_GPU if s in chosen else UNSAMPLED_HOST
+        if s not in chosen and not keep_unsampled:
+            continue
+        row = {k: v * j if isinstance(v, float) else v for k, v in shape.items()}
+        rows.append({"step": s, "time_ns": time.time_ns() + s * 10**7, **row})
+    return rows
+
+
+def _write(root, name: str, keep_unsampled: bool) -> str:
+    local, run = os.path.join(str(root), "local", name), os.path.join(str(root), "runs", name)
+    os.makedirs(run)
+    for rank in (0, 1):
+        ident = Identity("sampling", name, "n0", rank, rank, 2, 4000 + rank)
+        w = SpoolWriter(local, ident)
+        w.write("steps", _rows(STEPS, keep_unsampled))
+        meta = {**ident.labels(), "status": "finished", "heartbeat_ns": time.time_ns(), "steps": len(STEPS)}
+        meta["model"] = {"devices": ["cuda:0"], "parameter_bytes": 10**8, "class": "Net"}
+        w.write_meta(meta)
+        SpoolWriter(run, ident).write_meta(meta)
+    publish_node_spool(local, run, "n0")  # one step file for the node, with its digests
+    return run
+
+
+def _shares(rows: list[dict]) -> dict:
+    return {r["rank"]: (r["steps"], *(round(r[f"{p[:-2]}_share"], 9) for p in PHASES)) for r in rows}
+
+
+def test_every_reader_takes_gpu_phases_from_the_sampled_steps_alone(tmp_path):
+    run = _write(tmp_path, "sampled", keep_unsampled=True)
+    ref = _write(tmp_path, "only-sampled", keep_unsampled=False)
+    want = _shares(step_breakdown(open_run(ref)))
+    assert want[0][0] == len(_sampled(range(5, 160), EVERY))  # the steps a share rests on, warm-up left out
+
+    con = open_run(run)
+    assert covering_digests(con) is not None  # the breakdown below comes from the published digests
+    assert _shares(step_breakdown(con)) == want
+    digests = os.path.join(run, "steps", ".digests")
+    os.rename(digests, digests + "-aside")  # and from the rows
+    try:
+        assert _shares(step_breakdown(open_run(run))) == want
+        rolled = {r["rank"]: r for r in q.breakdown_per_rank(Rollup(run).cursor())}
+    finally:
+        os.rename(digests + "-aside", digests)
+    for rank, shares in want.items():
+        for i, p in enumerate(PHASES):
+            assert rolled[rank][f"{p[:-2]}_share"] == pytest.approx(shares[1 + i], abs=1e-9)
+    assert want[0][1 + PHASES.index("data_wait_s")] < 0.01  # the GPU never waited for the loader
+    findings = [f["rule"] for f in diagnose(run)["findings"] if f["severity"] != "info"]
+    assert "input-bound" not in findings, findings
+    assert findings == [f["rule"] for f in diagnose(ref)["findings"] if f["severity"] != "info"]
+
+
+def test_live_metrics_take_ratios_from_the_sampled_steps_and_step_times_from_all():
+    from ranksight.agent._rollup import Rollup as MetricRollup
+
+    rows = _rows(STEPS, keep_unsampled=True)
+    live, ref = MetricRollup(), MetricRollup()
+    live.update("steps", rows)
+    ref.update("steps", [r for r in rows if r["gpu_sampled"]])
+    snap, want = live.snapshot(), ref.snapshot()
+    assert snap.step_count == len(STEPS)
+    assert snap.gauges["ranksight_data_wait_ratio"] == pytest.approx(want.gauges["ranksight_data_wait_ratio"])
+    assert snap.gauges["ranksight_data_wait_ratio"] < 0.01
