@@ -128,7 +128,7 @@ def _open(path: str, progress: Optional[Callable[[int], None]] = None):
 
 
 _DAMAGE = (EOFError, OSError, zlib.error, ValueError, UnicodeDecodeError)
-"""What a truncated or damaged file raises: ijson's errors are ValueErrors, gzip's EOFError / OSError."""
+"""What a truncated or damaged file raises (gzip: EOFError / OSError), besides ijson's ``JSONError``."""
 
 
 def _describe_damage(exc: BaseException, read: int, size: int) -> str:
@@ -163,7 +163,7 @@ def _read_header(f: _File) -> str:
                     f.device = {"name": value}
                 elif prefix == "deviceProperties.item.totalGlobalMem" and f.device is not None:
                     f.device.setdefault("total_memory_bytes", int(value))
-        except _DAMAGE as exc:
+        except (*_DAMAGE, ijson.JSONError) as exc:
             f.damage = _describe_damage(exc, counting.count, os.path.getsize(f.path))
     return "traceEvents.item"
 
@@ -252,7 +252,7 @@ def _stream_events(con, f: _File, prefix: str, progress: Optional[Callable[[int]
                 f.events += 1
                 if len(cols["kind"]) >= _BATCH_EVENTS:
                     flush()
-        except _DAMAGE as exc:
+        except (*_DAMAGE, ijson.JSONError) as exc:
             f.damage = _describe_damage(exc, counting.count, os.path.getsize(f.path))
     flush()
 

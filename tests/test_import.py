@@ -1,0 +1,194 @@
+"""``ranksight import``: real torch.profiler traces of real 2-rank gloo jobs give the agent's verdict.
+
+Each paired job runs the agent and ``torch.profiler`` on the same steps (benchmarks/import_trace.py);
+the traces are imported and both runs diagnosed. Damaged, unmarked and missing-rank traces get one
+line each and a partial run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ranksight.cli import main
+
+pytest.importorskip("torch")
+pytest.importorskip("ijson")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_DIFF_PP = 3.0
+
+
+def _bench():
+    """benchmarks/import_trace.py, importable by name: spawned ranks unpickle its job function."""
+    folder = os.path.join(ROOT, "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("import_trace")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _bench()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "scenario,rule", [("input", "input-bound"), ("sync", "exposed-allreduce"), ("straggler", "straggler")]
+)
+def test_imported_trace_gives_the_agents_first_finding_and_phases(bench, tmp_path, scenario, rule):
+    r = bench.paired(scenario, "cpu", str(tmp_path), active=8)
+    assert r["agent_first"] is not None and r["agent_first"]["rule"] == rule, r["agent_first"]
+    assert r["import_first"] is not None and r["import_first"]["rule"] == rule, r["import_first"]
+    assert r["import_first"]["ranks"] == r["agent_first"]["ranks"]
+    assert r["max_diff_pp"] <= MAX_DIFF_PP, r["ranks"]
+    assert r["problems"] == []
+
+
+@pytest.mark.slow
+def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
+    r = bench.paired("none", "cpu", str(tmp_path), active=8)
+    # Neither run names a cause the healthy job does not have: no warning or critical finding in either.
+    for first in (r["agent_first"], r["import_first"]):
+        assert first is None or first["severity"] == "info", first
+    assert r["max_diff_pp"] <= MAX_DIFF_PP, r["ranks"]
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory, bench):
+    """A real 2-rank job's traces (input-bound), gzip-compressed, as tensorboard_trace_handler writes them."""
+    out = tmp_path_factory.mktemp("traces")
+    cfg = {
+        "scenario": "input",
+        "device": "cpu",
+        "ranks": 2,
+        "run_dir": str(out / "agent"),
+        "run_id": "agent",
+        "trace_dir": str(out / "tb"),
+        "first_profiled": 5,
+        "active": 4,
+        "gzip": True,
+    }
+    bench.run_job(cfg)
+    files = sorted(os.listdir(out / "tb"))
+    assert len(files) == 2 and all(f.endswith(".json.gz") for f in files)
+    return out / "tb"
+
+
+def _steps(run_path):
+    import duckdb
+
+    glob = os.path.join(run_path, "steps", "*.parquet")
+    return duckdb.sql(f"SELECT rank, step FROM read_parquet('{glob}') ORDER BY rank, step").fetchall()
+
+
+def test_cli_imports_gz_traces_and_every_command_reads_the_run(traces, tmp_path, capsys):
+    assert main(["import", str(traces), "--run-dir", str(tmp_path), "--run-id", "imp"]) == 0
+    out = capsys.readouterr()
+    assert "2 of 2 ranks, 8 steps" in out.out and out.err == ""
+    run = str(tmp_path / "imp")
+    assert _steps(run) == [(r, s) for r in (0, 1) for s in range(5, 9)]
+    assert main(["diagnose", run]) == 0
+    assert "input-bound" in capsys.readouterr().out
+    assert main(["summary", run]) == 0
+    assert main(["compare", run, run]) == 0
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+
+
+def _truncate(src, dst, keep: float) -> None:
+    with gzip.open(src, "rb") as fh:
+        data = fh.read()
+    with open(dst, "wb") as fh:
+        fh.write(data[: int(len(data) * keep)])
+
+
+def test_truncated_trace_keeps_the_steps_before_the_damage(traces, tmp_path, capsys):
+    files = sorted(traces.iterdir())
+    damaged = tmp_path / "in"
+    damaged.mkdir()
+    shutil.copy(files[0], damaged / files[0].name)
+    _truncate(files[1], damaged / "rank1.pt.trace.json", 0.6)
+    assert main(["import", str(damaged), "--run-dir", str(tmp_path), "--run-id", "cut"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 1" in err[0] and "truncated at byte" in err[0], err
+    steps = _steps(str(tmp_path / "cut"))
+    assert [s for r, s in steps if r == 0] == [5, 6, 7, 8]
+    assert 0 < len([s for r, s in steps if r == 1]) <= 4
+
+
+def test_truncated_gzip_stream_is_one_line(traces, tmp_path, capsys):
+    src = sorted(traces.iterdir())[0]
+    data = src.read_bytes()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / src.name).write_bytes(data[: len(data) // 2])
+    rc = main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "gz"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("truncated at byte" in line for line in err), err
+    assert all("Traceback" not in line for line in err)
+    assert rc in (0, 2)
+    assert os.path.isdir(tmp_path / "gz" / "ranks")  # the partial run is kept
+
+
+def _strip_step_marks(src, dst) -> None:
+    with gzip.open(src, "rt") as fh:
+        trace = json.load(fh)
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    with open(dst, "w") as fh:
+        json.dump(trace, fh)
+
+
+def test_trace_without_step_marks_is_named_and_left_out(traces, tmp_path, capsys):
+    files = sorted(traces.iterdir())
+    (tmp_path / "in").mkdir()
+    shutil.copy(files[0], tmp_path / "in" / files[0].name)
+    _strip_step_marks(files[1], tmp_path / "in" / "rank1.json")
+    assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "nomarks"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 1" in err[0] and "no ProfilerStep#N marks" in err[0], err
+    assert {r for r, _ in _steps(str(tmp_path / "nomarks"))} == {0}
+    meta = json.loads((tmp_path / "nomarks" / "ranks" / "rank-00001.json").read_text())
+    assert meta["steps"] == 0 and meta["status"] == "finished"
+
+
+def test_only_unmarked_traces_exit_2_with_one_line(traces, tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    _strip_step_marks(sorted(traces.iterdir())[0], tmp_path / "in" / "rank0.json")
+    assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("no ProfilerStep#N marks" in line for line in err)
+    assert err[-1].startswith("ranksight import: no profiled steps")
+
+
+def test_missing_rank_is_named_and_the_rest_imported(traces, tmp_path, capsys):
+    one = sorted(traces.iterdir())[0]
+    assert main(["import", str(one), "--run-dir", str(tmp_path), "--run-id", "half"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no trace for rank 1 of 2" in err[0], err
+    assert {r for r, _ in _steps(str(tmp_path / "half"))} == {0}
+
+
+def test_not_a_trace_and_no_files_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["import", str(tmp_path / "empty"), "--run-dir", str(tmp_path)]) == 2
+    assert "no trace files" in capsys.readouterr().err
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.json").write_text("this is not json")
+    assert main(["import", str(tmp_path / "junk"), "--run-dir", str(tmp_path), "--run-id", "junk"]) == 2
+    err = capsys.readouterr().err
+    assert "damaged near byte" in err and "Traceback" not in err
+
+
+def test_cli_and_collectors_import_without_torch(tmp_path):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import ranksight.cli, ranksight.collectors, ranksight.commands.import_cmd, ranksight.trace_reduce\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
