@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
@@ -199,6 +200,11 @@ class Config:
             values["prometheus_port"] = int(env["RANKSIGHT_PROMETHEUS_PORT"])
         if env.get("RANKSIGHT_PROMETHEUS_HOST"):
             values["prometheus_host"] = env["RANKSIGHT_PROMETHEUS_HOST"]
+        if env.get("RANKSIGHT_GPU"):  # GPU options as a JSON object, e.g. '{"events_every_steps": 1}'
+            try:
+                values["gpu"] = json.loads(env["RANKSIGHT_GPU"])
+            except ValueError as exc:
+                raise ValueError(f"ranksight: RANKSIGHT_GPU must be a JSON object of gpu options ({exc})") from None
         otlp = env.get("RANKSIGHT_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         if otlp:
             values["otlp_endpoint"] = otlp
@@ -206,7 +212,10 @@ class Config:
         unknown = sorted(k for k in overrides if k not in known)
         if unknown:
             raise ValueError(f"ranksight: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        # Explicit arguments win over the environment, except the kill switch, which always wins.
+        # Explicit arguments win over the environment, except the kill switch, which always wins. GPU
+        # options merge key by key: the environment's apply where the call does not name the same key.
+        if isinstance(values.get("gpu"), dict) and isinstance(overrides.get("gpu"), dict):
+            overrides = {**overrides, "gpu": {**values["gpu"], **overrides["gpu"]}}
         values.update({k: v for k, v in overrides.items() if v is not None})
         if _env_flag("RANKSIGHT_DISABLED"):
             values["enabled"] = False

@@ -6,7 +6,7 @@ both sides alike); the figure is the median over blocks of (monitored - plain) p
 1. ``step+loader``: ``for b in mon.loader(data): with mon.step(): pass`` against a plain loop.
 2. ``watched step``: a tiny model's forward/backward/optimizer step with ``mon.watch(model, opt)``
    (forward pre-hook, optimizer hooks) plus loader and step marks, against the same step on an
-   identical unwatched model.
+   identical unwatched model, in wall time and in the training thread's own CPU time (ABBA blocks).
 
 Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``
 """
@@ -49,7 +49,9 @@ def bench_step_and_loader(mon, blocks: int, steps: int) -> list[float]:
     return deltas
 
 
-def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], float]:
+def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], list[float], float]:
+    """Wall and training-thread CPU time added per step; the CPU figure leaves out time the thread waited
+    (for the GIL while the agent thread flushed, for a core on a loaded host): the hot path itself."""
     import torch
 
     torch.manual_seed(0)
@@ -72,13 +74,18 @@ def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], float
                 watched_model(x).sum().backward()
                 watched_opt.step()
 
-    deltas, base = [], []
-    for _ in range(blocks):
-        a = _block(plain)
-        b = _block(watched)
-        deltas.append((b - a) / steps / 1000)
-        base.append(a / steps / 1000)
-    return deltas, statistics.median(base)
+    deltas, cpu_deltas, base = [], [], []
+    for i in range(blocks):
+        first, second = (plain, watched) if i % 2 == 0 else (watched, plain)  # ABBA: drift hits both alike
+        timed = {}
+        for fn in (first, second):
+            c0 = time.thread_time_ns()
+            wall = _block(fn)
+            timed[fn] = (wall, time.thread_time_ns() - c0)
+        deltas.append((timed[watched][0] - timed[plain][0]) / steps / 1000)
+        cpu_deltas.append((timed[watched][1] - timed[plain][1]) / steps / 1000)
+        base.append(timed[plain][0] / steps / 1000)
+    return deltas, cpu_deltas, statistics.median(base)
 
 
 def main() -> int:
@@ -98,7 +105,7 @@ def main() -> int:
         # A buffer large enough for every block's events: we measure the hot path, not drops.
         mon = ranksight.init(run_dir=tmp, job="bench", run_id="hot", max_buffered_events=10**6)
         loop = bench_step_and_loader(mon, args.blocks, args.steps)
-        watched, base_us = bench_watched_step(mon, args.blocks, args.steps)
+        watched, watched_cpu, base_us = bench_watched_step(mon, args.blocks, args.steps)
         mon.close()
     result = {
         "python": sys.version.split()[0],
@@ -107,6 +114,11 @@ def main() -> int:
         "steps_per_block": args.steps,
         "step_and_loader_us": {"median": statistics.median(loop), "p10": _q(loop, 0.1), "p90": _q(loop, 0.9)},
         "watched_step_us": {"median": statistics.median(watched), "p10": _q(watched, 0.1), "p90": _q(watched, 0.9)},
+        "watched_step_thread_cpu_us": {
+            "median": statistics.median(watched_cpu),
+            "p10": _q(watched_cpu, 0.1),
+            "p90": _q(watched_cpu, 0.9),
+        },
         "tiny_step_baseline_us": base_us,
     }
     print(json.dumps(result, indent=1))

@@ -183,3 +183,17 @@ def test_live_metrics_take_ratios_from_the_sampled_steps_and_step_times_from_all
     assert snap.step_count == len(STEPS)
     assert snap.gauges["ranksight_data_wait_ratio"] == pytest.approx(want.gauges["ranksight_data_wait_ratio"])
     assert snap.gauges["ranksight_data_wait_ratio"] < 0.01
+
+
+def test_gpu_options_from_the_environment_merge_with_the_call(monkeypatch):
+    from ranksight.agent._config import Config
+
+    monkeypatch.setenv("RANKSIGHT_GPU", '{"events_every_steps": 1, "nvml": false}')
+    cfg = Config.from_env(gpu={"nvml": True})
+    assert (cfg.gpu.events_every_steps, cfg.gpu.nvml) == (1, True)  # the call's key wins, the rest applies
+    monkeypatch.setenv("RANKSIGHT_GPU", '{"events_every_step": 1}')
+    with pytest.raises(ValueError, match="unknown gpu option"):
+        Config.from_env()
+    monkeypatch.setenv("RANKSIGHT_GPU", "{1")
+    with pytest.raises(ValueError, match="RANKSIGHT_GPU must be a JSON object"):
+        Config.from_env()
