@@ -192,3 +192,33 @@ def test_cli_and_collectors_import_without_torch(tmp_path):
         "import ranksight.cli, ranksight.collectors, ranksight.commands.import_cmd, ranksight.trace_reduce\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _gpu_fixture_as_profiled_steps(name: str, dst) -> None:
+    """An H200 trace recorded by the agent's window (tests/data/gpu/), its step marks renamed to the profiler's."""
+    with gzip.open(os.path.join(ROOT, "tests", "data", "gpu", f"{name}.json.gz"), "rt") as fh:
+        trace = json.load(fh)
+    marks = sorted(
+        (e for e in trace["traceEvents"] if e.get("name") in ("ranksight#window", "ranksight#after")),
+        key=lambda e: e["ts"],
+    )
+    for i, mark in enumerate(marks):
+        mark["name"] = f"ProfilerStep#{10 + i}"
+    with open(dst, "w") as fh:
+        json.dump(trace, fh)
+
+
+@pytest.mark.parametrize("name,pageable,syncs", [("window_pageable", 1.0, 2.0), ("window_baseline", 0.0, 0.0)])
+def test_cuda_trace_fills_the_gpu_columns_and_samples(tmp_path, capsys, name, pageable, syncs):
+    import duckdb
+
+    _gpu_fixture_as_profiled_steps(name, tmp_path / "rank0.json")
+    assert main(["import", str(tmp_path / "rank0.json"), "--run-dir", str(tmp_path), "--run-id", "gpu"]) == 0
+    assert "GPU" in capsys.readouterr().out
+    run = tmp_path / "gpu"
+    rows = duckdb.sql(f"SELECT h2d_s, gpu_step_s, gpu_compute_s FROM '{run}/steps/*.parquet'").fetchall()
+    assert rows and all(r[1] > 0 and r[2] > 0 and r[0] is not None for r in rows)
+    samples = dict(duckdb.sql(f"SELECT name, median(value) FROM '{run}/samples/*.parquet' GROUP BY name").fetchall())
+    assert samples.get("h2d_pageable_ratio") == pageable
+    assert samples["host_syncs_per_step"] == syncs
+    assert samples["kernels_per_step"] > 10
