@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One validation round on a machine with 2 GPUs (NCCL): the agent's overhead on DDP, collective timing
-# against torch.profiler, the demo's sync faults, and the CUDA tests. Work happens in $WORK; the JSON
+# One validation round on a machine with 2 GPUs (NCCL): the agent's cost beside its peers on one GPU,
+# collective timing against torch.profiler, the demo's sync faults, and the CUDA tests. Work happens in $WORK; the JSON
 # results and the run folders (packed in runs.tgz, for diagnosis elsewhere; the tests' own under pytest/)
 # are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
-# PARTS picks what runs (default all): overhead collectives demo tests. PAIRS_ARGS passes options to
-# benchmarks/gpu_overhead_pairs.py (default: 4 rounds of off / on / on_k8, 1500 timed steps a run after 600);
+# PARTS picks what runs (default all): overhead collectives demo tests. COST_ARGS passes options to
+# benchmarks/gpu_cost.py (default: its defaults, 3 rounds of no tool / ranksight / ranksight disabled /
+# TraceML / torch.profiler at ~3 and ~10 ms steps on GPU 0; TraceML needs its wheels in .whl/);
 # ROUND_TESTS the test files.
 set -u
 PARTS=${PARTS:-overhead collectives demo tests}
@@ -21,6 +22,12 @@ if ! python3 -c 'import duckdb' 2>/dev/null && ls .whl/duckdb-*.whl >/dev/null 2
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/duckdb-*.whl
   PKG=$PKG:/tmp/site
 fi
+if has overhead && ! python3 -c 'import traceml_ai' 2>/dev/null && ls .whl/traceml_ai-*.whl >/dev/null 2>&1; then
+  # TraceML 0.5.0 and its pure-Python dependencies, for gpu_cost.py's TraceML arm
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-tm \
+    $(ls .whl/{traceml_ai,msgspec,rich,markdown_it_py,mdurl,pygments,pyyaml,psutil}-*.whl 2>/dev/null)
+  PKG=$PKG:/tmp/site-tm
+fi
 export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The checkout's own ranksight/ folder (without agent/, collectors/...) would shadow the package from the
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
@@ -34,9 +41,9 @@ if has collectives; then
   cp "$W/coll/gpu_collectives.json" "$OUT/"
 fi
 if has overhead; then
-  # Whole runs, agent off and on alternating (the agent thread cannot slow the run it is compared with).
-  python3 -P benchmarks/gpu_overhead_pairs.py pairs --out "$W/overhead" ${PAIRS_ARGS:---rounds 4} 2>&1 | tail -16
-  cp "$W/overhead/gpu_overhead_pairs.json" "$OUT/"
+  # Each tool in its own launch, the order rotated every round (one GPU; see docs/benchmarks.md, 1f).
+  CUDA_VISIBLE_DEVICES=0 python3 -P benchmarks/gpu_cost.py --work "$W/overhead" --json "$OUT/gpu_cost.json" \
+    ${COST_ARGS:-} 2>&1 | tail -30
 fi
 if has demo; then
   python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5

@@ -1,7 +1,7 @@
 """A small GPT-like workload on synthetic data (bf16 autocast) with faults that can be planted.
 
-Shared by the GPU validation and overhead scripts (``benchmarks/gpu_validate.py``,
-``benchmarks/gpu_overhead.py``). Faults: ``pageable`` (no pinned memory), ``cpu_layernorm`` (one
+Shared by the GPU validation and cost scripts (``benchmarks/gpu_validate.py``,
+``benchmarks/gpu_cost.py``). Faults: ``pageable`` (no pinned memory), ``cpu_layernorm`` (one
 LayerNorm left on the CPU), ``item`` (``loss.item()`` every step), ``fragment`` (an allocation pattern
 that leaves the caching allocator's free memory in small pieces).
 """
