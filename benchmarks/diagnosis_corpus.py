@@ -27,6 +27,16 @@ on an H200, not kernel launches; see each script's docstring) and without ``OMP_
 share of the step, no verdict); ``--dist-backend gloo`` runs 2 ranks on one GPU (a smoke test of the
 2-rank code paths only: the timings mean nothing, Lightning cannot do it).
 
+On one GPU the single-GPU faults too (``GPU_FAULTS``: pageable copies, ops left on the CPU, host syncs,
+fragmentation under memory pressure, launch-bound kernels), and ``--check-fix`` reruns each planted fault
+with the fix its finding names (the workloads' ``--fix``) and compares the cost the finding stated with the
+step time the fix gave back (``fix_check``; ``benchmarks/fix_check.py`` does it on saved results):
+
+    python benchmarks/diagnosis_corpus.py --device cuda --gpus 1 --scripts gpt_trainer --repeats 3 --check-fix
+
+``--repeats-of FAULT=N`` gives some faults more repeats; ``--budget-s`` starts no job past a time budget
+(the reports are written either way).
+
 A run whose script crashes or times out is an "error" row with the tail of its output, never
 skipped. Each job runs in its own session and the whole session is killed when it ends, so no rank
 is left behind.
@@ -55,6 +65,8 @@ WORKLOADS = os.path.join(HERE, "workloads")
 REPO = os.path.dirname(HERE)
 
 ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
+"""Faults only a GPU job has (on a CPU job the same code is no fault): run with ``--device cuda`` only."""
 EXPECTED = {
     "none": "silent",
     "input": "input-bound",
@@ -63,7 +75,14 @@ EXPECTED = {
     "exposed-allreduce": "exposed-allreduce",
     "unused-params": "unused-parameter-scan",
     "graph-breaks": "graph-breaks",
+    "pageable": "pageable-copies",
+    "cpu-ops": "cpu-ops",
+    "host-sync": "input-path-syncs",
+    "fragmentation": "fragmentation",
+    "launch-bound": "launch-bound",
 }
+FIXABLE = ("input", "unused-params", "graph-breaks", *GPU_FAULTS)
+"""Faults whose workloads take ``--fix`` (the fault with the fix its finding names applied): ``--check-fix``."""
 FAULT_OF_RULE = {rule: fault for fault, rule in EXPECTED.items()}
 STRAGGLER_RANK = 1  # every workload plants the extra work on rank 1
 
@@ -80,8 +99,13 @@ class Script:
 SCRIPTS = {
     s.name: s
     for s in (
-        Script("gpt_trainer", "gpt_trainer.py", "torchrun", ALL_FAULTS),
-        Script("ddp_tutorial", "ddp_tutorial.py", "torchrun", ALL_FAULTS),
+        Script(
+            "gpt_trainer",
+            "gpt_trainer.py",
+            "torchrun",
+            (*ALL_FAULTS, "cpu-ops", "host-sync", "fragmentation", "launch-bound"),
+        ),
+        Script("ddp_tutorial", "ddp_tutorial.py", "torchrun", (*ALL_FAULTS, "pageable", "cpu-ops", "host-sync")),
         Script("hf_trainer", "hf_trainer.py", "torchrun", ALL_FAULTS),
         Script("lightning_trainer", "lightning_trainer.py", "python", ALL_FAULTS),
         # not in the default set: the nanoGPT loop without mon.data() marks (data wait not measured)
@@ -138,6 +162,7 @@ class RunResult:
     error_tail: str = ""
     # --ingest-every: the `ranksight ingest --every S --prune` beside the job (exit code, passes it printed)
     ingest: Optional[dict] = None
+    fixed: bool = False  # --check-fix: the fault with its finding's fix applied (not scored for recall)
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
@@ -173,6 +198,7 @@ def launch_command(
     run_id: str,
     compile_backend: str = "eager",
     launch: Launch = Launch(),
+    fixed: bool = False,
 ) -> list:
     path = os.path.join(WORKLOADS, script.file)
     script_args = [
@@ -189,6 +215,7 @@ def launch_command(
         compile_backend,
         *script.args,
         *launch.script_args(),
+        *(["--fix"] if fixed else []),
     ]
     if script.launcher == "torchrun":
         if launch.dist_backend:
@@ -298,6 +325,7 @@ def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
             "steps": len(ends),
             "step_median_s": round(statistics.median(intervals), 5) if intervals else None,
             "fault_share": round(sum(faults) / total, 4) if total > 0 else None,
+            "samples_per_step": t.get("samples_per_step"),
         }
     return ranks
 
@@ -315,8 +343,18 @@ def _ingest_beside(run_path: str, every: float, env: dict, log_path: str, job_do
         if job_done.is_set():
             return {"returncode": None, "passes": 0}  # the job never wrote: nothing to compact
         time.sleep(0.1)
-    cmd = [sys.executable, "-m", "ranksight", "ingest", run_path, "--every", str(every),
-           "--prune", "--prune-after", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ranksight",
+        "ingest",
+        run_path,
+        "--every",
+        str(every),
+        "--prune",
+        "--prune-after",
+        "0",
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         job_done.wait()
@@ -342,6 +380,7 @@ def run_one(
     launch: Launch = Launch(),
     diagnose: bool = True,
     ingest_every: Optional[float] = None,
+    fixed: bool = False,
 ) -> RunResult:
     """One job and its diagnosis; never raises for a failing job (status and error_tail say what failed).
 
@@ -349,20 +388,21 @@ def run_one(
     the diagnosis instead of the installed one. ``diagnose=False``: the job and its truth only."""
     script = SCRIPTS[script_name]
     run_dir = os.path.join(root, "runs")
-    run_id = f"{script_name}-{fault}-r{repeat}-{uuid.uuid4().hex[:6]}"
+    run_id = f"{script_name}-{fault}{'-fixed' if fixed else ''}-r{repeat}-{uuid.uuid4().hex[:6]}"
     run_path = os.path.join(run_dir, run_id)
     log_path = os.path.join(root, "logs", run_id + ".log")
     truth_dir = os.path.join(root, "truth", run_id)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
-    res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault])
-    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend, launch)
+    res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault], fixed=fixed)
+    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend, launch, fixed)
     beside = None
     if ingest_every:
         done, found = threading.Event(), {}
         ingest_log = os.path.join(root, "logs", run_id + ".ingest.log")
-        beside = threading.Thread(target=lambda: found.update(
-            _ingest_beside(run_path, ingest_every, job_env("", src), ingest_log, done)))
+        beside = threading.Thread(
+            target=lambda: found.update(_ingest_beside(run_path, ingest_every, job_env("", src), ingest_log, done))
+        )
         beside.start()
     try:
         rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
@@ -400,8 +440,11 @@ def ingest_beside_summary(results: list) -> dict:
     every rank's step count is the script's own (``truth``) less the warm-up: no row lost or counted twice
     while the store took them in and the spool was pruned under the readers."""
     diagnosed = [r for r in results if r.status == "ok" and r.truth]
-    exact = [r for r in diagnosed
-             if all(r.steps_per_rank.get(rank) == t["steps"] - WARMUP_STEPS for rank, t in r.truth.items())]
+    exact = [
+        r
+        for r in diagnosed
+        if all(r.steps_per_rank.get(rank) == t["steps"] - WARMUP_STEPS for rank, t in r.truth.items())
+    ]
     ran = [r for r in results if r.ingest]
     return {
         "ingests_ended_cleanly": sum(r.ingest.get("returncode") == 0 for r in ran),
@@ -414,7 +457,20 @@ def ingest_beside_summary(results: list) -> dict:
 
 def _fill_from_report(res: RunResult, report: dict) -> None:
     res.findings = [
-        {k: f.get(k) for k in ("rule", "severity", "confidence", "ranks", "evidence")}
+        {
+            k: f.get(k)
+            for k in (
+                "rule",
+                "severity",
+                "confidence",
+                "ranks",
+                "cost_share",
+                "speedup",
+                "cost_basis",
+                "explained_by",
+                "evidence",
+            )
+        }
         for f in report.get("findings", [])
     ]
     res.breakdown = report.get("breakdown", {}).get("ranks", [])
@@ -428,7 +484,7 @@ def _fill_from_report(res: RunResult, report: dict) -> None:
     else:
         res.verdict, res.severity = v["rule"], v["severity"]
         res.confidence, res.ranks = v.get("confidence"), list(v.get("ranks") or [])
-    res.hit = res.verdict == res.expected
+    res.hit = None if res.fixed else res.verdict == res.expected
 
 
 PACKAGE_DIRS = {
@@ -470,6 +526,7 @@ def snapshot_source(how: str, dest: str) -> tuple:
 
 # ------------------------------------------------------------------------------------------- scoring
 def score(results: list) -> dict:
+    results = [r for r in results if not r.fixed]  # --check-fix's reruns are judged by fix_check()
     by_fault: dict = {}
     for fault in dict.fromkeys(r.fault for r in results):
         rs = [r for r in results if r.fault == fault]
@@ -536,6 +593,123 @@ def score(results: list) -> dict:
     }
 
 
+FIX_TOLERANCE = 0.05
+"""How far (share of the step) the cost a finding stated may lie from the step time its fix gave back."""
+
+
+def _per_sample_s(r: RunResult, clock: str = "truth") -> Optional[float]:
+    """A run's step time per sample: the median over ranks of the script's own median step interval
+    (``truth``), or ranksight's median step period (``ranksight``), over the samples a step trains on."""
+    samples = [t.get("samples_per_step") for t in r.truth.values() if t.get("samples_per_step")]
+    per = samples[0] if samples else 1
+    if clock == "ranksight":
+        return r.step_median_s / per if r.step_median_s else None
+    values = [t["step_median_s"] / (t.get("samples_per_step") or 1) for t in r.truth.values() if t.get("step_median_s")]
+    return statistics.median(values) if values else None
+
+
+def stated_cost(r: RunResult) -> Optional[dict]:
+    """The finding of the rule that names the run's planted fault: its cost share (0 when it states no
+    time cost: fragmentation's levels are memory), speedup, place among the findings, severity; None when
+    that rule did not fire."""
+    rule = EXPECTED[r.fault]
+    for place, f in enumerate(r.findings, 1):
+        if f.get("rule") == rule:
+            cost = f.get("cost_share")
+            return {
+                "cost_share": cost if cost is not None else 0.0,
+                "stated": cost is not None,
+                "speedup": f.get("speedup"),
+                "place": place,
+                "severity": f.get("severity"),
+                "first": r.verdict == rule,
+            }
+    return None
+
+
+def fix_check(results: list) -> list:
+    """Per (script, fault) with faulty and fixed runs: the cost the planted fault's finding stated against
+    the step time the fix gave back (1 - fixed / faulty, per sample, medians over the runs), on the
+    script's own clock and on ranksight's."""
+    rows = []
+    keys = dict.fromkeys((r.script, r.fault) for r in results if r.fixed)
+    for script, fault in keys:
+        faulty = [r for r in results if r.script == script and r.fault == fault and not r.fixed and r.status == "ok"]
+        fixed = [r for r in results if r.script == script and r.fault == fault and r.fixed and r.status == "ok"]
+        row = {"script": script, "fault": fault, "rule": EXPECTED[fault], "runs": len(faulty), "fixed_runs": len(fixed)}
+        stated = [c for c in (stated_cost(r) for r in faulty) if c is not None]
+        row["named"] = len(stated)
+        row["named_first"] = sum(c["first"] for c in stated)
+        row["costs"] = [round(c["cost_share"], 4) for c in stated]
+        row["cost_share"] = round(statistics.median(row["costs"]), 4) if stated else None
+        row["cost_stated"] = any(c["stated"] for c in stated)
+        row["speedup"] = round(1.0 / (1.0 - row["cost_share"]), 2) if row["cost_share"] is not None else None
+        for clock in ("truth", "ranksight"):
+            before = [v for v in (_per_sample_s(r, clock) for r in faulty) if v]
+            after = [v for v in (_per_sample_s(r, clock) for r in fixed) if v]
+            gain = None
+            if before and after:
+                gain = round(1.0 - statistics.median(after) / statistics.median(before), 4)
+            row[f"gain_{clock}"] = gain
+            if clock == "truth":
+                row["step_before_s"] = round(statistics.median(before), 6) if before else None
+                row["step_after_s"] = round(statistics.median(after), 6) if after else None
+        gain = row["gain_truth"]
+        row["diff_pp"] = round((row["cost_share"] - gain) * 100, 1) if gain is not None and stated else None
+        row["within"] = row["diff_pp"] is not None and abs(row["diff_pp"]) <= FIX_TOLERANCE * 100
+        row["fixed_verdicts"] = [r.verdict for r in fixed]
+        row["fixed_still_named"] = sum(
+            any(f.get("rule") == EXPECTED[fault] and f.get("severity") in ("warning", "critical") for f in r.findings)
+            for r in fixed
+        )
+        rows.append(row)
+    return rows
+
+
+def fix_check_text(rows: list) -> list:
+    """The fix check as table lines (empty without fixed runs)."""
+    if not rows:
+        return []
+    cols = (
+        "script",
+        "fault",
+        "named first",
+        "cost stated",
+        "speedup",
+        "step/sample before",
+        "after",
+        "gain",
+        "gain (ranksight clock)",
+        "stated - gain",
+        "within 5 pp",
+        "after the fix",
+    )
+    out = []
+    for row in rows:
+        cost = row["cost_share"]
+        out.append(
+            (
+                row["script"],
+                row["fault"],
+                f"{row['named_first']}/{row['runs']}",
+                "-" if cost is None else f"{cost:.1%}" + ("" if row["cost_stated"] else " (none stated)"),
+                _fmt(row["speedup"], ".2f"),
+                _fmt(row["step_before_s"] * 1000 if row["step_before_s"] else None, ".3f"),
+                _fmt(row["step_after_s"] * 1000 if row["step_after_s"] else None, ".3f"),
+                "-" if row["gain_truth"] is None else f"{row['gain_truth']:.1%}",
+                "-" if row["gain_ranksight"] is None else f"{row['gain_ranksight']:.1%}",
+                "-" if row["diff_pp"] is None else f"{row['diff_pp']:+.1f} pp",
+                "yes" if row["within"] else "no",
+                f"{', '.join(row['fixed_verdicts'])}; still named {row['fixed_still_named']}/{row['fixed_runs']}",
+            )
+        )
+    lines = [
+        "fix check: the cost each planted fault's finding stated (median of its runs) against the step time "
+        "its fix gave back (1 - fixed / faulty per sample, the script's own clock; ms per sample)"
+    ]
+    return lines + _table(cols, out)
+
+
 def _fmt(v, spec: str = "") -> str:
     if v is None or v == "":
         return "-"
@@ -555,9 +729,9 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
         rows.append(
             (
                 r.script,
-                r.fault,
+                r.fault + (" (fixed)" if r.fixed else ""),
                 str(r.repeat),
-                r.verdict + ("" if r.hit or r.status != "ok" else " (miss)"),
+                r.verdict + ("" if r.hit or r.status != "ok" or r.fixed else " (miss)"),
                 _fmt(r.severity),
                 _fmt(r.confidence, ".2f"),
                 ",".join(map(str, r.ranks)) or "-",
@@ -569,6 +743,10 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
         )
     lines += _table(cols, rows)
     lines.append("")
+    fixes = fix_check_text(fix_check(results))
+    if fixes:
+        lines += fixes + [""]
+    everything, results = results, [r for r in results if not r.fixed]
     cols = ("fault", "expected", "runs", "errors", "recall", "verdicts", "note")
     rows = []
     for fault, row in summary["by_fault"].items():
@@ -615,7 +793,7 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
         f"(script, fault) groups changed verdict between repeats)   "
         f"overall recall: {summary['overall_recall']}   runs: {summary['runs']}, errors: {summary['errors']}"
     )
-    errors = [r for r in results if r.status != "ok"]
+    errors = [r for r in everything if r.status != "ok"]
     for r in errors:
         lines.append("")
         lines.append(f"--- {r.status}: {r.script} / {r.fault} / repeat {r.repeat} (exit {r.returncode}) ---")
@@ -657,9 +835,13 @@ def rediagnose(args) -> int:
                 returncode=r.returncode,
                 elapsed_s=r.elapsed_s,
                 truth=r.truth,
+                fixed=r.fixed,
             )
+            kept = os.path.join(root, "runs", os.path.basename(r.run_path))
+            if not os.path.isdir(r.run_path) and os.path.isdir(kept):  # unpacked elsewhere (runs.tgz)
+                fresh.run_path = kept
             try:
-                _fill_from_report(fresh, diagnose_json(r.run_path, src=src))
+                _fill_from_report(fresh, diagnose_json(fresh.run_path, src=src))
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
                 fresh.status, fresh.verdict, fresh.error_tail = "diagnose-error", "error", str(exc)
             r = fresh
@@ -686,6 +868,7 @@ def rediagnose(args) -> int:
                     "commit": _git_commit(),
                     "expected": EXPECTED,
                     "summary": summary,
+                    "fix_check": fix_check(results),
                     "runs": [asdict(r) for r in results],
                 },
                 fh,
@@ -758,10 +941,54 @@ def _git_commit() -> str:
         return ""
 
 
+def build_plan(
+    scripts: list,
+    faults: list,
+    repeats: int,
+    repeats_of: tuple = (),
+    check_fix: Optional[list] = None,
+    fix_repeats: int = 1,
+) -> list:
+    """(script, fault, repeat, fixed) in run order: every repeat of every (script, fault) the script plants,
+    then (``check_fix`` not None) the fixed variants: of every fixable fault planned, or of those named
+    (``fault`` or ``script/fault``)."""
+    counts = {}
+    for item in repeats_of:
+        fault, _, n = item.partition("=")
+        if fault not in EXPECTED or not n.isdigit():
+            raise SystemExit(f"--repeats-of takes FAULT=N with a known fault, got {item!r}")
+        counts[fault] = int(n)
+    most = max([repeats, *counts.values()])
+    plan = [
+        (s, f, rep, False)
+        for rep in range(most)
+        for s in scripts
+        for f in faults
+        if f in SCRIPTS[s].faults and rep < counts.get(f, repeats)
+    ]
+    if check_fix is not None:
+        for item in check_fix:
+            if item.split("/")[-1] not in FIXABLE:
+                raise SystemExit(f"--check-fix: no fixed variant of {item!r} (fixable: {', '.join(FIXABLE)})")
+        pairs = [
+            (s, f)
+            for s, f in dict.fromkeys((s, f) for s, f, _, _ in plan)
+            if f in FIXABLE and (not check_fix or f in check_fix or f"{s}/{f}" in check_fix)
+        ]
+        plan += [(s, f, rep, True) for rep in range(fix_repeats) for s, f in pairs]
+    return plan
+
+
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_SCRIPTS), choices=sorted(SCRIPTS))
-    parser.add_argument("--faults", nargs="+", default=list(ALL_FAULTS), choices=ALL_FAULTS)
+    parser.add_argument(
+        "--faults",
+        nargs="+",
+        default=None,
+        choices=(*ALL_FAULTS, *GPU_FAULTS),
+        help=f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
@@ -806,6 +1033,30 @@ def main(argv: Optional[list] = None) -> int:
         "as it writes); the verdict then reads the store",
     )
     parser.add_argument(
+        "--repeats-of",
+        nargs="+",
+        default=[],
+        metavar="FAULT=N",
+        help="this many repeats of these faults instead of --repeats (e.g. pageable=3)",
+    )
+    parser.add_argument(
+        "--check-fix",
+        nargs="*",
+        default=None,
+        metavar="[SCRIPT/]FAULT",
+        help=f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
+        "names applied (the workloads' --fix), and compare the cost the finding stated with the step time gained; "
+        "with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)",
+    )
+    parser.add_argument("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no job that would likely end past this many seconds from the start (the longest job so far "
+        "is the guess); the reports are written either way, the jobs left out listed",
+    )
+    parser.add_argument(
         "--rediagnose",
         default=None,
         metavar="OUT_DIR",
@@ -814,6 +1065,12 @@ def main(argv: Optional[list] = None) -> int:
     args = parser.parse_args(argv)
     if args.rediagnose:
         return rediagnose(args)
+    if args.faults is None:
+        args.faults = list(ALL_FAULTS) + (list(GPU_FAULTS) if args.device == "cuda" else [])
+    if args.device == "cpu" and set(args.faults) & set(GPU_FAULTS):
+        skipped = [f for f in args.faults if f in GPU_FAULTS]
+        print(f"GPU faults left out of a CPU corpus (no fault on a CPU job): {' '.join(skipped)}", flush=True)
+        args.faults = [f for f in args.faults if f not in GPU_FAULTS]
 
     launch = Launch(
         device=args.device,
@@ -827,9 +1084,7 @@ def main(argv: Optional[list] = None) -> int:
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, DEVICE_FILE), "w") as fh:
         json.dump({**device_record, "where": where}, fh)
-    plan = [
-        (s, f, rep) for rep in range(args.repeats) for s in args.scripts for f in args.faults if f in SCRIPTS[s].faults
-    ]
+    plan = build_plan(args.scripts, args.faults, args.repeats, args.repeats_of, args.check_fix, args.fix_repeats)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     commit = _git_commit()  # at the start: others may commit while the corpus runs
     src, source = None, f"installed package (live working tree {REPO})"
@@ -838,26 +1093,44 @@ def main(argv: Optional[list] = None) -> int:
     source_hash = source_digest(os.path.join(src, "ranksight") if src else None)
     print(f"ranksight: {source}", flush=True)
     print(
-        f"{len(plan)} runs ({len(args.scripts)} scripts x {len(args.faults)} faults x {args.repeats} repeats), "
+        f"{len(plan)} runs ({len(args.scripts)} scripts x {len(args.faults)} faults x {args.repeats} repeats"
+        f"{', and the fixed variants' if args.check_fix is not None else ''}), "
         f"{args.steps} steps each, under {root}",
         flush=True,
     )
     results = []
     manifest = os.path.join(root, "results.jsonl")  # one line per finished run, for --rediagnose
+    t_start, longest, left_out = time.monotonic(), 0.0, []
     try:
-        for i, (s, f, rep) in enumerate(plan, 1):
+        for i, (s, f, rep, fixed) in enumerate(plan, 1):
+            if args.budget_s and time.monotonic() - t_start + longest > args.budget_s:
+                left_out = plan[i - 1 :]
+                print(f"budget of {args.budget_s:g} s: {len(left_out)} job(s) left out", flush=True)
+                break
+            t_job = time.monotonic()
             r = run_one(
-                s, f, rep, args.steps, root, args.timeout, args.compile_backend, src, launch, not args.no_diagnose,
+                s,
+                f,
+                rep,
+                args.steps,
+                root,
+                args.timeout,
+                args.compile_backend,
+                src,
+                launch,
+                not args.no_diagnose,
                 args.ingest_every,
+                fixed,
             )
             results.append(r)
+            longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
                 fh.write(json.dumps(asdict(r), default=str) + "\n")
             extra = (
                 f"  {r.error_tail.strip().splitlines()[-1] if r.error_tail.strip() else ''}" if r.status != "ok" else ""
             )
             print(
-                f"[{i}/{len(plan)}] {s} / {f} / {rep}: {r.verdict} {r.severity} "
+                f"[{i}/{len(plan)}] {s} / {f}{' (fixed)' if fixed else ''} / {rep}: {r.verdict} {r.severity} "
                 f"({r.status}, {r.elapsed_s:.0f} s){extra}",
                 flush=True,
             )
@@ -869,9 +1142,17 @@ def main(argv: Optional[list] = None) -> int:
             f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, source {source_hash[:12]}, "
             f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
-            + (f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
-               f"{summary['ingest_beside']}" if args.ingest_every else "")
+            + (
+                f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
+                f"{summary['ingest_beside']}"
+                if args.ingest_every
+                else ""
+            )
         )
+        if left_out:
+            header += "\nleft out by --budget-s: " + ", ".join(
+                f"{s}/{f}{' (fixed)' if fixed else ''}/{rep}" for s, f, rep, fixed in left_out
+            )
         text = report_text(results, summary, header)
         print()
         print(text)
@@ -895,6 +1176,8 @@ def main(argv: Optional[list] = None) -> int:
                 "settings": vars(args),
                 "expected": EXPECTED,
                 "summary": summary,
+                "fix_check": fix_check(results),
+                "left_out": [list(job) for job in left_out],
                 "runs": [asdict(r) for r in results],
             }
             with open(args.json, "w") as fh:

@@ -2,9 +2,10 @@
 # The realistic-script diagnosis corpus on GPUs (one rank per GPU, NCCL), on a bare GPU machine.
 # Installs what the machine lacks from carried wheels (no network: DuckDB, and transformers/accelerate/
 # lightning with their pure-Python dependencies, downloaded beforehand as docs/diagnosis.md says), then
-# ranksight itself (--no-deps, editable), then runs benchmarks/diagnosis_corpus.py --device cuda. The
-# report (text and JSON), the jobs' logs and their run folders (runs.tgz, for --rediagnose elsewhere)
-# land in $OUT.
+# ranksight itself (--no-deps, editable), then runs benchmarks/diagnosis_corpus.py --device cuda. Three
+# files land in $OUT: NAME.txt (the report), NAME.json (every run, the scores, the fix check) and
+# NAME.runs.tgz (run folders, logs, truth, results.jsonl and device.json: unpack it anywhere and
+# `diagnosis_corpus.py --rediagnose` that folder after a rule change).
 #   bash benchmarks/gpu_corpus.sh          # 4 scripts x 7 faults once on every GPU: ~9 minutes on 2 H200s
 #   CORPUS_ARGS="--faults none straggler --repeats 1" bash benchmarks/gpu_corpus.sh
 # Environment: OUT (results, default ./gpu-corpus), WORK (run folders, default /tmp/gpu-corpus),
@@ -54,7 +55,6 @@ GPUS=${GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
 python3 "$HERE/diagnosis_corpus.py" --device cuda --gpus "$GPUS" ${CORPUS_ARGS:---repeats 1} \
   --out "$W" --json "$OUT/$NAME.json" --text "$OUT/$NAME.txt"
 rc=$?
-cp "$W/results.jsonl" "$OUT/$NAME.results.jsonl" 2>/dev/null
-(cd "$W" && tar czf "$OUT/$NAME.runs.tgz" runs logs truth device.json 2>/dev/null) || true
+(cd "$W" && tar czf "$OUT/$NAME.runs.tgz" runs logs truth results.jsonl device.json 2>/dev/null) || true
 ls -la "$OUT"
 exit $rc

@@ -50,6 +50,10 @@ FEATURES: dict[str, str] = {
     "data_measured": "1 when this rank measured its data wait (wrapped loader or mon.data() marks), else 0.",
     "ranks_data_measured": "Ranks that measured their data wait (copied to every rank).",
     "h2d_share": "Share of step time in host-to-device copies (GPU only).",
+    "h2d_gap_share": "Host-to-device copies the sampled window saw beyond the step's own copy span: h2d_copy_ratio "
+    "less h2d_share, at least 0 (GPU only). Copies issued before mon.step() (the DDP tutorial's source.to(device) "
+    "after the loader) run in the gap before the step, which the data wait is judged against: this much of that "
+    "gap was the GPU copying, not idle.",
     "compute_share": "Share of step time in forward+backward.",
     "comm_exposed_share": "Share of step time waiting at collectives: DDP's exposed gradient all-reduce plus "
     "blocking collectives (comm_blocked_s).",
@@ -229,6 +233,7 @@ def compute_features(
         if busy is None and steady.get((rank, "gpu_utilization_ratio"), 0) >= NVML_STEADY_SAMPLES:
             busy = f["gpu_utilization_ratio"]
         f["gpu_busy_ratio"] = busy
+        f["h2d_gap_share"] = h2d_gap_share(f)
         if f.pop("_backend", None) == "nccl":
             # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
@@ -380,6 +385,15 @@ NVML_STEADY_SAMPLES = 5
 kernel window). Each averages up to a second, so in a run's first seconds they read start-up: on one H200,
 runs of 30 steps (1-2 s) of four healthy scripts read 0.25-0.50 and were called GPU-starved in 9 of 16
 (benchmarks/results/gpu_corpus_1gpu_h200_before.txt; none since, gpu_corpus_1gpu_h200.txt)."""
+
+
+def h2d_gap_share(f: dict):
+    """Copies the sampled window saw beyond the step's own copy span (``h2d_copy_ratio - h2d_share``, at
+    least 0): copies issued before ``mon.step()``, which run in the gap before the step that a GPU rank's
+    data wait is judged against. None without a window or a model on the GPU."""
+    if f.get("h2d_copy_ratio") is None or f.get("model_on_gpu") != 1:
+        return None
+    return max(0.0, f["h2d_copy_ratio"] - (f.get("h2d_share") or 0.0))
 
 
 def _flag(value):

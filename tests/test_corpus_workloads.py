@@ -84,5 +84,66 @@ def test_every_workload_takes_the_device_options(script):
     path = os.path.join(ROOT, "benchmarks", "workloads", script + ".py")
     out = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    for option in ("--device", "--size", "--straggler-rank"):
+    for option in ("--device", "--size", "--straggler-rank", "--fix"):
         assert option in out.stdout
+
+
+def test_the_gpu_matrix_plans_repeats_per_fault_and_fixes_per_script():
+    corpus = _corpus()
+    faults = ["none", "pageable", "cpu-ops", "host-sync"]
+    plan = corpus.build_plan(
+        ["gpt_trainer", "ddp_tutorial"], faults, 1, ["pageable=3"], ["gpt_trainer/cpu-ops", "pageable"]
+    )
+    faulty = [(s, f) for s, f, _, fixed in plan if not fixed]
+    assert ("gpt_trainer", "pageable") not in faulty  # nanoGPT's batches are tokens: nothing to pin
+    assert faulty.count(("ddp_tutorial", "pageable")) == 3 and faulty.count(("ddp_tutorial", "none")) == 1
+    assert [(s, f) for s, f, _, fixed in plan if fixed] == [("gpt_trainer", "cpu-ops"), ("ddp_tutorial", "pageable")]
+    assert plan[-2:] == [("gpt_trainer", "cpu-ops", 0, True), ("ddp_tutorial", "pageable", 0, True)]  # fixes last
+    every = corpus.build_plan(["gpt_trainer"], faults, 2, (), [])  # --check-fix alone: every fixable fault
+    assert [f for _, f, _, fixed in every if fixed] == ["cpu-ops", "host-sync"]
+    with pytest.raises(SystemExit):
+        corpus.build_plan(["gpt_trainer"], faults, 1, (), ["none"])  # healthy has nothing to fix
+    gpus = corpus.Launch(device="cuda", ranks=1)
+    cmd = corpus.launch_command(corpus.SCRIPTS["gpt_trainer"], "cpu-ops", 30, "runs", "r", launch=gpus, fixed=True)
+    assert cmd[-1] == "--fix" and "--fix" not in corpus.launch_command(
+        corpus.SCRIPTS["gpt_trainer"], "none", 30, "r", "r"
+    )
+
+
+def _run(corpus, fault, fixed, step_s, samples, findings, verdict=None):
+    r = corpus.RunResult("gpt_trainer", fault, 0, "id", "path", expected=corpus.EXPECTED[fault], fixed=fixed)
+    r.truth = {"0": {"steps": 30, "step_median_s": step_s, "fault_share": None, "samples_per_step": samples}}
+    r.step_median_s, r.findings = step_s, findings
+    r.verdict = verdict or (findings[0]["rule"] if findings else "silent")
+    return r
+
+
+def test_the_fix_check_compares_the_stated_cost_with_the_gain_per_sample():
+    corpus = _corpus()
+    syncs = [{"rule": "input-path-syncs", "severity": "warning", "cost_share": 0.2, "speedup": 1.25}]
+    runs = [
+        _run(corpus, "host-sync", False, 0.050, 32, syncs),
+        _run(corpus, "host-sync", False, 0.054, 32, [{**syncs[0], "cost_share": 0.3}]),
+        _run(corpus, "host-sync", True, 0.040, 32, []),
+        # launch-bound's fix raises the batch 16x: the step is 4x longer, each sample 4x cheaper
+        _run(corpus, "launch-bound", False, 0.010, 32, [{"rule": "launch-bound", "cost_share": 0.9}]),
+        _run(corpus, "launch-bound", True, 0.040, 512, []),
+        # fragmentation states no time cost: read as 0, against what expandable segments gave back
+        _run(corpus, "fragmentation", False, 0.050, 32, [{"rule": "fragmentation", "cost_share": None}]),
+        _run(corpus, "fragmentation", True, 0.049, 32, []),
+        _run(corpus, "input", False, 0.1, 32, [{"rule": "input-bound", "cost_share": 0.5}]),  # no fixed run
+    ]
+    rows = {row["fault"]: row for row in corpus.fix_check(runs)}
+    assert sorted(rows) == ["fragmentation", "host-sync", "launch-bound"]
+    sync = rows["host-sync"]
+    assert sync["cost_share"] == 0.25 and sync["named_first"] == 2 and sync["speedup"] == 1.33
+    assert sync["gain_truth"] == pytest.approx(1 - 0.040 / 0.052, abs=1e-4)  # medians: 52 ms before, 40 after
+    assert sync["diff_pp"] == pytest.approx((0.25 - sync["gain_truth"]) * 100, abs=0.05) and sync["within"]
+    launch = rows["launch-bound"]
+    assert launch["gain_truth"] == 0.75 and launch["diff_pp"] == 15.0 and not launch["within"]
+    frag = rows["fragmentation"]
+    assert frag["cost_share"] == 0.0 and not frag["cost_stated"] and frag["within"]
+    text = "\n".join(corpus.fix_check_text(list(rows.values())))
+    assert "(none stated)" in text and "+15.0 pp" in text
+    # the fixed runs are not scored as misses of their fault
+    assert corpus.score(runs)["by_fault"]["host-sync"]["runs"] == 2

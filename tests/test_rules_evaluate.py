@@ -341,3 +341,46 @@ def test_compiled_expressions_give_what_the_tree_walk_gives_on_every_builtin_exp
             except (_expr.Unknown, ArithmeticError, ValueError, TypeError) as exc:
                 compiled = type(exc)
             assert walked == compiled or (walked != walked and compiled != compiled), (e.text, env)
+
+
+GPU_STEP = {**HEALTHY, "model_on_gpu": 1, "gpu_busy_ratio": 0.8, "kernel_busy_ratio": 0.8}
+
+
+def test_a_pageable_copy_before_the_step_is_not_also_an_input_wait(ruleset):
+    """The DDP tutorial's source.to(device) after the loader: with pin_memory=False it is a synchronous copy
+    in the gap before the step, the gap the data wait is judged against. The copy is pageable-copies'."""
+    from ranksight.collectors._features import h2d_gap_share
+
+    copy = {"h2d_copy_ratio": 0.24, "h2d_pageable_ratio": 1.0, "h2d_share": 0.01, "idle_ratio": 0.05}
+    assert h2d_gap_share({**copy, "model_on_gpu": 1}) == pytest.approx(0.23)
+    assert h2d_gap_share({**copy, "model_on_gpu": 0}) is None  # no GPU model, no copies to leave out
+    assert h2d_gap_share({"model_on_gpu": 1, "h2d_share": 0.1}) is None  # no sampled window
+    # The host waited 5 % of the step for its loader; the gap before the step (24 %) was the copy.
+    job = {**GPU_STEP, **copy, "h2d_gap_share": 0.23, "data_wait_share": 0.24, "data_wait_host_share": 0.05}
+    findings = evaluate(ruleset.rules, frame(r0=job))
+    assert rules_of(findings)[0] == "pageable-copies"
+    assert findings[0]["cost_share"] == round(0.6 * 0.24, 4) and findings[0]["cost_basis"] == "estimate"
+    assert "input-bound" not in rules_of(findings)  # 24 % - 23 % of copies: 1 %, under the info band
+    # Without the window's copy figures the same gap reads as an input wait, as it did before.
+    blind = {**GPU_STEP, "data_wait_share": 0.24, "data_wait_host_share": 0.05}
+    assert rules_of(evaluate(ruleset.rules, frame(r0=blind)))[0] == "input-bound"
+
+
+def test_syncs_that_expose_a_loader_wait_come_first_and_carry_its_cost(ruleset):
+    """A sync per step drains the GPU queue, so the next loader wait is exposed though the GPU's work could
+    hide it (the host's 12 % wait fits in 75 % busy): the syncs are the cause. A loader wait longer than the
+    GPU's work (the DDP tutorial's input fault: 78 % against 22 %) stays input-bound's, and removing the
+    syncs gives back only the GPU work that would then overlap the loading."""
+    synced = {**GPU_STEP, "host_syncs_per_step": 5.0, "idle_host_wait_ratio": 0.22, "idle_ratio": 0.25}
+    synced.update(data_wait_share=0.12, data_wait_host_share=0.12)
+    findings = evaluate(ruleset.rules, frame(r0=synced))
+    assert rules_of(findings)[:2] == ["input-path-syncs", "input-bound"]
+    assert findings[1]["explained_by"] == "input-path-syncs"
+    assert findings[0]["cost_share"] == 0.22 and findings[0]["severity"] == "warning"
+
+    hungry = {**GPU_STEP, "host_syncs_per_step": 2.0, "idle_host_wait_ratio": 0.78, "idle_ratio": 0.78}
+    hungry.update(data_wait_share=0.76, data_wait_host_share=0.78, gpu_busy_ratio=0.22, compute_share=0.2)
+    findings = evaluate(ruleset.rules, frame(r0=hungry))
+    assert rules_of(findings)[:2] == ["input-bound", "input-path-syncs"]
+    assert findings[0]["cost_share"] == 0.76 and findings[0]["explained_by"] is None
+    assert findings[1]["cost_share"] == round(0.78 - (0.78 - 0.22), 4)  # the GPU work the loading could hide

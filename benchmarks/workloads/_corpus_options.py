@@ -1,16 +1,30 @@
 """Command-line options the diagnosis corpus adds to every workload (not part of the public script it imitates).
 
 The scripts keep their own options, as their originals have them; these are the corpus's: where the job
-runs, at which size, over which backend, and which rank the straggler fault slows.
+runs, at which size, over which backend, which rank the straggler fault slows, and ``--fix`` (the planted
+fault with the fix its finding names applied, for ``diagnosis_corpus.py --check-fix``).
 """
 
 from __future__ import annotations
 
 import argparse
 
+GPU_SAMPLING = {
+    "trace_first_step": 10,
+    "trace_every_steps": 10,
+    "trace_every_s": 0.0,
+    "allocator_every_s": 0.25,
+    "snapshot_every_s": 0.5,
+}
+"""The agent's GPU sampling in a corpus run (``ranksight.init(gpu=...)``): the sampled kernel window at step
+10 and every 10 steps after, allocator statistics four times a second and its snapshot (the largest free
+block, ~0.4 ms) twice a second, so a run of 1-3 s sees them. A real job
+samples the same signals over hours (defaults: a window at step 50, then every 300 steps and 60 s); a
+30-step run gets them this way, as ``ranksight demo`` does on a GPU (``ranksight.demo.GPU_SAMPLING``)."""
+
 
 def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = True) -> None:
-    """``--device``, ``--size``, ``--straggler-rank`` and (unless the framework picks it) ``--dist-backend``."""
+    """The corpus options: device, size, straggler rank, ``--fix``, and the backend unless the framework picks it."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
     if dist_backend:
@@ -20,3 +34,13 @@ def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = Tru
             help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
         )
     parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="plant the fault with its fix applied, as the finding's fix text says (the corpus's --check-fix)",
+    )
+
+
+def gpu_sampling(device: str):
+    """The ``gpu=`` options a corpus script passes to ``ranksight.init`` (None on CPU: the agent's own)."""
+    return dict(GPU_SAMPLING) if device == "cuda" else None

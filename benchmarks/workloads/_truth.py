@@ -4,7 +4,9 @@ Each workload calls ``truth.step_end()`` after every optimizer step and wraps th
 fault adds in ``with truth.fault():``. When ``CORPUS_TRUTH_DIR`` is set, every rank writes
 ``<dir>/truth-rank<r>.json`` at exit: the step-end times and the seconds each step spent in the
 planted code, so the benchmark can say how large the fault really was (e.g. 34 % of the step),
-independently of ranksight. Without the variable every call is a no-op.
+independently of ranksight. It also records whether the run had the fix applied (``--fix``) and how many
+samples a step trains on, so a fix that changes the batch (launch-bound's) is compared per sample.
+Without the variable every call is a no-op.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from contextlib import contextmanager
 
 
 class Truth:
-    def __init__(self, rank: int, fault: str) -> None:
+    def __init__(self, rank: int, fault: str, fixed: bool = False) -> None:
         self.dir = os.environ.get("CORPUS_TRUTH_DIR", "")
-        self.rank, self.fault_name = rank, fault
+        self.rank, self.fault_name, self.fixed = rank, fault, fixed
+        self.samples_per_step = None  # rows (sequences, samples) one optimizer step trains on, this rank
         self.step_ends: list = []
         self.fault_s: list = []
         self._pending = 0.0
@@ -50,5 +53,13 @@ class Truth:
         os.makedirs(self.dir, exist_ok=True)
         with open(os.path.join(self.dir, f"truth-rank{self.rank}.json"), "w") as f:
             json.dump(
-                {"rank": self.rank, "fault": self.fault_name, "step_ends": self.step_ends, "fault_s": self.fault_s}, f
+                {
+                    "rank": self.rank,
+                    "fault": self.fault_name,
+                    "fixed": self.fixed,
+                    "samples_per_step": self.samples_per_step,
+                    "step_ends": self.step_ends,
+                    "fault_s": self.fault_s,
+                },
+                f,
             )

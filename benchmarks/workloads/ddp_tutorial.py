@@ -28,11 +28,27 @@ Faults (``--fault``), planted the way people make the mistake:
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile(model)`` of a forward with an input range check in Python
   (``if x.abs().max() > ...``: a data-dependent branch).
+
+GPU faults (``--device cuda`` only):
+
+- ``pageable``: image-sized samples (3 x 64 x 64 floats, 25 MB a batch of 512) into a 2048-wide
+  classifier, loaded by 6 worker processes (as image pipelines are) with ``pin_memory=False`` and copied
+  with the tutorial's ``source.to(gpu_id)``: a synchronous copy from pageable memory every step.
+- ``cpu-ops``: a ``GaussianNoise`` layer after the first hidden layer that draws its noise with
+  ``torch.randn(h.size())`` (no ``device=``, as the snippet people copy has it) and moves it over.
+- ``host-sync``: per-step logging read back from the GPU: ``loss.item()``, the accuracy with ``.cpu()``,
+  the misclassified samples with ``nonzero()`` (hard-example counting).
+
+``--fix`` applies what the finding's fix says: 4 persistent loader workers prefetching 4 batches each
+(input), pinned memory and ``non_blocking=True`` (pageable), ``torch.randn_like`` (cpu-ops), sums kept on
+the GPU and read every 10 steps (host-sync), ``find_unused_parameters=False``, ``torch.where`` for the
+range check (graph-breaks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -40,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _corpus_options import add_corpus_options
+from _corpus_options import add_corpus_options, gpu_sampling
 from _truth import Truth
 from torch import nn
 from torch.distributed import destroy_process_group, init_process_group
@@ -50,7 +66,18 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ranksight
 
-FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+FAULTS = (
+    "none",
+    "input",
+    "straggler",
+    "metric-collectives",
+    "exposed-allreduce",
+    "unused-params",
+    "graph-breaks",
+    "pageable",
+    "cpu-ops",
+    "host-sync",
+)
 
 
 def ddp_setup(device="cpu", backend=None):
@@ -61,10 +88,12 @@ def ddp_setup(device="cpu", backend=None):
 
 
 class MyTrainDataset(Dataset):
-    def __init__(self, size, in_features, classes, augment_rounds=0, truth=None):
+    def __init__(self, size, in_features, classes, augment_rounds=0, truth=None, distinct=None):
         self.size = size
         g = torch.Generator().manual_seed(0)
-        self.data = torch.rand(size, in_features, generator=g)
+        # distinct: how many different samples to hold (large samples repeat rather than fill the RAM)
+        self.distinct = min(size, distinct or size)
+        self.data = torch.rand(self.distinct, in_features, generator=g)
         self.targets = torch.randint(0, classes, (size,), generator=g)
         self.augment_rounds = augment_rounds
         self.truth = truth
@@ -83,26 +112,51 @@ class MyTrainDataset(Dataset):
         return torch.from_numpy(a)
 
     def __getitem__(self, index):
-        x = self.data[index]
+        x = self.data[index % self.distinct]
         if self.augment_rounds:
             with self.truth.fault():
                 x = self._augment(x)
         return x, self.targets[index]
 
 
+class GaussianNoise(nn.Module):
+    """Gaussian noise regularisation while training (the layer as forum snippets write it)."""
+
+    def __init__(self, sigma=0.01, on_cpu=True, timer=None):
+        super().__init__()
+        self.sigma, self.on_cpu = sigma, on_cpu
+        self.timer = timer
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        if self.on_cpu:
+            with self.timer():
+                noise = torch.randn(x.size()) * self.sigma  # no device=: drawn on the CPU every step
+                noise = noise.to(x.device)
+        else:
+            noise = torch.randn_like(x) * self.sigma
+        return x + noise
+
+
 class Net(nn.Module):
-    def __init__(self, in_features, width, depth, classes, extra_passes=0, range_check=False):
+    def __init__(self, in_features, width, depth, classes, extra_passes=0, range_check=False, noise=None):
         super().__init__()
         self.inp = nn.Linear(in_features, width)
+        self.noise = noise
         self.hidden = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
         self.head = nn.Linear(width, classes)
         self.extra_passes = extra_passes  # per-rank, not a parameter: DDP does not see it
         self.range_check = range_check
 
     def forward(self, x):
-        if self.range_check and x.abs().max() > 1e3:  # data-dependent branch: a graph break
+        if self.range_check == "branch" and x.abs().max() > 1e3:  # data-dependent branch: a graph break
             x = x.clamp(-1e3, 1e3)
+        elif self.range_check == "where":  # the fix: the same clamp without a Python branch
+            x = torch.where(x.abs() > 1e3, x.clamp(-1e3, 1e3), x)
         h = F.relu(self.inp(x))
+        if self.noise is not None:
+            h = self.noise(h)
         for layer in self.hidden:
             h = F.relu(layer(h))
         for _ in range(self.extra_passes):  # the straggler's extra consistency pass, on a third of the batch
@@ -164,7 +218,18 @@ class MetricLogger:
 
 class Trainer:
     def __init__(
-        self, model, train_data, optimizer, mon, truth, log_metrics=False, find_unused_parameters=False, device="cpu"
+        self,
+        model,
+        train_data,
+        optimizer,
+        mon,
+        truth,
+        log_metrics=False,
+        find_unused_parameters=False,
+        device="cpu",
+        read_back=None,
+        non_blocking=False,
+        time_copy=False,
     ):
         self.gpu_id = int(os.environ["LOCAL_RANK"])
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
@@ -178,6 +243,9 @@ class Trainer:
         self.log_metrics = log_metrics
         self.meters = MetricLogger()
         self.steps_run = 0
+        self.read_back = read_back  # host-sync: "every step" (the fault) or "every 10" (its fix)
+        self.non_blocking, self.time_copy = non_blocking, time_copy
+        self.logged = {"loss": 0.0, "correct": 0.0, "hard": 0}
         self.mon.watch(self.model, optimizer=self.optimizer)
 
     def _run_batch(self, source, targets):
@@ -186,6 +254,19 @@ class Trainer:
         loss = F.cross_entropy(output, targets)
         loss.backward()
         self.optimizer.step()
+        if self.read_back == "every step":
+            with self.truth.fault():
+                pred = output.argmax(1)
+                self.logged["loss"] += loss.item()
+                self.logged["correct"] += (pred == targets).float().mean().cpu()
+                self.logged["hard"] += (pred != targets).nonzero().size(0)  # misclassified: a shape the host waits for
+        elif self.read_back == "every 10":  # the fix: sums stay on the GPU, read every 10 steps
+            pred = output.argmax(1)
+            self.logged["loss"] = self.logged["loss"] + loss.detach()
+            self.logged["correct"] = self.logged["correct"] + (pred == targets).float().mean()
+            self.logged["hard"] = self.logged["hard"] + (pred != targets).sum()
+            if self.steps_run % 10 == 9:
+                self.logged = {k: float(v) for k, v in self.logged.items()}
         if self.log_metrics:
             with self.truth.fault():
                 acc1, acc5 = accuracy(output, targets, topk=(1, 5))
@@ -219,8 +300,9 @@ class Trainer:
         self.train_data.sampler.set_epoch(epoch)
         for source, targets in self.mon.loader(self.train_data):
             self.data_time = time.perf_counter() - self.last_step_end
-            source = source.to(self.device)
-            targets = targets.to(self.device)
+            with self.truth.fault() if self.time_copy else contextlib.nullcontext():
+                source = source.to(self.device, non_blocking=self.non_blocking)
+                targets = targets.to(self.device, non_blocking=self.non_blocking)
             with self.mon.step():
                 self._run_batch(source, targets)
             self.truth.step_end()
@@ -247,7 +329,7 @@ def main():
     parser.add_argument("--compile-backend", default="inductor")
     add_corpus_options(parser)
     args = parser.parse_args()
-    fault = args.fault
+    fault, fix = args.fault, args.fix
     size = args.size or ("gpu" if args.device == "cuda" else "cpu")
 
     ddp_setup(args.device, args.dist_backend)
@@ -255,26 +337,44 @@ def main():
     if args.device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
-    truth = Truth(rank, fault)
+    truth = Truth(rank, fault, fix)
     in_features, width, depth, classes, batch = 64, 1024, 3, 10, args.batch_size
     if size == "gpu":  # 3 x 8192^2 weights at 512 samples: ~0.6 TFLOP forward + backward, fp32
         width = 8192
-    augment_rounds = 0
+    augment_rounds, distinct = 0, None
     if fault == "input":
         augment_rounds = 4 if size == "cpu" else 1
+    if fault == "pageable":  # image-sized samples: 3 x 64 x 64 floats (2,048 distinct ones, repeated)
+        in_features, distinct = 3 * 64 * 64, 2048
+        if size == "gpu":
+            width = 2048
     if fault == "exposed-allreduce":
         width, batch = (2048, 8) if size == "cpu" else (12288, 64)
     extra_passes = 1 if fault == "straggler" and rank == args.straggler_rank else 0
 
-    dataset = MyTrainDataset(batch * 2 * (args.steps + 4), in_features, classes, augment_rounds, truth)
+    truth.samples_per_step = batch
+    dataset = MyTrainDataset(batch * 2 * (args.steps + 4), in_features, classes, augment_rounds, truth, distinct)
+    pin_memory = args.device == "cuda" and (fault != "pageable" or fix)
+    workers = {}
+    if fault == "input" and fix:  # load in parallel with training, as input-bound's fix says
+        workers = dict(num_workers=4, persistent_workers=True, prefetch_factor=4)
+    if fault == "pageable" and args.device == "cuda":  # an image pipeline's workers, fixed or not
+        workers = dict(num_workers=6, persistent_workers=True)
     train_data = DataLoader(
-        dataset, batch_size=batch, pin_memory=args.device == "cuda", shuffle=False, sampler=DistributedSampler(dataset)
+        dataset,
+        batch_size=batch,
+        pin_memory=pin_memory,
+        shuffle=False,
+        sampler=DistributedSampler(dataset),
+        **workers,
     )
-    model = Net(in_features, width, depth, classes, extra_passes=extra_passes, range_check=fault == "graph-breaks")
+    range_check = ("where" if fix else "branch") if fault == "graph-breaks" else None
+    noise = GaussianNoise(on_cpu=not fix, timer=truth.fault) if fault == "cpu-ops" else None
+    model = Net(in_features, width, depth, classes, extra_passes=extra_passes, range_check=range_check, noise=noise)
     if fault == "graph-breaks":
         model = torch.compile(model, backend=args.compile_backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id)
+    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id, gpu=gpu_sampling(args.device))
     trainer = Trainer(
         model,
         train_data,
@@ -282,8 +382,11 @@ def main():
         mon,
         truth,
         log_metrics=fault == "metric-collectives",
-        find_unused_parameters=fault == "unused-params",
+        find_unused_parameters=fault == "unused-params" and not fix,
         device=args.device,
+        read_back=("every 10" if fix else "every step") if fault == "host-sync" and args.device == "cuda" else None,
+        non_blocking=fault == "pageable" and fix,
+        time_copy=fault == "pageable",
     )
     trainer.train(args.steps)
     mon.close()

@@ -37,14 +37,37 @@ Faults (``--fault``), each the way people really make the mistake:
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile`` of a model whose forward checks its logits with a Python
   ``if`` on a tensor (a data-dependent branch).
+
+GPU faults (``--device cuda`` only: on a CPU job they are not faults):
+
+- ``cpu-ops``: NEFTune-style noise on the embeddings, drawn without ``device=`` (``torch.rand(x.shape)``,
+  as many snippets write it): every micro-step draws an activation-sized tensor on the CPU and copies it
+  over (6 x 512 x 1536 floats at the GPU size).
+- ``host-sync``: per-micro-step logging that reads the GPU back: the loss with ``.item()`` right after
+  forward, the valid tokens counted with ``nonzero()``, the grad norm kept with ``.cpu()`` for a
+  spike check.
+- ``fragmentation``: variable-length micro-batches (128-512 tokens, as with unpadded documents) on a
+  GPU that is nearly full: after warm-up a second model's worth of memory (a frozen teacher, an EMA
+  copy) takes all but half the job's own peak.
+- ``launch-bound``: the CPU size's tiny model (4 x 128, 8 x 64 tokens) on the GPU: hundreds of kernels
+  a micro-step, each shorter than its launch.
+
+``--fix`` applies what the finding's fix says: batches prefetched by background threads (input),
+``find_unused_parameters=False``, ``torch.where`` instead of the branch (graph-breaks), the noise drawn on
+the GPU (cpu-ops), losses and counts kept on the GPU and read every ``log_interval`` steps (host-sync),
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (fragmentation), a 16x larger batch (launch-bound;
+compared per sample).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import contextlib
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -54,14 +77,26 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from _corpus_options import add_corpus_options
+from _corpus_options import add_corpus_options, gpu_sampling
 from _truth import Truth
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ranksight
 
-FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+FAULTS = (
+    "none",
+    "input",
+    "straggler",
+    "metric-collectives",
+    "exposed-allreduce",
+    "unused-params",
+    "graph-breaks",
+    "cpu-ops",
+    "host-sync",
+    "fragmentation",
+    "launch-bound",
+)
 
 
 # ----------------------------------------------------------------------------- model.py
@@ -75,6 +110,9 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False
     check_logits: bool = False  # "debug" check in forward (the graph-breaks fault)
+    sanitize_logits: bool = False  # the same check without a Python branch (its fix)
+    neftune_alpha: float = 0.0  # noise on the embeddings while training (NEFTune), 0: none
+    noise_on_cpu: bool = False  # drawn without device= (the cpu-ops fault)
 
 
 class LayerNorm(nn.Module):
@@ -143,6 +181,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self.fault_timer = contextlib.nullcontext  # the corpus's truth clock around planted code
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
@@ -178,12 +217,24 @@ class GPT(nn.Module):
         assert t <= self.config.block_size, f"Cannot forward sequence of length {t}"
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        if self.training and self.config.neftune_alpha:
+            # NEFTune: uniform noise on the embeddings, scaled by alpha / sqrt(T * C)
+            mag = self.config.neftune_alpha / math.sqrt(t * x.size(-1))
+            if self.config.noise_on_cpu:
+                with self.fault_timer():
+                    noise = (torch.rand(x.shape) * 2 - 1) * mag  # no device=: drawn on the CPU
+                    noise = noise.to(x.device)
+            else:
+                noise = (torch.rand(x.shape, device=x.device) * 2 - 1) * mag
+            x = x + noise
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)
         if self.config.check_logits and not torch.isfinite(logits).all():  # Python branch on a tensor
             raise FloatingPointError("non-finite logits")
+        if self.config.sanitize_logits:  # the fix: no branch, non-finite logits zeroed on the device
+            logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -215,7 +266,10 @@ def main() -> None:
     parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
     add_corpus_options(parser)
     args = parser.parse_args()
-    fault = args.fault
+    fault, fix = args.fault, args.fix
+    if fault == "fragmentation" and fix and args.device == "cuda":
+        # the fix, before the first CUDA allocation: segments that grow instead of splitting
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
     # -------------------------------------------------------------- config (nanoGPT's globals)
     eval_interval = 20
@@ -233,13 +287,18 @@ def main() -> None:
     device = args.device  # 'cpu' or 'cuda' (the rank's GPU is picked below)
     backend = args.dist_backend or ("nccl" if device == "cuda" else "gloo")
     dtype = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    find_unused_parameters = fault == "unused-params"
+    find_unused_parameters = fault == "unused-params" and not fix
     straggler_rows = 3  # global micro-batch of 8 * world + 3 split "evenly", the remainder to one rank
     read_latency_s = 0.0
     if size == "gpu":  # 191M parameters at 3072 tokens a micro-batch: ~1.8 TFLOP forward + backward
         batch_size, block_size, gradient_accumulation_steps = 6, 512, 4
         n_layer, n_head, n_embd, vocab_size = 4, 12, 1536, 50304
         straggler_rows = 2
+    if fault == "launch-bound":  # the CPU size's tiny model, on the GPU
+        batch_size, block_size, gradient_accumulation_steps = 8, 64, 4
+        n_layer, n_head, n_embd, vocab_size = 4, 4, 128, 512
+        if fix:  # raise the batch size: 16x the rows a micro-step (compared per sample)
+            batch_size *= 16
     if fault == "input":
         # per row read, both x and y: a network filesystem's random-read latency
         read_latency_s = 0.0025 if size == "cpu" else 0.001
@@ -278,7 +337,8 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True  # allow tf32 on cudnn
     ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     ctx = contextlib.nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type, dtype=ptdtype)
-    truth = Truth(ddp_rank, fault)
+    truth = Truth(ddp_rank, fault, fix)
+    truth.samples_per_step = batch_size * gradient_accumulation_steps
 
     # -------------------------------------------------------------- data (prepare.py's output)
     data_dir = tempfile.mkdtemp(prefix=f"gpt-data-r{ddp_rank}-")
@@ -286,18 +346,43 @@ def main() -> None:
     for split, n in (("train", 200_000), ("val", 20_000)):
         rng.integers(0, vocab_size, size=n, dtype=np.uint16).tofile(os.path.join(data_dir, f"{split}.bin"))
 
-    def get_batch(split):
+    length_rng = random.Random(1337 + seed_offset)  # the same lengths with and without the fix
+    split_tokens = {"train": 200_000, "val": 20_000}
+
+    def draw(split):
+        length = block_size
+        if fault == "fragmentation":  # unpadded documents: every micro-batch its own length
+            length = length_rng.choice(range(block_size // 4, block_size + 1, 64))
+        return torch.randint(split_tokens[split] - block_size, (batch_size,)), length
+
+    def read_batch(split, ix, length):
         # recreate np.memmap every batch to avoid a memory leak, as per nanoGPT
         data = np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
-        ix = torch.randint(len(data) - block_size, (batch_size,))
         rows_x, rows_y = [], []
         for i in ix:
             if read_latency_s:
-                with truth.fault():
-                    time.sleep(2 * read_latency_s)  # two random reads on the slow filesystem
-            rows_x.append(torch.from_numpy((data[i : i + block_size]).astype(np.int64)))
-            rows_y.append(torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)))
-        x, y = torch.stack(rows_x), torch.stack(rows_y)
+                t_read = time.perf_counter()
+                time.sleep(2 * read_latency_s)  # two random reads on the slow filesystem
+                if pool is None:  # read ahead by the fix's threads, only the wait for them counts
+                    truth.add_fault(time.perf_counter() - t_read)
+            rows_x.append(torch.from_numpy((data[i : i + length]).astype(np.int64)))
+            rows_y.append(torch.from_numpy((data[i + 1 : i + 1 + length]).astype(np.int64)))
+        return torch.stack(rows_x), torch.stack(rows_y)
+
+    # the input fault's fix: batches read ahead by background threads (the reads block in I/O, not Python)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=8) if fault == "input" and fix else None
+    ahead: dict = {"train": collections.deque(), "val": collections.deque()}
+
+    def get_batch(split):
+        if pool is not None:
+            queue = ahead[split]
+            while len(queue) < 8:
+                queue.append(pool.submit(read_batch, split, *draw(split)))
+            t_wait = time.perf_counter()
+            x, y = queue.popleft().result()
+            truth.add_fault(time.perf_counter() - t_wait)
+        else:
+            x, y = read_batch(split, *draw(split))
         if device_type == "cuda":
             # pin arrays x,y, which allows us to move them to GPU asynchronously (non_blocking=True)
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
@@ -312,9 +397,13 @@ def main() -> None:
         bias=False,
         vocab_size=vocab_size,
         dropout=0.0,
-        check_logits=fault == "graph-breaks",
+        check_logits=fault == "graph-breaks" and not fix,
+        sanitize_logits=fault == "graph-breaks" and fix,
+        neftune_alpha=5.0 if fault == "cpu-ops" else 0.0,
+        noise_on_cpu=fault == "cpu-ops" and not fix,
     )
     model = GPT(GPTConfig(**model_args)).to(device)
+    model.fault_timer = truth.fault
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
     if compile_model:
         if master_process:
@@ -324,7 +413,7 @@ def main() -> None:
         device_ids = [torch.cuda.current_device()] if device_type == "cuda" else None
         model = DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
 
-    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id)
+    mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id, gpu=gpu_sampling(device_type))
     mon.watch(model, optimizer)
     data_mark = contextlib.nullcontext if args.no_data_marks else mon.data
 
@@ -370,7 +459,17 @@ def main() -> None:
         return t.item() / ddp_world_size
 
     micro_losses, grad_norm = [], 0.0
+    # host-sync: per-micro-step logging read back from the GPU; its fix keeps the sums there until logged
+    read_back = fault == "host-sync" and device_type == "cuda"
+    running_loss, valid_tokens, spike_norms = 0.0, 0, []
+    teacher = None
     while True:
+        if fault == "fragmentation" and device_type == "cuda" and iter_num == 3 and teacher is None:
+            # a second model's memory (a frozen teacher, an EMA copy) takes the GPU after warm-up, all but
+            # half of what the job itself reserved at its peak so far
+            free, _ = torch.cuda.mem_get_info()
+            taken = max(0, free - torch.cuda.max_memory_reserved() // 2)
+            teacher = torch.empty(taken, dtype=torch.uint8, device=device)
         lr = get_lr(iter_num)
         for param_group in optimizer.param_groups:
             param_group["lr"] = lr
@@ -388,6 +487,13 @@ def main() -> None:
                 with ctx:
                     logits, loss = model(X, Y)
                     loss = loss / gradient_accumulation_steps
+                if read_back and not fix:
+                    with truth.fault():
+                        running_loss += loss.item()  # .item(): the host waits for forward
+                        valid_tokens += (Y != -1).nonzero().size(0)  # nonzero: a data-dependent shape, waits
+                elif read_back:
+                    running_loss = running_loss + loss.detach()  # on the GPU, read every log_interval
+                    valid_tokens = valid_tokens + (Y != -1).sum()
                 if sync_metrics:
                     with truth.fault():
                         # the global loss of every micro-batch, for the loss curve
@@ -398,6 +504,11 @@ def main() -> None:
                 loss.backward()
             if grad_clip != 0.0:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                if read_back and not fix:
+                    with truth.fault():
+                        spike_norms.append(norm.cpu())  # kept for a loss-spike check: .cpu() waits
+                elif read_back:
+                    spike_norms.append(norm.detach())
             if sync_metrics:
                 with truth.fault():  # per-block gradient norms for the dashboard
                     block_norms = [
@@ -423,12 +534,18 @@ def main() -> None:
         if iter_num % log_interval == 0 and master_process:
             lossf = loss.item() * gradient_accumulation_steps
             extra = f", global loss {micro_losses[-1]:.4f}, grad norm {grad_norm:.3f}" if sync_metrics else ""
+            if read_back:
+                extra += f", mean loss {float(running_loss) / log_interval:.4f}, tokens {int(valid_tokens)}, "
+                extra += f"max grad norm {max(float(n) for n in spike_norms):.3f}"
+                running_loss, valid_tokens, spike_norms = 0.0, 0, []
             print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms{extra}")
         iter_num += 1
         if iter_num >= max_iters:
             break
 
-    del raw_model
+    del raw_model, teacher
+    if pool is not None:
+        pool.shutdown(cancel_futures=True)
     mon.close()
     if ddp:
         dist.barrier()
