@@ -92,7 +92,7 @@ def _steps(run_path):
 def test_cli_imports_gz_traces_and_every_command_reads_the_run(traces, tmp_path, capsys):
     assert main(["import", str(traces), "--run-dir", str(tmp_path), "--run-id", "imp"]) == 0
     out = capsys.readouterr()
-    assert "2 of 2 ranks, 8 steps" in out.out and out.err == ""
+    assert "2 of 2 ranks, 4 steps per rank" in out.out and out.err == ""
     run = str(tmp_path / "imp")
     assert _steps(run) == [(r, s) for r in (0, 1) for s in range(5, 9)]
     assert main(["diagnose", run]) == 0

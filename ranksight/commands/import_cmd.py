@@ -72,9 +72,11 @@ def run(args) -> int:
         print(f"ranksight import: warning: {line}", file=sys.stderr)
     steps = sum(result.ranks.values())
     kind = "GPU" if result.gpu else "CPU"
+    counts = sorted(set(result.ranks.values()))
+    per_rank = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}" if counts else "0"
     print(
         f"imported {result.files} trace file{'s' if result.files != 1 else ''} ({result.events:,} events, {kind}): "
-        f"{len(result.ranks)} of {result.world_size} ranks, {steps} steps -> {result.run_path}"
+        f"{len(result.ranks)} of {result.world_size} ranks, {per_rank} steps per rank -> {result.run_path}"
     )
     if steps == 0:
         raise UserError("no profiled steps in the traces: nothing to diagnose (see the warnings above)")
