@@ -97,7 +97,7 @@ def measure(
         env["RS_TREE"] = tree
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(steps), str(flush_s), "1" if profile else "0", tmp, device, gpu],
+            [sys.executable, "-P", "-c", _CHILD, str(steps), str(flush_s), "1" if profile else "0", tmp, device, gpu],
             capture_output=True,
             text=True,
             check=True,
