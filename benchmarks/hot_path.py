@@ -4,9 +4,10 @@ Two measurements, each as interleaved A/B blocks in one run (blocks alternate so
 both sides alike); the figure is the median over blocks of (monitored - plain) per step:
 
 1. ``step+loader``: ``for b in mon.loader(data): with mon.step(): pass`` against a plain loop.
-2. ``watched step``: a tiny model's forward/backward/optimizer step with ``mon.watch(model, opt)``
-   (forward pre-hook, optimizer hooks) plus loader and step marks, against the same step on an
-   identical unwatched model, in wall time and in the training thread's own CPU time (ABBA blocks).
+2. ``watched step``: what ``mon.watch(model, opt)``'s hooks (forward pre-hook, optimizer pre/post hooks)
+   add to a tiny model's forward/backward/optimizer step already inside loader and step marks: the same
+   model with its hooks switched off and on between blocks (ABBA), in wall time and in the training
+   thread's own CPU time. The hot path of a watched step is the two figures' sum.
 
 Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``
 """
@@ -50,29 +51,36 @@ def bench_step_and_loader(mon, blocks: int, steps: int) -> list[float]:
 
 
 def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], list[float], float]:
-    """Wall and training-thread CPU time added per step; the CPU figure leaves out time the thread waited
-    (for the GIL while the agent thread flushed, for a core on a loaded host): the hot path itself."""
+    """Wall and training-thread CPU time that ``watch()``'s hooks add per step: one model and optimizer,
+    their hooks switched off and on between blocks (ABBA), every block through ``mon.loader`` and
+    ``mon.step`` (their cost is the first figure). The same tensors on both sides, so the difference is the
+    hooks' and PyTorch's dispatch to them; the CPU figure leaves out time the thread waited for a core."""
     import torch
 
     torch.manual_seed(0)
-    plain_model, watched_model = torch.nn.Linear(16, 4), torch.nn.Linear(16, 4)
-    plain_opt = torch.optim.SGD(plain_model.parameters(), lr=0.01)
-    watched_opt = torch.optim.SGD(watched_model.parameters(), lr=0.01)
-    mon.watch(watched_model, optimizer=watched_opt)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon.watch(model, optimizer=opt)
+    hooks = [(d, dict(d)) for d in (model._forward_pre_hooks, opt._optimizer_step_pre_hooks,
+                                    opt._optimizer_step_post_hooks)]  # fmt: skip
     data = [torch.randn(8, 16) for _ in range(steps)]
 
-    def plain():
-        for x in data:
-            plain_opt.zero_grad()
-            plain_model(x).sum().backward()
-            plain_opt.step()
-
-    def watched():
+    def loop():
         for x in mon.loader(data):
             with mon.step():
-                watched_opt.zero_grad()
-                watched_model(x).sum().backward()
-                watched_opt.step()
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+
+    def plain():
+        for d, _ in hooks:
+            d.clear()
+        loop()
+
+    def watched():
+        for d, saved in hooks:
+            d.update(saved)
+        loop()
 
     deltas, cpu_deltas, base = [], [], []
     for i in range(blocks):
@@ -102,8 +110,11 @@ def main() -> int:
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        # A buffer large enough for every block's events: we measure the hot path, not drops.
-        mon = ranksight.init(run_dir=tmp, job="bench", run_id="hot", max_buffered_events=10**6)
+        # A buffer large enough for every block's events (we measure the hot path, not drops), and no flush
+        # while the blocks run: the agent thread's own cost is benchmarks/agent_thread_cost.py's figure.
+        mon = ranksight.init(
+            run_dir=tmp, job="bench", run_id="hot", max_buffered_events=10**7, flush_interval_s=3600, stack_window=False
+        )
         loop = bench_step_and_loader(mon, args.blocks, args.steps)
         watched, watched_cpu, base_us = bench_watched_step(mon, args.blocks, args.steps)
         mon.close()
