@@ -21,6 +21,7 @@ COMMANDS = {
     "dashboard": "dashboard",
     "demo": "demo",
     "diagnose": "diagnose",
+    "export": "export",
     "import": "import_cmd",
     "ingest": "ingest",
     "publish": "publish",
@@ -36,6 +37,7 @@ COMMANDS = {
 RUN_ARGUMENTS = {
     "compare": ("run_a", "run_b"),
     "diagnose": ("run_dir",),
+    "export": ("run_dir",),
     "ingest": ("run_dir",),
     "summary": ("run_dir",),
 }
