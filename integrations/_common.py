@@ -270,3 +270,51 @@ def _holder(obj: Any, is_it: Callable[[Any], bool]) -> Any:
                     dicts.append(holder)
         frontier = dicts[:64]  # bounded: a module is held by few dicts
     return None
+
+
+# ----------------------------------------------------------------- experiment trackers (ranksight.exporters)
+TRACKER_NAMES = ("wandb", "mlflow", "tensorboard")
+
+
+def wanted_trackers(trackers: Any) -> frozenset:
+    """``"auto"`` (every tracker the framework logs to), ``None`` / ``"none"`` / ``()`` (none), a name or names."""
+    if trackers in (None, False, "none", ()):
+        return frozenset()
+    if trackers in ("auto", True):
+        return frozenset(TRACKER_NAMES)
+    names = {trackers} if isinstance(trackers, str) else set(trackers)
+    unknown = names - set(TRACKER_NAMES)
+    if unknown:
+        raise ValueError(f"trackers: unknown {sorted(unknown)}; known: {', '.join(TRACKER_NAMES)}, 'auto' or None")
+    return frozenset(names)
+
+
+def follow_trackers(monitor: Any, make_sinks: Callable[[], list], interval_s: float) -> Any:
+    """On global rank 0, start a ``ranksight.exporters.Follower`` feeding the sinks ``make_sinks()`` finds (the
+    framework's trackers); None elsewhere, when there are none, or when they cannot be reached (one line).
+
+    Rank 0 reads every rank's records from the run folder, so one tracker run holds all ranks, keyed
+    ``ranksight/rank<r>/...``: the trackers the frameworks set up exist on rank 0 only. The follower is a
+    thread that polls the folder; nothing of it runs on the training thread.
+    """
+    if monitor is None or not monitor.enabled or monitor.identity.rank != 0:
+        return None
+    try:
+        sinks = make_sinks()
+        if not sinks:
+            return None
+        from ranksight.exporters import Follower
+
+        return Follower(monitor.run_path, sinks, interval_s=interval_s).start()
+    except Exception as exc:  # a tracker that cannot be reached never stops the job
+        logging.getLogger("ranksight").warning("ranksight: trackers not fed: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def finish_trackers(follower: Any, timeout_s: float = 60.0) -> None:
+    """Log the verdict and report (after the agent's last flush) and end the runs the exporter started."""
+    if follower is not None:
+        try:
+            follower.finish(timeout_s)
+        except Exception as exc:
+            logging.getLogger("ranksight").warning("ranksight: trackers: verdict not logged: %s", exc)

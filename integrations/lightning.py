@@ -16,6 +16,7 @@ Only this module imports Lightning (``lightning`` or, failing that, ``pytorch_li
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 try:
@@ -28,7 +29,7 @@ except ImportError:  # the standalone package name
             "ranksight.integrations.lightning needs Lightning: pip install 'ranksight[lightning]'"
         ) from None
 
-from ._common import LoaderFetchTimer, start_monitor
+from ._common import LoaderFetchTimer, finish_trackers, follow_trackers, start_monitor, wanted_trackers
 
 __all__ = ["RanksightCallback"]
 
@@ -40,11 +41,28 @@ class RanksightCallback(Callback):
     starts in ``setup`` once Lightning has set up the process group, so every rank agrees on one run
     id; with ``RANKSIGHT_DISABLED=1`` no agent, thread, file or hook is created and each hook returns
     at once.
+
+    ``trackers`` (default ``"auto"``): the trainer's loggers (``WandbLogger``, ``MLFlowLogger``,
+    ``TensorBoardLogger``) that also get ranksight's per-rank scalars while the fit runs and its verdict
+    and report at its end, from a thread on global rank 0 that reads the run folder; a name or names to
+    pick some, ``None`` for none. ``tracker_interval_s``: seconds between two samples.
     """
 
-    def __init__(self, run_dir: Optional[str] = None, job: Optional[str] = None, **init_options: Any) -> None:
+    def __init__(
+        self,
+        run_dir: Optional[str] = None,
+        job: Optional[str] = None,
+        *,
+        trackers: Any = "auto",
+        tracker_interval_s: float = 10.0,
+        **init_options: Any,
+    ) -> None:
         super().__init__()
         self._init_kwargs = {"run_dir": run_dir, "job": job, **init_options}
+        self._trackers = wanted_trackers(trackers)
+        self._tracker_interval_s = tracker_interval_s
+        self.follower: Any = None
+        """The ``ranksight.exporters.Follower`` feeding the trainer's loggers (global rank 0), or None."""
         self.monitor: Any = None
         """The agent's monitor for the current fit (a no-op monitor when disabled), set in ``setup``."""
         self._m: Any = None  # the live monitor, or None: every hook checks this first
@@ -59,6 +77,10 @@ class RanksightCallback(Callback):
             self._init_kwargs, broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0), framework="lightning"
         )
         self._m = self.monitor if self.monitor.enabled else None
+        if self._m is not None and self._trackers and trainer.is_global_zero:
+            self.follower = follow_trackers(
+                self._m, lambda: _logger_sinks(trainer, self._trackers), self._tracker_interval_s
+            )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         m = self._m
@@ -85,6 +107,8 @@ class RanksightCallback(Callback):
             self._fetch.remove()
         self._m.close()
         self._m = None
+        finish_trackers(self.follower)
+        self.follower = None
 
     # ------------------------------------------------------------ per batch (hot path)
     def _arm(self, armed: bool) -> None:
@@ -119,3 +143,20 @@ class RanksightCallback(Callback):
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._arm(True)
+
+
+def _logger_sinks(trainer: Any, wanted: frozenset) -> list:
+    """A ``ranksight.exporters`` sink for each of the trainer's loggers that is a wanted tracker, logging
+    into that logger's own run (TensorBoard: a ``ranksight`` folder in its log dir, a run of its own there)."""
+    from ranksight.exporters import MlflowSink, TensorBoardSink, WandbSink
+
+    sinks: list = []
+    for logger in getattr(trainer, "loggers", None) or []:
+        kind = type(logger).__name__
+        if kind == "WandbLogger" and "wandb" in wanted:
+            sinks.append(WandbSink(logger.experiment))
+        elif kind == "MLFlowLogger" and "mlflow" in wanted:
+            sinks.append(MlflowSink(logger.run_id, client=logger.experiment))
+        elif kind == "TensorBoardLogger" and "tensorboard" in wanted:
+            sinks.append(TensorBoardSink(os.path.join(logger.log_dir, "ranksight")))
+    return sinks

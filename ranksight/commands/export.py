@@ -1,14 +1,13 @@
 """``ranksight export --to wandb|mlflow|tensorboard RUN``: a run's scalars, verdict and report in a tracker.
 
 After the run (the default) or, with ``--follow``, while it runs: one point per rank per poll, then the
-verdict once every rank has closed. A tracker that fails prints one line saying what it did not get and the
-command exits 1; the run folder is only read.
+verdict once every rank has closed. A tracker that fails prints one line saying what it did not get (a warning
+of ``ranksight.exporters``) and the command exits 1; the run folder is only read.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from ._errors import UserError
@@ -81,8 +80,6 @@ def run(args) -> int:
         print(verdict_line(result))
     for w in where:
         print(f"logged to {w}" if w.split(" ")[0] not in failed else f"partly logged to {w}")
-    for name, parts in failed.items():
-        print(f"ranksight export: {name}: not logged: {', '.join(sorted(parts))}", file=sys.stderr)
     return 1 if failed or len(where) < len(sinks) else 0
 
 

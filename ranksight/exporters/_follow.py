@@ -44,13 +44,17 @@ class Guarded:
         except Exception as exc:
             if part not in self.failed:
                 log.warning(
-                    "ranksight: %s: %s not logged (%s); the run folder keeps it", self.sink.name, what, _first_line(exc)
+                    "ranksight: %s: %s (%s); the run folder keeps it",
+                    self.sink.name,
+                    f"{what} not logged" if part != "open" else "nothing logged, its run could not be started",
+                    _first_line(exc),
                 )
             self.failed[part] = self.failed.get(part, 0) + 1
             return False
 
     def open(self, run_id: str) -> bool:
-        self.opened = self.call("open", "nothing", self.sink.open, run_id)
+        """Settle the sink's run; False (one line said why) when it could not."""
+        self.opened = self.call("open", "", self.sink.open, run_id)
         return self.opened
 
 

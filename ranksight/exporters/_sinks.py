@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from ._points import Point
+from ._points import METRICS, Point
 from ._verdict import BREAKDOWN_COLUMNS, FINDING_COLUMNS, breakdown_rows, finding_rows, markdown_table, verdict_summary
 
 PREFIX = "ranksight"
@@ -76,9 +76,13 @@ class WandbSink(TrackerSink):
 
     The scalars use their own x axis (``ranksight/step``, through ``define_metric``). In a run that is
     the user's, a sample is logged with ``commit=False``: it rides along in the user's next row, so ranksight
-    never moves the run's step counter nor commits a row the user is still writing; in a run of its own,
-    each sample is a row. ``WANDB_MODE=offline`` works as for any run.
+    never moves the run's step counter nor commits a row the user is still writing (so of the samples
+    taken between two of the user's rows, the last is kept); in a run of its own, each sample is a row.
+    Either way the whole series is also logged at the end as the ``ranksight/scalars`` table (step, rank,
+    metrics). ``WANDB_MODE=offline`` works as for any run.
     """
+
+    MAX_TABLE_ROWS = 20000
 
     name = "wandb"
 
@@ -87,6 +91,7 @@ class WandbSink(TrackerSink):
         self.run = run
         self.project, self.run_name, self.dir = project, name, dir
         self.init_kwargs = dict(init_kwargs or {})
+        self._points: list[Point] = []
 
     def open(self, run_id: str) -> None:
         wandb = _need("wandb", "wandb")
@@ -104,6 +109,9 @@ class WandbSink(TrackerSink):
         self.run.define_metric(f"{PREFIX}/*", step_metric=STEP_KEY)
 
     def log_points(self, points: Sequence[Point]) -> None:
+        self._points.extend(points)
+        if len(self._points) > self.MAX_TABLE_ROWS:
+            self._points = self._points[::2]  # thinned evenly: a long run's table stays bounded
         for step, row in _by_step(points).items():
             self.run.log({STEP_KEY: step, **row}, commit=self.owned)
 
@@ -115,6 +123,9 @@ class WandbSink(TrackerSink):
             f"{PREFIX}/findings": wandb.Table(columns=list(FINDING_COLUMNS), data=finding_rows(result)),
             f"{PREFIX}/breakdown": wandb.Table(columns=list(BREAKDOWN_COLUMNS), data=breakdown_rows(result)),
         }
+        if self._points:
+            rows = [[p.step, p.rank] + [p.values.get(m) for m in METRICS] for p in self._points]
+            tables[f"{PREFIX}/scalars"] = wandb.Table(columns=["step", "rank", *METRICS], data=rows)
         self.run.log({STEP_KEY: step, **tables}, commit=self.owned)
 
     def log_report(self, files: dict[str, str]) -> None:
