@@ -15,6 +15,7 @@ Only this module imports ``accelerate``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -25,7 +26,7 @@ except ImportError:
         "ranksight.integrations.accelerate needs accelerate: pip install 'ranksight[accelerate]'"
     ) from None
 
-from ._common import ImplicitSteps, TimedLoader, start_monitor
+from ._common import ImplicitSteps, TimedLoader, finish_trackers, follow_trackers, start_monitor, wanted_trackers
 
 __all__ = ["AccelerateTracker", "attach"]
 
@@ -44,15 +45,29 @@ def _inner_optimizer(optimizer: Any) -> Any:
 class AccelerateTracker:
     """The agent attached to one Accelerate training run; see :func:`attach`."""
 
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, **init_kwargs: Any) -> None:
+    def __init__(
+        self,
+        accelerator: Any,
+        model: Any,
+        optimizer: Any,
+        *,
+        trackers: Any = "auto",
+        tracker_interval_s: float = 10.0,
+        **init_kwargs: Any,
+    ) -> None:
         self.accelerator = accelerator
         self.monitor = start_monitor(init_kwargs, framework="accelerate")
         """The agent's monitor (a no-op monitor when disabled)."""
         self._steps: Optional[ImplicitSteps] = None
         self._handles: list = []
+        self._trackers = wanted_trackers(trackers)
+        self._tracker_interval_s = tracker_interval_s
+        self.follower: Any = None
+        """The ``ranksight.exporters.Follower`` feeding ``accelerator.trackers`` (main process), or None."""
         m = self.monitor
         if not m.enabled:
             return
+        self._follow()
         self._steps = ImplicitSteps(m)
         m.watch(model)
         inner = _inner_optimizer(optimizer)
@@ -66,6 +81,7 @@ class AccelerateTracker:
         """Return ``loader`` timed (the loader itself when ranksight is disabled)."""
         if self._steps is None:
             return loader
+        self._follow()  # init_trackers() may have come after attach()
         return TimedLoader(loader, self._steps, self.monitor.now_ns)
 
     def close(self) -> None:
@@ -74,11 +90,45 @@ class AccelerateTracker:
             handle.remove()
         self._handles.clear()
         self.monitor.close()
+        finish_trackers(self.follower)
+        self.follower = None
+
+    def _follow(self) -> None:
+        """Feed the accelerator's trackers (``log_with`` + ``init_trackers``) once they exist, on the main process."""
+        if self.follower is None and self._trackers and getattr(self.accelerator, "is_main_process", True):
+            if _tracker_sinks(self.accelerator, self._trackers, probe=True):
+                self.follower = follow_trackers(
+                    self.monitor, lambda: _tracker_sinks(self.accelerator, self._trackers), self._tracker_interval_s
+                )
 
 
 def attach(accelerator: Any, model: Any, optimizer: Any, **init_kwargs: Any) -> AccelerateTracker:
     """Start the agent for an Accelerate run; call on every process after ``accelerator.prepare``.
 
-    ``init_kwargs`` are those of :func:`ranksight.init` (``run_dir``, ``job``, ``run_id``, ...).
+    ``init_kwargs`` are those of :func:`ranksight.init` (``run_dir``, ``job``, ``run_id``, ...), and
+    ``trackers`` (default ``"auto"``): which of ``accelerator.trackers`` (W&B, MLflow, TensorBoard) also get
+    ranksight's per-rank scalars and, at ``close()``, its verdict and report; ``None`` for none.
     """
     return AccelerateTracker(accelerator, model, optimizer, **init_kwargs)
+
+
+def _tracker_sinks(accelerator: Any, wanted: frozenset, probe: bool = False) -> list:
+    """A ``ranksight.exporters`` sink per wanted tracker of the accelerator, logging into its run (with
+    ``probe``: just whether there is one, importing nothing)."""
+    found = [t for t in getattr(accelerator, "trackers", None) or [] if getattr(t, "name", None) in wanted]
+    if probe or not found:
+        return found
+    from ranksight.exporters import MlflowSink, TensorBoardSink, WandbSink
+
+    sinks: list = []
+    for t in found:
+        if t.name == "wandb":
+            sinks.append(WandbSink(t.tracker))
+        elif t.name == "mlflow":
+            import mlflow
+
+            sinks.append(MlflowSink(t.tracker.info.run_id, tracking_uri=mlflow.get_tracking_uri()))
+        else:
+            log_dir = getattr(t.tracker, "log_dir", None) or getattr(t, "logging_dir", None)
+            sinks.append(TensorBoardSink(os.path.join(str(log_dir), "ranksight")))
+    return sinks

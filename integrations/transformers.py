@@ -15,6 +15,8 @@ Only this module imports ``transformers``.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Optional
 
 try:
@@ -24,7 +26,14 @@ except ImportError:
         "ranksight.integrations.transformers needs transformers: pip install 'ranksight[transformers]'"
     ) from None
 
-from ._common import LoaderFetchTimer, find_ddp_wrapper, start_monitor
+from ._common import (
+    LoaderFetchTimer,
+    find_ddp_wrapper,
+    finish_trackers,
+    follow_trackers,
+    start_monitor,
+    wanted_trackers,
+)
 
 __all__ = ["RanksightCallback"]
 
@@ -36,13 +45,29 @@ class RanksightCallback(TrainerCallback):
     ``trainer=`` (or add the callback with ``trainer.add_callback``, then set ``callback.trainer``) to
     hand over the DDP-wrapped model directly; otherwise it is found once at ``on_train_begin``. With
     ``RANKSIGHT_DISABLED=1`` no agent, thread, file or hook is created and each hook returns at once.
+
+    ``trackers`` (default ``"auto"``): of the trackers in ``TrainingArguments.report_to``, those that also get
+    ranksight's per-rank scalars while training runs and its verdict and report at the end, in the runs
+    the Trainer's own callbacks started (``wandb.run``, ``mlflow.active_run()``, the TensorBoard callback's
+    log dir), from a thread on the main process that reads the run folder; ``None`` for none.
     """
 
     def __init__(
-        self, run_dir: Optional[str] = None, job: Optional[str] = None, *, trainer: Any = None, **init_options: Any
+        self,
+        run_dir: Optional[str] = None,
+        job: Optional[str] = None,
+        *,
+        trainer: Any = None,
+        trackers: Any = "auto",
+        tracker_interval_s: float = 10.0,
+        **init_options: Any,
     ) -> None:
         self._init_kwargs = {"run_dir": run_dir, "job": job, **init_options}
         self.trainer = trainer
+        self._trackers = wanted_trackers(trackers)
+        self._tracker_interval_s = tracker_interval_s
+        self.follower: Any = None
+        """The ``ranksight.exporters.Follower`` feeding the ``report_to`` trackers (main process), or None."""
         self.monitor: Any = None
         """The agent's monitor for the current ``train()`` (a no-op monitor when disabled)."""
         self._m: Any = None  # the live monitor, or None: every hook checks this first
@@ -65,6 +90,10 @@ class RanksightCallback(TrainerCallback):
         training = (lambda: inner.training) if inner is not None and hasattr(inner, "training") else None
         self._fetch = LoaderFetchTimer(m, training)
         self._fetch.armed = self._fetch.install()
+        if self._trackers and getattr(state, "is_world_process_zero", True):
+            # The report_to callbacks come before the user's, so their runs exist by now.
+            wanted = self._trackers & set(getattr(args, "report_to", None) or ())
+            self.follower = follow_trackers(m, lambda: _report_to_sinks(self.trainer, wanted), self._tracker_interval_s)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._m is not None:
@@ -72,6 +101,8 @@ class RanksightCallback(TrainerCallback):
                 self._fetch.remove()
             self._m.close()
             self._m = None
+            finish_trackers(self.follower)
+            self.follower = None
 
     # ------------------------------------------------------------ per step (hot path)
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -93,3 +124,25 @@ class RanksightCallback(TrainerCallback):
         m = self._m
         if m is not None:
             m.step_end()
+
+
+def _report_to_sinks(trainer: Any, wanted: set) -> list:
+    """A ``ranksight.exporters`` sink for each wanted ``report_to`` tracker whose run the Trainer's callback started."""
+    from ranksight.exporters import MlflowSink, TensorBoardSink, WandbSink
+
+    sinks: list = []
+    wandb = sys.modules.get("wandb")
+    if "wandb" in wanted and wandb is not None and getattr(wandb, "run", None) is not None:
+        sinks.append(WandbSink(wandb.run))
+    mlflow = sys.modules.get("mlflow")
+    if "mlflow" in wanted and mlflow is not None and mlflow.active_run() is not None:
+        sinks.append(MlflowSink(mlflow.active_run().info.run_id, tracking_uri=mlflow.get_tracking_uri()))
+    if "tensorboard" in wanted:
+        handler = getattr(trainer, "callback_handler", None)
+        for cb in getattr(handler, "callbacks", None) or []:
+            writer = getattr(cb, "tb_writer", None)
+            log_dir = getattr(writer, "log_dir", None) or getattr(writer, "logdir", None)
+            if log_dir:
+                sinks.append(TensorBoardSink(os.path.join(log_dir, "ranksight")))
+                break
+    return sinks
