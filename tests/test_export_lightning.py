@@ -19,7 +19,7 @@ pytest.importorskip("wandb", reason="install the extra: pip install 'ranksight[w
 pytest.importorskip("tensorboard", reason="install the extra: pip install 'ranksight[tensorboard]'")
 pytestmark = pytest.mark.slow
 
-STEPS = 40
+STEPS = 200
 
 
 @pytest.fixture(scope="module")
