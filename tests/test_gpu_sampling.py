@@ -197,3 +197,25 @@ def test_gpu_options_from_the_environment_merge_with_the_call(monkeypatch):
     monkeypatch.setenv("RANKSIGHT_GPU", "{1")
     with pytest.raises(ValueError, match="RANKSIGHT_GPU must be a JSON object"):
         Config.from_env()
+
+
+def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(monkeypatch):
+    """CUPTI left attached after a window slows every later kernel launch of a host-bound job: the window
+    asks Kineto to detach it (``TEARDOWN_CUPTI=1``) on CUDA >= 12.6, and leaves a user's choice alone."""
+    import types
+
+    from ranksight.agent._trace_window import detach_cupti_after_trace
+
+    def torch_with(cuda):
+        return types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda))
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.delenv("DISABLE_CUPTI_LAZY_REINIT", raising=False)
+    assert detach_cupti_after_trace(torch_with("12.4")) is False and "TEARDOWN_CUPTI" not in os.environ
+    assert detach_cupti_after_trace(torch_with(None)) is False and "TEARDOWN_CUPTI" not in os.environ
+    assert detach_cupti_after_trace(torch_with("13.0")) is True and os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the user's (or torch.profiler's, under CUDA graphs)
+    assert detach_cupti_after_trace(torch_with("13.0")) is False and os.environ["TEARDOWN_CUPTI"] == "0"
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    monkeypatch.setenv("DISABLE_CUPTI_LAZY_REINIT", "1")
+    assert detach_cupti_after_trace(torch_with("13.0")) is False and "TEARDOWN_CUPTI" not in os.environ
