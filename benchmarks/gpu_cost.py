@@ -209,6 +209,21 @@ def _thread_group(name: str) -> str:
     return "other"
 
 
+def one_step(model, opt, x, y, cuda: bool) -> None:
+    """One training step of the benchmark's job: forward (bf16 autocast on a GPU), MSE backward, AdamW."""
+    import torch
+    import torch.nn.functional as F
+
+    if cuda:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+    else:
+        out = model(x)
+    F.mse_loss(out.float(), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def child_main(cfg: dict) -> dict:
     """One launch: build the job, attach the arm, warm up, time, measure; returns the result dict."""
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
@@ -217,7 +232,6 @@ def child_main(cfg: dict) -> dict:
     os.environ["MASTER_PORT"] = str(cfg.get("master_port", 29500))
     t_launch = time.perf_counter()
     import torch
-    import torch.nn.functional as F
 
     sys.path.insert(0, HERE)
     from gpu_workload import make_model
@@ -253,18 +267,10 @@ def child_main(cfg: dict) -> dict:
     g = torch.Generator(device="cpu").manual_seed(1)
     shape = (cfg["batch"], cfg["t"], cfg["d"])
     batches = [(torch.randn(shape, generator=g).to(dev), torch.randn(shape, generator=g).to(dev)) for _ in range(2)]
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else None
 
     def train_step(i: int) -> None:
         x, y = batches[i & 1]
-        if autocast is not None:
-            with autocast:
-                out = model(x)
-        else:
-            out = model(x)
-        F.mse_loss(out.float(), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        one_step(model, opt, x, y, cuda)
 
     t_attach = time.perf_counter()
     mon = prof = None
@@ -437,7 +443,6 @@ def calibrate_main(cfg: dict) -> dict:
     """Layers and batch per target step: fewer layers while batch 1 is > 1.3x the target, then
     doubling batches until the step reaches the target; the batch closest to it wins."""
     import torch
-    import torch.nn.functional as F
 
     sys.path.insert(0, HERE)
     from gpu_workload import make_model
@@ -459,14 +464,7 @@ def calibrate_main(cfg: dict) -> dict:
         y = torch.randn(b, cfg["t"], cfg["d"], device=dev)
 
         def one():
-            if cuda:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    o = model(x)
-            else:
-                o = model(x)
-            F.mse_loss(o.float(), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            one_step(model, opt, x, y, cuda)
 
         for _ in range(8):
             one()
