@@ -19,6 +19,7 @@ from ranksight.collectors import (
 
 from ._evaluate import evaluate, run_checklist
 from ._load import RuleSet, load_rules
+from ._vector import Frame
 
 
 def diagnose(
@@ -60,10 +61,11 @@ def _judge(con, metas: list, rules: RuleSet, warmup_steps: int, since_ns: int | 
     breakdown = step_breakdown(con, warmup_steps, since_ns)
     features = compute_features(con, metas, warmup_steps, breakdown, since_ns=since_ns)
     context = compute_context(con, metas, features, warmup_steps, since_ns)
+    frame = Frame(features)  # the features as columns, built as the rules read them, for both
     return {
-        "findings": evaluate(rules.rules, features, context),
+        "findings": evaluate(rules.rules, frame, context),
         "breakdown": {"ranks": breakdown},
-        "checklist": run_checklist(rules.checklist, features),
+        "checklist": run_checklist(rules.checklist, frame),
         "other_time": _other_time(breakdown, metas),
     }
 

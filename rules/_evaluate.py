@@ -6,6 +6,12 @@ says what share of the step time its fix would give back (``cost_share``, and ``
 1 / (1 - cost_share)). Findings are then put in the order a person should act on them: by severity,
 then by what fixing them gives back, then confidence; and a root cause before what it explains (a
 rank that waits for data, or computes slower, makes the others wait at collectives).
+
+The ranks a rule can fire on are found over all ranks at once (``_vector``: its ``when``, and for a rule
+with levels its value past the lowest level, as numpy arrays over the features' columns); the per-rank
+code below then judges those ranks alone, so at 10,000 ranks it runs for the few ranks and rules that
+fire, not for every pair. ``per_rank=True`` judges every rank, as this evaluator did before; a rule whose
+expressions the columns cannot evaluate exactly is judged that way too (``Frame.fallbacks`` names it).
 """
 
 from __future__ import annotations
@@ -14,10 +20,14 @@ import math
 import string
 from dataclasses import dataclass
 
+import numpy as np
+
 from ranksight.collectors import CONTEXT_DEFAULTS
 
+from . import _vector
 from ._expr import evaluate as eval_expr
 from ._load import SEVERITIES, ChecklistItem, Rule, format_spec_problem
+from ._vector import Frame, NotVectorised
 
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
 _MAX_COST = 0.99  # a fix cannot give back the whole step; keeps the speedup finite
@@ -34,20 +44,65 @@ class _Hit:
     env: dict
 
 
-def evaluate(rules: list[Rule], features: dict[int, dict], context: dict[int, dict] | None = None) -> list[dict]:
-    """Return the findings of ``rules`` over ``features`` (rank -> feature dict), root cause first.
+def evaluate(
+    rules: list[Rule],
+    features: dict[int, dict] | Frame,
+    context: dict[int, dict] | None = None,
+    *,
+    per_rank: bool = False,
+) -> list[dict]:
+    """Return the findings of ``rules`` over ``features`` (rank -> feature dict, or a ``Frame`` of them
+    the checklist then reads too), root cause first.
 
     ``context`` (rank -> {name: string}, see ``ranksight.collectors.CONTEXT``) fits the fix text and
     snippets to the job (its framework, transport); without it the plain-PyTorch fix is given.
+    ``per_rank`` judges every rule on every rank (the specification the columns are tested against).
     """
     context = context or {}
+    frame = features if isinstance(features, Frame) else Frame(features)
     findings, explains = [], {}
     for rule in rules:
-        hits = [hit for rank in sorted(features) if (hit := _fire(rule, features[rank])) is not None]
+        ranks = frame.ranks if per_rank else candidates(rule, frame)
+        hits = [hit for rank in ranks if (hit := _fire(rule, frame.features[rank])) is not None]
         if hits:
-            findings.append(_finding(rule, hits, features, context))
+            findings.append(_finding(rule, hits, frame.n, context))
             explains[rule.id] = explained_here(rule, [h.env for h in hits])
     return rank_findings(findings, {r.id: r for r in rules}, explains)
+
+
+def candidates(rule: Rule, frame: Frame) -> list[int]:
+    """The ranks (ascending) on which ``rule`` may fire: its ``when`` holds and, with levels, its value is
+    known and reaches the lowest level after the noise; every rank where the columns cannot say exactly."""
+    try:
+        mask = _vector.when_mask(rule.when, frame)
+        if rule.levels and mask.any():
+            mask = mask & _levels_reached(rule, frame)
+    except NotVectorised:
+        frame.fallbacks.append(rule.id)
+        return frame.ranks
+    return [frame.ranks[i] for i in np.flatnonzero(mask)]
+
+
+def _levels_reached(rule: Rule, frame: Frame) -> np.ndarray:
+    """Where ``_fire``'s level test can pass: the value a finite number past some level after the noise."""
+    everywhere = np.ones(frame.n, dtype=bool)
+    if rule.value is None:
+        return ~everywhere  # no value is never known
+    value = _vector.evaluate(rule.value, frame)
+    if value.bools:
+        return everywhere  # a bool is not a number to _known: left to _fire
+    noise = 0.0
+    if rule.noise is not None:
+        spread = _vector.evaluate(rule.noise, frame)
+        if spread.bools:
+            return everywhere
+        noise = np.where(_vector.known(spread) & (spread.val > 0), spread.val, 0.0)
+    with np.errstate(all="ignore"):
+        judged = value.val - noise if rule.compare == ">=" else value.val + noise
+    reached = np.zeros(1, dtype=bool)
+    for _, threshold in rule.levels:
+        reached = reached | (judged >= threshold if rule.compare == ">=" else judged <= threshold)
+    return np.broadcast_to(_vector.known(value) & reached, (frame.n,))
 
 
 def explained_here(rule: Rule, envs: list[dict]) -> tuple:
@@ -115,7 +170,7 @@ def _margin(value: float, threshold: float, compare: str) -> float:
     return max(0.0, min(1.0, ratio - 1.0))
 
 
-def _finding(rule: Rule, hits: list[_Hit], features: dict[int, dict], context: dict[int, dict]) -> dict:
+def _finding(rule: Rule, hits: list[_Hit], total: int, context: dict[int, dict]) -> dict:
     def badness(hit: _Hit):
         extreme = 0.0 if hit.value is None else (hit.value if rule.compare == ">=" else -hit.value)
         return (SEVERITIES.index(hit.severity), -1.0 if hit.cost is None else hit.cost, extreme, hit.confidence)
@@ -131,7 +186,7 @@ def _finding(rule: Rule, hits: list[_Hit], features: dict[int, dict], context: d
     fill_env.update(suggestions(rule, fill_env))
     fill_env.update(
         value=worst.value,
-        ranks=_ranks_text(ranks, len(features)),
+        ranks=_ranks_text(ranks, total),
         cost_share=worst.cost,
         speedup=speedup(worst.cost),
     )
@@ -247,28 +302,58 @@ def _inherit(cause: dict, effect: dict) -> None:
         cause["cost_basis"] = effect.get("cost_basis")
 
 
-def run_checklist(items: list[ChecklistItem], features: dict[int, dict]) -> list[dict]:
+def run_checklist(
+    items: list[ChecklistItem], features: dict[int, dict] | Frame, *, per_rank: bool = False
+) -> list[dict]:
     """Pass / warn / fail per checklist item, judged on the worst rank; n/a when no rank can say."""
+    frame = features if isinstance(features, Frame) else Frame(features)
     out = []
     for item in items:
-        values = []
-        for rank in sorted(features):
-            env = features[rank]
-            if item.when is not None and not eval_expr(item.when, env):
-                continue
-            value = eval_expr(item.value, env)
-            if value is not None and not isinstance(value, bool) and math.isfinite(value):
-                values.append(value)
+        worst = NotVectorised if per_rank else _worst_by_columns(item, frame)
+        if worst is NotVectorised:
+            worst = _worst_by_rank(item, frame)
         unit = "ratio" if item.value.text.strip().endswith(_RATIO_SUFFIXES) else "number"
-        if not values:
+        if worst is None:
             out.append({"item": item.item, "group": item.group, "status": "n/a", "value": None, "unit": unit})
             continue
-        worst = max(values) if item.compare == ">=" else min(values)
         status = "fail" if _beyond(worst, item.fail, item.compare) else "pass"
         if status == "pass" and _beyond(worst, item.warn, item.compare):
             status = "warn"
         out.append({"item": item.item, "group": item.group, "status": status, "value": _round(worst), "unit": unit})
     return out
+
+
+def _worst_by_rank(item: ChecklistItem, frame: Frame):
+    """The item's worst known value over the ranks, judged one by one; None when no rank can say."""
+    values = []
+    for env in frame.rows:
+        if item.when is not None and not eval_expr(item.when, env):
+            continue
+        value = eval_expr(item.value, env)
+        if value is not None and not isinstance(value, bool) and math.isfinite(value):
+            values.append(value)
+    if not values:
+        return None
+    return max(values) if item.compare == ">=" else min(values)
+
+
+def _worst_by_columns(item: ChecklistItem, frame: Frame):
+    """``_worst_by_rank`` over the columns: the first rank holding the extreme (as ``max``/``min`` keep the
+    first), its value read from its own features; ``NotVectorised`` (the class) where the columns cannot say."""
+    try:
+        mask = _vector.when_mask(item.when, frame)
+        value = _vector.evaluate(item.value, frame)
+    except NotVectorised:
+        value = None
+    if value is None or value.bools:
+        frame.fallbacks.append(f"checklist: {item.item}")
+        return NotVectorised
+    where = np.flatnonzero(mask & np.broadcast_to(_vector.known(value), (frame.n,)))
+    if not where.size:
+        return None
+    values = np.broadcast_to(value.val, (frame.n,))[where]
+    at = where[int(np.argmax(values) if item.compare == ">=" else np.argmin(values))]
+    return eval_expr(item.value, frame.rows[at])
 
 
 # Feature names in 0-1 (schema convention: the unit is in the name), shown as percentages.

@@ -1,0 +1,266 @@
+"""The rules over feature columns (``rules/_vector.py``) against the per-rank evaluator, finding by finding.
+
+The per-rank evaluator is the specification: every built-in rule and checklist item is evaluated both ways
+on synthetic frames built from the rules' own thresholds (each feature a rule reads present, absent, NaN,
+infinite, and exactly at, just below and just above every constant the rule compares it with; some features
+the same on every rank, as job-level figures are), on random expressions of the whole language, and on
+10,000-rank frames with a few planted per-rank anomalies. A frame the columns cannot evaluate exactly (a
+string, an integer beyond 2**53) is judged rank by rank, with the same findings.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import random
+
+import numpy as np
+import pytest
+
+from ranksight.collectors import FEATURES
+from ranksight.rules import load_rules
+from ranksight.rules._evaluate import _fire, candidates, evaluate, run_checklist
+from ranksight.rules._expr import evaluate as eval_expr
+from ranksight.rules._expr import parse
+from ranksight.rules._load import parse_rules
+from ranksight.rules._vector import OK, Frame, NotVectorised, when_mask
+from ranksight.rules._vector import evaluate as vec_eval
+
+RULES = load_rules()
+
+
+def _exprs(rule):
+    out = [rule.when, rule.value, rule.noise, rule.cost, *(e for _, e in rule.suggest)]
+    out += [case.when for case in rule.fix_cases] + list(rule.explains_when.values())
+    return [e for e in out if e is not None]
+
+
+def _constants(exprs, extra=()) -> set:
+    found = set(extra)
+    for expr in exprs:
+        found |= {n.value for n in ast.walk(expr.tree) if isinstance(n, ast.Constant)}
+    return found
+
+
+def _pool(constants) -> list:
+    """Values for a feature: absent, the special floats, and each constant with its near neighbours."""
+    pool = [None, None, 0, 1, 0.0, 1.0, -1.0, 2, float("nan"), math.inf, -math.inf]
+    for c in constants:
+        pool += [c, float(c), c * (1 + 1e-9) or 1e-12, c * (1 - 1e-9) or -1e-12, c + 1, c - 1]
+    return pool
+
+
+# An infinite or NaN evidence figure stops the per-rank evaluator itself (``_round`` raises): those names
+# are drawn from finite values only.
+_EVIDENCE = {name for rule in RULES.rules for name in rule.evidence}
+
+
+def _frame(rng: random.Random, names, pool, ranks: int) -> dict[int, dict]:
+    """``ranks`` ranks; about a third of the names hold one value on every rank (job-level)."""
+    finite = [v for v in pool if not (isinstance(v, float) and not math.isfinite(v))]
+    pools = {name: finite if name in _EVIDENCE else pool for name in names}
+    job = {name: rng.choice(pools[name]) for name in names if rng.random() < 0.35}
+    feats = {}
+    for rank in range(ranks):
+        f = {name: None for name in FEATURES}
+        f.update({name: job[name] if name in job else rng.choice(pools[name]) for name in names})
+        f["rank"] = rank
+        f["steps"] = rng.choice([None, 0, 5, 20, 40])
+        feats[rank] = f
+    return feats
+
+
+def _same_as_per_rank(feats: dict[int, dict], rules=RULES) -> tuple[list, Frame]:
+    """Both ways, the same findings and checklist; and each rule's candidate ranks are exactly the ranks
+    where it fires (the columns judge the levels too), unless it was judged rank by rank."""
+    frame = Frame(feats)
+    expected = evaluate(rules.rules, feats, per_rank=True)
+    assert evaluate(rules.rules, frame) == expected
+    assert run_checklist(rules.checklist, frame) == run_checklist(rules.checklist, feats, per_rank=True)
+    for rule in rules.rules:
+        if rule.id not in frame.fallbacks:
+            fires = [rank for rank in frame.ranks if _fire(rule, feats[rank]) is not None]
+            assert candidates(rule, Frame(feats)) == fires, rule.id
+    return expected, frame
+
+
+def _same_number(a: float, b: float) -> bool:
+    """Equal, NaN alike. A zero's sign may differ (Python's int 0 has none, ``0 * -1`` in float64 is -0.0):
+    no expression can tell them apart, a division by either zero being unknown."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b
+
+
+def _assert_values_match(expr, frame: Frame) -> None:
+    """Per rank: unknown where the per-rank evaluator says None, else the same number (NaN alike)."""
+    v = vec_eval(expr, frame)
+    val = np.broadcast_to(v.val, (frame.n,))
+    st = np.broadcast_to(OK if v.st is None else v.st, (frame.n,))
+    for i, env in enumerate(frame.rows):
+        ref = eval_expr(expr, env)
+        assert (ref is None) == (st[i] != OK), (expr.text, env, ref, st[i])
+        if ref is not None:
+            assert _same_number(float(ref), float(val[i])), (expr.text, env, ref, val[i])
+            assert v.bools or not isinstance(ref, bool), expr.text
+    holds = np.array([bool(eval_expr(expr, env)) for env in frame.rows])
+    assert (when_mask(expr, frame) == holds).all(), expr.text
+
+
+@pytest.mark.parametrize("rule", RULES.rules, ids=lambda r: r.id)
+def test_each_rule_fires_on_its_own_thresholds_as_rank_by_rank(rule):
+    exprs = _exprs(rule)
+    names = sorted({n for e in exprs for n in e.names} | set(rule.evidence))
+    pool = _pool(_constants(exprs, (t for _, t in rule.levels)))
+    fired = 0
+    for seed in range(6):
+        feats = _frame(random.Random(f"{rule.id}-{seed}"), names, pool, 300)
+        findings, frame = _same_as_per_rank(feats)
+        assert frame.fallbacks == []
+        fired += any(f["rule"] == rule.id for f in findings)
+        for expr in exprs:
+            _assert_values_match(expr, frame)
+    assert fired, f"{rule.id} never fired: the test would not see a difference in its findings"
+
+
+def test_each_checklist_item_as_rank_by_rank():
+    for item in RULES.checklist:
+        exprs = [e for e in (item.when, item.value) if e is not None]
+        names = sorted({n for e in exprs for n in e.names})
+        pool = _pool(_constants(exprs, (item.warn, item.fail)))
+        for seed in range(4):
+            feats = _frame(random.Random(f"{item.item}-{seed}"), names, pool, 200)
+            _same_as_per_rank(feats)
+            frame = Frame(feats)
+            for expr in exprs:
+                _assert_values_match(expr, frame)
+
+
+_NAMES = ("a", "b", "c")
+_FUNCS = ("min", "max", "abs", "round", "floor", "ceil", "coalesce")
+
+
+def _random_expr(rng: random.Random, depth: int) -> str:
+    if depth == 0 or rng.random() < 0.25:
+        return rng.choice([*_NAMES, *_NAMES, "0", "1", "2", "0.5", "-1", "true", "false", "1e308"])
+    kind = rng.randrange(6)
+    sub = lambda: _random_expr(rng, depth - 1)  # noqa: E731
+    if kind == 0:
+        return f"({sub()} {rng.choice('+-*/')} {sub()})"
+    if kind == 1:
+        ops = [rng.choice(["<", "<=", ">", ">=", "==", "!="]) for _ in range(rng.randint(1, 2))]
+        return "(" + sub() + "".join(f" {op} {sub()}" for op in ops) + ")"
+    if kind == 2:
+        return "(" + f" {rng.choice(['and', 'or'])} ".join(sub() for _ in range(rng.randint(2, 3))) + ")"
+    if kind == 3:
+        return f"({rng.choice(['not ', '-'])}{sub()})"
+    func = rng.choice(_FUNCS)
+    n = 1 if func in ("abs", "round", "floor", "ceil") else rng.randint(1, 3)
+    return f"{func}({', '.join(sub() for _ in range(n))})"
+
+
+def test_random_expressions_match_the_per_rank_evaluator():
+    """The whole language: unknown and error statuses, short circuits, coalesce, min/max of NaN, round."""
+    rng = random.Random(7)
+    values = [None, 0, 1, 2, -3, 0.0, -0.0, 0.5, 2.5, -2.5, 1e308, float("nan"), math.inf, -math.inf, True, False]
+    rows = [{name: rng.choice(values) for name in _NAMES} for _ in range(150)]
+    rows.append({name: 7 for name in _NAMES})  # the same on every rank below: one-element columns
+    present = [{name: rng.choice(values[1:]) for name in _NAMES} for _ in range(60)]  # no status column
+    frames = [Frame(dict(enumerate(rows))), Frame(dict(enumerate(present)))]
+    frames.append(Frame({r: {**rows[-1], "rank": r} for r in range(5)}))
+    checked = 0
+    for _ in range(3000):
+        expr = parse(_random_expr(rng, 4))
+        for frame in frames:
+            try:
+                _assert_values_match(expr, frame)
+                checked += 1
+            except NotVectorised:
+                pass
+    assert checked > 5000
+
+
+def test_a_column_the_arrays_cannot_hold_exactly_is_judged_rank_by_rank():
+    text = """
+rules:
+  - id: big-int
+    axis: sync
+    title: t
+    when: parameter_bytes + 1 > parameter_bytes
+    severity: warning
+    summary: "s {ranks}"
+    fix: {text: f}
+  - id: plain
+    axis: sync
+    title: t
+    when: steps >= 1
+    severity: info
+    summary: "s {ranks}"
+    fix: {text: f}
+"""
+    rules = parse_rules(text)
+    feats = {r: {"rank": r, "steps": 3, "parameter_bytes": 2**60 + r} for r in range(4)}
+    findings, frame = _same_as_per_rank(feats, rules)
+    assert [f["rule"] for f in findings] == ["big-int", "plain"]  # 2**60 + 1 > 2**60 holds in Python
+    assert frame.fallbacks == ["big-int"]
+    feats = {r: {"rank": r, "steps": 3, "parameter_bytes": "1" if r == 1 else 1} for r in range(4)}
+    findings, frame = _same_as_per_rank(feats, rules)
+    assert frame.fallbacks == ["big-int"]
+    assert findings[0]["rule"] == "big-int" and findings[0]["ranks"] == [0, 2, 3]  # "1" + 1 is unknown
+
+
+def _planted_frame(seed: int, ranks: int = 10_000) -> dict[int, dict]:
+    """A 2-rank-per-node-ish CPU DDP job at ``ranks`` ranks: job-level figures alike everywhere, per-rank
+    shares drawn at random, and a few ranks with a planted anomaly (a hungry loader, a straggler, memory)."""
+    rng = np.random.default_rng(seed)
+    job = {name: None for name in FEATURES}
+    job.update(
+        world_size=ranks, ranks_reporting=ranks, nodes=ranks // 8, ddp=1, fsdp=0, compiled=0, model_on_gpu=0,
+        ddp_backend_gloo=1, find_unused_parameters=0, static_graph=0, loader_wrapped=1, loader_num_workers=2,
+        loader_pin_memory=0, ranks_data_measured=ranks, data_measured=1, graph_breaks=0, recompiles=0,
+        recompiles_after_warmup=0, cpus_allowed=16, cpu_count=16, local_world_size=8, torch_threads=1,
+        cpus_per_rank=2.0, threads_demanded=24, oversubscription_ratio=1.5, comm_floor_share=0.04,
+        comm_floor_share_noise=0.005, comm_blocked_floor_share=0.0, imbalance_cost_share=0.02,
+        least_wait_top_share=0.3, grad_bytes_per_step=4.0e6, buckets_per_step=2, transport_bytes_per_s=1e9,
+        transport_latency_s=0.0035, allreduce_wire_s=0.008, allreduce_latency_s=0.007, parameter_bytes=4_000_000,
+        records_dropped_total=0, agent_errors_total=0, slowest_rank=ranks - 1,
+    )  # fmt: skip
+    feats = {}
+    shares = rng.dirichlet([8, 2, 1, 1, 1], ranks)
+    for rank in range(ranks):
+        f = dict(job)
+        compute, wait, comm, opt, other = (float(x) for x in shares[rank])
+        f.update(
+            rank=rank, steps=int(rng.integers(15, 1000)), step_median_s=float(rng.gamma(20, 0.0005)),
+            compute_share=compute, data_wait_share=wait * 0.2, data_wait_share_noise=0.002,
+            comm_exposed_share=comm, grad_comm_share=comm * 0.8, optimizer_share=opt * 0.5, other_share=other * 0.3,
+            host_bound_share=compute + wait * 0.2 + opt * 0.5, least_wait_step_share=float(rng.uniform(0, 0.3)),
+            straggler_cost_share=float(rng.uniform(0, 0.02)), straggler_cost_share_noise=0.001,
+            straggler_work_explained=float(rng.uniform(-1, 1)) if rng.random() < 0.9 else None,
+            host_load_ratio=float(rng.uniform(0.2, 1.2)), host_cpu_contended=int(rng.random() < 0.1),
+            run_time_s=float(rng.uniform(1, 100)), compute_vs_median=float(rng.normal(1, 0.05)),
+        )  # fmt: skip
+        feats[rank] = f
+    for rank in rng.choice(ranks, 5, replace=False):  # hungry loaders
+        feats[int(rank)]["data_wait_share"] = float(rng.uniform(0.1, 0.5))
+    straggler = int(rng.integers(ranks))
+    feats[straggler].update(least_wait_step_share=0.95, straggler_cost_share=0.2, straggler_work_explained=0.9)
+    for rank in rng.choice(ranks, 3, replace=False):  # a rank of a contended host, last at most collectives
+        feats[int(rank)].update(
+            least_wait_step_share=0.85, straggler_work_explained=0.1, host_cpu_contended=1, straggler_cost_share=0.08
+        )
+    for rank in rng.choice(ranks, 2, replace=False):
+        feats[int(rank)].update(graph_breaks=4, compiled=1, recompiles_after_warmup=2)
+    return feats
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_10000_ranks_with_planted_anomalies_as_rank_by_rank(seed):
+    feats = _planted_frame(seed)
+    findings, frame = _same_as_per_rank(feats)
+    assert frame.fallbacks == []
+    fired = {f["rule"] for f in findings}
+    assert {"input-bound", "straggler", "host-slowed-rank", "graph-breaks"} <= fired, fired
+    # Most rules are judged on a few ranks, not 10,000.
+    judged = sum(len(candidates(rule, Frame(feats))) for rule in RULES.rules)
+    assert judged < len(RULES.rules) * len(feats) / 4
