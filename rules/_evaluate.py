@@ -365,7 +365,11 @@ def _beyond(value: float, threshold: float, compare: str) -> bool:
 
 
 def _round(value):
+    """Evidence as the report shows it; a non-finite value (a ratio over an empty span) reads as unknown
+    (None) rather than stopping the diagnosis (``round(inf)`` raises) or writing JSON no parser takes."""
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
         return round(value, 4) if abs(value) < 1e6 else round(value)
     return value
 

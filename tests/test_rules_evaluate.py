@@ -384,3 +384,10 @@ def test_syncs_that_expose_a_loader_wait_come_first_and_carry_its_cost(ruleset):
     assert rules_of(findings)[:2] == ["input-bound", "input-path-syncs"]
     assert findings[0]["cost_share"] == 0.76 and findings[0]["explained_by"] is None
     assert findings[1]["cost_share"] == round(0.78 - (0.78 - 0.22), 4)  # the GPU work the loading could hide
+
+
+def test_non_finite_evidence_reads_as_unknown_instead_of_stopping_the_diagnosis():
+    from ranksight.rules._evaluate import _round
+
+    assert _round(float("inf")) is None and _round(float("nan")) is None
+    assert _round(0.123456) == 0.1235 and _round(3) == 3
