@@ -294,8 +294,10 @@ def follow_trackers(monitor: Any, make_sinks: Callable[[], list], interval_s: fl
     framework's trackers); None elsewhere, when there are none, or when they cannot be reached (one line).
 
     Rank 0 reads every rank's records from the run folder, so one tracker run holds all ranks, keyed
-    ``ranksight/rank<r>/...``: the trackers the frameworks set up exist on rank 0 only. The follower is a
-    thread that polls the folder; nothing of it runs on the training thread.
+    ``ranksight/rank<r>/...``: the trackers the frameworks set up exist on rank 0 only. The folder is read by
+    a process of the follower's own (``python -m ranksight.exporters._reader``, ended at ``finish``); a thread
+    of this process only hands what it sends to the trackers, whose runs live here. Nothing of it runs on the
+    training thread.
     """
     if monitor is None or not monitor.enabled or monitor.identity.rank != 0:
         return None
@@ -305,7 +307,7 @@ def follow_trackers(monitor: Any, make_sinks: Callable[[], list], interval_s: fl
             return None
         from ranksight.exporters import Follower
 
-        return Follower(monitor.run_path, sinks, interval_s=interval_s).start()
+        return Follower(monitor.run_path, sinks, interval_s=interval_s, process=True).start()
     except Exception as exc:  # a tracker that cannot be reached never stops the job
         logging.getLogger("ranksight").warning("ranksight: trackers not fed: %s: %s", type(exc).__name__, exc)
         return None

@@ -34,7 +34,11 @@ def fit(tmp_path_factory):
     loggers = ["--logger", "wandb", "--logger", "mlflow", "--logger", "tensorboard"]
     cmd = [sys.executable, example("lightning_trackers.py"), "--run-dir", str(tmp / "runs"), "--out", str(tmp),
            "--steps", str(STEPS), "--interval", "0.5", *loggers]  # fmt: skip
-    run_job(cmd, cwd=str(tmp), run_id=None, env=env)
+    with pytest.MonkeyPatch.context() as mp:
+        # a wandb.init earlier in this pytest process (test_export_trackers) leaves WANDB_SERVICE set: the job
+        # would log through that process's wandb-core, and its run's summary was lost at the job's exit
+        mp.delenv("WANDB_SERVICE", raising=False)
+        run_job(cmd, cwd=str(tmp), run_id=None, env=env)
     (run,) = glob.glob(str(tmp / "runs" / "*"))
     return {"tmp": tmp, "run": run, "rule": first_serious_rule(run)}
 

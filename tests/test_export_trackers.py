@@ -249,3 +249,30 @@ def test_a_tracker_that_cannot_start_is_one_line(job_run, tmp_path, monkeypatch,
         "the run folder keeps it"
     ]
     assert tb_read(str(tmp_path / "tb")).Scalars("ranksight/rank0/compute_share")
+
+
+def test_the_reader_process_reads_and_the_thread_logs(job_run, tmp_path, caplog):
+    """``process=True`` (what the callbacks use): the folder is read in a child process of the job's process group,
+    the points and the verdict come back to this process's sinks, and the child is gone after ``finish``. A child
+    that dies costs nothing but one line: the thread reads the folder itself."""
+    from ranksight.exporters import Follower, TensorBoardSink
+
+    follower = Follower(job_run, [TensorBoardSink(str(tmp_path / "tb"))], interval_s=60, process=True).start()
+    proc = follower._proc
+    assert proc is not None and os.getpgid(proc.pid) == os.getpgid(0)
+    assert follower.poll() == 2  # one point per rank, read by the child
+    assert follower.finish(timeout_s=60)
+    assert proc.poll() is not None and follower._proc is None
+    assert follower.result["findings"][0]["rule"] == first_serious_rule(job_run)
+    acc = tb_read(str(tmp_path / "tb"))
+    assert [e.step for e in acc.Scalars("ranksight/rank1/step_time_s")] == [STEPS - 1]
+    assert f"| rule | {first_serious_rule(job_run)} |" in tb_text(acc, "ranksight/verdict")
+
+    dying = Follower(job_run, [TensorBoardSink(str(tmp_path / "tb2"))], interval_s=60, process=True).start()
+    dying._proc.kill()
+    dying._proc.wait()
+    with caplog.at_level(logging.WARNING, logger="ranksight"):
+        assert dying.poll() == 2  # read here instead
+    (line,) = [r.getMessage() for r in caplog.records if "reader process" in r.getMessage()]
+    assert line.startswith("ranksight: trackers: reader process ended (") and line.endswith("reading from a thread")
+    assert dying.finish(timeout_s=60) and dying.result is not None

@@ -2,8 +2,9 @@
 TensorBoard.
 
 Read from the run folder through ``ranksight.collectors`` and ``ranksight.rules``, never on the training
-thread: after a run (``export_run``, ``ranksight export``) or live from a polling thread (``Follower``,
-which the framework callbacks start on global rank 0 for the trackers the framework already logs to).
+thread: after a run (``export_run``, ``ranksight export``) or live (``Follower``, which the framework callbacks
+start on global rank 0 for the trackers the framework already logs to: a reader process polls the folder and
+a thread hands its points to the trackers' runs in the training process).
 """
 
 from ._follow import Follower, Guarded, export_run
@@ -37,7 +38,9 @@ __all__ = [
 ]
 
 
-def follow(run_path: str, sinks: list, *, interval_s: float = 10.0, warmup_steps: int = 5) -> Follower:
+def follow(run_path: str, sinks: list, *, interval_s: float = 10.0, warmup_steps: int = 5,
+           process: bool = True) -> Follower:  # fmt: skip
     """Start a :class:`Follower` on ``run_path`` (e.g. ``mon.run_path`` on global rank 0); call its
-    ``finish()`` after ``mon.close()`` to log the verdict (it also runs at exit)."""
-    return Follower(run_path, sinks, interval_s=interval_s, warmup_steps=warmup_steps).start()
+    ``finish()`` after ``mon.close()`` to log the verdict (it also runs at exit). ``process=True``: the folder
+    is read by a child process, not in the training process (see :class:`Follower`)."""
+    return Follower(run_path, sinks, interval_s=interval_s, warmup_steps=warmup_steps, process=process).start()
