@@ -11,13 +11,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from ._points import Point, SpoolCursor, run_points
 from ._sinks import TrackerSink
-from ._verdict import report_files
+from ._verdict import diagnose_run, report_files, wait_for_ranks
 
 log = logging.getLogger("ranksight")
 
@@ -59,29 +58,6 @@ class Guarded:
         """Settle the sink's run; False (one line said why) when it could not."""
         self.opened = self.call("open", "", self.sink.open, run_id)
         return self.opened
-
-
-def _wait_for_ranks(run_path: str, timeout_s: float) -> None:
-    """Until every rank said its last word (or stopped beating) or ``timeout_s`` passed: the verdict then sees
-    each rank's last flush."""
-    from ranksight.collectors import rank_is_live, read_rank_meta
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            metas = read_rank_meta(run_path)
-        except Exception:
-            metas = []
-        world = max((int(m.data.get("world_size") or 0) for m in metas), default=0)
-        if metas and len(metas) >= world and not any(rank_is_live(m) for m in metas):
-            return
-        time.sleep(0.2)
-
-
-def _diagnose(run_path: str, warmup_steps: int) -> dict:
-    from ranksight.rules import diagnose
-
-    return diagnose(run_path, warmup_steps=warmup_steps)
 
 
 class Follower:
@@ -229,10 +205,10 @@ class Follower:
             self._done.set()
 
     def _verdict_here(self) -> tuple[Optional[dict], Any]:
-        _wait_for_ranks(self.run_path, self.wait_for_ranks_s)
+        wait_for_ranks(self.run_path, self.wait_for_ranks_s)
         self.poll()
         try:
-            result = _diagnose(self.run_path, self.warmup_steps)
+            result = diagnose_run(self.run_path, self.warmup_steps)
             return result, report_files(result, self.run_path)
         except Exception as exc:
             log.warning("ranksight: export: no verdict for %s (%s)", self.run_path, _first_line(exc))
@@ -278,7 +254,7 @@ def export_run(run_path: str, sinks: Sequence[TrackerSink], *, max_points: int =
     opened = [g for g in guarded if g.open(run_id)]
     points = run_points(run_path, max_points)
     last = max((p.step for p in points), default=0)
-    result = _diagnose(run_path, warmup_steps)
+    result = diagnose_run(run_path, warmup_steps)
     files = report_files(result, run_path)
     for g in opened:
         if points:

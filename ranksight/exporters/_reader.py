@@ -42,9 +42,8 @@ def _error(exc: BaseException) -> str:
 
 
 def serve(run_path: str, warmup_steps: int, commands, out) -> None:
-    from ._follow import _diagnose, _wait_for_ranks
     from ._points import SpoolCursor
-    from ._verdict import report_files
+    from ._verdict import diagnose_run, report_files, wait_for_ranks
 
     cursor = SpoolCursor(run_path)
 
@@ -62,11 +61,11 @@ def serve(run_path: str, warmup_steps: int, commands, out) -> None:
             pts, err = points()
             write_frame(out, {"points": pts, "error": err})
         elif words[0] == "final":
-            _wait_for_ranks(run_path, float(words[1]) if len(words) > 1 else 30.0)
+            wait_for_ranks(run_path, float(words[1]) if len(words) > 1 else 30.0)
             pts, err = points()
             answer = {"points": pts, "error": err, "result": None, "files": None, "verdict_error": None}
             try:
-                answer["result"] = _diagnose(run_path, warmup_steps)
+                answer["result"] = diagnose_run(run_path, warmup_steps)
                 answer["files"] = report_files(answer["result"], run_path)
             except Exception as exc:
                 answer["verdict_error"] = _error(exc)

@@ -4,6 +4,7 @@ and the run's report files (the JSON of ``ranksight diagnose --json`` and the te
 from __future__ import annotations
 
 import json
+import time
 
 FINDING_COLUMNS = (
     "order",
@@ -87,3 +88,27 @@ def report_files(result: dict, run_path: str) -> dict[str, str]:
         "report.json": json.dumps(result, indent=1, default=str),
         "report.txt": render_report(result, run_path) + "\n",
     }
+
+
+def wait_for_ranks(run_path: str, timeout_s: float) -> None:
+    """Until every rank said its last word (or stopped beating) or ``timeout_s`` passed: the verdict then sees
+    each rank's last flush."""
+    from ranksight.collectors import rank_is_live, read_rank_meta
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            metas = read_rank_meta(run_path)
+        except Exception:
+            metas = []
+        world = max((int(m.data.get("world_size") or 0) for m in metas), default=0)
+        if metas and len(metas) >= world and not any(rank_is_live(m) for m in metas):
+            return
+        time.sleep(0.2)
+
+
+def diagnose_run(run_path: str, warmup_steps: int) -> dict:
+    """The run's verdict (``ranksight.rules.diagnose``), imported only when asked for."""
+    from ranksight.rules import diagnose
+
+    return diagnose(run_path, warmup_steps=warmup_steps)
