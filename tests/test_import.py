@@ -55,9 +55,16 @@ def test_imported_trace_gives_the_agents_first_finding_and_phases(bench, tmp_pat
 @pytest.mark.slow
 def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
     r = bench.paired("none", "cpu", str(tmp_path), active=8)
-    # Neither run names a cause the healthy job does not have: no warning or critical finding in either.
-    for first in (r["agent_first"], r["import_first"]):
-        assert first is None or first["severity"] == "info", first
+    agent, imported = r["agent_first"], r["import_first"]
+    assert agent is None or agent["severity"] == "info", agent  # the job plants no cause
+    if agent is not None and agent["rule"] == "host-slowed-rank":
+        # The host held one rank back while this ran (2 ranks on 2 shared cores): the agent tells so from the
+        # thread's CPU time and the host's pressure, which a trace lacks, so the import names that rank a
+        # straggler -- the same rank, the same cost (docs/import.md, "What a trace cannot tell").
+        assert imported is not None and imported["rule"] in ("straggler", "host-slowed-rank"), imported
+        assert imported["ranks"] == agent["ranks"]
+    else:  # otherwise the trace names no cause either
+        assert imported is None or imported["severity"] == "info", imported
     assert r["max_diff_pp"] <= MAX_DIFF_PP, r["ranks"]
 
 
