@@ -8,6 +8,8 @@ both sides alike); the figure is the median over blocks of (monitored - plain) p
    add to a tiny model's forward/backward/optimizer step already inside loader and step marks: the same
    model with its hooks switched off and on between blocks (ABBA), in wall time and in the training
    thread's own CPU time. The hot path of a watched step is the two figures' sum.
+3. ``components``: each part alone in tight loops (the empty monitored step, the forward hook, the optimizer
+   hooks, PyTorch's dispatch to them included) and their sum: the least noisy figure.
 
 Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``
 """
@@ -96,6 +98,51 @@ def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], list[
     return deltas, cpu_deltas, statistics.median(base)
 
 
+def bench_components(mon, calls: int = 20000, repeats: int = 9) -> dict:
+    """Each part of a watched step's hot path timed alone (best of ``repeats`` loops of ``calls``): the empty
+    monitored step, the forward call with and without the agent's pre-hook (PyTorch's dispatch to a hook
+    included), ``optimizer.step()`` with and without its pre/post hooks. Tight loops on one core: far less
+    spread than the A/B blocks, and the sum of the parts is what the agent adds per step."""
+    import torch
+
+    def best(fn) -> float:
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) / calls * 1e6)
+        return min(out)
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(16, 4), torch.randn(8, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx = mon.step()
+
+    def empty_step():
+        with ctx:
+            pass
+
+    def forward():
+        mon._fwd_ns = 0  # as at a step's first forward: the hook takes its mark every call
+        model(x)
+
+    plain_forward, plain_step = best(forward), best(opt.step)
+    mon.watch(model, optimizer=opt)
+    mon._in_step = True
+    try:
+        hooked_forward, hooked_step = best(forward), best(opt.step)
+    finally:
+        mon._in_step = False
+    parts = {
+        "empty_step_us": best(empty_step),
+        "forward_hook_us": hooked_forward - plain_forward,
+        "optimizer_hooks_us": hooked_step - plain_step,
+    }
+    parts["total_us"] = sum(parts.values())
+    return parts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=30)
@@ -117,6 +164,7 @@ def main() -> int:
         )
         loop = bench_step_and_loader(mon, args.blocks, args.steps)
         watched, watched_cpu, base_us = bench_watched_step(mon, args.blocks, args.steps)
+        components = bench_components(mon)
         mon.close()
     result = {
         "python": sys.version.split()[0],
@@ -131,6 +179,7 @@ def main() -> int:
             "p90": _q(watched_cpu, 0.9),
         },
         "tiny_step_baseline_us": base_us,
+        "components_us": components,
     }
     print(json.dumps(result, indent=1))
     if args.json:
