@@ -5,12 +5,15 @@
 # are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
-# PARTS picks what runs (default all): overhead collectives demo tests. COST_ARGS passes options to
+# PARTS picks what runs (default all): overhead collectives demo tests import shares. COST_ARGS passes options to
 # benchmarks/gpu_cost.py (default: its defaults, 3 rounds of no tool / ranksight / ranksight disabled /
 # TraceML / torch.profiler at ~3 and ~10 ms steps on GPU 0; TraceML needs its wheels in .whl/);
-# ROUND_TESTS the test files.
+# ROUND_TESTS the test files; IMPORT_MB the size of the large imported trace (default 500); SHARES_FAULTS
+# and SHARES_STEPS the demo jobs whose sampled shares are compared with every step's. Each part runs under
+# its own `timeout` (PART_TIMEOUT, default 540 s) so the parts after a slow one still run.
 set -u
-PARTS=${PARTS:-overhead collectives demo tests}
+PARTS=${PARTS:-overhead collectives demo tests import shares}
+T=${PART_TIMEOUT:-540}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-gpu-round}
 W=${WORK:-/tmp/gpu-round}
@@ -42,8 +45,8 @@ if has collectives; then
 fi
 if has overhead; then
   # Each tool in its own launch, the order rotated every round (one GPU; see docs/benchmarks.md, 1f).
-  CUDA_VISIBLE_DEVICES=0 python3 -P benchmarks/gpu_cost.py --work "$W/overhead" --json "$OUT/gpu_cost.json" \
-    ${COST_ARGS:-} 2>&1 | tail -30
+  CUDA_VISIBLE_DEVICES=0 timeout "$T" python3 -P benchmarks/gpu_cost.py --work "$W/overhead" --json "$OUT/gpu_cost.json" \
+    ${COST_ARGS:-} 2>&1 | tee "$OUT/gpu_cost.log" | tail -30
 fi
 if has demo; then
   python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
@@ -56,6 +59,22 @@ if has tests; then
   (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider --basetemp "$W/pytest" ${ROUND_TESTS:-tests/test_gpu_cuda.py \
     tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
-RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs pytest 2>/dev/null)
+if has import; then
+  # ranksight import against the agent on the same steps (pageable copies and a host sync), then a
+  # real profiled window of >= IMPORT_MB imported in a fresh process: time and peak RSS.
+  timeout "$T" python3 -P benchmarks/import_trace.py paired --device cuda --out "$W/imp" \
+    --json "$OUT/gpu_import_paired.json" 2>&1 | tail -25
+  timeout "$T" python3 -P benchmarks/import_trace.py large --device cuda --source real --target-mb "${IMPORT_MB:-500}" \
+    --out "$W/imp-large" --json "$OUT/gpu_import_trace.json" 2>&1 | tail -10
+  rm -rf "$W/imp-large"  # the trace itself does not travel back
+fi
+if has shares; then
+  # Events on every step, then the same rows read as if sampled at 1 in N (docs/agent.md).
+  timeout "$T" python3 -P benchmarks/sampled_shares.py run --out "$W/shares" --faults ${SHARES_FAULTS:-none input \
+    pageable host-sync} --steps "${SHARES_STEPS:-500}" 2>&1 | tail -6
+  timeout "$T" python3 -P benchmarks/sampled_shares.py compare "$W"/shares/runs/* --every 4 8 16 \
+    --json "$OUT/gpu_sampled_shares.json" 2>&1 | tail -30
+fi
+RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs imp shares/runs pytest 2>/dev/null)
 [ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"
