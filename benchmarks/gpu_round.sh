@@ -21,8 +21,9 @@ rm -rf "$W" && mkdir -p "$OUT" "$W"  # a warm machine keeps /tmp: never mix two 
 PKG=/tmp/rs-pkg
 rm -rf $PKG && mkdir -p $PKG/ranksight && cp -r ranksight/. $PKG/ranksight/
 for d in agent collectors rules dashboard integrations; do cp -r $d $PKG/ranksight/$d; done
-if ! python3 -c 'import duckdb' 2>/dev/null && ls .whl/duckdb-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/duckdb-*.whl
+if ! python3 -c 'import duckdb, ijson' 2>/dev/null && ls .whl/duckdb-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+    $(ls .whl/{duckdb,ijson}-*.whl 2>/dev/null)
   PKG=$PKG:/tmp/site
 fi
 if has overhead && ! python3 -c 'import traceml_ai' 2>/dev/null && ls .whl/traceml_ai-*.whl >/dev/null 2>&1; then
