@@ -20,6 +20,8 @@ _STATS = {
     "inactive_split_bytes.all.current": "memory_inactive_split_bytes",
     "num_alloc_retries": "memory_alloc_retries_total",
     "num_ooms": "memory_ooms_total",
+    "num_device_alloc": "memory_device_allocs_total",  # cudaMalloc (or a mapping) since start; torch >= 2.1
+    "num_device_free": "memory_device_frees_total",
 }
 
 

@@ -226,6 +226,12 @@ SAMPLE_NAMES: dict[str, str] = {
     "loader_cpu_op_ratio": "Aten ops inside the DataLoader's next() in the traced steps (collate in the main process), "
     "over the steps' time: input work, not a misplaced layer.",
     "host_syncs_per_step": "cudaStreamSynchronize / cudaDeviceSynchronize / synchronous copies per step.",
+    "host_sync_wait_share": "Host time inside those blocking calls, over the traced steps' time: what the CPU "
+    "waited for the GPU to drain.",
+    "alloc_calls_per_step": "cudaMalloc / cudaFree (and the driver's cuMem* mapping calls) per traced step: the "
+    "caching allocator going to the device after warm-up.",
+    "alloc_call_share": "Host time inside those allocator calls (cudaFree waits for the device), over the traced "
+    "steps' time.",
     "kernels_per_step": "GPU kernels launched per step.",
     "short_kernel_ratio": "Share of kernels whose GPU time is shorter than their CPU launch time.",
     "launch_delay_seconds": "Median delay between a kernel's launch call and its start on the GPU.",
@@ -238,6 +244,10 @@ SAMPLE_NAMES: dict[str, str] = {
     "memory_free_blocks": "Number of free blocks in reserved segments.",
     "memory_alloc_retries_total": "cudaMalloc retries after freeing the cache (num_alloc_retries).",
     "memory_ooms_total": "Out-of-memory errors seen by the allocator.",
+    "memory_device_allocs_total": "Device allocations (cudaMalloc or a segment mapped) by the caching allocator "
+    "since start (num_device_alloc).",
+    "memory_device_frees_total": "Device frees (cudaFree or a segment unmapped) since start (num_device_free): "
+    "growing after warm-up, the cache gives memory back and takes it again.",
     "memory_fragmentation_ratio": "1 - largest free block / total free bytes in reserved segments.",
     "memory_headroom_ratio": "Free device memory over total device memory.",
     # The host, sampled at each flush on every rank (CPU and GPU jobs).

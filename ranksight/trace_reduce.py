@@ -42,6 +42,25 @@ SYNC_CALLS = frozenset(
     }
 )
 
+# Runtime and driver calls by which the caching allocator takes memory from, or gives it back to, the
+# device. Past warm-up a job whose cache fits never makes them; under memory pressure the allocator frees
+# cached blocks (``cudaFree`` waits for the device to finish) and allocates again, step after step.
+ALLOC_CALLS = frozenset(
+    {
+        "cudaMalloc",
+        "cudaFree",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuMemSetAccess",
+        "cuMemAddressReserve",
+        "cuMemAddressFree",
+    }
+)
+
 # Aten ops that only touch tensor metadata: on any device they launch nothing and cost ~1 µs, so
 # they are never "work left on the CPU".
 METADATA_OPS = frozenset(
@@ -105,6 +124,7 @@ __all__ = [
     "LOADER_MARK",
     "METADATA_OPS",
     "SYNC_CALLS",
+    "ALLOC_CALLS",
     "WINDOW_MARK",
     "Ev",
     "WindowReduction",
@@ -218,6 +238,13 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     syncs = _host_syncs(events, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = sum(syncs.values()) / steps
+    cpu_span = cpu_hi - cpu_lo
+    if cpu_span > 0:
+        sync_ns, _ = _runtime_time(events, SYNC_CALLS, cpu_lo, cpu_hi)
+        alloc_ns, alloc_n = _runtime_time(events, ALLOC_CALLS, cpu_lo, cpu_hi)
+        samples["host_sync_wait_share"] = sync_ns / cpu_span
+        samples["alloc_calls_per_step"] = alloc_n / steps
+        samples["alloc_call_share"] = alloc_ns / cpu_span
     sync_sources = [(name, n / steps) for name, n in syncs.most_common(top)]
     return WindowReduction(samples, cpu_ops_top, sync_sources, steps, span_ns)
 
@@ -319,6 +346,12 @@ def _cpu_ops(
     step_span = sum(hi - lo for lo, hi in spans)
     ratio = total / step_span if step_span > 0 else 0.0
     return ratio, [(name, ns * 1e-9 / steps) for name, ns in per_name.most_common(top)], loader
+
+
+def _runtime_time(events: list[Ev], names: frozenset, lo: int, hi: int) -> tuple[int, int]:
+    """(host ns inside, count of) the runtime calls named ``names`` that start in [lo, hi)."""
+    calls = [e for e in events if e.kind == "rt" and e.name in names and lo <= e.start_ns < hi]
+    return sum(e.end_ns - e.start_ns for e in calls), len(calls)
 
 
 def _host_syncs(events: list[Ev], lo: int, hi: int) -> Counter:

@@ -309,3 +309,29 @@ def test_collate_in_the_main_process_is_input_work_not_cpu_ops():
     assert red.samples["cpu_op_ratio"] == pytest.approx(10 / 200)  # layer_norm only, over the two steps
     assert red.samples["loader_cpu_op_ratio"] == pytest.approx(20 / 200)
     assert [name for name, _ in red.cpu_ops_top] == ["aten::layer_norm"]
+
+
+def test_blocking_and_allocator_calls_are_timed_on_the_host(windows):
+    """The host's time blocked in syncs and in the allocator's device calls, over the traced steps: a
+    recorded `.item()` window has sync time and no allocator call; a synthetic window with a cudaFree and a
+    cudaMalloc in each of its two steps has both, at their durations."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    assert windows["baseline"].samples["host_sync_wait_share"] == 0.0
+    assert windows["item"].samples["host_sync_wait_share"] > 0.0
+    assert windows["item"].samples["alloc_calls_per_step"] == 0.0
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 100 * us, 1, 0),
+        Ev("rt", "cudaFree", 10 * us, 30 * us, 1, 0),
+        Ev("rt", "cudaMalloc", 30 * us, 35 * us, 1, 0),
+        Ev("ann", WINDOW_MARK, 100 * us, 200 * us, 1, 0),
+        Ev("rt", "cudaFree", 110 * us, 130 * us, 1, 0),
+        Ev("rt", "cudaMalloc", 130 * us, 135 * us, 1, 0),
+        Ev("rt", "cudaStreamSynchronize", 150 * us, 160 * us, 1, 0),
+        Ev("ann", AFTER_MARK, 200 * us, 201 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    assert got["alloc_calls_per_step"] == 2.0
+    assert got["alloc_call_share"] == pytest.approx(50 / 200)
+    assert got["host_sync_wait_share"] == pytest.approx(10 / 200)
