@@ -226,6 +226,8 @@ SAMPLE_NAMES: dict[str, str] = {
     "loader_cpu_op_ratio": "Aten ops inside the DataLoader's next() in the traced steps (collate in the main process), "
     "over the steps' time: input work, not a misplaced layer.",
     "host_syncs_per_step": "cudaStreamSynchronize / cudaDeviceSynchronize / synchronous copies per step.",
+    "compiled_syncs_per_step": "Those blocking calls made inside a torch.compile'd frame's run (its 'Torch-Compiled "
+    "Region'): the eager code at a graph break, since a compiled graph does not sync.",
     "host_sync_wait_share": "Host time inside those blocking calls, over the traced steps' time: what the CPU "
     "waited for the GPU to drain.",
     "alloc_calls_per_step": "cudaMalloc / cudaFree (and the driver's cuMem* mapping calls) per traced step: the "

@@ -238,6 +238,7 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     syncs = _host_syncs(events, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = sum(syncs.values()) / steps
+    samples["compiled_syncs_per_step"] = _compiled_syncs(events, cpu_lo, cpu_hi) / steps
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
         sync_ns, _ = _runtime_time(events, SYNC_CALLS, cpu_lo, cpu_hi)
@@ -352,6 +353,27 @@ def _runtime_time(events: list[Ev], names: frozenset, lo: int, hi: int) -> tuple
     """(host ns inside, count of) the runtime calls named ``names`` that start in [lo, hi)."""
     calls = [e for e in events if e.kind == "rt" and e.name in names and lo <= e.start_ns < hi]
     return sum(e.end_ns - e.start_ns for e in calls), len(calls)
+
+
+COMPILED_REGION = "Torch-Compiled Region"
+"""Prefix of the record_function torch.compile wraps each compiled frame's run in (graphs and the eager
+code between them)."""
+
+
+def _compiled_syncs(events: list[Ev], lo: int, hi: int) -> int:
+    """Blocking calls in [lo, hi) inside a compiled frame's run: a compiled graph does not sync, so such a
+    sync is the eager code at a graph break (a Python ``if`` on a tensor, ``.item()`` in forward)."""
+    regions: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for e in events:
+        if e.kind in ("ann", "op") and e.name.startswith(COMPILED_REGION):
+            regions[e.lane].append((e.start_ns, e.end_ns))
+    if not regions:
+        return 0
+    n = 0
+    for e in events:
+        if e.kind == "rt" and e.name in SYNC_CALLS and lo <= e.start_ns < hi:
+            n += any(a <= e.start_ns and e.end_ns <= b for a, b in regions.get(e.lane, ()))
+    return n
 
 
 def _host_syncs(events: list[Ev], lo: int, hi: int) -> Counter:

@@ -193,3 +193,15 @@ def test_noise_is_the_standard_error_of_the_per_step_mean():
         late = [rng.random() * 0.4 for _ in range(rng.randint(1, 40))]
         n = len(late) + rng.randint(0, 40)
         assert mean_error_padded(late, n) == pytest.approx(mean_error(late + [0.0] * (n - len(late))), abs=1e-12)
+
+
+def test_graph_breaks_explain_the_syncs_made_inside_the_compiled_frame(rules):
+    # nanoGPT on one H200 with `if logits.abs().max() > t:` in its compiled forward: 2 breaks, 4 syncs a
+    # step (one per micro-step), the GPU idle 42 % for the host. Inside the compiled frame's run the syncs
+    # are the break's; outside it (a loss.item() after the step) they are the loop's own.
+    job = {**HEALTHY, "model_on_gpu": 1, "compiled": 1, "graph_breaks": 2, "recompiles": 2}
+    job.update(gpu_busy_ratio=0.56, idle_host_wait_ratio=0.42, idle_ratio=0.44, host_syncs_per_step=4.0)
+    inside = evaluate(rules, frame(r0={**job, "compiled_syncs_per_step": 4.0}))
+    outside = evaluate(rules, frame(r0={**job, "compiled_syncs_per_step": 0.0}))
+    assert inside[0]["rule"] == "graph-breaks" and inside[0]["cost_share"] >= 0.4
+    assert outside[0]["rule"] == "input-path-syncs"

@@ -335,3 +335,22 @@ def test_blocking_and_allocator_calls_are_timed_on_the_host(windows):
     assert got["alloc_calls_per_step"] == 2.0
     assert got["alloc_call_share"] == pytest.approx(50 / 200)
     assert got["host_sync_wait_share"] == pytest.approx(10 / 200)
+
+
+def test_a_sync_inside_a_compiled_frame_is_a_graph_breaks_sync():
+    """A blocking call inside "Torch-Compiled Region" (the eager code at a break) counts as a compiled
+    sync; one outside (logging after the step) does not."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 100 * us, 1, 0),
+        Ev("ann", "Torch-Compiled Region: 0/0", 5 * us, 60 * us, 1, 0),
+        Ev("rt", "cudaStreamSynchronize", 20 * us, 25 * us, 1, 0),  # `if logits.abs().max() > 1e4:`
+        Ev("rt", "cudaStreamSynchronize", 80 * us, 85 * us, 1, 0),  # loss.item() after the step
+        Ev("rt", "cudaStreamSynchronize", 30 * us, 31 * us, 2, 0),  # another thread: not inside it
+        Ev("ann", AFTER_MARK, 100 * us, 101 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    assert got["host_syncs_per_step"] == 3.0
+    assert got["compiled_syncs_per_step"] == 1.0
