@@ -205,3 +205,17 @@ def test_graph_breaks_explain_the_syncs_made_inside_the_compiled_frame(rules):
     outside = evaluate(rules, frame(r0={**job, "compiled_syncs_per_step": 0.0}))
     assert inside[0]["rule"] == "graph-breaks" and inside[0]["cost_share"] >= 0.4
     assert outside[0]["rule"] == "input-path-syncs"
+
+
+def test_allocator_churn_under_pressure_is_fragmentations_not_launch_overhead(rules):
+    # nanoGPT with unpadded micro-batches on a nearly full H200: fragmented cache, no retry, the GPU idle
+    # 61 % for a host that spends (here, say) 30 % of the step inside cudaFree/cudaMalloc.
+    job = {**HEALTHY, "model_on_gpu": 1, "memory_headroom_ratio": 0.03, "memory_fragmentation_ratio": 0.44}
+    job.update(memory_alloc_retries_total=0, short_kernel_ratio=0.36, kernels_per_step=960, kernel_busy_ratio=0.37)
+    job.update(gpu_busy_ratio=0.37, idle_host_wait_ratio=0.61, idle_ratio=0.62)
+    churn = evaluate(rules, frame(r0={**job, "alloc_calls_per_step": 12.0, "alloc_call_share": 0.30}))
+    quiet = evaluate(rules, frame(r0={**job, "alloc_calls_per_step": 0.0, "alloc_call_share": 0.0}))
+    assert [f["rule"] for f in churn][:2] == ["fragmentation", "launch-bound"]
+    assert churn[0]["cost_share"] >= 0.30 and churn[0]["severity"] == "critical"
+    assert quiet[0]["rule"] == "launch-bound"
+    assert by_rule(quiet)["fragmentation"]["severity"] == "warning"  # no churn: its ratio's band only
