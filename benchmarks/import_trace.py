@@ -21,6 +21,7 @@ time and peak RSS (``ru_maxrss``) of that process.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import socket
@@ -29,7 +30,6 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_SCENARIOS = ("none", "input", "sync", "straggler")
 GPU_SCENARIOS = ("pageable-sync",)
 PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
@@ -304,12 +304,17 @@ def make_real(device: str, folder: str, target_mb: float, depth: int = 100) -> s
     return out
 
 
-def make_synthetic(device: str, folder: str, target_mb: float) -> str:
-    """A small real trace's steps repeated, shifted in time, step number and correlation id, to ``target_mb``."""
-    probe = os.path.join(folder, "probe")
-    _profile_deep(device, probe, 4, 20)
-    src = os.path.join(probe, sorted(os.listdir(probe))[0])
-    with open(src) as fh:
+def make_synthetic(device: str, folder: str, target_mb: float, seed: str | None = None) -> str:
+    """A small real trace's steps repeated, shifted in time, step number and correlation id, to ``target_mb``.
+
+    ``seed``: that trace file (e.g. one recorded on a GPU, for a GPU trace's mix of events) instead of a
+    fresh profile of the deep model on ``device``."""
+    if seed is None:
+        probe = os.path.join(folder, "probe")
+        _profile_deep(device, probe, 4, 20)
+        seed = os.path.join(probe, sorted(os.listdir(probe))[0])
+    opener = gzip.open if seed.endswith(".gz") else open
+    with opener(seed, "rt") as fh:
         trace = json.load(fh)
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     lo = min(e["ts"] for e in events)
@@ -350,31 +355,38 @@ print(json.dumps({"import_s": wall, "peak_rss_mb": resource.getrusage(resource.R
 """
 
 
-def large(device: str, source: str, target_mb: float, out: str) -> dict:
+def large(device: str, source: str, target_mb: float, out: str, seed: str | None = None) -> dict:
     """Make a large trace and time a fresh process importing it (wall time and peak RSS)."""
     t0 = time.perf_counter()
-    trace = make_real(device, out, target_mb) if source == "real" else make_synthetic(device, out, target_mb)
+    if source == "real":
+        trace = make_real(device, out, target_mb)
+    else:
+        trace = make_synthetic(device, out, target_mb, seed)
     make_s = time.perf_counter() - t0
     size = _trace_size(trace)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    # From the output folder: a checkout's root as the current directory would shadow the installed
+    # package with its bare ranksight/ folder.
     proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_CHILD, trace, os.path.join(out, "runs")],
+        [sys.executable, "-c", _IMPORT_CHILD, os.path.abspath(trace), os.path.abspath(os.path.join(out, "runs"))],
         capture_output=True,
         text=True,
-        env=env,
-        check=True,
+        cwd=out,
     )
+    if proc.returncode != 0:
+        raise SystemExit(f"the import failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     result = {
-        "device": device,
+        "device": device if seed is None else f"the seed's ({os.path.basename(seed)})",
         "source": source,
+        "seed": seed,
         "trace_mb": size / 1e6,
         "make_s": make_s,
         **measured,
         "mb_per_s": size / 1e6 / measured["import_s"],
     }
     print(
-        f"{source} {device} trace {result['trace_mb']:.0f} MB ({result['events']:,} events, {result['steps']} steps): "
+        f"{source} trace from {result['device']}: {result['trace_mb']:.0f} MB ({result['events']:,} events, "
+        f"{result['steps']} steps): "
         f"import {result['import_s']:.1f} s ({result['mb_per_s']:.0f} MB/s), peak RSS {result['peak_rss_mb']:.0f} MB"
     )
     return result
@@ -393,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     q.add_argument("--source", choices=("real", "synthetic"), default="synthetic")
     q.add_argument("--target-mb", type=float, default=500.0)
+    q.add_argument("--seed-trace", default=None, help="synthetic: repeat this trace file (plain or .gz)")
     q.add_argument("--out", default=None)
     q.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -406,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         payload: dict = {"what": "paired", "results": results}
         ok = all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results)
     else:
-        payload = {"what": "large", **large(args.device, args.source, args.target_mb, out)}
+        payload = {"what": "large", **large(args.device, args.source, args.target_mb, out, args.seed_trace)}
         ok = True
     payload["out"] = out
     if args.json:

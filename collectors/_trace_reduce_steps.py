@@ -254,6 +254,10 @@ def _gpu_phases(
             c_hi = max(c_lo, min(c_hi, body_end))
             taken = total_length(clip_intervals(union_intervals(h2d + exposed), c_lo, c_hi))
             row["gpu_compute_s"] = max(0, c_hi - c_lo - taken) * _NS
+            if h2d and h2d[0][0] < c_lo:
+                # As the agent's events measure it: from the step's first GPU work to the forward's, so a
+                # pageable copy's gaps (the host staging each chunk) count as the copy's, not as idle.
+                row["h2d_s"] = max(row["h2d_s"], (c_lo - g_lo) * _NS)
         else:
             row["gpu_compute_s"] = 0.0
     return g_hi
