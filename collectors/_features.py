@@ -125,6 +125,8 @@ FEATURES: dict[str, str] = {
     "bucket_cap_mb": "DDP bucket_cap_mb.",
     "parameter_bytes": "Bytes of model parameters.",
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
+    "gpu_utilization_samples": "NVML utilization samples after warm-up (each averages up to a second): below "
+    "NVML_STEADY_SAMPLES the reading is start-up as much as training, and the checklist leaves it out.",
     "gpu_busy_ratio": "Share of time a kernel ran: the sampled window's kernel_busy_ratio when a window exists "
     "(exact, over traced steps), else NVML's gpu_utilization_ratio once 5 of its samples (~5 s) came after "
     "warm-up (1 s averages: a run's first seconds read start-up); else unknown.",
@@ -230,6 +232,8 @@ def compute_features(
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
         f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
         busy = f["kernel_busy_ratio"]
+        if f["gpu_utilization_ratio"] is not None:
+            f["gpu_utilization_samples"] = steady.get((rank, "gpu_utilization_ratio"), 0)
         if busy is None and steady.get((rank, "gpu_utilization_ratio"), 0) >= NVML_STEADY_SAMPLES:
             busy = f["gpu_utilization_ratio"]
         f["gpu_busy_ratio"] = busy

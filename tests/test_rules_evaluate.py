@@ -391,3 +391,13 @@ def test_non_finite_evidence_reads_as_unknown_instead_of_stopping_the_diagnosis(
 
     assert _round(float("inf")) is None and _round(float("nan")) is None
     assert _round(0.123456) == 0.1235 and _round(3) == 3
+
+
+def test_nvml_utilization_is_judged_only_from_enough_steady_samples(ruleset):
+    """Two one-second NVML samples of a 30-step run read start-up (0 % on an H200 beside a 57 % busy
+    window): the item says n/a; from five samples after warm-up on it judges the reading."""
+    item = "GPU utilization (NVML)"
+    few = {**HEALTHY, "gpu_utilization_ratio": 0.0, "gpu_utilization_samples": 2}
+    many = {**few, "gpu_utilization_samples": 8}
+    assert {c["item"]: c for c in run_checklist(ruleset.checklist, frame(r0=few))}[item]["status"] == "n/a"
+    assert {c["item"]: c for c in run_checklist(ruleset.checklist, frame(r0=many))}[item]["status"] == "fail"
