@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+
+from _harness import free_port
 
 ARMS = ("baseline", "ranksight", "profiler", "traceml", "poller")
 # A fork server with torch imported once: each launch then forks a warm interpreter instead of paying
@@ -70,13 +71,6 @@ class Launch:
     traceml_session: str = ""
     traceml_logs: str = ""
     env: dict = field(default_factory=dict)
-
-
-def free_port() -> int:
-    """Return a free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes() -> tuple[int, int]:

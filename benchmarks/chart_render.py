@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import free_port  # noqa: E402
 
 _APP = """
 import json, sys
@@ -32,10 +35,18 @@ st.markdown("**Step time per rank**")
 {draw}
 """
 _DRAW = {
-    "vega": ("_charts", "stacked_by_rank", 'st.altair_chart(stacked_by_rank(rows), width="stretch")',
-             "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg.marks"),
-    "svg": ("_view", "stacked_by_rank_svg", "st.markdown(stacked_by_rank_svg(rows), unsafe_allow_html=True)",
-            "svg[data-chart='stacked-shares'] rect[data-bar]"),
+    "vega": (
+        "_charts",
+        "stacked_by_rank",
+        'st.altair_chart(stacked_by_rank(rows), width="stretch")',
+        "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg.marks",
+    ),
+    "svg": (
+        "_view",
+        "stacked_by_rank_svg",
+        "st.markdown(stacked_by_rank_svg(rows), unsafe_allow_html=True)",
+        "svg[data-chart='stacked-shares'] rect[data-bar]",
+    ),
 }
 CHROMIUM_ARGS = ("--no-sandbox", "--disable-background-networking", "--disable-dev-shm-usage")
 
@@ -46,21 +57,31 @@ def _drawn(page, selector: str) -> None:
     page.wait_for_function(
         "s => { const e = document.querySelector(s); if (!e) return false;"
         " const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }",
-        arg=selector, polling=20, timeout=60000,
+        arg=selector,
+        polling=20,
+        timeout=60000,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(app: str, port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", app, "--server.address", "127.0.0.1", "--server.port", str(port),
-         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            app,
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -99,7 +120,7 @@ def main() -> int:
                 app = os.path.join(tmp, f"app_{kind}.py")
                 with open(app, "w") as f:
                     f.write(_APP.format(module=module, function=function, rows=rows_path, draw=draw))
-                port = _free_port()
+                port = free_port()
                 servers[kind] = (_serve(app, port), port)
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
@@ -122,12 +143,24 @@ def main() -> int:
                 proc.terminate()
                 proc.wait(timeout=20)
     summary = {kind: statistics.median(ts) for kind, ts in times.items()}
-    print(f"{len(rows)} ranks{' (cold)' if args.cold else ''}: navigation to chart drawn, median of {args.rounds}: "
-          + ", ".join(f"{kind} {s:.2f} s" for kind, s in summary.items()))
+    print(
+        f"{len(rows)} ranks{' (cold)' if args.cold else ''}: navigation to chart drawn, median of {args.rounds}: "
+        + ", ".join(f"{kind} {s:.2f} s" for kind, s in summary.items())
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"run": args.run, "ranks": len(rows), "rounds": args.rounds, "cold": args.cold,
-                       "median_s": summary, "times_s": times}, f, indent=1)
+            json.dump(
+                {
+                    "run": args.run,
+                    "ranks": len(rows),
+                    "rounds": args.rounds,
+                    "cold": args.cold,
+                    "median_s": summary,
+                    "times_s": times,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

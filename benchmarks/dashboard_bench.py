@@ -20,6 +20,10 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import free_port  # noqa: E402
+
 STEP_S = 0.2
 SAMPLE_EVERY_S = 2.0
 SAMPLE_SERIES = ("gpu_utilization_ratio", "kernel_busy_ratio", "memory_reserved_bytes", "memory_fragmentation_ratio")
@@ -205,14 +209,6 @@ IDLE_JS = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
 """True once Streamlit shows no running-script widget: the page is drawn and idle."""
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _fresh_browser_page():
     """A page of a headless Chromium started for it alone (nothing cached), closed after the block."""
@@ -232,7 +228,7 @@ def page_on_fresh_server(run_path: str):
     moment the server answers: its warm-up (diagnosis, rollup) may still be running."""
     from ranksight.commands.dashboard import start, wait_ready
 
-    port = _free_port()
+    port = free_port()
     proc = start(run_path, port, quiet=True)
     try:
         wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
@@ -260,14 +256,17 @@ def bare_page_on_fresh_server(marker: str):
     from ranksight.commands.dashboard import wait_ready
     from ranksight.dashboard import serve_command
 
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
         app = os.path.join(folder, "bare.py")
         with open(app, "w") as f:
             f.write(_BARE_APP.format(marker=marker))
         flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", app, *flags],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", app, *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_ready(proc, "127.0.0.1", port)
             with _fresh_browser_page() as page:

@@ -195,10 +195,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--store", action="store_true",
-                        help="ingest half of each copy's step segments first (a live run's store beside pending files)")
-    parser.add_argument("--grow", action="store_true",
-                        help="diagnose each copy with half its step segments first, then all (a live process)")
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="ingest half of each copy's step segments first (a live run's store beside pending files)",
+    )
+    parser.add_argument(
+        "--grow",
+        action="store_true",
+        help="diagnose each copy with half its step segments first, then all (a live process)",
+    )
     args = parser.parse_args()
     runs = run_folders(args.roots)
     if not runs:
@@ -227,8 +233,10 @@ def main() -> int:
         "largest_relative_difference": dict(sorted(worst.items(), key=lambda kv: -kv[1])),
         "errors": [r for r in results if "error" in r],
     }
-    print(f"{summary['verdict_read_digests']} of {len(results)} runs diagnosed from digests: findings identical "
-          f"in {summary['findings_same']}, first finding identical in {summary['first_finding_same']}")
+    print(
+        f"{summary['verdict_read_digests']} of {len(results)} runs diagnosed from digests: findings identical "
+        f"in {summary['findings_same']}, first finding identical in {summary['first_finding_same']}"
+    )
     if args.grow:
         print(f"  the whole run's verdict read only the added half's digests in {summary['read_only_the_added']}")
     for k, v in summary["largest_relative_difference"].items():

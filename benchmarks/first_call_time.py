@@ -21,10 +21,13 @@ code) or in system time (the kernel's page faults for the memory the call touche
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import fresh_process, machine_load, write_results  # noqa: E402
 
 _ONE_CALL = r"""
 import functools, json, resource, sys, time
@@ -80,10 +83,7 @@ print(json.dumps({"rules": rules, "wall_s": wall, "user_s": after.ru_utime - bef
 
 def one_call(run: str, what: str, rules: str = "columns") -> dict:
     """The first call of ``what`` on ``run`` in a fresh process of this checkout, timed."""
-    out = subprocess.run(
-        [sys.executable, "-c", _ONE_CALL, run, what, rules], capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {"load": machine_load(), **fresh_process(_ONE_CALL, run, what, rules)}
 
 
 def _medians(calls: list[dict]) -> dict:
@@ -146,8 +146,7 @@ def main() -> int:
     if args.rules_only:
         out = {"run": args.run, **rules_only(args.run, args.processes)}
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+            write_results(args.json, out, rounds=args.processes)
         return 0
     kinds = ("per-rank", "columns") if args.rules == "both" else (args.rules,)
     calls = [one_call(args.run, args.what, kind) for _ in range(args.processes) for kind in kinds]
@@ -162,9 +161,9 @@ def main() -> int:
     for kind, medians in summary.items():
         print(f"medians, rules {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
     if args.json:
-        with open(args.json, "w") as f:
-            medians = summary if len(kinds) > 1 else summary[kinds[0]]
-            json.dump({"run": args.run, "what": args.what, "medians": medians, "calls": calls}, f, indent=1)
+        medians = summary if len(kinds) > 1 else summary[kinds[0]]
+        figures = {"run": args.run, "what": args.what, "medians": medians, "calls": calls}
+        write_results(args.json, figures, arms=list(kinds), rounds=args.processes)
     return 0
 
 

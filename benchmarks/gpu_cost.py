@@ -46,7 +46,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,10 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _harness import free_port, rotated, spread  # noqa: E402
+
 BASE_ARMS = ["none", "ranksight", "ranksight_disabled", "traceml", "profiler"]
 TRACEML_DEPS = ["traceml_ai", "msgspec", "rich", "yaml", "psutil", "numpy", "pynvml"]
 WINDOW_ARM = "ranksight"
@@ -63,13 +66,6 @@ GOALS = {3.0: 1.01, 10.0: 1.005}  # target step ms -> ranksight's largest allowe
 
 
 # ---------------------------------------------------------------- pure helpers (tested)
-def rotated(arms: list[str], r: int) -> list[str]:
-    """Round ``r``'s order: the arms rotated by r (over len(arms) rounds each arm runs once in every
-    position)."""
-    k = r % len(arms)
-    return arms[k:] + arms[:k]
-
-
 def deep_merge(a: dict, b: dict) -> dict:
     """``b`` over ``a``, merging nested dicts (``{"gpu": {...}}`` options add to each other)."""
     out = copy.deepcopy(a)
@@ -106,18 +102,6 @@ def default_cpus(available: list[int]) -> list[int]:
     """Eight cores away from core 0 (interrupts, the hypervisor's housekeeping) when there are 12 or
     more; all of them otherwise."""
     return available[2:10] if len(available) >= 12 else available
-
-
-def spread(xs: list[float]) -> dict:
-    """Median, min and max (and the quartiles from 4 values on) of a list; {} when empty."""
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return {}
-    out = {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}
-    if len(xs) >= 4:
-        q = statistics.quantiles(xs, n=4)
-        out["p25"], out["p75"] = q[0], q[2]
-    return out
 
 
 def mean_in_window(samples: list[tuple[float, float]], t0: float, t1: float) -> float | None:
@@ -515,12 +499,6 @@ def calibrate_main(cfg: dict) -> dict:
 
 
 # ---------------------------------------------------------------- the parent
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(func_name: str, cfg: dict, args, timeout_s: float) -> dict:
     """Run ``func_name(cfg)`` in a fresh process (forked, or a new interpreter); its result dict."""
     fd, out_path = tempfile.mkstemp(suffix=".json", dir=args.work)
@@ -887,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
                     "flush_s": flush_s,
                     "profiler_schedule": [int(x) for x in args.profiler_schedule.split(",")],
                     "ddp": args.ddp,
-                    "master_port": _free_port(),
+                    "master_port": free_port(),
                     "run_dir": os.path.join(args.work, "runs"),
                     "opts": arm_opts.get(arm, {}),
                     **plans[size],
@@ -897,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 agg = None
                 if arm == "traceml":
-                    cfg["traceml_port"] = _free_port()
+                    cfg["traceml_port"] = free_port()
                     cfg["traceml_session"] = f"traceml-{size}-r{r}"
                     cfg["traceml_logs"] = os.path.join(args.work, "traceml-logs")
                     agg = _start_traceml(args, cfg)

@@ -24,6 +24,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import quantile, write_results  # noqa: E402
+
 
 def _plain_loop(data) -> None:
     for _ in data:
@@ -171,26 +175,20 @@ def main() -> int:
         "torch": torch.__version__,
         "blocks": args.blocks,
         "steps_per_block": args.steps,
-        "step_and_loader_us": {"median": statistics.median(loop), "p10": _q(loop, 0.1), "p90": _q(loop, 0.9)},
-        "watched_step_us": {"median": statistics.median(watched), "p10": _q(watched, 0.1), "p90": _q(watched, 0.9)},
-        "watched_step_thread_cpu_us": {
-            "median": statistics.median(watched_cpu),
-            "p10": _q(watched_cpu, 0.1),
-            "p90": _q(watched_cpu, 0.9),
-        },
+        "step_and_loader_us": _tails(loop),
+        "watched_step_us": _tails(watched),
+        "watched_step_thread_cpu_us": _tails(watched_cpu),
         "tiny_step_baseline_us": base_us,
         "components_us": components,
     }
     print(json.dumps(result, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_results(args.json, result, rounds=args.blocks)
     return 0
 
 
-def _q(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _tails(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "p10": quantile(values, 0.1), "p90": quantile(values, 0.9)}
 
 
 if __name__ == "__main__":

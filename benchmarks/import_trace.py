@@ -24,22 +24,19 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import free_port  # noqa: E402
+
 CPU_SCENARIOS = ("none", "input", "sync", "straggler")
 GPU_SCENARIOS = ("pageable-sync",)
 PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", "other_s")
 WARMUP = 5  # the readers' warm-up: profiling starts right after it, so both runs judge the same steps
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, cfg: dict, port: int) -> None:
@@ -148,7 +145,7 @@ def run_job(cfg: dict) -> None:
     import torch.multiprocessing as mp
 
     os.makedirs(cfg["trace_dir"], exist_ok=True)
-    port = _free_port()
+    port = free_port()
     if cfg["ranks"] == 1:
         _rank_main(0, cfg, port)
     else:

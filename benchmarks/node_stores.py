@@ -22,7 +22,12 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _harness import write_results  # noqa: E402
+
 PROCESSES = 3
+
 
 def fresh_reads_s(run_path: str) -> list[float]:
     """``open_run`` + ``step_breakdown`` of ``run_path`` as the first call of ``PROCESSES`` fresh processes
@@ -76,17 +81,21 @@ def main() -> int:
         absorbed = ingest(run, absorb_node_stores=True)
         absorb_s = time.perf_counter() - t0
         one_store = fresh_reads_s(run)
-        row = {"node_stores": count, "rows": absorbed.rows,
-               "read_attached_s": statistics.median(attached), "read_attached_each_s": attached,
-               "ingest_nodes_s": absorb_s,
-               "read_absorbed_s": statistics.median(one_store), "read_absorbed_each_s": one_store}
+        row = {
+            "node_stores": count,
+            "rows": absorbed.rows,
+            "read_attached_s": statistics.median(attached),
+            "read_attached_each_s": attached,
+            "ingest_nodes_s": absorb_s,
+            "read_absorbed_s": statistics.median(one_store),
+            "read_absorbed_each_s": one_store,
+        }
         results.append(row)
         print(json.dumps(row), flush=True)
         shutil.rmtree(os.path.dirname(run), ignore_errors=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "ranks_per_node": 8, "cpus": os.cpu_count(), "counts": results}, f,
-                      indent=1)
+        figures = {"steps": args.steps, "ranks_per_node": 8, "cpus": os.cpu_count(), "counts": results}
+        write_results(args.json, figures, rounds=PROCESSES)
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -26,7 +26,6 @@ Usage: ``python benchmarks/overhead_cpu.py [--sizes 5ms,50ms] [--rounds 4] [--no
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -37,7 +36,9 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _harness import machine_load, quantile, rotated, write_results  # noqa: E402
 from _peers import ARMS, Launch, Workload, run_ab, run_launch  # noqa: E402
+from agent_memory import buffer_bound_mb, default_buffer_bound  # noqa: E402
 
 SIZES = {
     "5ms": {"width": 128, "batch": 224},
@@ -60,44 +61,13 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
-def _q(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def default_buffer_bound() -> int:
-    """The agent's default bound on buffered events (ranksight.agent.Config)."""
-    from ranksight.agent import Config
-
-    return Config.max_buffered_events
-
-
-def buffer_bound_bytes(max_events: int | None = None) -> int:
-    """Memory held by the agent's event deque when full (EV_STEP tuples, the default bound)."""
-    import tracemalloc
-    from collections import deque
-
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    max_events = max_events or default_buffer_bound()
-    events: deque = deque(maxlen=max_events)
-    t = time.perf_counter_ns()
-    for step in range(max_events):
-        # The shape of a step event: (tag, step, begin, end, fetch_begin, fetch_end, fwd, opt_begin, opt_end).
-        events.append(("S", step, t + step, t + step + 1, t + step + 2, t + step + 3, t + 4, t + 5, t + 6))
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
-    del events
-    return after - before
-
-
 def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, ...], root: str) -> dict:
     """Run ``rounds`` rounds of every arm at one step size; return raw per-launch figures and the summary."""
     workload = Workload(**SIZES[size], steps=steps, warmup_steps=warmup)
     launches = []
     for r in range(rounds):
-        order = arms[r % len(arms) :] + arms[: r % len(arms)]
-        for arm in order:
+        load = machine_load()
+        for arm in rotated(arms, r):
             out = os.path.join(root, size, f"round{r}", arm)
             run_dir = os.path.join(out, "ranksight-runs")
             t0 = time.time()
@@ -115,10 +85,11 @@ def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, .
                 {
                     "round": r,
                     "arm": arm,
+                    "load": load,
                     "median_s": statistics.median(loop0),
                     "mean_s": statistics.fmean(loop0),
-                    "p10_s": _q(loop0, 0.1),
-                    "p90_s": _q(loop0, 0.9),
+                    "p10_s": quantile(loop0, 0.1),
+                    "p90_s": quantile(loop0, 0.9),
                     "warmup_total_s": sum(res["rank0"]["warmup_s"]),
                     "cpu_per_step_s": statistics.fmean(res[f"rank{k}"]["cpu_s"] for k in range(workload.ranks)) / steps,
                     "train_thread_cpu_per_step_s": statistics.fmean(
@@ -172,18 +143,18 @@ def run_ab_size(size: str, root: str, variant: str) -> dict:
     cpu_ratios = [w / p for w, p in zip(res["watched_cpu_s"], res["plain_cpu_s"])]
     summary = {
         "cpu_ratio_median": statistics.median(cpu_ratios),
-        "cpu_ratio_p25": _q(cpu_ratios, 0.25),
-        "cpu_ratio_p75": _q(cpu_ratios, 0.75),
+        "cpu_ratio_p25": quantile(cpu_ratios, 0.25),
+        "cpu_ratio_p75": quantile(cpu_ratios, 0.75),
         "extra_cpu_us_per_step_median": statistics.median(
             (w - p) * 1e6 for w, p in zip(res["watched_cpu_s"], res["plain_cpu_s"])
         ),
         "pairs": len(ratios),
         "block_steps": block_steps,
         "ratio_median": statistics.median(ratios),
-        "ratio_p10": _q(ratios, 0.1),
-        "ratio_p25": _q(ratios, 0.25),
-        "ratio_p75": _q(ratios, 0.75),
-        "ratio_p90": _q(ratios, 0.9),
+        "ratio_p10": quantile(ratios, 0.1),
+        "ratio_p25": quantile(ratios, 0.25),
+        "ratio_p75": quantile(ratios, 0.75),
+        "ratio_p90": quantile(ratios, 0.9),
         "plain_step_ms": statistics.median(res["plain_s"]) * 1e3,
         "extra_us_per_step_median": statistics.median((w - p) * 1e6 for w, p in zip(res["watched_s"], res["plain_s"])),
     }
@@ -354,7 +325,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": os.getloadavg()},
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "traceml-ai": traceml_version},
         "rounds": args.rounds,
-        "agent_buffer_bound_mb": buffer_bound_bytes() / 2**20,
+        "agent_buffer_bound_mb": buffer_bound_mb(),
         "sizes": {},
     }
     with tempfile.TemporaryDirectory(prefix="rs-overhead-") as root:
@@ -372,8 +343,7 @@ def main() -> int:
     bound_mb = result["agent_buffer_bound_mb"]
     print(f"\nagent event buffer when full ({default_buffer_bound():,} step events): {bound_mb:.1f} MB")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_results(args.json, result, arms=list(arms), rounds=args.rounds)
     return 0
 
 

@@ -20,11 +20,14 @@ one this interpreter imports.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import fresh_process, machine_load, write_results  # noqa: E402
 
 _MEASURE = r"""
 import json, sys, time
@@ -66,9 +69,7 @@ digest_every_segment(sys.argv[2])
 def measure(old_site: str, run: str, what: str, repeats: int) -> dict:
     """{"times": each of ``repeats`` calls of ``what``, "module": where ranksight came from} in one fresh
     process, the older version's (``old_site``) or, with "", this checkout's."""
-    out = subprocess.run([sys.executable, "-c", _MEASURE, old_site, run, what, str(repeats)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_process(_MEASURE, old_site, run, what, repeats)
 
 
 def main() -> int:
@@ -78,8 +79,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="calls per process (the first is a fresh one)")
     parser.add_argument("--write-old-digests", action="store_true")
-    parser.add_argument("--what", default="breakdown,diagnose",
-                        help="comma-separated: breakdown, diagnose, rollup (the dashboard's Rollup)")
+    parser.add_argument(
+        "--what",
+        default="breakdown,diagnose",
+        help="comma-separated: breakdown, diagnose, rollup (the dashboard's Rollup)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.write_old_digests:
@@ -90,7 +94,9 @@ def main() -> int:
         if what not in ("breakdown", "diagnose", "rollup"):
             parser.error(f"--what: no measure {what!r} (breakdown, diagnose, rollup)")
         runs: dict[str, list] = {"older": [], "newer": []}
+        loads = []
         for _ in range(args.rounds):
+            loads.append(machine_load())
             for version, site in (("older", args.old_site), ("newer", "")):
                 runs[version].append(measure(site, args.run, what, args.repeats))
         assert all(args.old_site in r["module"] for r in runs["older"])
@@ -99,21 +105,25 @@ def main() -> int:
         for version, rounds in runs.items():
             first = [r["times"][0] for r in rounds]
             later = [t for r in rounds for t in r["times"][1:]]
-            figures[version] = {"first_call_median_s": statistics.median(first),
-                                "later_calls_median_s": statistics.median(later) if later else None,
-                                "first_calls_s": first, "later_calls_s": later}
+            figures[version] = {
+                "first_call_median_s": statistics.median(first),
+                "later_calls_median_s": statistics.median(later) if later else None,
+                "first_calls_s": first,
+                "later_calls_s": later,
+            }
         older, newer = figures["older"], figures["newer"]
         figures["newer_over_older_first"] = newer["first_call_median_s"] / older["first_call_median_s"]
         if older["later_calls_median_s"]:
             figures["newer_over_older_later"] = newer["later_calls_median_s"] / older["later_calls_median_s"]
-        results[what] = figures
-        print(f"{what}: first call {older['first_call_median_s']:.3f} s -> {newer['first_call_median_s']:.3f} s; "
-              f"later calls {older['later_calls_median_s'] or 0:.3f} s -> {newer['later_calls_median_s'] or 0:.3f} s",
-              flush=True)
+        results[what] = {**figures, "loads": loads}
+        print(
+            f"{what}: first call {older['first_call_median_s']:.3f} s -> {newer['first_call_median_s']:.3f} s; "
+            f"later calls {older['later_calls_median_s'] or 0:.3f} s -> {newer['later_calls_median_s'] or 0:.3f} s",
+            flush=True,
+        )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"run": args.run, "old_site": args.old_site, "rounds": args.rounds, "repeats": args.repeats,
-                       **results}, f, indent=1)
+        figures = {"run": args.run, "old_site": args.old_site, "rounds": args.rounds, "repeats": args.repeats}
+        write_results(args.json, {**figures, **results}, arms=["older", "newer"], rounds=args.rounds)
     return 0
 
 

@@ -20,8 +20,13 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
 
 
 def build_spool(run_path: str, rows: int, ranks: int, segment_rows: int) -> int:
@@ -160,8 +165,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
         }
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(figures, f, indent=1)
+            write_results(args.json, figures, rounds=args.repeats)
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)

@@ -25,6 +25,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import machine_load, rotated, write_results  # noqa: E402
+
 _CHILD = r"""
 import json, os, sys, threading, time
 import torch
@@ -154,9 +158,9 @@ def main() -> None:
     assert "off" in arms, "the 'off' arm is the reference"
     rounds: dict[str, list[dict]] = {arm: [] for arm in arms}
     for i in range(args.rounds):
-        order = arms[i % len(arms) :] + arms[: i % len(arms)]  # rotate which arm goes first
-        for arm in order:
-            r = measure(args.seconds, arm, args.interval_s, args.hidden)
+        load = machine_load()
+        for arm in rotated(arms, i):
+            r = {**measure(args.seconds, arm, args.interval_s, args.hidden), "load": load}
             rounds[arm].append(r)
             print(
                 f"round {i} {arm}: {r['steps']} steps, median {r['step_median_ms']:.3f} ms, mean"
@@ -174,17 +178,9 @@ def main() -> None:
             f" wall time), of it in the training process {m['in_process_thread_cpu_s_per_min']:.3f} s per minute"
         )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "args": vars(args),
-                    "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "arch": platform.machine()},
-                    "summary": summary,
-                    "rounds": rounds,
-                },
-                f,
-                indent=1,
-            )
+        host = {"cpus": os.cpu_count(), "python": platform.python_version(), "arch": platform.machine()}
+        figures = {"args": vars(args), "host": host, "summary": summary, "rounds": rounds}
+        write_results(args.json, figures, arms=arms, rounds=args.rounds)
 
 
 if __name__ == "__main__":

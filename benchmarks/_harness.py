@@ -1,0 +1,123 @@
+"""What every benchmark repeats, in one place: arms taking turns in rounds, a fresh process timed with its
+user and system CPU, the machine's load at each round, and a results file whose header says where, from
+which commit and with which command its figures were measured.
+
+Why: on a shared machine a figure means something only beside the load it was measured under and the code
+it measured; one implementation keeps every results file comparable with every other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rotated(arms: list, r: int) -> list:
+    """Round ``r``'s order: the arms rotated by r (over len(arms) rounds each arm runs once in every
+    position), so that drift in the machine falls on every arm alike."""
+    k = r % len(arms)
+    return list(arms[k:]) + list(arms[:k])
+
+
+def spread(xs: list[float]) -> dict:
+    """Median, min and max (and the quartiles from 4 values on) of a list; {} when empty."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return {}
+    out = {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4)
+        out["p25"], out["p75"] = q[0], q[2]
+    return out
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` by rank (no interpolation): a value that was measured."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for a process group or a server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_pressure() -> dict | None:
+    """The kernel's CPU pressure (``/proc/pressure/cpu``: the share of time some task waited for a core),
+    or None where the kernel does not report it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            lines = f.read().split("\n")
+    except OSError:
+        return None
+    out = {}
+    for line in filter(None, lines):
+        kind, *fields = line.split()
+        out[kind] = {k: float(v) for k, v in (f.split("=") for f in fields)}
+    return out
+
+
+def machine_load() -> dict:
+    """The load average and CPU pressure now: what a round's figures were measured under."""
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg": os.getloadavg(),
+            "cpu_pressure": cpu_pressure()}  # fmt: skip
+
+
+def fresh_process(code: str, *args: str, env: dict | None = None) -> dict:
+    """Run ``python -c code args`` in a fresh process; its last stdout line (JSON) with the process's own
+    wall, user and system seconds added under ``process`` (system time: the kernel's page faults, which
+    a first call pays and a later one does not)."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=True, env=env
+    )
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    figures["process"] = {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
+                          "system_s": after.ru_stime - before.ru_stime}  # fmt: skip
+    return figures
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine() -> dict:
+    """Hostname, cores, Python and (where importable) torch: what a figure from another machine differs in."""
+    out = {"hostname": platform.node(), "nproc": os.cpu_count(), "python": platform.python_version(),
+           "platform": platform.platform()}  # fmt: skip
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def header(arms: list | None = None, rounds: int | None = None) -> dict:
+    """The common header of a results file: command line, commit, machine, arms and rounds."""
+    return {"command": [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]], "commit": _commit(),
+            "machine": machine(), "arms": arms, "rounds": rounds}  # fmt: skip
+
+
+def write_results(path: str, figures: dict, arms: list | None = None, rounds: int | None = None) -> None:
+    """Write ``figures`` to ``path`` as JSON, the common ``header`` first (its keys beside the figures'
+    own, which stay where readers of the file look for them)."""
+    with open(path, "w") as f:
+        json.dump({"header": header(arms, rounds), **figures}, f, indent=1)
