@@ -36,8 +36,9 @@ def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
     (``named`` first) and one bar for the others' mean (``rank_bars``)."""
     bars, title = rank_bars(rows, named)
     df = shares_long([{**r, "bar": label} for label, r in bars], "bar")
-    x = alt.X("bar:N", sort=[label for label, _ in bars], title=title,
-              axis=alt.Axis(labelAngle=-90 if len(bars) > 16 else 0))
+    x = alt.X(
+        "bar:N", sort=[label for label, _ in bars], title=title, axis=alt.Axis(labelAngle=-90 if len(bars) > 16 else 0)
+    )
     field = alt.Tooltip("bar:N", title="rank")
     return (
         alt.Chart(df)

@@ -163,8 +163,9 @@ def standout_ranks(rows: list[dict], named=(), bars: int = STANDOUT_BARS) -> tup
     import statistics
 
     keys = [f"{p[:-2]}_share" for p in PHASES]
-    medians = {k: statistics.median(vals) if (vals := [r[k] for r in rows if r.get(k) is not None]) else 0.0
-               for k in keys}
+    medians = {
+        k: statistics.median(vals) if (vals := [r[k] for r in rows if r.get(k) is not None]) else 0.0 for k in keys
+    }
 
     def distance(r: dict) -> float:
         return sum(abs((r.get(k) or 0.0) - medians[k]) for k in keys if r.get(k) is not None)

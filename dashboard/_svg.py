@@ -69,11 +69,14 @@ def stacked_bars(
         cx, ly = x0 + bar_w / 2, top + plot_h + 14
         if rotate:
             if i % every == 0 or i == len(bars) - 1:
-                out.append(f"<text transform='translate({cx + 3:.1f},{ly - 8}) rotate(-90)' text-anchor='end'"
-                           f" {_SMALL}>{escape(label)}</text>")
+                out.append(
+                    f"<text transform='translate({cx + 3:.1f},{ly - 8}) rotate(-90)' text-anchor='end'"
+                    f" {_SMALL}>{escape(label)}</text>"
+                )
         else:
             out.append(f"<text x='{cx:.1f}' y='{ly}' text-anchor='middle' {_FONT}>{escape(label)}</text>")
-    out.append(f"<text x='{_LEFT + plot_w / 2:.1f}' y='{height - 4}' text-anchor='middle' {_FONT}>"
-               f"{escape(x_title)}</text>")
+    out.append(
+        f"<text x='{_LEFT + plot_w / 2:.1f}' y='{height - 4}' text-anchor='middle' {_FONT}>{escape(x_title)}</text>"
+    )
     out.append("</svg>")
     return "".join(out)

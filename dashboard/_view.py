@@ -128,7 +128,6 @@ PHASE_ORDER = list(PHASE_LABELS.values())
 PHASE_COLORS = ["#e45756", "#f58518", "#4c78a8", "#b279a2", "#54a24b", "#bab0ac"]
 
 
-
 def stacked_by_rank_svg(rows: list[dict], named=()) -> str:
     """``_charts.stacked_by_rank`` as inline SVG (``_svg``): the landing page draws it without Vega and altair."""
     bars, title = rank_bars(rows, named)

@@ -233,7 +233,7 @@ def read_parts(path: str, parts) -> dict:
         head = f.read(len(_MAGIC) + 4)
         if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
             raise ValueError("not a ranksight digest")
-        header = json.loads(f.read(int.from_bytes(head[len(_MAGIC):], "little")))
+        header = json.loads(f.read(int.from_bytes(head[len(_MAGIC) :], "little")))
         start = f.tell()
         for part in parts:
             if part not in header:
@@ -368,8 +368,13 @@ def digest_schema():
     """The pyarrow schema of ``COLUMNS``."""
     import pyarrow as pa
 
-    types = {"INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
-             "BOOLEAN": pa.bool_()}
+    types = {
+        "INTEGER": pa.int32(),
+        "BIGINT": pa.int64(),
+        "DOUBLE": pa.float64(),
+        "VARCHAR": pa.string(),
+        "BOOLEAN": pa.bool_(),
+    }
     return pa.schema([(c, types[t]) for c, t in COLUMNS])
 
 

@@ -32,9 +32,7 @@ ZERO_BUCKET = -(2**62)
 """The bucket of durations of 0 (or below: a clock that stepped back), read as 0."""
 
 _DATA = PHASE_SQL["data_wait_s"]
-_BLOCKED_OR_NULL = (
-    f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
-)
+_BLOCKED_OR_NULL = f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
 _DATA_SHARE = f"({_DATA}) / nullif({PERIOD_SQL}, 0)"
 
 SUMS_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -245,18 +243,26 @@ one more file's."""
 def merge_steps_sql(source: str, columns=None) -> str:
     """SELECT of one ``steps`` row per (step, warm) standing for all the rows of ``source`` (``MERGED_STEPS``):
     every column, or those named in ``columns``."""
-    cols = ", ".join(f"CAST({MERGED_STEPS[c]} AS {t}) AS {c}" for c, t, _ in STEPS_COLUMNS
-                     if columns is None or c in columns)
+    cols = ", ".join(
+        f"CAST({MERGED_STEPS[c]} AS {t}) AS {c}" for c, t, _ in STEPS_COLUMNS if columns is None or c in columns
+    )
     return f"SELECT step, warm, {cols} FROM {source} GROUP BY step, warm"
 
 
-_SUMS_NOT_SUMMED = {"node": "any_value(node)", "world_size": "max(world_size)", "step_min": "min(step_min)",
-                    "step_max": "max(step_max)"}
+_SUMS_NOT_SUMMED = {
+    "node": "any_value(node)",
+    "world_size": "max(world_size)",
+    "step_min": "min(step_min)",
+    "step_max": "max(step_max)",
+}
 MERGED_SUMS: dict[str, str] = {c: _SUMS_NOT_SUMMED.get(c, f"sum({c})") for c, _, _ in SUMS_COLUMNS}
 """How ``sums`` rows of several files merge into one per (rank, warm): every column a sum or count but these."""
 
-MERGED_HIST: tuple[tuple[str, str, str], ...] = (("n", "sum(n)", "BIGINT"), ("lo", "min(lo)", "DOUBLE"),
-                                                ("hi", "max(hi)", "DOUBLE"))
+MERGED_HIST: tuple[tuple[str, str, str], ...] = (
+    ("n", "sum(n)", "BIGINT"),
+    ("lo", "min(lo)", "DOUBLE"),
+    ("hi", "max(hi)", "DOUBLE"),
+)
 """How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket): column, SQL, type."""
 
 

@@ -56,8 +56,9 @@ def test_readers_and_ingest_draw_no_progress_bar(tmp_path):
     import sys
 
     run = write_run(str(tmp_path), "quiet", steps=7)
-    out = subprocess.run([sys.executable, "-c", _SETTINGS_OF_OUR_CONNECTIONS, run],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _SETTINGS_OF_OUR_CONNECTIONS, run], capture_output=True, text=True, check=True
+    )
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found.pop("plain") is True  # what DuckDB does there unless told otherwise
     assert found == {"open_run": False, "cursor": False, "store": False, "footers": False}

@@ -404,8 +404,15 @@ def test_a_chart_of_many_ranks_draws_those_unlike_the_rest_and_the_named_and_sum
     from ranksight.dashboard._view import stacked_by_rank_svg
 
     def row(rank, wait):
-        return {"rank": rank, "data_wait_share": wait, "h2d_share": None, "compute_share": 0.8 - wait,
-                "comm_exposed_share": 0.1, "optimizer_share": 0.05, "other_share": 0.05}
+        return {
+            "rank": rank,
+            "data_wait_share": wait,
+            "h2d_share": None,
+            "compute_share": 0.8 - wait,
+            "comm_exposed_share": 0.1,
+            "optimizer_share": 0.05,
+            "other_share": 0.05,
+        }
 
     few = [row(r, 0.1) for r in range(BARS_AT_MOST)]
     assert standout_ranks(few) == (few, None)  # a bar each

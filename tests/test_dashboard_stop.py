@@ -69,9 +69,7 @@ def _big_run(root) -> str:
 def test_a_server_exiting_while_its_warm_up_queries_exits_cleanly(tmp_path):
     run = _big_run(tmp_path)
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", EXIT_DURING_WARM_UP, run], capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, "-c", EXIT_DURING_WARM_UP, run], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "running"  # the exit came while the warm-up was still diagnosing
     assert proc.returncode == 0, proc.stderr[-800:]
     assert "terminate called" not in proc.stderr
