@@ -249,7 +249,8 @@ def test_builtin_rules_cover_the_matrix():
     assert matrix <= ids
     # Every built-in rule that can be measured says what fixing it gives back.
     no_cost = {r.id for r in ruleset.rules if r.cost is None}
-    assert no_cost == {"input-not-measured", "fragmentation", "replicated-model-state", "memory-imbalance", "busy-host"}
+    # Fragmentation costs the allocator's retries and device calls where there are any (0 otherwise).
+    assert no_cost == {"input-not-measured", "replicated-model-state", "memory-imbalance", "busy-host"}
     assert {r.axis for r in ruleset.rules} == {"data_pipeline", "sync", "parallelism"}
     assert all(r.fix_text and r.summary for r in ruleset.rules)
     assert {c.group for c in ruleset.checklist} == {"graph capture", "memory planning", "kernels"}
