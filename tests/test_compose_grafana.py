@@ -160,8 +160,14 @@ def input_bound_rank_main(rank: int, run_dir: str, out_dir: str, master_port: in
 
     def slow_batches():
         deadline = time.monotonic() + 300
-        while not os.path.exists(release) and time.monotonic() < deadline:
+        while True:
             time.sleep(0.03)  # decoding in the main process: most of each step is the wait for the batch
+            # Both ranks stop at the same step: one that stopped alone would leave the other in an
+            # all-reduce with no partner until gloo's 30-minute timeout.
+            stop = torch.tensor([float(os.path.exists(release) or time.monotonic() > deadline)], device=device)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item():
+                return
             yield torch.randn(64, 16), torch.randn(64, 1)
 
     for x, y in mon.loader(slow_batches()):
