@@ -5,6 +5,7 @@ The run directory belongs to this package: the CLI, the rules and the dashboard 
 and compact them (``ingest``, ``prune``) through the names below, never through its modules.
 """
 
+from ._digest_source import expect_verdict
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
@@ -67,6 +68,7 @@ __all__ = [
     "PHASES",
     "PHASE_SQL",
     "compute_features",
+    "expect_verdict",
     "run_features",
     "step_breakdown",
     # the compacted store

@@ -19,7 +19,7 @@ from ranksight.schema import SAMPLE_NAMES
 
 from . import _digest_queries
 from ._answers import query
-from ._digest_source import verdict_digests
+from ._digest_source import expect_verdict, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     PHASES,
@@ -209,8 +209,11 @@ def compute_features(
 ) -> dict[int, dict]:
     """Features per rank from a connection with the run's views and the ranks' metadata.
 
-    ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns).
+    ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns). Without a
+    ``breakdown`` it is read here first, with every digest part the features read (``expect_verdict``).
     """
+    if breakdown is None:
+        expect_verdict(con)
     rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps, since_ns)
     meta_by_rank = {m.rank: m.data for m in metas}
     stats = rank_step_stats(con, warmup_steps, since_ns)

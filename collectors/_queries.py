@@ -92,10 +92,12 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
     found = _digest_queries.medians(con, parts, warmup_steps, ("period", "compute")) if parts else None
     step_sum = "period_sum" if parts else "step_sum"
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum({step_sum}), 0) AS {p[:-2]}_share" for p in PHASES)
-    medians = f"""medians AS (SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
-                         FROM {steps_source(con, None)}
-                         WHERE (step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?)) AND {SAMPLED_SQL}
-                         GROUP BY rank)"""
+    medians = ""
+    if found is None:  # the rows' medians only where the histograms' do not serve (``steps_source`` asks DuckDB)
+        medians = f"""medians AS (
+            SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
+            FROM {steps_source(con, None)}
+            WHERE (step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?)) AND {SAMPLED_SQL} GROUP BY rank)"""
     sql = f"""
         WITH d AS (SELECT * FROM {digests}),
              total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),

@@ -28,6 +28,7 @@ from ._rundir import (
     first_line,
     is_segment_name,
     node_store_paths,
+    one_schema,
     scan_segments,
     segment_columns,
     segment_glob,
@@ -167,7 +168,8 @@ def _spool_part(
     if not pending:
         return None, bad
     names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
-    source = f"read_parquet([{names}], union_by_name=true)"
+    # One schema: DuckDB reads the files as one (by name still) instead of binding each at every query.
+    source = f"read_parquet([{names}], union_by_name={'false' if one_schema(pending) else 'true'})"
     select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
     if not follow and len(pending) >= MATERIALIZE_FROM_FILES and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES:
         # One reading, many queries (diagnose runs a dozen): read many small segments once, into memory,

@@ -62,3 +62,38 @@ def test_a_connection_the_caller_attached_gets_no_table_of_ours(tmp_path):
     con.close()
     mine = duckdb.connect(str(tmp_path / "mine.duckdb"))
     assert not [t for (t,) in mine.execute("SELECT table_name FROM duckdb_tables()").fetchall() if "pending" in t]
+
+
+def _view_sql(con) -> str:
+    return con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'steps'").fetchone()[0]
+
+
+def test_files_of_one_schema_are_read_as_one_and_files_of_several_by_their_names(tmp_path):
+    """Read with ``union_by_name``, DuckDB binds every file by its names at each query; files of one schema
+    are read as one instead, and a file of another schema (an older agent's, a column of another type) sends
+    the view back to binding by name: every row once, a column a file lacks NULL in its rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = str(tmp_path / "r")
+    _write(run, 2, 3)
+    con = open_run(run, follow_spool=False)
+    assert "union_by_name = false" in _view_sql(con)
+    assert _counts(con) == [(0, 12, 12), (1, 12, 12)]
+    first = sorted((tmp_path / "r" / "steps").glob("*.parquet"))[0]
+    table = pq.read_table(first)
+    older = table.drop_columns(["cpu_s"]).set_column(
+        table.schema.get_field_index("step"), "step", pa.array(range(100, 100 + table.num_rows), pa.int64())
+    )
+    pq.write_table(older, tmp_path / "r" / "steps" / "n0_r00000_p1-older_000000.parquet")
+    con = open_run(run, follow_spool=False)
+    assert "union_by_name = true" in _view_sql(con)
+    assert _counts(con) == [(0, 12 + table.num_rows, 12 + table.num_rows), (1, 12, 12)]
+    assert con.execute("SELECT count(*) FROM steps WHERE step >= 100 AND cpu_s IS NULL").fetchone()[0] == 4
+    (tmp_path / "r" / "steps" / "n0_r00000_p1-older_000000.parquet").unlink()
+    narrower = table.set_column(table.schema.get_field_index("step"), "step", table.column("step").cast(pa.int32()))
+    pq.write_table(narrower.slice(0, 0), tmp_path / "r" / "steps" / "n0_r00000_p1-narrow_000000.parquet")
+    con = open_run(run, follow_spool=False)
+    assert "union_by_name = true" in _view_sql(con)
+    assert con.execute("SELECT typeof(step) FROM steps LIMIT 1").fetchone()[0] == "BIGINT"
+    assert _counts(con) == [(0, 12, 12), (1, 12, 12)]

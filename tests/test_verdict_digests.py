@@ -22,7 +22,7 @@ from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.rules import diagnose
 from ranksight.schema import arrow_schema
-from ranksight.verdict_digest import GAMMA, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
+from ranksight.verdict_digest import GAMMA, MEDIANS, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
 
 from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
@@ -30,13 +30,26 @@ FROM_MEDIANS = {"step_median_s": 1, "compute_median_s": 1, "straggler_score": 2,
 """Features read from histogram medians, and how many medians each one is a ratio of (its error bound)."""
 
 
-def _features_from_rows(run: str) -> dict[int, dict]:
+def _from_rows(read, run: str):
+    """``read(run)`` with the spool's digests set aside: the rows read instead."""
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")
     try:
-        return run_features(run)
+        return read(run)
     finally:
         os.rename(digests + "-aside", digests)
+
+
+def _features_from_rows(run: str) -> dict[int, dict]:
+    return _from_rows(run_features, run)
+
+
+def _diagnosed_from_rows(run: str) -> dict:
+    return _from_rows(diagnose, run)
+
+
+def _findings(verdict: dict) -> list[tuple]:
+    return [(f["rule"], f["ranks"], f["severity"]) for f in verdict["findings"]]
 
 
 def _assert_same_features(a: dict[int, dict], b: dict[int, dict]) -> None:
@@ -79,13 +92,8 @@ def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path
     assert f["slowest_step_share"] == 1.0 and f["compute_vs_median"] > 1.3
     assert f["straggler_cost_share"] is not None and f["comm_floor_share"] is not None
     # and the verdict itself is the same
-    digests = os.path.join(run, "steps", DIGEST_DIR)
-    first = diagnose(run)
-    os.rename(digests, digests + "-aside")
-    second = diagnose(run)
-    os.rename(digests + "-aside", digests)
-    verdict = [(f["rule"], f["ranks"], f["severity"]) for f in first["findings"]]
-    assert verdict and verdict == [(f["rule"], f["ranks"], f["severity"]) for f in second["findings"]]
+    verdict = _findings(diagnose(run))
+    assert verdict and verdict == _findings(_diagnosed_from_rows(run))
 
 
 def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
@@ -519,3 +527,103 @@ def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(
     for i in range(4, 8):  # started after the publish: every file
         _assert_same_features(results[i], rows)
     assert results[7][1]["slowest_step_share"] == 40 / 115
+
+
+def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tmp_path, monkeypatch):
+    """``compute_features`` without a breakdown reads it first, with every part the features read: one read
+    of the three parts, each file once, and one pass over the histograms for all seven medians -- also in
+    ``diagnose()``, whose breakdown asks for two."""
+    from ranksight.collectors import _digest_fold, _digest_queries
+
+    run = _published_run(tmp_path)
+    files = set(_step_files(run))
+    assert len(files) == 3
+    reads, passes = [], []
+    read, find = _digest_fold.read_digest_parts, _digest_queries._all_medians
+
+    def recorded(paths, parts, with_file=False):
+        reads.append(([os.path.basename(p) for p in paths], parts))
+        return read(paths, parts, with_file)
+
+    def found(con, parts, figures):
+        passes.append(figures)
+        return find(con, parts, figures)
+
+    monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
+    monkeypatch.setattr(_digest_queries, "_all_medians", found)
+    _digest_fold.forget()
+    features = run_features(run)
+    assert [(sorted(names), set(parts)) for names, parts in reads] == [(sorted(files), {"sums", "hist", "steps"})]
+    assert [set(figures) for figures in passes] == [set(MEDIANS)]
+    _digest_fold.forget()
+    reads.clear()
+    passes.clear()
+    verdict = diagnose(run)
+    assert {p for _, parts in reads for p in parts} == {"sums", "hist", "steps"}
+    assert [set(figures) for figures in passes] == [set(MEDIANS)]
+    monkeypatch.undo()
+    _assert_same_features(features, _features_from_rows(run))
+    assert _findings(verdict) and _findings(verdict) == _findings(_diagnosed_from_rows(run))
+
+
+def test_with_the_verdict_expected_a_damaged_per_step_part_leaves_only_its_figures_to_the_rows(tmp_path):
+    """Reading every part at once must not cost the parts that read: a file's per-step part cut short sends the
+    per-step comparisons to the rows, and the sums and medians still come from the digests."""
+    from ranksight.collectors import _digest_fold, expect_verdict
+
+    run = _published_run(tmp_path)
+    rows = _features_from_rows(run)
+    paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
+    with open(paths[0], "r+b") as f:  # cut short inside its last part (per step)
+        f.truncate(os.path.getsize(paths[0]) - 100)
+    _digest_fold.forget()
+    con = open_run(run, follow_spool=False)
+    expect_verdict(con)
+    assert verdict_digests(con, "hist") is not None and verdict_digests(con, "steps") is None
+    con.close()
+    features = run_features(run)
+    _assert_same_features(features, rows)
+    assert any(features[rank]["step_median_s"] != rows[rank]["step_median_s"] for rank in RANKS)  # histograms'
+
+
+def test_the_histogram_rows_of_many_ranks_reach_the_medians_grouped(monkeypatch):
+    """Node files of disjoint ranks, read in turn, hold each (rank, figure)'s rows together, buckets ascending:
+    the query handing them to ``medians_of`` keeps that order at 10,000 ranks (DuckDB's parallel scan of a
+    ``figure IN (...)`` of seven names did not), so no sort of every row runs; the medians are those of the
+    same rows in any order."""
+    from ranksight.collectors import _digest_queries
+    from ranksight.verdict_digest import _grouped
+
+    ranks, buckets, figures = 10_000, 60, sorted(MEDIANS)[:3]
+    rank = np.repeat(np.arange(ranks, dtype=np.int32), len(figures) * buckets)
+    bucket = np.tile(np.arange(300, 300 + buckets, dtype=np.int64), ranks * len(figures))
+    n = len(rank)
+    rng = np.random.default_rng(5)
+    counts = rng.integers(1, 4, n)
+    table = pa.table(
+        {
+            "rank": rank,
+            "warm": np.zeros(n, bool),
+            "figure": np.tile(np.repeat(figures, buckets), ranks),
+            "bucket": bucket,
+            "n": counts,
+            "lo": GAMMA ** (bucket - 0.5),
+            "hi": GAMMA ** (bucket - 0.5),
+        }
+    )
+    con = duckdb.connect()
+    con.register("hist", table)
+    handed = []
+    find = _digest_queries.medians_of
+    monkeypatch.setattr(_digest_queries, "medians_of", lambda rows: handed.append(rows) or find(rows))
+    found = _digest_queries._all_medians(con, {"hist": "hist"}, tuple(MEDIANS))
+    rows = handed[0]
+    assert len(rows["rank"]) == n and _grouped(rows["rank"], rows["figure"], rows["bucket"])
+    order = rng.permutation(n)
+    shuffled = find({k: np.asarray(v)[order] for k, v in rows.items()})
+    assert len(found) == ranks and all(
+        found[r][name] == shuffled[(r, i)]
+        for r in (0, 4321, ranks - 1)
+        for i, name in enumerate(MEDIANS, 1)
+        if name in figures
+    )
