@@ -26,10 +26,18 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
 ``dashboard``
     The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
     a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
+``first``
+    The first ``diagnose()`` and ``open_run`` + ``step_breakdown`` of fresh processes on a node-merged spool of
+    ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
+    DuckDB's GROUP BY over the same files in a fresh process, and with ``--old-site`` an older version's
+    first ``diagnose()`` (``_scale_first.py``). A kept ``--dir`` is read again, not rebuilt.
 
-Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard] [--seconds 40] [--speed 10]
-[--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under ``nice`` on a
-shared machine.
+Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
+(rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
+
+Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard,first] [--seconds 40]
+[--speed 10] [--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under
+``nice`` on a shared machine.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _scale_first import first_call_figures, ratios_to_floor  # noqa: E402
+
 RANKS_PER_NODE = 8
 REAL_FLUSH_S = 2.0
 DEFAULT_CAP = 150.0  # Config.max_job_files_per_s
@@ -654,6 +665,12 @@ def main() -> None:
     parser.add_argument("--dash-ranks", type=int, default=10_000)
     parser.add_argument("--dash-steps", type=int, default=1000)
     parser.add_argument("--no-browser", action="store_true", help="store section: skip the Verdict page in Chromium")
+    parser.add_argument("--first-ranks", type=int, default=10_000)
+    parser.add_argument("--first-steps", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5, help="first section: rounds of fresh processes")
+    parser.add_argument(
+        "--old-site", default=None, help="first section: an older commit's pip --target folder, timed in each round too"
+    )
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -692,11 +709,18 @@ def main() -> None:
             figures["store"] = []
             for layout in args.layouts.split(","):
                 fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser)
+                fig["ratio_to_floor"] = ratios_to_floor(fig)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
         if "dashboard" in sections:
             figures["dashboard"] = dashboard_figures(base, args.dash_ranks, args.dash_steps)
+            figures["dashboard"]["ratio_to_floor"] = ratios_to_floor(figures["dashboard"])
             print(json.dumps(figures["dashboard"]), flush=True)
+        if "first" in sections:
+            figures["first"] = first_call_figures(
+                base, args.first_ranks, args.first_steps, args.rounds, build_spool, args.old_site
+            )
+            print(json.dumps(figures["first"]), flush=True)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
             with open(args.json, "w") as f:
