@@ -10,6 +10,7 @@ from ranksight.collectors import (
     RunDirError,
     compute_context,
     compute_features,
+    expect_verdict,
     kept_steps_sql,
     open_run,
     read_rank_meta,
@@ -34,6 +35,7 @@ def diagnose(
     """
     rules = load_rules(rules_dir)  # bad rules are reported before any data is read
     con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
+    expect_verdict(con)  # the breakdown's first read takes the parts the features read too: one pass
     metas = read_rank_meta(run_path)
     whole = _judge(con, metas, rules, warmup_steps, None)
     if not metas and not whole["breakdown"]["ranks"]:
