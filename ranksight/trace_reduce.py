@@ -236,16 +236,16 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         ratio, cpu_ops_top, loader_ns = _cpu_ops(events, windows, steps, top)
         samples["cpu_op_ratio"] = ratio
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
-    syncs = _host_syncs(events, cpu_lo, cpu_hi)
-    samples["host_syncs_per_step"] = sum(syncs.values()) / steps
-    samples["compiled_syncs_per_step"] = _compiled_syncs(events, cpu_lo, cpu_hi) / steps
+    sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
+    syncs = _host_syncs(events, sync_calls)
+    samples["host_syncs_per_step"] = len(sync_calls) / steps
+    samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
-        sync_ns, _ = _runtime_time(events, SYNC_CALLS, cpu_lo, cpu_hi)
-        alloc_ns, alloc_n = _runtime_time(events, ALLOC_CALLS, cpu_lo, cpu_hi)
-        samples["host_sync_wait_share"] = sync_ns / cpu_span
-        samples["alloc_calls_per_step"] = alloc_n / steps
-        samples["alloc_call_share"] = alloc_ns / cpu_span
+        alloc_calls = _runtime_calls(events, ALLOC_CALLS, cpu_lo, cpu_hi)
+        samples["host_sync_wait_share"] = _host_ns(sync_calls) / cpu_span
+        samples["alloc_calls_per_step"] = len(alloc_calls) / steps
+        samples["alloc_call_share"] = _host_ns(alloc_calls) / cpu_span
     sync_sources = [(name, n / steps) for name, n in syncs.most_common(top)]
     return WindowReduction(samples, cpu_ops_top, sync_sources, steps, span_ns)
 
@@ -349,10 +349,14 @@ def _cpu_ops(
     return ratio, [(name, ns * 1e-9 / steps) for name, ns in per_name.most_common(top)], loader
 
 
-def _runtime_time(events: list[Ev], names: frozenset, lo: int, hi: int) -> tuple[int, int]:
-    """(host ns inside, count of) the runtime calls named ``names`` that start in [lo, hi)."""
-    calls = [e for e in events if e.kind == "rt" and e.name in names and lo <= e.start_ns < hi]
-    return sum(e.end_ns - e.start_ns for e in calls), len(calls)
+def _runtime_calls(events: list[Ev], names: frozenset, lo: int, hi: int) -> list[Ev]:
+    """The runtime calls named ``names`` that start in [lo, hi)."""
+    return [e for e in events if e.kind == "rt" and e.name in names and lo <= e.start_ns < hi]
+
+
+def _host_ns(calls: list[Ev]) -> int:
+    """Host time inside ``calls``."""
+    return sum(e.end_ns - e.start_ns for e in calls)
 
 
 COMPILED_REGION = "Torch-Compiled Region"
@@ -360,29 +364,21 @@ COMPILED_REGION = "Torch-Compiled Region"
 code between them)."""
 
 
-def _compiled_syncs(events: list[Ev], lo: int, hi: int) -> int:
-    """Blocking calls in [lo, hi) inside a compiled frame's run: a compiled graph does not sync, so such a
-    sync is the eager code at a graph break (a Python ``if`` on a tensor, ``.item()`` in forward)."""
+def _compiled_syncs(events: list[Ev], sync_calls: list[Ev]) -> int:
+    """Of ``sync_calls``, those inside a compiled frame's run: a compiled graph does not sync, so such a sync
+    is the eager code at a graph break (a Python ``if`` on a tensor, ``.item()`` in forward)."""
     regions: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for e in events:
         if e.kind in ("ann", "op") and e.name.startswith(COMPILED_REGION):
             regions[e.lane].append((e.start_ns, e.end_ns))
-    if not regions:
-        return 0
-    n = 0
-    for e in events:
-        if e.kind == "rt" and e.name in SYNC_CALLS and lo <= e.start_ns < hi:
-            n += any(a <= e.start_ns and e.end_ns <= b for a, b in regions.get(e.lane, ()))
-    return n
+    return sum(any(a <= e.start_ns and e.end_ns <= b for a, b in regions.get(e.lane, ())) for e in sync_calls)
 
 
-def _host_syncs(events: list[Ev], lo: int, hi: int) -> Counter:
-    """Count blocking runtime calls in [lo, hi), keyed by the outermost aten op around each."""
+def _host_syncs(events: list[Ev], sync_calls: list[Ev]) -> Counter:
+    """Count ``sync_calls`` (blocking runtime calls), keyed by the outermost aten op around each."""
     ops = _by_lane(events, "op")
     found: Counter = Counter()
-    for e in events:
-        if e.kind != "rt" or e.name not in SYNC_CALLS or not (lo <= e.start_ns < hi):
-            continue
+    for e in sync_calls:
         source = "python"
         for op in ops.get(e.lane, ()):
             if op.start_ns > e.start_ns:
