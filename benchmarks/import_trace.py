@@ -6,6 +6,7 @@
     python benchmarks/import_trace.py large --device cpu --source synthetic --target-mb 500 \\
         --json benchmarks/results/cpu_import_trace.json
     python benchmarks/import_trace.py large --device cuda --source real --target-mb 500 --json gpu_import_trace.json
+    python benchmarks/import_trace.py compare AGENT_RUN TRACE_DIR --steps 11-18   # a kept paired run, imported again
 
 ``paired``: a real job (2 gloo ranks on CPU; one rank on a GPU) runs with the agent attached and with
 ``torch.profiler`` (``tensorboard_trace_handler``) on the same steps; the traces are imported and both
@@ -398,6 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--active", type=int, default=8, help="profiled steps")
     p.add_argument("--out", default=None, help="folder for runs and traces (default: a temporary one)")
     p.add_argument("--json", default=None)
+    c = sub.add_parser("compare", help="import a kept paired run's traces again and compare with its agent run")
+    c.add_argument("agent_run", help="the paired run's agent run folder (e.g. .../agent/agent-pageable-sync)")
+    c.add_argument("trace_dir", help="its traces folder (e.g. .../traces-pageable-sync)")
+    c.add_argument("--steps", default="11-18", help="profiled steps, FIRST-LAST (default 11-18: the GPU pairing)")
+    c.add_argument("--out", default=None)
+    c.add_argument("--json", default=None)
     q = sub.add_parser("large", help="import a large trace: time and peak RSS")
     q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     q.add_argument("--source", choices=("real", "synthetic"), default="synthetic")
@@ -415,6 +422,17 @@ def main(argv: list[str] | None = None) -> int:
         _print_paired(results)
         payload: dict = {"what": "paired", "results": results}
         ok = all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results)
+    elif args.what == "compare":
+        from ranksight.collectors import import_traces
+
+        first, last = (int(x) for x in args.steps.split("-"))
+        imported = import_traces([args.trace_dir], os.path.join(out, "imported"), run_id="import-again")
+        result = {"scenario": os.path.basename(os.path.normpath(args.agent_run)), "device": "kept run",
+                  "problems": imported.problems,
+                  **compare_runs(args.agent_run, imported.run_path, list(range(first, last + 1)))}  # fmt: skip
+        _print_paired([result])
+        payload = {"what": "compare", "results": [result]}
+        ok = result["same_first"] and result["max_diff_pp"] <= 3.0
     else:
         payload = {"what": "large", **large(args.device, args.source, args.target_mb, out, args.seed_trace)}
         ok = True
