@@ -11,6 +11,7 @@
 # Environment: OUT (results, default ./gpu-corpus), WORK (run folders, default /tmp/gpu-corpus),
 # GPUS (ranks, default: every GPU there is), CORPUS_ARGS (more corpus options, default --repeats 1),
 # NAME (the results' file names, default corpus_gpu), WHEELS (wheel folders, default .whl),
+# CORPUS_TIMEOUT (seconds the corpus may run before it is stopped and what it finished is packed; default none),
 # RANKSIGHT_REPO (the ranksight checkout to install, default this script's repository).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -52,7 +53,7 @@ fi
 GPUS=${GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
 
 # shellcheck disable=SC2086  # CORPUS_ARGS is a list of options
-python3 "$HERE/diagnosis_corpus.py" --device cuda --gpus "$GPUS" ${CORPUS_ARGS:---repeats 1} \
+timeout "${CORPUS_TIMEOUT:-0}" python3 "$HERE/diagnosis_corpus.py" --device cuda --gpus "$GPUS" ${CORPUS_ARGS:---repeats 1} \
   --out "$W" --json "$OUT/$NAME.json" --text "$OUT/$NAME.txt"
 rc=$?
 (cd "$W" && tar czf "$OUT/$NAME.runs.tgz" runs logs truth results.jsonl device.json 2>/dev/null) || true

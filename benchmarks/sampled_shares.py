@@ -30,14 +30,16 @@ _GPU_COLUMNS = (
 
 def run(args) -> int:
     """One ``ranksight demo`` job per fault with events on every step (the demo's own GPU scenarios)."""
-    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    out = os.path.abspath(args.out)
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     env = {**os.environ, "RANKSIGHT_GPU": json.dumps({"events_every_steps": 1})}
     for fault in args.faults:
         t0 = time.time()
         cmd = [sys.executable, "-m", "ranksight", "demo", "--fault", fault, "--steps", str(args.steps),
-               "--ranks", "1", "--no-dashboard", "--run-dir", os.path.join(args.out, "runs"),
+               "--ranks", "1", "--no-dashboard", "--run-dir", os.path.join(out, "runs"),
                "--run-id", f"sampled-{fault}"]  # fmt: skip
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # From the output folder: a checkout's own ranksight/ in the current folder would shadow the package.
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out)
         print(f"{fault}: exit {done.returncode} in {time.time() - t0:.0f} s", flush=True)
         if done.returncode:
             print(done.stderr[-2000:], file=sys.stderr)
