@@ -11,11 +11,13 @@ profiler's own start/stop and its per-op recording during the traced steps.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from ranksight.trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
@@ -27,6 +29,7 @@ log = logging.getLogger("ranksight")
 _windows: weakref.WeakSet[TraceWindow] = weakref.WeakSet()  # this process's windows, for yield_to_user_profiler
 _hook_lock = threading.Lock()
 _hooked: list = []  # (class, its own _prepare_trace) once hooked
+_detach_set_here = False  # whether TEARDOWN_CUPTI=1 is the agent's setting (detach_cupti_after_trace)
 
 
 def yield_to_user_profiler(torch: Any) -> None:
@@ -72,8 +75,24 @@ def detach_cupti_after_trace(torch: Any) -> bool:
         return False
     if (major, minor) < (12, 6):
         return False
+    global _detach_set_here
     os.environ["TEARDOWN_CUPTI"] = "1"
+    _detach_set_here = True
     return True
+
+
+@contextlib.contextmanager
+def _cupti_kept_attached() -> Iterator[None]:
+    """Within: a profiler stop leaves CUPTI attached, if the agent was the one to ask for detaching
+    (Kineto reads ``TEARDOWN_CUPTI`` when a trace stops)."""
+    ours = os.environ.get("TEARDOWN_CUPTI") == "1" and _detach_set_here
+    if ours:
+        os.environ["TEARDOWN_CUPTI"] = "0"
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ["TEARDOWN_CUPTI"] = "1"
 
 
 def _kind_without_activity_type(e: Any, cpu: Any) -> Optional[str]:
@@ -263,9 +282,14 @@ class TraceWindow:
 
     def yield_to_user(self) -> None:
         """A user's profiler is starting: drop this window (said once), so that theirs can start. The next
-        window stays due when it was (``_prepare`` scheduled it), and skips its turn while theirs runs."""
+        window stays due when it was (``_prepare`` scheduled it), and skips its turn while theirs runs.
+
+        CUPTI stays attached through this stop: theirs attaches it again at once, and a detach still in
+        progress when their trace starts left it without GPU activity (torch 2.11, CUDA 13, one H200: no
+        kernel in the user's trace)."""
         self._say_backing_off()
-        self.abort()
+        with _cupti_kept_attached():
+            self.abort()
 
     def abort(self) -> None:
         """Stop a running profiler (agent switched off or closing); the partial window is dropped."""

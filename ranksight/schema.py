@@ -230,6 +230,12 @@ SAMPLE_NAMES: dict[str, str] = {
     "Region'): the eager code at a graph break, since a compiled graph does not sync.",
     "host_sync_wait_share": "Host time inside those blocking calls, over the traced steps' time: what the CPU "
     "waited for the GPU to drain.",
+    "copy_syncs_per_step": "Those blocking calls that end a blocking copy of host memory to the GPU "
+    "(x.to(device) without non_blocking): the op around the sync also copied host memory in.",
+    "sync_op_share": "Host time inside the ops that made those blocking calls (.item(), nonzero, .cpu(): the wait, "
+    "the copy back and the op's own work; each op once), over the traced steps' time.",
+    "pageable_copy_host_share": "Host time inside the runtime calls that copied pageable host memory to the GPU "
+    "(staging and waiting for the copy), over the traced steps' time.",
     "alloc_calls_per_step": "cudaMalloc / cudaFree (and the driver's cuMem* mapping calls) per traced step: the "
     "caching allocator going to the device after warm-up.",
     "alloc_call_share": "Host time inside those allocator calls (cudaFree waits for the device), over the traced "

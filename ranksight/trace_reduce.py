@@ -237,13 +237,18 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["cpu_op_ratio"] = ratio
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
-    syncs = _host_syncs(events, sync_calls)
+    sources = _enclosing_ops(events, sync_calls)
+    syncs = _host_syncs(sync_calls, sources)
+    h2d_calls = _h2d_copy_calls(events, gpu, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = len(sync_calls) / steps
     samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
+    samples["copy_syncs_per_step"] = _copy_syncs(sync_calls, sources, h2d_calls) / steps
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
         alloc_calls = _runtime_calls(events, ALLOC_CALLS, cpu_lo, cpu_hi)
         samples["host_sync_wait_share"] = _host_ns(sync_calls) / cpu_span
+        samples["sync_op_share"] = _sync_op_ns(sync_calls, sources) / cpu_span
+        samples["pageable_copy_host_share"] = _host_ns([rt for rt, pageable in h2d_calls if pageable]) / cpu_span
         samples["alloc_calls_per_step"] = len(alloc_calls) / steps
         samples["alloc_call_share"] = _host_ns(alloc_calls) / cpu_span
     sync_sources = [(name, n / steps) for name, n in syncs.most_common(top)]
@@ -374,17 +379,56 @@ def _compiled_syncs(events: list[Ev], sync_calls: list[Ev]) -> int:
     return sum(any(a <= e.start_ns and e.end_ns <= b for a, b in regions.get(e.lane, ())) for e in sync_calls)
 
 
-def _host_syncs(events: list[Ev], sync_calls: list[Ev]) -> Counter:
-    """Count ``sync_calls`` (blocking runtime calls), keyed by the outermost aten op around each."""
+def _enclosing_ops(events: list[Ev], calls: list[Ev]) -> list[Optional[Ev]]:
+    """For each of ``calls``, the outermost op on its thread that encloses it (None: called from Python)."""
     ops = _by_lane(events, "op")
-    found: Counter = Counter()
-    for e in sync_calls:
-        source = "python"
+    found: list[Optional[Ev]] = []
+    for e in calls:
+        source = None
         for op in ops.get(e.lane, ()):
             if op.start_ns > e.start_ns:
                 break
             if op.end_ns >= e.end_ns:
-                source = op.name  # the first (outermost) op that encloses the call
+                source = op  # the first (outermost) op that encloses the call
                 break
-        found[f"{source} ({e.name})"] += 1
+        found.append(source)
     return found
+
+
+def _host_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> Counter:
+    """Count ``sync_calls`` (blocking runtime calls), keyed by the outermost aten op around each."""
+    return Counter(f"{op.name if op else 'python'} ({e.name})" for e, op in zip(sync_calls, sources))
+
+
+def _h2d_copy_calls(events: list[Ev], gpu: list[Ev], lo: int, hi: int) -> list[tuple[Ev, bool]]:
+    """The runtime calls in [lo, hi) that copied host memory to the device, each with whether the source
+    was pageable (the GPU activity says ``Pageable``: the host stages it and waits for the copy)."""
+    pageable_by_corr: dict[int, bool] = {}
+    for e in gpu:
+        if e.kind == "memcpy" and e.corr and "HtoD" in e.name:
+            pageable_by_corr[e.corr] = pageable_by_corr.get(e.corr, False) or "Pageable" in e.name
+    return [
+        (e, pageable_by_corr[e.corr])
+        for e in events
+        if e.kind == "rt" and e.corr in pageable_by_corr and lo <= e.start_ns < hi
+    ]
+
+
+def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: list[tuple[Ev, bool]]) -> int:
+    """Of ``sync_calls``, those that end a blocking copy of a batch to the device (``x.to(device)`` without
+    ``non_blocking``): the op around the sync also copied host memory in, or the sync is that copy."""
+    h2d = [rt for rt, _ in h2d_calls]
+    found = 0
+    for e, op in zip(sync_calls, sources):
+        lo, hi = (op.start_ns, op.end_ns) if op is not None else (e.start_ns, e.end_ns)
+        found += any(rt.lane == e.lane and lo <= rt.start_ns and rt.end_ns <= hi for rt in h2d)
+    return found
+
+
+def _sync_op_ns(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> int:
+    """Host time inside the ops that synced (``.item()``, ``nonzero``, ``.cpu()``: the wait, the copy
+    back and the op's own work), each op once; a sync called outside any op counts its own time."""
+    spans = [
+        (op.start_ns, op.end_ns) if op is not None else (e.start_ns, e.end_ns) for e, op in zip(sync_calls, sources)
+    ]
+    return total_length(union_intervals(spans))

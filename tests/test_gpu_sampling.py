@@ -219,3 +219,31 @@ def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(monkeyp
     monkeypatch.delenv("TEARDOWN_CUPTI")
     monkeypatch.setenv("DISABLE_CUPTI_LAZY_REINIT", "1")
     assert detach_cupti_after_trace(torch_with("13.0")) is False and "TEARDOWN_CUPTI" not in os.environ
+
+
+def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(monkeypatch):
+    """Dropping the window because the user's profiler starts must not detach CUPTI: theirs attaches it
+    again at once, and a detach still in progress left their trace without GPU activity. The agent's own
+    ``TEARDOWN_CUPTI=1`` reads 0 during that stop and 1 again after; a user's own setting is left alone."""
+    import types
+
+    from ranksight.agent import _trace_window as tw
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    monkeypatch.delenv("DISABLE_CUPTI_LAZY_REINIT", raising=False)
+    monkeypatch.setattr(tw, "_detach_set_here", False)
+    assert tw.detach_cupti_after_trace(types.SimpleNamespace(version=types.SimpleNamespace(cuda="13.0")))
+    seen = []
+
+    class Window:  # the two calls yield_to_user makes
+        def _say_backing_off(self):
+            pass
+
+        def abort(self):
+            seen.append(os.environ.get("TEARDOWN_CUPTI"))
+
+    tw.TraceWindow.yield_to_user(Window())
+    assert seen == ["0"] and os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setattr(tw, "_detach_set_here", False)  # the user's own TEARDOWN_CUPTI=1
+    tw.TraceWindow.yield_to_user(Window())
+    assert seen == ["0", "1"]

@@ -354,3 +354,31 @@ def test_a_sync_inside_a_compiled_frame_is_a_graph_breaks_sync():
     got = reduce_window(events, model_on_gpu=True).samples
     assert got["host_syncs_per_step"] == 3.0
     assert got["compiled_syncs_per_step"] == 1.0
+
+
+def test_the_window_tells_a_batch_copys_sync_and_pageable_staging_from_an_item():
+    """A blocking ``x.to(device)`` from pageable memory (aten::to around an HtoD copy and its sync) is a copy
+    sync, and its host time is pageable staging; an ``.item()`` (aten::item around a DtoH copy and a sync) is
+    neither. The ops that synced hold 30 + 12 of the 200 µs."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 200 * us, 1, 0),
+        Ev("op", "aten::to", 10 * us, 40 * us, 1, 0),
+        Ev("rt", "cudaMemcpyAsync", 11 * us, 35 * us, 1, 7),
+        Ev("memcpy", "Memcpy HtoD (Pageable -> Device)", 20 * us, 34 * us, 7, 7),
+        Ev("rt", "cudaStreamSynchronize", 35 * us, 39 * us, 1, 0),
+        Ev("kernel", "gemm", 40 * us, 120 * us, 7, 8),
+        Ev("rt", "cudaLaunchKernel", 41 * us, 43 * us, 1, 8),
+        Ev("op", "aten::item", 100 * us, 112 * us, 1, 0),
+        Ev("rt", "cudaMemcpyAsync", 101 * us, 103 * us, 1, 9),
+        Ev("memcpy", "Memcpy DtoH (Device -> Pageable)", 121 * us, 122 * us, 7, 9),
+        Ev("rt", "cudaStreamSynchronize", 103 * us, 111 * us, 1, 0),
+        Ev("ann", AFTER_MARK, 200 * us, 201 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    assert got["host_syncs_per_step"] == 2.0
+    assert got["copy_syncs_per_step"] == 1.0
+    assert got["pageable_copy_host_share"] == pytest.approx(24 / 200)
+    assert got["sync_op_share"] == pytest.approx((30 + 12) / 200)
