@@ -43,6 +43,11 @@ class GpuOptions:
     """Step of the first window (after compilation and allocator warm-up)."""
     trace_dir: Optional[str] = None
     """A folder to also save each window's Chrome trace in."""
+    detach_cupti: bool = False
+    """Have Kineto detach CUPTI after each window (``TEARDOWN_CUPTI=1``, CUDA >= 12.6). Off by default: on
+    torch 2.11 with CUDA 13 (one H200), after windows had detached it, a ``torch.profiler`` the user started
+    later in the process recorded no GPU kernel. On, a host-bound job's launches stay free of CUPTI's
+    callbacks after a window (docs/agent.md, "The kernel window's cost")."""
     events_every_steps: Optional[int] = None
     """Record the step's CUDA events on about one step in this many; None (the default) picks it from the
     measured step time so the events cost at most ``events_budget`` of a step. Which steps are sampled is a

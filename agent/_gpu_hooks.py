@@ -501,6 +501,7 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
             every_s=opts.trace_every_s,
             first_step=opts.trace_first_step,
             trace_dir=opts.trace_dir,
+            detach_cupti=opts.detach_cupti,
         )
         samplers.append(TraceSampler(resolver, marks.window))
     if opts.nvml:

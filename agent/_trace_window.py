@@ -160,6 +160,7 @@ class TraceWindow:
         max_drain_steps: int = 20,
         use_cuda: bool = True,
         trace_dir: Optional[str] = None,
+        detach_cupti: bool = False,
     ) -> None:
         import torch
         from torch.autograd.profiler import ProfilerActivity, ProfilerConfig, ProfilerState
@@ -174,6 +175,7 @@ class TraceWindow:
         self.max_drain_steps = max_drain_steps
         self.use_cuda = use_cuda
         self.trace_dir = trace_dir
+        self.detach_cupti = detach_cupti
         self.state = self.IDLE
         self.windows_done = 0
         self.last_stop_cost_ns = 0
@@ -236,7 +238,8 @@ class TraceWindow:
         self._schedule(step)
         if self._user_profiling():
             return
-        detach_cupti_after_trace(self._torch)
+        if self.detach_cupti:
+            detach_cupti_after_trace(self._torch)
         _prepare_profiler(self._config, self._activities)
         self.state = self.WARMING
 

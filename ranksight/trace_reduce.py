@@ -237,17 +237,17 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["cpu_op_ratio"] = ratio
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
-    sources = _enclosing_ops(events, sync_calls)
-    syncs = _host_syncs(sync_calls, sources)
+    syncs = _host_syncs(sync_calls, _enclosing_ops(events, sync_calls))
+    aten_sources = _enclosing_ops(events, sync_calls, aten_only=True)
     h2d_calls = _h2d_copy_calls(events, gpu, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = len(sync_calls) / steps
     samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
-    samples["copy_syncs_per_step"] = _copy_syncs(sync_calls, sources, h2d_calls) / steps
+    samples["copy_syncs_per_step"] = _copy_syncs(sync_calls, aten_sources, h2d_calls) / steps
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
         alloc_calls = _runtime_calls(events, ALLOC_CALLS, cpu_lo, cpu_hi)
         samples["host_sync_wait_share"] = _host_ns(sync_calls) / cpu_span
-        samples["sync_op_share"] = _sync_op_ns(sync_calls, sources) / cpu_span
+        samples["sync_op_share"] = _sync_op_ns(sync_calls, aten_sources) / cpu_span
         samples["pageable_copy_host_share"] = _host_ns([rt for rt, pageable in h2d_calls if pageable]) / cpu_span
         samples["alloc_calls_per_step"] = len(alloc_calls) / steps
         samples["alloc_call_share"] = _host_ns(alloc_calls) / cpu_span
@@ -379,8 +379,11 @@ def _compiled_syncs(events: list[Ev], sync_calls: list[Ev]) -> int:
     return sum(any(a <= e.start_ns and e.end_ns <= b for a, b in regions.get(e.lane, ())) for e in sync_calls)
 
 
-def _enclosing_ops(events: list[Ev], calls: list[Ev]) -> list[Optional[Ev]]:
-    """For each of ``calls``, the outermost op on its thread that encloses it (None: called from Python)."""
+def _enclosing_ops(events: list[Ev], calls: list[Ev], aten_only: bool = False) -> list[Optional[Ev]]:
+    """For each of ``calls``, the outermost op on its thread that encloses it (None: called from Python).
+
+    ``aten_only``: the outermost aten op (``aten::item``, ``aten::to``), not a frame around it (a compiled
+    region, an autograd node, a module), whose time is the whole frame's rather than the sync's."""
     ops = _by_lane(events, "op")
     found: list[Optional[Ev]] = []
     for e in calls:
@@ -388,6 +391,8 @@ def _enclosing_ops(events: list[Ev], calls: list[Ev]) -> list[Optional[Ev]]:
         for op in ops.get(e.lane, ()):
             if op.start_ns > e.start_ns:
                 break
+            if aten_only and not op.name.startswith("aten::"):
+                continue
             if op.end_ns >= e.end_ns:
                 source = op  # the first (outermost) op that encloses the call
                 break

@@ -247,3 +247,23 @@ def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(monkeypat
     monkeypatch.setattr(tw, "_detach_set_here", False)  # the user's own TEARDOWN_CUPTI=1
     tw.TraceWindow.yield_to_user(Window())
     assert seen == ["0", "1"]
+
+
+def test_the_window_detaches_cupti_only_when_asked(monkeypatch):
+    """``detach_cupti`` is off by default (a profiler the user starts later must keep its GPU kernels); on,
+    each window's preparation asks for the detach."""
+    import types
+
+    from ranksight.agent import _trace_window as tw
+    from ranksight.agent._config import GpuOptions
+
+    assert GpuOptions().detach_cupti is False
+    asked = []
+    monkeypatch.setattr(tw, "detach_cupti_after_trace", lambda torch: asked.append(torch) or True)
+    monitor = types.SimpleNamespace(_warn_once=lambda *a: None)
+    for detach in (False, True):
+        window = tw.TraceWindow(monitor, first_step=0, use_cuda=False, detach_cupti=detach)
+        window.begin(0)
+        assert window.state == window.WARMING
+        window.abort()
+    assert len(asked) == 1
