@@ -34,7 +34,7 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ranksight.schema import arrow_schema
+    from ranksight.format.schema import arrow_schema
 
     for kind in ("ranks", "steps", "samples"):
         os.makedirs(os.path.join(run_path, kind), exist_ok=True)

@@ -2,7 +2,7 @@
 
 Why: on a live spool of 1,024 ranks x 10,000 steps, ``step_breakdown`` spent most of its 1.7 s summing the
 phase expressions row by row, and the node spool's publisher had already written those sums per file
-(``ranksight.digest``). ``open_run`` notes the digests of the files and store segments its views read; a
+(``ranksight.format.digest``). ``open_run`` notes the digests of the files and store segments its views read; a
 query takes them only when their row counts add up to exactly the view's rows -- every row has its digest,
 none is counted twice -- and reads the rows otherwise (a file published without one, a window, node stores).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from ranksight.digest import (
+from ranksight.format.digest import (
     COLUMNS,
     DigestError,
     chunk_of_key,
@@ -20,7 +20,7 @@ from ranksight.digest import (
     digest_paths,
     read_digests,
 )
-from ranksight.phases import SAMPLED_SQL
+from ranksight.format.phases import SAMPLED_SQL
 
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
@@ -121,7 +121,7 @@ def covering_digests(con) -> str | None:
 
 
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
-    """{part: name to read it from} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted``
+    """{part: name to read it from} of the verdict's digest parts (``ranksight.format.verdict_digest``) ``wanted``
     -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
     ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ranksight.schema import SAMPLE_NAMES
+from ranksight.format.schema import SAMPLE_NAMES
 
 from . import _digest_queries
 from ._answers import query

@@ -6,8 +6,8 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
-from ranksight.digest import WARMUP_STEPS as DIGEST_WARMUP_STEPS
-from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from ranksight.format.digest import WARMUP_STEPS as DIGEST_WARMUP_STEPS
+from ranksight.format.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 
 from . import _digest_queries
 from ._answers import query
@@ -84,7 +84,7 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
 def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
     """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
     ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
-    steps, ``ranksight.digest``); its two medians from the verdict's histograms (``parts``,
+    steps, ``ranksight.format.digest``); its two medians from the verdict's histograms (``parts``,
     ``_digest_queries.medians``) where those serve, else from the rows. The same figures (the medians within
     ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no
     more rows than that keeps them all, as the rows' query does (its row count comes from the digests too,
@@ -123,8 +123,15 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
 
 
 _BREAKDOWN_ORDER = (
-    "rank", "node", "steps", "step_median_s", "step_mean_s", "compute_median_s", "allreduce_share",
-    "data_wait_host_share", *(f"{p[:-2]}_share" for p in PHASES),
+    "rank",
+    "node",
+    "steps",
+    "step_median_s",
+    "step_mean_s",
+    "compute_median_s",
+    "allreduce_share",
+    "data_wait_host_share",
+    *(f"{p[:-2]}_share" for p in PHASES),
 )
 
 
@@ -209,7 +216,7 @@ def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -
     waited least, and the CPU figures of that rank (``wait_asymmetry`` reads them)."""
     source = steps_source(con, since_ns)
     # Who waited least is the least (wait, rank): equal waits name the lowest rank, whatever order DuckDB's
-    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.verdict_digest``).
+    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.format.verdict_digest``).
     # The second-least wait of a step is min(x, 2)[2]: two values kept per step. Sorting a list of every
     # rank's wait per step took 2.3 s against 0.26 s at 1,024 ranks x 10,000 steps (docs/scale.md).
     sql = f"""

@@ -15,7 +15,7 @@ import os
 import time
 import weakref
 
-from ranksight.schema import KINDS, duckdb_columns
+from ranksight.format.schema import KINDS, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, answer_from
 from ._digest_source import note_digests

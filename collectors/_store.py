@@ -22,10 +22,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ranksight.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digest_parts, read_digests, remove_digests
-from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
-from ranksight.verdict_digest import merge_steps_sql
+from ranksight.format.digest import COLUMNS as DIGEST_COLUMNS
+from ranksight.format.digest import (
+    DIGEST_DIR,
+    DigestError,
+    chunk_of_key,
+    read_digest_parts,
+    read_digests,
+    remove_digests,
+)
+from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
+from ranksight.format.verdict_digest import merge_steps_sql
 
 from ._answers import ANSWERS_TABLE, recording
 from ._features import compute_context, compute_features

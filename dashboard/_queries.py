@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ranksight.collectors import PHASES
-from ranksight.schema import SAMPLE_NAMES
+from ranksight.format.schema import SAMPLE_NAMES
 
 PHASE_LABELS = {
     "data_wait_s": "data wait",

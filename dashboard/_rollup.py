@@ -32,7 +32,7 @@ from ranksight.collectors import (
     stored_digests,
     unregister_arrow,
 )
-from ranksight.digest import (
+from ranksight.format.digest import (
     COLUMNS,
     WARMUP_STEPS,
     DigestError,
@@ -42,7 +42,7 @@ from ranksight.digest import (
     fold_sql,
     read_digests,
 )
-from ranksight.schema import KINDS
+from ranksight.format.schema import KINDS
 
 log = logging.getLogger("ranksight")
 

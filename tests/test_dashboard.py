@@ -23,7 +23,7 @@ import pytest
 from ranksight.collectors import PHASES, open_run, step_breakdown
 from ranksight.dashboard import APP_PATH, Rollup, resolve
 from ranksight.dashboard import _queries as q
-from ranksight.schema import arrow_schema
+from ranksight.format.schema import arrow_schema
 
 DEMO_STEPS = 30
 
@@ -126,7 +126,7 @@ def write_run(
 def demo_run(tmp_path_factory):
     """A real 2-rank gloo run with an input-bound loader."""
     pytest.importorskip("torch")
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
 
     root = str(tmp_path_factory.mktemp("runs"))
     return run_demo(DemoConfig(fault="input", steps=DEMO_STEPS, run_dir=root, run_id="demo-input"))

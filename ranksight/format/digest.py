@@ -8,7 +8,7 @@ small file, ``steps/.digests/<key>/<file name>``. A reader folds the digest inst
 Its parts are Arrow IPC, not Parquet: a digest is read whole, often by the thousand, and opening a small
 Parquet file is most of its cost (docs/scale.md "Step digests").
 
-``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.phases``), the
+``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.format.phases``), the
 chunk size, the warm-up and the file format. A reader whose definition differs (another chunk size, a newer agent or
 reader) finds no digest under its key and reads the rows, so a digest is never read with another
 meaning. A missing or unreadable digest costs speed, never a row.
@@ -19,15 +19,15 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ranksight import verdict_digest
-from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from . import verdict_digest
+from .phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 
 FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
 naming its parts, then each part an Arrow IPC file (see ``pack_parts``); the ``steps`` part without the
 columns that are NULL on every one of its rows (``SPARSE_PARTS``)."""
 PARTS = ("chunks", "sums", "hist", "steps")
-"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``ranksight.verdict_digest``)."""
+"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``verdict_digest``)."""
 SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEPS_COLUMNS))}
 """Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
 figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
@@ -71,7 +71,7 @@ def chunk_steps_for(world_size: int) -> int:
 
 def fold_sql(source: str) -> str:
     """SELECT of the digest rows of the step rows in ``source``; parameters ``$chunk`` and ``$warm``. A GPU
-    rank's steps without CUDA events are left out (``ranksight.phases.SAMPLED_SQL``), as the readers leave
+    rank's steps without CUDA events are left out (``ranksight.format.phases.SAMPLED_SQL``), as the readers leave
     them out of the rows.
 
     Every figure is a sum, count, minimum or maximum, so the rows of one (rank, chunk, warm) spread over
@@ -138,7 +138,7 @@ def digest_of(table) -> tuple[int, dict]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ranksight.schema import arrow_schema
+    from .schema import arrow_schema
 
     schema = arrow_schema("steps")
     batch = pa.table(
