@@ -8,7 +8,7 @@ and compact them (``ingest``, ``prune``) through the names below, never through 
 from ._digest_source import expect_verdict
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features, run_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
-from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
+from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, breakdown_total, kept_steps_sql, step_breakdown, steps_source
 from ._rundir import (
     QUARANTINE_DIR,
     RankMeta,
@@ -70,6 +70,7 @@ __all__ = [
     "compute_features",
     "expect_verdict",
     "run_features",
+    "breakdown_total",
     "step_breakdown",
     # the compacted store
     "PRUNE_AFTER_S",

@@ -11,8 +11,8 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 
 from __future__ import annotations
 
-from ranksight.format.digest import WARMUP_STEPS
 from ranksight.format.verdict_digest import MEDIANS, medians_of, merge_steps_sql
+from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
 from ._digest_source import keep_medians, noted_medians
 from ._tables import sql_literal
@@ -24,7 +24,7 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
     if warmup_steps != WARMUP_STEPS:
         return None
     rows = con.execute(f"SELECT rank, sum(n) FROM {parts['sums']} GROUP BY rank").fetchall()
-    if not rows or any(n <= warmup_steps for _, n in rows):
+    if not rows or any(is_short(n, warmup_steps) for _, n in rows):
         return None
     return sorted(r for r, _ in rows)
 
@@ -140,7 +140,9 @@ def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gp
     if [r for (r,) in found] != sorted(ranks):
         return None
     col = "gpu_compute" if use_gpu else "compute"
-    kept = f"(SELECT * FROM {parts['steps']} WHERE NOT warm OR (SELECT max(step_max) FROM {parts['sums']}) < ?)"
+    # the run is the group here: its warm steps stay when no step came after them (as the rows' query does)
+    run_steps = f"(SELECT max(step_max) FROM {parts['sums']}) + 1"
+    kept = f"(SELECT * FROM {parts['steps']} WHERE {kept_sql('warm', short_sql(run_steps))})"
     merged = merge_steps_sql(kept, (f"{col}_n", f"{col}_rank", f"{col}_max"))
     sql = f"""
         WITH per AS (SELECT {col}_rank AS top_rank FROM ({merged}) WHERE {col}_n = ?)

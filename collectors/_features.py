@@ -16,6 +16,7 @@ import math
 import statistics
 
 from ranksight.format.schema import SAMPLE_NAMES
+from ranksight.format.warmup import kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
 from ._answers import query
@@ -556,7 +557,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
         WITH kept AS (
                 SELECT rank, step, {column} AS c FROM steps
                 WHERE {column} IS NOT NULL AND rank IN (SELECT unnest(?::INTEGER[])) {since}
-                  AND (step >= ? OR (SELECT max(step) FROM steps) < ?)),
+                  AND {kept_sql(warm_sql(), short_sql("(SELECT max(step) FROM steps) + 1"))}),
              per_step AS (SELECT step, max(c) AS top FROM kept GROUP BY step HAVING count(*) = ?)
         SELECT k.rank, avg(CASE WHEN k.c = p.top THEN 1.0 ELSE 0.0 END)
         FROM kept k JOIN per_step p USING (step) GROUP BY k.rank

@@ -33,6 +33,7 @@ from ranksight.format.digest import (
 )
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 from ranksight.format.verdict_digest import merge_steps_sql
+from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import ANSWERS_TABLE, recording
 from ._features import compute_context, compute_features
@@ -237,10 +238,6 @@ def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: boo
     return time.perf_counter() - started
 
 
-VERDICT_WARMUP_STEPS = 5
-"""The warm-up ``diagnose`` leaves out by default: the answers ``ingest`` keeps are for that one."""
-
-
 def _verdict_answers(con, metas: list) -> dict[str, str]:
     """Run the queries ``diagnose`` runs over the whole of ``con``'s run and return their answers by key.
 
@@ -248,9 +245,9 @@ def _verdict_answers(con, metas: list) -> dict[str, str]:
     parameters: every key a reader of this store will ask for with the default warm-up.
     """
     with recording(con) as kept:
-        breakdown = step_breakdown(con, VERDICT_WARMUP_STEPS)
-        features = compute_features(con, metas, VERDICT_WARMUP_STEPS, breakdown)
-        compute_context(con, metas, features, VERDICT_WARMUP_STEPS)
+        breakdown = step_breakdown(con, WARMUP_STEPS)
+        features = compute_features(con, metas, WARMUP_STEPS, breakdown)
+        compute_context(con, metas, features, WARMUP_STEPS)
     return kept
 
 

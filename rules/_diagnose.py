@@ -17,6 +17,7 @@ from ranksight.collectors import (
     step_breakdown,
     steps_source,
 )
+from ranksight.format.warmup import WARMUP_STEPS
 
 from ._evaluate import evaluate, run_checklist
 from ._load import RuleSet, load_rules
@@ -24,7 +25,7 @@ from ._vector import Frame
 
 
 def diagnose(
-    run_path: str, rules_dir: str | None = None, *, warmup_steps: int = 5, since_s: float | None = None
+    run_path: str, rules_dir: str | None = None, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
 ) -> dict:
     """Diagnose a run directory (live, finished or crashed); the object ``ranksight diagnose --json`` prints.
 
@@ -166,7 +167,9 @@ def _ms(seconds: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
-def diagnose_features(run_path: str, *, warmup_steps: int = 5, since_s: float | None = None) -> dict[int, dict]:
+def diagnose_features(
+    run_path: str, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
+) -> dict[int, dict]:
     """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning)."""
     con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
     since_ns = None

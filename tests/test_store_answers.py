@@ -16,7 +16,7 @@ from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
 from ranksight.collectors import STORE_ALIAS, ingest, open_run, step_breakdown
 from ranksight.collectors._answers import ANSWERS_TABLE, _answer_from
-from ranksight.collectors._store import VERDICT_WARMUP_STEPS
+from ranksight.format.warmup import WARMUP_STEPS
 from ranksight.rules import diagnose
 
 RANKS = 4
@@ -91,7 +91,7 @@ def test_a_complete_store_answers_the_verdict_exactly_as_its_rows_do(tmp_path):
     assert result.answers_seconds > 0 and _answers_in_store(run) > 5
     con = open_run(run, follow_spool=False)
     assert _answer_from.get(con) == STORE_ALIAS  # the store alone: its answers hold
-    assert inspect.signature(diagnose).parameters["warmup_steps"].default == VERDICT_WARMUP_STEPS
+    assert inspect.signature(diagnose).parameters["warmup_steps"].default == WARMUP_STEPS
     copy = _spool_only_copy(run, tmp_path)
     assert step_breakdown(con) == step_breakdown(open_run(copy, follow_spool=False))
     answered, computed = diagnose(run), diagnose(copy)

@@ -21,6 +21,7 @@ import os
 
 from . import verdict_digest
 from .phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from .warmup import WARM_SQL, WARMUP_STEPS
 
 FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
@@ -35,8 +36,6 @@ it, NULL (``read_digest_parts``)."""
 _MAGIC = b"RSDIGEST"
 DIGEST_DIR = ".digests"
 """Folder inside ``steps/`` holding one folder per digest definition (dot-prefixed: spool globs skip it)."""
-WARMUP_STEPS = 5
-"""Leading steps per rank kept apart (compilation, allocator and bucket warm-up), as ``step_breakdown`` does."""
 
 SUMS: dict[str, str] = {
     **{p: PHASE_SQL[p] for p in PHASES},
@@ -79,7 +78,7 @@ def fold_sql(source: str) -> str:
     """
     sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in SUMS.items())
     return f"""
-        SELECT rank, any_value(node) AS node, step // $chunk AS chunk, step < $warm AS warm, count(*) AS n,
+        SELECT rank, any_value(node) AS node, step // $chunk AS chunk, {WARM_SQL} AS warm, count(*) AS n,
                min(step) AS step_min, max(step) AS step_max, min(time_ns) AS t_min, max(time_ns) AS t_max,
                {sums}, sum(coalesce(gpu_compute_s, compute_s)) AS compute_eff_sum,
                max({PERIOD_SQL}) AS step_max_s, count(h2d_s) AS h2d_n

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from .phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from .warmup import WARM_SQL
 
 RELATIVE_ERROR = 0.005
 """Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
@@ -107,7 +108,7 @@ x 10,000 steps, and a fresh reader's time goes with its bytes."""
 def sums_sql(source: str) -> str:
     """SELECT of ``sums`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in SUMS_COLUMNS)
-    return f"SELECT rank, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
+    return f"SELECT rank, {WARM_SQL} AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
 
 
 def bucket_sql(value: str, whole: bool) -> str:
@@ -182,7 +183,7 @@ def _grouped(rank, figure, bucket) -> bool:
 def hist_sql(source: str) -> str:
     """SELECT of ``hist`` rows (rank, warm, figure, bucket, n, lo, hi) of the rows in ``source``; ``$warm``."""
     parts = [
-        f"SELECT rank, step < $warm AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
+        f"SELECT rank, {WARM_SQL} AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
         f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL AND {SAMPLED_SQL}"
         for name, (value, whole) in MEDIANS.items()
     ]
@@ -196,7 +197,7 @@ def hist_sql(source: str) -> str:
 def steps_sql(source: str) -> str:
     """SELECT of ``steps`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in STEPS_COLUMNS)
-    return f"SELECT step, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY step, warm"
+    return f"SELECT step, {WARM_SQL} AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY step, warm"
 
 
 _LEAST_ROW = "arg_min({'least_rank': least_rank, 'second': second, 'least_busy': least_busy}, (least, least_rank))"
