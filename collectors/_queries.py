@@ -11,7 +11,7 @@ from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
 from ._answers import query
-from ._digest_source import covering_digests, verdict_digests
+from ._digest_source import covering_digests, digests_may_serve, verdict_digests
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3
@@ -60,7 +60,7 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
-    if warmup_steps == WARMUP_STEPS and since_ns is None:
+    if digests_may_serve(warmup_steps, since_ns):
         parts = verdict_digests(con, "hist")
         if parts is not None:
             return _breakdown_from_digests(con, parts["sums"], warmup_steps, parts)
@@ -187,7 +187,7 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
 def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
-    parts = verdict_digests(con, "hist") if since_ns is None else None
+    parts = verdict_digests(con, "hist") if digests_may_serve(warmup_steps, since_ns) else None
     found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
     if found is not None:
         return found
@@ -232,7 +232,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
     cost its extra thread CPU time accounts for; None when no step has every rank.
     """
-    parts = verdict_digests(con, "steps") if since_ns is None else None
+    parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
     rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
     if rows is None:
         rows = _wait_rows(con, warmup_steps, since_ns, ranks)

@@ -38,6 +38,7 @@ from ranksight.format.warmup import WARMUP_STEPS
 from ._answers import ANSWERS_TABLE, recording
 from ._features import compute_context, compute_features
 from ._queries import step_breakdown
+from ._run import Run
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -228,7 +229,7 @@ def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: boo
     con.execute("USE memory")
     try:
         with store_views(con, _STORE_DB):
-            answers = _verdict_answers(con, metas)
+            answers = _verdict_answers(con, run_path, metas)
         con.execute(f"CREATE TABLE {_STORE_DB}.{ANSWERS_TABLE} (key VARCHAR PRIMARY KEY, answer VARCHAR)")
         con.executemany(f"INSERT INTO {_STORE_DB}.{ANSWERS_TABLE} VALUES (?, ?)", list(answers.items()))
     except duckdb.Error:
@@ -238,16 +239,17 @@ def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: boo
     return time.perf_counter() - started
 
 
-def _verdict_answers(con, metas: list) -> dict[str, str]:
+def _verdict_answers(con, run_path: str, metas: list) -> dict[str, str]:
     """Run the queries ``diagnose`` runs over the whole of ``con``'s run and return their answers by key.
 
     The same calls as ``diagnose``'s judgement (breakdown, features, context), so the same SQL text and
     parameters: every key a reader of this store will ask for with the default warm-up.
     """
-    with recording(con) as kept:
-        breakdown = step_breakdown(con, WARMUP_STEPS)
-        features = compute_features(con, metas, WARMUP_STEPS, breakdown)
-        compute_context(con, metas, features, WARMUP_STEPS)
+    run = Run(run_path, con, make_views=False)
+    with recording(run) as kept:
+        breakdown = step_breakdown(run, WARMUP_STEPS)
+        features = compute_features(run, metas, WARMUP_STEPS, breakdown)
+        compute_context(run, metas, features, WARMUP_STEPS)
     return kept
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ranksight.collectors import PHASES, open_run, read_rank_meta, step_breakdown
+from ranksight.collectors import PHASES, open_run
 from ranksight.format.warmup import WARMUP_STEPS, is_short
 
 from ._format import ms, pct, table
@@ -58,12 +58,12 @@ def steps_kept_title(kept: dict[int, int], recorded: dict[int, int], warmup: int
 
 def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
     """The breakdown table of a run as text: a title with the step counts, the table, the allreduce note."""
-    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
-    rows = step_breakdown(con, warmup_steps=warmup)
-    metas = {m.rank: m for m in read_rank_meta(run_path)}
+    run = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
+    rows = run.breakdown(warmup_steps=warmup)
+    metas = {m.rank: m for m in run.ranks}
     if not rows:
         return f"{run_path}: no steps recorded yet"
-    recorded = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    recorded = dict(run.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
     kept = {r["rank"]: r["steps"] for r in rows}
     counts = steps_kept_title(kept, recorded, warmup)
     title = f"Step-time breakdown per rank ({counts}):"
