@@ -9,6 +9,7 @@ from ._digest_source import expect_verdict
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, breakdown_total, kept_steps_sql, step_breakdown, steps_source
+from ._rollup import Rollup
 from ._run import Run, open_run, run_features
 from ._rundir import (
     QUARANTINE_DIR,
@@ -44,6 +45,7 @@ __all__ = [
     "LIVE_FLUSHES",
     "LOST_STATUS",
     "RankMeta",
+    "Rollup",
     "Run",
     "RunDirError",
     "check_run_dir",

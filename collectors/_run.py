@@ -15,6 +15,7 @@ from ._answers import answering
 from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
 from ._features import compute_context, compute_features
 from ._queries import breakdown_total, collective_ops, step_breakdown
+from ._rollup import Rollup
 from ._run_state import RunState
 from ._rundir import RankMeta, SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
@@ -25,9 +26,10 @@ class Run:
     """A run folder's records, read: DuckDB views per record kind plus what the reading knows about them.
 
     Make one with ``open_run``. Figures: ``breakdown``, ``total``, ``features``, ``context``, ``collectives``
-    (each kept for the reading: ask twice, read once). SQL over the views: ``execute`` and ``sql``, and every
-    other method of the DuckDB connection (``con``), so code written for the connection reads a Run as well.
-    ``refresh`` takes in what the ranks wrote since; ``close`` ends the reading.
+    (each kept for the reading: ask twice, read once), and the dashboard's ``rollup`` (kept up to date). SQL
+    over the views: ``execute`` and ``sql``, and every other method of the DuckDB connection (``con``), so code
+    written for the connection reads a Run as well. ``refresh`` takes in what the ranks wrote since; ``close``
+    ends the reading.
     """
 
     def __init__(self, path: str, con=None, *, follow_spool: bool = True, make_views: bool = True) -> None:
@@ -42,6 +44,7 @@ class Run:
         self._kept: dict = {}
         self._ranks: list[RankMeta] | None = None
         self._signature = None
+        self._rollup: Rollup | None = None
         if make_views:
             self._open(reopened=con is not None)
 
@@ -84,6 +87,11 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.path!r})"
+
+    @property
+    def store_signature_at_open(self):
+        """The run's store as this reading's views found it (``store_signature``, taken before they were made)."""
+        return None if self._signature is None else self._signature[1]
 
     @property
     def ranks(self) -> list[RankMeta]:
@@ -171,6 +179,16 @@ class Run:
             ("context", warmup_steps, since),
             lambda: compute_context(self, self.ranks, features, warmup_steps, since),
         )
+
+    def rollup(self, chunk_steps: int | None = None) -> Rollup:
+        """The per-rank, per-chunk-of-steps rollup of the step records (the dashboard's panels read it), made
+        on the first call (``chunk_steps`` by default from the world size) and brought up to date with the
+        segments written since on each later one; it lives beside the views, on this reading's connection."""
+        if self._rollup is None or (chunk_steps is not None and int(chunk_steps) != self._rollup.chunk_steps):
+            self._rollup = Rollup(self, chunk_steps)
+        else:
+            self._rollup.refresh()
+        return self._rollup
 
     def collectives(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict[int, str]:
         """Per rank, the blocking collectives (not DDP's buckets) that held its steps longest, as text."""

@@ -81,3 +81,18 @@ def test_recording_answers_needs_a_run():
     with pytest.raises(TypeError):
         with recording(con):
             pass
+
+
+def test_the_rollup_lives_on_the_run_and_folds_only_new_segments(tmp_path):
+    from ranksight.dashboard import _queries as q
+
+    path = str(tmp_path / "live")
+    write_run(path, 2, 20, segment="a", status="running")
+    run = open_run(path)
+    rollup = run.rollup()
+    assert run.rollup() is rollup and rollup.run is run
+    version = rollup.version
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    assert run.rollup() is rollup and rollup.version == version + 1
+    assert [r["steps"] for r in q.breakdown_per_rank(rollup.cursor())] == [35, 35]
+    assert q.rollup_total(rollup.cursor())["rows"] == run.total()["rows"] == 70
