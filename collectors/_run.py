@@ -4,7 +4,7 @@ Why an object: a reading is more than its DuckDB views. It notes which step dige
 the store's stored answers hold for them, which files it left out; a verdict asks a dozen queries of the same
 reading, and the breakdown it reads first is the one the features use. Held by the Run (as Holistic Trace
 Analysis' ``Trace`` holds a parsed trace), that state goes where the reading goes, and each call chooses its
-path -- stored answers, digests or rows -- in one place (``Run.path``).
+path -- stored answers, digests or rows -- in one place (``Run.path_for``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ so a query sees whole files only; temporary files start with a dot and never mat
 are read-only and take no lock, so any number of readers run beside the writers.
 
 A segment that cannot be read (empty, truncated, not Parquet, another schema) is left out of the
-views with one warning line, and ``skipped_files(con)`` lists it, so one bad file costs neither the
+views with one warning line, and ``Run.skipped`` lists it, so one bad file costs neither the
 rest of the run nor a traceback.
 """
 
@@ -75,7 +75,7 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
     the grace period (``PRUNE_AFTER_S``), and new segments show up at the next ``open_run``. For a
     reader that opens once and answers (the CLI), not for one that keeps its connection.
 
-    Segments that cannot be read are left out (``skipped_files(con)``); a ``store.duckdb`` that is not
+    Segments that cannot be read are left out (``Run.skipped``); a ``store.duckdb`` that is not
     a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it: reading around it could give
     a verdict on part of the run without saying so (docs/reliability.md).
     """
