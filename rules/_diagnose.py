@@ -15,9 +15,17 @@ from ._vector import Frame
 
 
 def diagnose(
-    run_path: str, rules_dir: str | None = None, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
+    run_path: str | Run,
+    rules_dir: str | None = None,
+    *,
+    warmup_steps: int = WARMUP_STEPS,
+    since_s: float | None = None,
 ) -> dict:
     """Diagnose a run directory (live, finished or crashed); the object ``ranksight diagnose --json`` prints.
+
+    ``run_path``: the folder, or a ``Run`` a caller already holds (``collectors.open_run``), whose kept figures
+    the verdict then shares. A folder is opened with ``follow_spool=False``: one reading, which a concurrent
+    prune cannot fail.
 
     With ``since_s`` the verdict is the recent window's (steps that ended in the last ``since_s`` seconds
     of the run's data), and ``change`` says whether and since when it differs from the whole run's.
@@ -25,7 +33,8 @@ def diagnose(
     rule files.
     """
     rules = load_rules(rules_dir)  # bad rules are reported before any data is read
-    run = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
+    run = run_path if isinstance(run_path, Run) else open_run(run_path, follow_spool=False)
+    run_path = run.path
     metas = run.ranks
     whole = _judge(run, rules, warmup_steps, None)
     if not metas and not whole["breakdown"]["ranks"]:
@@ -157,8 +166,9 @@ def _ms(seconds: float) -> str:
 
 
 def diagnose_features(
-    run_path: str, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
+    run_path: str | Run, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
 ) -> dict[int, dict]:
-    """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning)."""
-    run = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
+    """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning); a folder
+    or a ``Run``, as ``diagnose`` takes."""
+    run = run_path if isinstance(run_path, Run) else open_run(run_path, follow_spool=False)
     return run.features(warmup_steps=warmup_steps, window=since_s)

@@ -96,3 +96,12 @@ def test_the_rollup_lives_on_the_run_and_folds_only_new_segments(tmp_path):
     assert run.rollup() is rollup and rollup.version == version + 1
     assert [r["steps"] for r in q.breakdown_per_rank(rollup.cursor())] == [35, 35]
     assert q.rollup_total(rollup.cursor())["rows"] == run.total()["rows"] == 70
+
+
+def test_diagnose_takes_a_run_and_shares_its_figures(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20, data_wait_s=0.05)
+    run = open_run(path)
+    rows = run.breakdown()
+    result = diagnose(run)
+    assert result["breakdown"]["ranks"] is rows  # the verdict read the breakdown the Run kept
+    assert result["run"] == diagnose(path)["run"]
