@@ -31,7 +31,7 @@ def _bitmap(flags: bytes):
 
 
 def build_column(kind: str, arrow_type, values: list):
-    """Return an Arrow array of ``values`` (None = null) for a schema type name (ranksight.schema)."""
+    """Return an Arrow array of ``values`` (None = null) for a schema type name (ranksight.format.schema)."""
     import pyarrow as pa
 
     n = len(values)

@@ -36,7 +36,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+from ranksight.format.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
 
 QUARANTINE_DIR = "quarantine"  # the collectors' name for it (collectors._rundir); the agent cannot import it
 log = logging.getLogger("ranksight")
@@ -49,7 +49,7 @@ LOCK_NAME = ".publish.lock"
 STAMP_NAME = ".published"
 FILES_PER_PUBLISH = len(KINDS) + 2
 """Files one publish can create on the shared folder: one per record kind with rows, the step file's digest
-(``ranksight.digest``) and the node's rank file."""
+(``ranksight.format.digest``) and the node's rank file."""
 NODE_FILE_PREFIX = "node-"
 _RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 
@@ -289,11 +289,11 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
 
 
 def _write_digest(table, steps_dir: str, name: str) -> int:
-    """Write the step file's digest (``ranksight.digest``); 1 when written. A digest only saves readers time,
+    """Write the step file's digest (``ranksight.format.digest``); 1 when written. A digest only saves readers time,
     so one that cannot be made (no DuckDB here, a full disk) is left out with a debug line: the file itself
     is still published, and readers read its rows."""
     try:
-        from ranksight.digest import write_digest
+        from ranksight.format.digest import write_digest
 
         write_digest(table, steps_dir, name, _write_durably)
         return 1

@@ -17,7 +17,7 @@ STEP_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
 
-#: Sample names (``ranksight.schema.SAMPLE_NAMES``) exported as gauges, absent until one arrives.
+#: Sample names (``ranksight.format.schema.SAMPLE_NAMES``) exported as gauges, absent until one arrives.
 GAUGE_SAMPLES: tuple[str, ...] = ("gpu_utilization_ratio", "h2d_copy_ratio", "memory_fragmentation_ratio")
 
 
@@ -181,7 +181,7 @@ def _finite(value) -> bool:
 
 
 def _exposed_wait(wait, gap: float, idle, in_step) -> float | None:
-    """The data wait that starved the GPU, as ``ranksight.phases`` defines it: the wait before the step
+    """The data wait that starved the GPU, as ``ranksight.format.phases`` defines it: the wait before the step
     against the idle gap, the wait inside it against what its mon.data() blocks cost the stream."""
     if not _finite(wait):
         return None

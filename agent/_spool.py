@@ -17,7 +17,7 @@ import operator
 import os
 import secrets
 
-from ranksight.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
+from ranksight.format.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
 
 from ._arrow_columns import build_column, repeated_column
 from ._identity import Identity

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ranksight._version import __version__
-from ranksight.schema import SCHEMA_VERSION
+from ranksight.format.schema import SCHEMA_VERSION
 
 from ._assemble import Assembler
 from ._compile import CompilePoller

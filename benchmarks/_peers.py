@@ -422,13 +422,13 @@ def _profiler_rows(prof) -> list[dict]:
 
 
 def demo_peer_main(rank: int, cfg_dict: dict, port: int, arm: str, out_dir: str, traceml_cfg: dict) -> None:
-    """One rank of ``ranksight.demo``'s job for ``cfg.fault``, with ``arm`` (profiler or traceml) attached.
+    """One rank of ``ranksight.commands.demo_job``'s job for ``cfg.fault``, with ``arm`` (profiler or traceml) attached.
 
-    Mirrors ``ranksight.demo._worker`` (same model, data, DDP settings and fault) on CPU; only the
+    Mirrors ``ranksight.commands.demo_job._worker`` (same model, data, DDP settings and fault) on CPU; only the
     watching tool differs. The profiler records 5 steps after the first quarter of the run and keeps
     ``key_averages()``; TraceML traces every step and its aggregator writes the verdict.
     """
-    from ranksight.demo import DemoConfig, _build
+    from ranksight.commands.demo_job import DemoConfig, _build
 
     cfg = DemoConfig(**cfg_dict)
     os.environ.update(

@@ -86,7 +86,7 @@ def fresh_floor_s(glob: str) -> list[float]:
 def _spool_ready(run_path: str, ranks: int) -> bool:
     """Whether ``run_path`` holds a node spool of ``ranks`` that ``build_spool`` wrote with this code's digests
     (a file per node of 8 and a digest for each), so that a kept ``--dir`` is read again instead of rebuilt."""
-    from ranksight.digest import chunk_steps_for, digest_paths
+    from ranksight.format.digest import chunk_steps_for, digest_paths
 
     steps_dir = os.path.join(run_path, "steps")
     try:

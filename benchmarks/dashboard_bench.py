@@ -34,7 +34,7 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ranksight.schema import arrow_schema
+    from ranksight.format.schema import arrow_schema
 
     for kind in ("ranks", "steps", "samples"):
         os.makedirs(os.path.join(run_path, kind), exist_ok=True)
@@ -167,7 +167,7 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
     panels = {
         "runs: overview": lambda: q.run_overview(con),
         "breakdown: per rank": lambda: q.breakdown_per_rank(con),
-        "breakdown: total": lambda: q.breakdown_total(con),
+        "breakdown: total": lambda: q.rollup_total(con),
         "breakdown: over time": lambda: q.breakdown_over_time(con),
         "heatmaps: rank order": lambda: q.rank_order(con),
         "heatmaps: outliers": lambda: q.rank_outliers(con),

@@ -58,7 +58,7 @@ def _clocks(run_path: str) -> dict:
 
 
 def run(args) -> int:
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
 
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     out = {"argv": sys.argv, "runs": {}}

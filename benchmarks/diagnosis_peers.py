@@ -1,7 +1,7 @@
 """Diagnosis side by side: ranksight, TraceML and torch.profiler on the demo's planted faults (CPU, 2 gloo ranks).
 
 For each CPU fault of ``ranksight demo`` (none, input, sync, straggler, graph-break, unused-params) the same
-job (``ranksight.demo._build``: same model, data, DDP settings and fault) runs three times:
+job (``ranksight.commands.demo_job._build``: same model, data, DDP settings and fault) runs three times:
 
 - ranksight: ``ranksight demo --fault F``, then ``ranksight diagnose RUN --json`` (or, when that command
   is not there yet, ``ranksight.rules.diagnose(RUN)``, the function it prints); the first finding counts.
@@ -134,7 +134,7 @@ def _traceml_ranks(diagnosis: dict) -> list[int]:
 
 def run_traceml(fault: str, steps: int, root: str) -> dict:
     """Run the fault under TraceML and judge its primary diagnosis."""
-    from ranksight.demo import DemoConfig
+    from ranksight.commands.demo_job import DemoConfig
 
     cfg = DemoConfig(fault=fault, steps=steps, ranks=RANKS, run_dir=os.path.join(root, "unused"))
     res = run_demo_peer(cfg, "traceml", os.path.join(root, "traceml", fault))
@@ -160,7 +160,7 @@ def run_traceml(fault: str, steps: int, root: str) -> dict:
 
 def run_profiler(fault: str, steps: int, root: str) -> dict:
     """Run the fault under torch.profiler and judge its top key_averages rows."""
-    from ranksight.demo import DemoConfig
+    from ranksight.commands.demo_job import DemoConfig
 
     cfg = DemoConfig(fault=fault, steps=steps, ranks=RANKS, run_dir=os.path.join(root, "unused"))
     res = run_demo_peer(cfg, "profiler", os.path.join(root, "profiler", fault))

@@ -28,7 +28,7 @@ def main() -> int:
     sys.path.insert(0, HERE)
     from scale import build_spool
 
-    from ranksight.digest import WARMUP_STEPS, digest_of, fold_sql, pack_parts
+    from ranksight.format.digest import WARMUP_STEPS, digest_of, fold_sql, pack_parts
 
     with tempfile.TemporaryDirectory() as tmp:
         for steps in (68, 1000):

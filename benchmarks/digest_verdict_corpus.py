@@ -2,7 +2,7 @@
 
 Why: ``diagnose()`` reads a run's per-rank medians from the digests' histograms (within 0.5 %) and its
 per-step comparisons across ranks from per-file partials when the node spool published them
-(``ranksight.verdict_digest``). This script takes finished run folders (``diagnosis_corpus.py --out``'s
+(``ranksight.format.verdict_digest``). This script takes finished run folders (``diagnosis_corpus.py --out``'s
 ``runs/*``, CPU or GPU), gives every step segment of a copy the digest a node spool's publisher would
 write, and diagnoses the copy twice -- from the digests and with them set aside -- so that what the
 approximation changes on jobs we did not plant is counted: findings that differ, and each feature's
@@ -51,7 +51,7 @@ def digest_every_segment(run: str) -> int:
     import pyarrow.parquet as pq
 
     from ranksight.collectors import segment_files
-    from ranksight.digest import write_digest
+    from ranksight.format.digest import write_digest
 
     steps = os.path.join(run, "steps")
     files = segment_files(run, "steps")
@@ -144,7 +144,7 @@ def _rows_only(run: str) -> None:
     import duckdb
 
     from ranksight.collectors._tables import VERDICT_PART_TABLES
-    from ranksight.digest import DIGEST_DIR
+    from ranksight.format.digest import DIGEST_DIR
 
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")

@@ -25,7 +25,7 @@ from gpu_truth import truth_from_trace  # noqa: E402
 from gpu_workload import Fragmenter, make_batches, make_model, train_step  # noqa: E402
 
 import ranksight  # noqa: E402
-import ranksight.schema  # noqa: E402
+import ranksight.format.schema  # noqa: E402
 
 SCENARIOS = ["baseline", "pageable", "cpu_layernorm", "item", "fragment"]
 SHARES = ["compute_kernel_ratio", "comm_kernel_ratio", "memcpy_ratio", "h2d_copy_ratio", "idle_ratio"]
@@ -87,7 +87,7 @@ def run_scenario(name: str, args, out: str) -> dict:
     by_name: dict[str, list[float]] = {}
     for s in samples:
         by_name.setdefault(s["name"], []).append(s["value"])
-    window = {k: v[-1] for k, v in by_name.items() if k in ranksight.schema.SAMPLE_NAMES}
+    window = {k: v[-1] for k, v in by_name.items() if k in ranksight.format.schema.SAMPLE_NAMES}
     res = {
         "steps_recorded": len(steps),
         "steps_with_gpu_columns": sum(1 for r in steps if r["gpu_step_s"] is not None),

@@ -295,7 +295,7 @@ def prometheus_series() -> dict:
     from ranksight.agent._identity import Identity
     from ranksight.agent._prometheus import RollupCollector
     from ranksight.agent._rollup import Rollup
-    from ranksight.schema import SAMPLE_NAMES
+    from ranksight.format.schema import SAMPLE_NAMES
 
     rollup = Rollup()
     rollup.update("steps", [{"step_s": 0.1, "data_wait_s": 0.01, "comm_exposed_s": 0.01, "allreduce_s": 0.02}])
@@ -323,8 +323,8 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     import pyarrow.parquet as pq
 
     from ranksight.agent._node_spool import _write_durably
-    from ranksight.digest import write_digest
-    from ranksight.schema import arrow_schema
+    from ranksight.format.digest import write_digest
+    from ranksight.format.schema import arrow_schema
 
     schema = arrow_schema("steps")
     os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)
@@ -381,7 +381,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     from ranksight.collectors import segment_files
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
-    from ranksight.digest import DIGEST_DIR, digest_of
+    from ranksight.format.digest import DIGEST_DIR, digest_of
 
     run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
     shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
@@ -517,7 +517,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     import pyarrow.parquet as pq
 
     from ranksight.collectors import ingest, open_run, prune, step_breakdown
-    from ranksight.digest import DIGEST_DIR
+    from ranksight.format.digest import DIGEST_DIR
     from ranksight.rules import diagnose
 
     run_path = os.path.join(base, f"store-{'node' if per_node else 'rank'}-{ranks}x{steps}", "bench-run")
@@ -550,7 +550,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         diag_live_rows_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
         rollup_live_rows = rollup_first_build_s(run_path)
         os.rename(digests_dir + "-aside", digests_dir)
-        from ranksight.verdict_digest import RELATIVE_ERROR
+        from ranksight.format.verdict_digest import RELATIVE_ERROR
 
         # the same figures (sums added in another order), the medians read from histograms within their bound
         for a, b in zip(live, from_rows):

@@ -35,7 +35,7 @@ def build_spool(run_path: str, rows: int, ranks: int, segment_rows: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ranksight.schema import RANKS_DIR, arrow_schema
+    from ranksight.format.schema import RANKS_DIR, arrow_schema
 
     schema = arrow_schema("steps")
     os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)

@@ -6,9 +6,11 @@ and compact them (``ingest``, ``prune``) through the names below, never through 
 """
 
 from ._digest_source import expect_verdict
-from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features, run_features
+from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
-from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
+from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, breakdown_total, kept_steps_sql, step_breakdown, steps_source
+from ._rollup import Rollup
+from ._run import Run, open_run, run_features
 from ._rundir import (
     QUARANTINE_DIR,
     RankMeta,
@@ -23,7 +25,7 @@ from ._rundir import (
     store_signature,
 )
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
-from ._spool_reader import open_run, skipped_files
+from ._spool_reader import skipped_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
 from ._tables import (
     DIGESTS_TABLE,
@@ -43,6 +45,8 @@ __all__ = [
     "LIVE_FLUSHES",
     "LOST_STATUS",
     "RankMeta",
+    "Rollup",
+    "Run",
     "RunDirError",
     "check_run_dir",
     "list_runs",
@@ -70,6 +74,7 @@ __all__ = [
     "compute_features",
     "expect_verdict",
     "run_features",
+    "breakdown_total",
     "step_breakdown",
     # the compacted store
     "PRUNE_AFTER_S",

@@ -16,20 +16,19 @@ import contextlib
 import hashlib
 import json
 import math
-import weakref
+
+from ._run_state import state_of
 
 ANSWERS_TABLE = "_answers"
 """Store table: ``key`` (a hash of a query's SQL and parameters) -> ``answer`` (its column names and rows, JSON)."""
 
-_answer_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> the store's catalog
-_recording: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> {key: answer JSON}
-
 
 def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tuple]]:
     """(column names, rows) of ``sql``: from the store's answers when ``open_run`` found them valid for
-    ``con``'s views, else from DuckDB (and kept, while ``recording``)."""
+    ``con``'s views (``con`` a ``Run``), else from DuckDB (and kept, while ``recording``)."""
     key = _key(sql, params)
-    catalog = _answer_from.get(con)
+    state = state_of(con)
+    catalog = state.answers_from if state is not None else None
     if catalog is not None:
         found = con.execute(f"SELECT answer FROM {catalog}.{ANSWERS_TABLE} WHERE key = ?", [key]).fetchone()
         if found is not None:
@@ -38,7 +37,7 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     cur = con.execute(sql, list(params))
     names = [d[0] for d in cur.description]
     rows = cur.fetchall()
-    kept = _recording.get(con)
+    kept = state.recording if state is not None else None
     if kept is not None:
         text = _encode(names, rows)
         if text is not None:
@@ -48,26 +47,30 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
 
 def answering(con) -> bool:
     """Whether ``query`` on ``con`` may take answers from a store (``open_run`` found them valid)."""
-    return _answer_from.get(con) is not None
+    state = state_of(con)
+    return state is not None and state.answers_from is not None
 
 
 def answer_from(con, catalog: str | None) -> None:
-    """Let ``query`` on ``con`` take answers from the store attached as ``catalog`` (None: never)."""
-    if catalog is None:
-        _answer_from.pop(con, None)
-    else:
-        _answer_from[con] = catalog
+    """Let ``query`` on the ``Run`` ``con`` take answers from the store attached as ``catalog`` (None: never)."""
+    state = state_of(con)
+    if state is not None:
+        state.answers_from = catalog
 
 
 @contextlib.contextmanager
 def recording(con):
-    """Within the block, ``query`` on ``con`` runs every query and keeps its answer in the yielded dict."""
+    """Within the block, ``query`` on the ``Run`` ``con`` runs every query and keeps its answer in the yielded
+    dict."""
+    state = state_of(con)
+    if state is None:
+        raise TypeError("recording answers needs a Run (ranksight.collectors.open_run), not a bare connection")
     kept: dict[str, str] = {}
-    _recording[con] = kept
+    state.recording = kept
     try:
         yield kept
     finally:
-        _recording.pop(con, None)
+        state.recording = None
 
 
 def _key(sql: str, params) -> str:

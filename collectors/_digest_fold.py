@@ -4,7 +4,7 @@ Why: a live dashboard diagnoses the same run again and again while the node spoo
 readers read every file's ``steps`` part (a row per step and file: 1.28 M rows at 1,024 ranks x 10,000
 steps) and merge it per step, twice. A digest file never changes once it is in place (it is written
 under a temporary name and renamed), and the parts' rows merge exactly in any grouping
-(``ranksight.verdict_digest.merge_part_sql``). So this process keeps each part merged over the files it has
+(``ranksight.format.verdict_digest.merge_part_sql``). So this process keeps each part merged over the files it has
 read -- 10,000 rows for that ``steps`` part -- and a later reader reads and merges only the files added
 since. A file that is gone or differs (pruned after ``ingest``, rewritten) makes the merge start again from
 every file; the readers' queries read a merged part as they read the files' rows.
@@ -17,8 +17,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ranksight.digest import DigestError, read_digest_parts
-from ranksight.verdict_digest import merge_part_sql
+from ranksight.format.digest import DigestError, read_digest_parts
+from ranksight.format.verdict_digest import merge_part_sql
 
 KEPT_FOLDS = 8
 """(Digest folder, part) merges kept in a process, least recently used dropped first: a dashboard compares

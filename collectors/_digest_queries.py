@@ -2,7 +2,7 @@
 
 Why: the same figures as ``_queries``' row queries (``rank_step_stats``, the breakdown's medians,
 ``wait_asymmetry``'s per-step rows, the slowest-compute share), read from a few rows per rank and step that
-the node spool's publisher folded (``ranksight.verdict_digest``), so a live 1,024-rank spool is diagnosed
+the node spool's publisher folded (``ranksight.format.verdict_digest``), so a live 1,024-rank spool is diagnosed
 without reading its 10 M rows four times. Sums, counts and minima are exact; a duration's median is read
 from a histogram (within ``RELATIVE_ERROR`` of the exact one); a tie for the longest compute credits one of
 the tied ranks, not each. Each function returns None where the digests cannot answer exactly as the rows
@@ -11,8 +11,8 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 
 from __future__ import annotations
 
-from ranksight.digest import WARMUP_STEPS
-from ranksight.verdict_digest import MEDIANS, medians_of, merge_steps_sql
+from ranksight.format.verdict_digest import MEDIANS, medians_of, merge_steps_sql
+from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
 from ._digest_source import keep_medians, noted_medians
 from ._tables import sql_literal
@@ -24,7 +24,7 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
     if warmup_steps != WARMUP_STEPS:
         return None
     rows = con.execute(f"SELECT rank, sum(n) FROM {parts['sums']} GROUP BY rank").fetchall()
-    if not rows or any(n <= warmup_steps for _, n in rows):
+    if not rows or any(is_short(n, warmup_steps) for _, n in rows):
         return None
     return sorted(r for r, _ in rows)
 
@@ -72,21 +72,21 @@ def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
                sum(grad_comm_sum) / nullif(sum(period_sum), 0) AS grad_comm_share,
                sum(blocked_sum) / nullif(sum(period_sum), 0) AS blocked_share,
                sum(data_share_n) AS data_n, sum(data_share_sum) AS data_sum, sum(data_share_sq) AS data_sq
-        FROM {parts['sums']} WHERE NOT warm GROUP BY rank
+        FROM {parts["sums"]} WHERE NOT warm GROUP BY rank
     """
     cur = con.execute(sql)
     names = [d[0] for d in cur.description]
     rows = cur.fetchall()  # before the next query on ``con`` replaces this result
-    found = medians(con, parts, warmup_steps, ("buckets", "bucket_bytes", "gpu_compute", "collectives",
-                                               "collective_bytes")) or {}
+    found = (
+        medians(con, parts, warmup_steps, ("buckets", "bucket_bytes", "gpu_compute", "collectives", "collective_bytes"))
+        or {}
+    )
     out = {}
     for row in rows:
         r = dict(zip(names, row))
         n, total, squares = r.pop("data_n") or 0, r.pop("data_sum"), r.pop("data_sq")
         # stddev_samp over sqrt(count), as the rows' query gives it: from the count, sum and sum of squares
-        r["data_noise"] = (
-            (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
-        )
+        r["data_noise"] = (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
         m = found.get(r["rank"], {})
         r["buckets_per_step"] = m.get("buckets")
         r["grad_bytes_per_step"] = m.get("bucket_bytes")
@@ -97,8 +97,20 @@ def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
     return out
 
 
-_WAIT_COLUMNS = ("n", "period_sum", "grad_min", "blocked_min", "timed", "least", "second", "least_rank", "cpu_n",
-                 "cpu_sum", "least_cpu", "least_busy")
+_WAIT_COLUMNS = (
+    "n",
+    "period_sum",
+    "grad_min",
+    "blocked_min",
+    "timed",
+    "least",
+    "second",
+    "least_rank",
+    "cpu_n",
+    "cpu_sum",
+    "least_cpu",
+    "least_busy",
+)
 """The merged ``steps`` columns ``wait_rows`` reads."""
 
 
@@ -128,7 +140,9 @@ def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gp
     if [r for (r,) in found] != sorted(ranks):
         return None
     col = "gpu_compute" if use_gpu else "compute"
-    kept = f"(SELECT * FROM {parts['steps']} WHERE NOT warm OR (SELECT max(step_max) FROM {parts['sums']}) < ?)"
+    # the run is the group here: its warm steps stay when no step came after them (as the rows' query does)
+    run_steps = f"(SELECT max(step_max) FROM {parts['sums']}) + 1"
+    kept = f"(SELECT * FROM {parts['steps']} WHERE {kept_sql('warm', short_sql(run_steps))})"
     merged = merge_steps_sql(kept, (f"{col}_n", f"{col}_rank", f"{col}_max"))
     sql = f"""
         WITH per AS (SELECT {col}_rank AS top_rank FROM ({merged}) WHERE {col}_n = ?)

@@ -2,7 +2,7 @@
 
 Why: on a live spool of 1,024 ranks x 10,000 steps, ``step_breakdown`` spent most of its 1.7 s summing the
 phase expressions row by row, and the node spool's publisher had already written those sums per file
-(``ranksight.digest``). ``open_run`` notes the digests of the files and store segments its views read; a
+(``ranksight.format.digest``). ``open_run`` notes the digests of the files and store segments its views read; a
 query takes them only when their row counts add up to exactly the view's rows -- every row has its digest,
 none is counted twice -- and reads the rows otherwise (a file published without one, a window, node stores).
 """
@@ -10,9 +10,8 @@ none is counted twice -- and reads the rows otherwise (a file published without 
 from __future__ import annotations
 
 import os
-import weakref
 
-from ranksight.digest import (
+from ranksight.format.digest import (
     COLUMNS,
     DigestError,
     chunk_of_key,
@@ -20,10 +19,12 @@ from ranksight.digest import (
     digest_paths,
     read_digests,
 )
-from ranksight.phases import SAMPLED_SQL
+from ranksight.format.phases import SAMPLED_SQL
+from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
+from ._run_state import state_of
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -34,7 +35,6 @@ from ._tables import (
     store_tables,
 )
 
-_sources: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # connection -> _Noted
 _REGISTERED = "_ranksight_step_digests"
 """The name the spool's digest rows are registered under on a connection, once a query takes them."""
 
@@ -53,10 +53,25 @@ class _Noted:
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
 
 
+def _noted(con) -> _Noted | None:
+    state = state_of(con)
+    return state.digests if state is not None else None
+
+
+def _forget(con) -> None:
+    """Read the rows from now on, on this Run."""
+    state = state_of(con)
+    if state is not None:
+        state.digests = None
+
+
 def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
     """Note for ``con`` the digests of the pending step files ``spool_names`` and (``store_digests``) the
     attached store's; only one digest definition at a time (two would count their rows twice)."""
-    _sources.pop(con, None)
+    state = state_of(con)
+    if state is None:
+        return  # a bare connection reads the rows
+    state.digests = None
     steps_dir = os.path.join(run_path, "steps")
     keys = set(digest_keys(steps_dir))
     if store_digests and DIGESTS_TABLE in store_tables(con, STORE_ALIAS):
@@ -67,7 +82,14 @@ def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool
     key = keys.pop()
     found = digest_paths(steps_dir, chunk_of_key(key), spool_names)
     if found or store_digests:
-        _sources[con] = _Noted(key, [found[n] for n in sorted(found)], store_digests)
+        state.digests = _Noted(key, [found[n] for n in sorted(found)], store_digests)
+
+
+def digests_may_serve(warmup_steps: int, since_ns: int | None) -> bool:
+    """Whether digests may stand for the rows of a query: they were folded for the default warm-up over whole
+    files, so they serve that warm-up over the whole run, never another warm-up or a recent window. The one
+    test every query makes before it asks ``covering_digests`` or ``verdict_digests`` (``Run.path_for``)."""
+    return warmup_steps == WARMUP_STEPS and since_ns is None
 
 
 VERDICT_PARTS = ("sums", "hist", "steps")
@@ -80,7 +102,7 @@ def expect_verdict(con) -> None:
     so when it reads the breakdown itself). Without it the breakdown reads only what it needs (the per-step
     part is nine tenths of the parts' bytes at 1,024 ranks x 10,000 steps), and the features open every file
     again for the rest."""
-    noted = _sources.get(con)
+    noted = _noted(con)
     if noted is not None:
         noted.expected = VERDICT_PARTS
 
@@ -107,7 +129,7 @@ def covering_digests(con) -> str | None:
     read: the rows are there to read instead."""
     import duckdb
 
-    noted = _sources.get(con)
+    noted = _noted(con)
     if noted is None or answering(con):
         return None
     try:
@@ -115,13 +137,13 @@ def covering_digests(con) -> str | None:
         rows = _step_rows(con)
         held = con.execute(f"SELECT sum(n) FROM {source}").fetchall()[0][0]
     except (duckdb.Error, DigestError):
-        _sources.pop(con, None)  # do not try again on this connection
+        _forget(con)  # do not try again on this connection
         return None
     return source if rows and held == rows else None
 
 
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
-    """{part: name to read it from} of the verdict's digest parts (``ranksight.verdict_digest``) ``wanted``
+    """{part: name to read it from} of the verdict's digest parts (``ranksight.format.verdict_digest``) ``wanted``
     -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
     ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,
@@ -131,7 +153,7 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     queries to the rows."""
     import duckdb
 
-    noted = _sources.get(con)
+    noted = _noted(con)
     if noted is None or not (noted.paths or noted.store) or answering(con) or noted.verdict == {}:
         return None
     if noted.verdict is None:
@@ -191,7 +213,7 @@ def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...],
 def _step_rows(con) -> int:
     """The rows of ``con``'s ``steps`` view that digests fold (``SAMPLED_SQL``: not a GPU rank's steps without
     CUDA events), counted once per noted connection (the views do not change)."""
-    noted = _sources.get(con)
+    noted = _noted(con)
     if noted is not None and noted.rows is not None:
         return noted.rows
     rows = con.execute(f"SELECT count(*) FROM steps WHERE {SAMPLED_SQL}").fetchall()[0][0]
@@ -209,14 +231,14 @@ def _share_medians(noted: _Noted, derived: dict) -> None:
 
 def noted_medians(con) -> tuple[dict[int, dict], set[str]]:
     """The per-rank medians ``keep_medians`` kept for ``con``, and the figures they hold."""
-    noted = _sources.get(con)
+    noted = _noted(con)
     return (noted.medians, noted.median_figures) if noted is not None else ({}, set())
 
 
 def keep_medians(con, medians: dict[int, dict], figures) -> dict[int, dict]:
     """Add the per-rank medians of ``figures`` read from ``con``'s digests (they do not change with the
     views) to those kept; returns all kept. One set: the digests serve one warm-up, their own."""
-    noted = _sources.get(con)
+    noted = _noted(con)
     if noted is None:
         return medians
     for rank, found in medians.items():

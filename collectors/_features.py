@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import statistics
 
-from ranksight.schema import SAMPLE_NAMES
+from ranksight.format.schema import SAMPLE_NAMES
+from ranksight.format.warmup import kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
 from ._answers import query
-from ._digest_source import expect_verdict, verdict_digests
+from ._digest_source import digests_may_serve, expect_verdict, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     PHASES,
@@ -29,7 +30,6 @@ from ._queries import (
     step_breakdown,
     wait_asymmetry,
 )
-from ._spool_reader import open_run, read_rank_meta
 
 #: Every feature a rule may name, with its meaning. Rule files are checked against this list.
 FEATURES: dict[str, str] = {
@@ -196,12 +196,6 @@ _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the medi
 _CONTENDED_PRESSURE = 0.10  # some task waited for a CPU >= 10 % of the time: a rank's lost time can be that wait
 # read by name, whether or not the schema lists them yet
 _HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio", "host_cpu_pressure_ratio")
-
-
-def run_features(run_path: str, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
-    """Open a run directory and return its features per rank (see ``FEATURES``)."""
-    con = open_run(run_path)
-    return compute_features(con, read_rank_meta(run_path), warmup_steps, since_ns=since_ns)
 
 
 def compute_features(
@@ -546,7 +540,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
     Only steps with a row from every compared rank count. Rows are counted, not distinct ranks (a
     rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
     steps: 1.56 s against 0.21 s)."""
-    parts = verdict_digests(con, "steps") if since_ns is None else None
+    parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
     found = _digest_queries.slowest_shares(con, parts, warmup_steps, ranks, use_gpu) if parts else None
     if found is not None:
         return found
@@ -556,7 +550,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
         WITH kept AS (
                 SELECT rank, step, {column} AS c FROM steps
                 WHERE {column} IS NOT NULL AND rank IN (SELECT unnest(?::INTEGER[])) {since}
-                  AND (step >= ? OR (SELECT max(step) FROM steps) < ?)),
+                  AND {kept_sql(warm_sql(), short_sql("(SELECT max(step) FROM steps) + 1"))}),
              per_step AS (SELECT step, max(c) AS top FROM kept GROUP BY step HAVING count(*) = ?)
         SELECT k.rank, avg(CASE WHEN k.c = p.top THEN 1.0 ELSE 0.0 END)
         FROM kept k JOIN per_step p USING (step) GROUP BY k.rank

@@ -6,12 +6,12 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
-from ranksight.digest import WARMUP_STEPS as DIGEST_WARMUP_STEPS
-from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from ranksight.format.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
 from ._answers import query
-from ._digest_source import covering_digests, verdict_digests
+from ._digest_source import covering_digests, digests_may_serve, verdict_digests
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3
@@ -42,24 +42,25 @@ def kept_steps_sql(source: str) -> str:
     """CTEs ``short`` and ``kept``: the rows of ``source`` with their period, minus each rank's warm-up and
     a GPU rank's steps that recorded no CUDA events (``SAMPLED_SQL``: the figures rest on the sampled steps).
 
-    Takes two parameters: the warm-up steps, twice (a rank with no more rows than that keeps them all).
+    Takes two parameters: the warm-up steps, twice (a rank with no more rows than that keeps them all:
+    ``ranksight.format.warmup``).
     The short ranks are found by a GROUP BY, not a count over a window: the window sorts every row by
     rank first (0.33 s against 0.13 s for a per-rank sum at 1,024 ranks x 10,000 steps, docs/scale.md).
     """
     return f"""
-        short AS (SELECT rank FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank HAVING count(*) <= ?),
+        short AS (SELECT rank FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank HAVING {short_sql("count(*)")}),
         kept AS (SELECT *, {PERIOD_SQL} AS period_s FROM {source}
-                 WHERE (step >= ? OR rank IN (SELECT rank FROM short)) AND {SAMPLED_SQL})"""
+                 WHERE {kept_sql(warm_sql(), "rank IN (SELECT rank FROM short)")} AND {SAMPLED_SQL})"""
 
 
-def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> list[dict]:
+def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> list[dict]:
     """Per rank: steps, median and mean step period, and each phase's share of the total period.
 
     The first ``warmup_steps`` steps of each rank (compilation, allocator and bucket warm-up) are left
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
-    if warmup_steps == DIGEST_WARMUP_STEPS and since_ns is None:
+    if digests_may_serve(warmup_steps, since_ns):
         parts = verdict_digests(con, "hist")
         if parts is not None:
             return _breakdown_from_digests(con, parts["sums"], warmup_steps, parts)
@@ -81,10 +82,36 @@ def step_breakdown(con, warmup_steps: int = 5, since_ns: int | None = None) -> l
     return [dict(zip(names, row)) for row in rows]
 
 
+def breakdown_total(rows: list[dict]) -> dict:
+    """All ranks in one row, from per-rank breakdown rows (``step_breakdown``'s, or the dashboard rollup's):
+    the one definition of the run's totals, so the CLI, the Verdict, Breakdown and Compare pages agree.
+
+    Each phase's share is the ranks' shares weighted by their period sums (``steps`` x ``step_mean_s``), which
+    is the share of the summed periods; a phase no rank measured (H2D on a CPU job) stays None, not 0.
+    Returns ``rows`` (kept steps over all ranks), ``step_mean_s``, ``step_max_s`` (where the rows carry it),
+    each ``<phase>_share`` and ``h2d_measured``.
+    """
+    steps = sum(r["steps"] or 0 for r in rows)
+    weights = [(r["step_mean_s"] or 0) * (r["steps"] or 0) for r in rows]
+    total_s = sum(weights)
+    worst = [r["step_max_s"] for r in rows if r.get("step_max_s") is not None]
+    out: dict = {
+        "rows": steps,
+        "step_mean_s": total_s / steps if steps else None,
+        "step_max_s": max(worst) if worst else None,
+    }
+    for p in PHASES:
+        key = f"{p[:-2]}_share"
+        measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
+        out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
+    out["h2d_measured"] = out["h2d_share"] is not None or any(r.get("h2d_measured") for r in rows)
+    return out
+
+
 def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
     """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
     ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
-    steps, ``ranksight.digest``); its two medians from the verdict's histograms (``parts``,
+    steps, ``ranksight.format.digest``); its two medians from the verdict's histograms (``parts``,
     ``_digest_queries.medians``) where those serve, else from the rows. The same figures (the medians within
     ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no
     more rows than that keeps them all, as the rows' query does (its row count comes from the digests too,
@@ -97,7 +124,8 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
         medians = f"""medians AS (
             SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
             FROM {steps_source(con, None)}
-            WHERE (step >= ? OR rank IN (SELECT rank FROM total WHERE n <= ?)) AND {SAMPLED_SQL} GROUP BY rank)"""
+            WHERE {kept_sql(warm_sql(), f"rank IN (SELECT rank FROM total WHERE {short_sql('n')})")} AND {SAMPLED_SQL}
+            GROUP BY rank)"""
     sql = f"""
         WITH d AS (SELECT * FROM {digests}),
              total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
@@ -106,7 +134,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
                              coalesce(sum(allreduce_sum), 0) / nullif(sum({step_sum}), 0) AS allreduce_share,
                              sum(data_wait_host_sum) / nullif(sum({step_sum}), 0) AS data_wait_host_share,
                              {shares}
-                      FROM d JOIN total USING (rank) WHERE NOT warm OR total.n <= ? GROUP BY rank)
+                      FROM d JOIN total USING (rank) WHERE {kept_sql("warm", short_sql("total.n"))} GROUP BY rank)
              {"" if found is not None else ", " + medians}
         SELECT * FROM sums {"" if found is not None else "JOIN medians USING (rank)"} ORDER BY rank
     """
@@ -123,8 +151,15 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
 
 
 _BREAKDOWN_ORDER = (
-    "rank", "node", "steps", "step_median_s", "step_mean_s", "compute_median_s", "allreduce_share",
-    "data_wait_host_share", *(f"{p[:-2]}_share" for p in PHASES),
+    "rank",
+    "node",
+    "steps",
+    "step_median_s",
+    "step_mean_s",
+    "compute_median_s",
+    "allreduce_share",
+    "data_wait_host_share",
+    *(f"{p[:-2]}_share" for p in PHASES),
 )
 
 
@@ -149,10 +184,10 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
     return (variance / n) ** 0.5
 
 
-def rank_step_stats(con, warmup_steps: int = 5, since_ns: int | None = None) -> dict[int, dict]:
+def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
-    parts = verdict_digests(con, "hist") if since_ns is None else None
+    parts = verdict_digests(con, "hist") if digests_may_serve(warmup_steps, since_ns) else None
     found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
     if found is not None:
         return found
@@ -197,7 +232,7 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
     cost its extra thread CPU time accounts for; None when no step has every rank.
     """
-    parts = verdict_digests(con, "steps") if since_ns is None else None
+    parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
     rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
     if rows is None:
         rows = _wait_rows(con, warmup_steps, since_ns, ranks)
@@ -209,7 +244,7 @@ def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -
     waited least, and the CPU figures of that rank (``wait_asymmetry`` reads them)."""
     source = steps_source(con, since_ns)
     # Who waited least is the least (wait, rank): equal waits name the lowest rank, whatever order DuckDB's
-    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.verdict_digest``).
+    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.format.verdict_digest``).
     # The second-least wait of a step is min(x, 2)[2]: two values kept per step. Sorting a list of every
     # rank's wait per step took 2.3 s against 0.26 s at 1,024 ranks x 10,000 steps (docs/scale.md).
     sql = f"""

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ranksight.schema import IDENTITY, KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+from ranksight.format.schema import IDENTITY, KINDS, RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
 
 from ._footers import judge_by_schema
 

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import time
 
-from ranksight.schema import RANKS_DIR
+from ranksight.format.schema import RANKS_DIR
 
 from ._rundir import UNKNOWN_STATUS, RankMeta, read_rank_files
 

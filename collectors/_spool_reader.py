@@ -5,7 +5,7 @@ so a query sees whole files only; temporary files start with a dot and never mat
 are read-only and take no lock, so any number of readers run beside the writers.
 
 A segment that cannot be read (empty, truncated, not Parquet, another schema) is left out of the
-views with one warning line, and ``skipped_files(con)`` lists it, so one bad file costs neither the
+views with one warning line, and ``Run.skipped`` lists it, so one bad file costs neither the
 rest of the run nor a traceback.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 
-from ranksight.schema import KINDS, duckdb_columns
+from ranksight.format.schema import KINDS, duckdb_columns
 
 from ._answers import ANSWERS_TABLE, answer_from
 from ._digest_source import note_digests
+from ._run_state import state_of
 from ._rundir import (
     NODE_STORES_DIR,
     SkippedFile,
@@ -49,20 +49,20 @@ from ._tables import (
     store_tables,
 )
 
-_skipped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-
-def skipped_files(con) -> list[SkippedFile]:
-    """The files the last ``open_run`` on this connection left out of its views, and why (empty when none).
+def skipped_files(run) -> list[SkippedFile]:
+    """The files the last opening of this ``Run`` left out of its views, and why (empty when none).
 
     Each is a ``SkippedFile`` (``path``, ``reason``; ``str()`` gives ``path: reason``): a damaged spool
     segment, or one of another schema. Each was also logged once as a warning line.
     """
-    return list(_skipped.get(con, ()))
+    state = state_of(run)
+    return list(state.skipped) if state is not None else []
 
 
-def open_run(run_path: str, con=None, *, follow_spool: bool = True):
-    """Return a DuckDB connection with one view per record kind over the run's records.
+def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True) -> None:
+    """Make one view per record kind over the run's records on ``con`` (a ``Run``: what it notes besides
+    the views, it keeps on its state).
 
     The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there
     is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
@@ -75,22 +75,12 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
     the grace period (``PRUNE_AFTER_S``), and new segments show up at the next ``open_run``. For a
     reader that opens once and answers (the CLI), not for one that keeps its connection.
 
-    Segments that cannot be read are left out (``skipped_files(con)``); a ``store.duckdb`` that is not
+    Segments that cannot be read are left out (``Run.skipped``); a ``store.duckdb`` that is not
     a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it: reading around it could give
     a verdict on part of the run without saying so (docs/reliability.md).
     """
-    import duckdb
 
     check_run_dir(run_path)
-    # A spool's files never change once published: DuckDB may keep their footers for the connection's
-    # next queries (a verdict asks a dozen over the same files) instead of parsing them again each time.
-    reopened = con is not None
-    if con is None:
-        con = quiet_connection()
-        try:
-            con.execute("SET parquet_metadata_cache = true")
-        except duckdb.Error:  # a DuckDB without the setting reads the footers again: slower, same rows
-            pass
     answer_from(con, None)  # until the views below are known to read the store alone
     db_run = duckdb_run_path(run_path)
     store_kinds = _attach_store(con, run_path, db_run)
@@ -133,13 +123,29 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True):
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     for item in skipped:
         warn_skipped(item)
-    _skipped[con] = tuple(skipped)
+    state = state_of(con)
+    if state is not None:
+        state.skipped = tuple(skipped)
     if not nodes:  # rows of node stores have no digests: sums are read from the rows
         pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()), con)
         has_steps = store_kinds is not None and "steps" in store_kinds
         note_digests(con, run_path, [os.path.basename(p) for p in pending], has_steps)
     # The answers ingest computed over the store's rows hold for views that read those rows alone.
     answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
+
+
+def reading_connection():
+    """A new DuckDB connection for a run's views.
+
+    A spool's files never change once published: DuckDB may keep their footers for the connection's next
+    queries (a verdict asks a dozen over the same files) instead of parsing them again each time."""
+    import duckdb
+
+    con = quiet_connection()
+    try:
+        con.execute("SET parquet_metadata_cache = true")
+    except duckdb.Error:  # a DuckDB without the setting reads the footers again: slower, same rows
+        pass
     return con
 
 

@@ -22,14 +22,23 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ranksight.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.digest import DIGEST_DIR, DigestError, chunk_of_key, read_digest_parts, read_digests, remove_digests
-from ranksight.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
-from ranksight.verdict_digest import merge_steps_sql
+from ranksight.format.digest import COLUMNS as DIGEST_COLUMNS
+from ranksight.format.digest import (
+    DIGEST_DIR,
+    DigestError,
+    chunk_of_key,
+    read_digest_parts,
+    read_digests,
+    remove_digests,
+)
+from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
+from ranksight.format.verdict_digest import merge_steps_sql
+from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import ANSWERS_TABLE, recording
 from ._features import compute_context, compute_features
 from ._queries import step_breakdown
+from ._run import Run
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -220,7 +229,7 @@ def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: boo
     con.execute("USE memory")
     try:
         with store_views(con, _STORE_DB):
-            answers = _verdict_answers(con, metas)
+            answers = _verdict_answers(con, run_path, metas)
         con.execute(f"CREATE TABLE {_STORE_DB}.{ANSWERS_TABLE} (key VARCHAR PRIMARY KEY, answer VARCHAR)")
         con.executemany(f"INSERT INTO {_STORE_DB}.{ANSWERS_TABLE} VALUES (?, ?)", list(answers.items()))
     except duckdb.Error:
@@ -230,20 +239,17 @@ def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: boo
     return time.perf_counter() - started
 
 
-VERDICT_WARMUP_STEPS = 5
-"""The warm-up ``diagnose`` leaves out by default: the answers ``ingest`` keeps are for that one."""
-
-
-def _verdict_answers(con, metas: list) -> dict[str, str]:
+def _verdict_answers(con, run_path: str, metas: list) -> dict[str, str]:
     """Run the queries ``diagnose`` runs over the whole of ``con``'s run and return their answers by key.
 
     The same calls as ``diagnose``'s judgement (breakdown, features, context), so the same SQL text and
     parameters: every key a reader of this store will ask for with the default warm-up.
     """
-    with recording(con) as kept:
-        breakdown = step_breakdown(con, VERDICT_WARMUP_STEPS)
-        features = compute_features(con, metas, VERDICT_WARMUP_STEPS, breakdown)
-        compute_context(con, metas, features, VERDICT_WARMUP_STEPS)
+    run = Run(run_path, con, make_views=False)
+    with recording(run) as kept:
+        breakdown = step_breakdown(run, WARMUP_STEPS)
+        features = compute_features(run, metas, WARMUP_STEPS, breakdown)
+        compute_context(run, metas, features, WARMUP_STEPS)
     return kept
 
 

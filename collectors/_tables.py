@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 
-from ranksight.schema import DUCKDB_TYPES, KINDS
+from ranksight.format.schema import DUCKDB_TYPES, KINDS
 
 STORE_ALIAS = "ranksight_store"
 """The schema name ``open_run`` attaches a run's store under (``ranksight_store.steps`` ...)."""
 SEGMENTS_TABLE = "_segments"
 """Store table listing each ingested spool segment: kind, file name, rows, when it was ingested."""
 DIGESTS_TABLE = "_digests"
-"""Store table: the digests (``ranksight.digest``) of the step segments it holds, with each one's definition
+"""Store table: the digests (``ranksight.format.digest``) of the step segments it holds, with each one's definition
 ``key`` and ``_segment``; copied from the spool by ``ingest``, so they outlive ``prune``."""
 VERDICT_PART_TABLES = {"sums": "_digest_sums", "hist": "_digest_hist", "steps": "_digest_steps"}
-"""Store tables: the verdict's parts of those digests (``ranksight.verdict_digest``), each row with its
+"""Store tables: the verdict's parts of those digests (``ranksight.format.verdict_digest``), each row with its
 definition ``key`` and ``_segment`` (``steps``: one row per step and ingest, its files merged, ``_segment``
 NULL), so ``diagnose()`` of a live run that ``ingest --every`` compacts reads a few rows per rank and step
 instead of the store's rows. Created at the first ingest that has them."""

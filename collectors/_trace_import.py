@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ranksight._version import __version__
-from ranksight.schema import KINDS, RANKS_DIR, SAMPLE_NAMES, SCHEMA_VERSION, SPOOL_SUFFIX, TMP_PREFIX, arrow_schema
+from ranksight.format.schema import (
+    KINDS,
+    RANKS_DIR,
+    SAMPLE_NAMES,
+    SCHEMA_VERSION,
+    SPOOL_SUFFIX,
+    TMP_PREFIX,
+    arrow_schema,
+)
 from ranksight.trace_reduce import ACTIVITY_KIND
 
 from ._rundir import RunDirError

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from statistics import median
 
-from ranksight.collectors import PHASES
+from ranksight.collectors import PHASES, breakdown_total
 
-from ._queries import PHASE_LABELS, total_from_breakdown
+from ._queries import PHASE_LABELS
 
 CHANGED_COST = 0.02
 """A finding present in both runs counts as changed when its cost moved by this share of step time or more
@@ -22,7 +22,7 @@ CHANGED_COST = 0.02
 def _figures(diag: dict) -> dict:
     """Step time, throughput and phase shares over all ranks of one diagnosed run."""
     rows = diag.get("breakdown", {}).get("ranks", [])
-    total = total_from_breakdown(rows) if rows else {"rows": 0, "step_mean_s": None}
+    total = breakdown_total(rows)
     mean = total.get("step_mean_s") or None
     out = {
         "ranks": len(rows),

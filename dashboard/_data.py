@@ -2,7 +2,7 @@
 
 A pull is keyed by the run and the rollup's version, which changes only when new step segments
 arrive: a live refresh with nothing new re-runs no query, and one with new data reads only the new
-segments (see ``_rollup``).
+segments (see ``ranksight.collectors.Rollup``).
 """
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from ranksight.collectors import RunDirError, list_runs, skipped_files, spool_signature
+from ranksight.collectors import Rollup, RunDirError, list_runs, open_run, spool_signature
 
 from . import _warm
-from ._rollup import Rollup
 
 PULL_TTL_S = 30
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _rollup(run_path: str) -> Rollup:
-    return _warm.take_rollup(run_path) or Rollup(run_path)
+    return _warm.take_rollup(run_path) or open_run(run_path).rollup()
 
 
 def rollup(run_path: str) -> Rollup:
@@ -78,7 +77,7 @@ def landing_drawn(run_path: str) -> None:
 
 def skipped(run_path: str) -> list[str]:
     """'path: reason' of each file the run's reader left out (a damaged or foreign segment); empty when none."""
-    return [str(f) for f in skipped_files(rollup(run_path).con)]
+    return [str(f) for f in rollup(run_path).run.skipped]
 
 
 @st.cache_data(ttl=2, show_spinner=False)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ranksight.collectors import PHASES
-from ranksight.schema import SAMPLE_NAMES
+from ranksight.collectors import PHASES, breakdown_total
+from ranksight.format.schema import SAMPLE_NAMES
+from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql
 
 PHASE_LABELS = {
     "data_wait_s": "data wait",
@@ -71,9 +72,10 @@ def _check_metric(key: str) -> Metric:
     return HEATMAP_METRICS[key]
 
 
-# Rollup rows kept for averages: past warm-up, unless a rank has nothing else yet (as step_breakdown does).
-_KEPT = """kept AS (SELECT * FROM rollup WHERE NOT warm
-                      OR rank IN (SELECT rank FROM rollup GROUP BY rank HAVING bool_and(warm)))"""
+# Rollup rows kept for averages: past warm-up, unless a rank has no more steps than that (as step_breakdown does:
+# ranksight.format.warmup; the rollup's ``warm`` flag is folded at WARMUP_STEPS).
+_SHORT_RANKS = f"SELECT rank FROM rollup GROUP BY rank HAVING {short_sql('sum(n)', str(WARMUP_STEPS))}"
+_KEPT = f"kept AS (SELECT * FROM rollup WHERE {kept_sql('warm', f'rank IN ({_SHORT_RANKS})')})"
 _SHARES = ", ".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
 
 
@@ -114,34 +116,10 @@ def breakdown_per_rank(con) -> list[dict]:
     return _rows(cur)
 
 
-def breakdown_total(con) -> dict:
-    """Each phase's share of step time over all ranks, with the mean step time."""
-    cur = con.execute(
-        f"""
-        WITH {_KEPT}
-        SELECT coalesce(sum(n), 0) AS rows, sum(step_sum) / nullif(sum(n), 0) AS step_mean_s,
-               max(step_max_s) AS step_max_s, {_SHARES}, coalesce(sum(h2d_n), 0) > 0 AS h2d_measured
-        FROM kept
-        """
-    )
-    return _rows(cur)[0]
-
-
-def total_from_breakdown(rows: list[dict]) -> dict:
-    """All-rank shares from per-rank ``step_breakdown`` rows (as ``diagnose`` returns them), weighted by step time."""
-    weights = [(r["step_mean_s"] or 0) * (r["steps"] or 0) for r in rows]
-    total_s = sum(weights)
-    out: dict = {
-        "rows": sum(r["steps"] or 0 for r in rows),
-        "step_mean_s": total_s / max(1, sum(r["steps"] or 0 for r in rows)),
-    }
-    for p in PHASES:
-        key = f"{p[:-2]}_share"
-        measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
-        # A phase no rank could measure (H2D on a CPU job) stays absent, as in breakdown_total.
-        out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
-    out["h2d_measured"] = out["h2d_share"] is not None
-    return out
+def rollup_total(con) -> dict:
+    """Each phase's share of step time over all ranks, with the mean and worst step time: the rollup's
+    per-rank rows totalled as ``ranksight.collectors.breakdown_total`` totals the diagnosis's."""
+    return breakdown_total(breakdown_per_rank(con))
 
 
 BARS_AT_MOST = 64

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ranksight.schema import RANKS_DIR
+from ranksight.format.schema import RANKS_DIR
 
 ENV_PATH = "RANKSIGHT_DASHBOARD_PATH"
 ENV_PROMETHEUS = "RANKSIGHT_DASHBOARD_PROMETHEUS"

@@ -110,9 +110,9 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         pass
     try:
         if with_rollup and not _stopping.is_set():
-            from ._rollup import Rollup
+            from ranksight.collectors import open_run
 
-            job.rollup = Rollup(run_path)
+            job.rollup = open_run(run_path).rollup()
     except Exception:
         job.rollup = None
     finally:

@@ -6,17 +6,8 @@ import os
 import statistics
 import time
 
-from ranksight.collectors import (
-    RunDirError,
-    compute_context,
-    compute_features,
-    expect_verdict,
-    kept_steps_sql,
-    open_run,
-    read_rank_meta,
-    step_breakdown,
-    steps_source,
-)
+from ranksight.collectors import Run, RunDirError, kept_steps_sql, open_run, steps_source
+from ranksight.format.warmup import WARMUP_STEPS
 
 from ._evaluate import evaluate, run_checklist
 from ._load import RuleSet, load_rules
@@ -24,9 +15,17 @@ from ._vector import Frame
 
 
 def diagnose(
-    run_path: str, rules_dir: str | None = None, *, warmup_steps: int = 5, since_s: float | None = None
+    run_path: str | Run,
+    rules_dir: str | None = None,
+    *,
+    warmup_steps: int = WARMUP_STEPS,
+    since_s: float | None = None,
 ) -> dict:
     """Diagnose a run directory (live, finished or crashed); the object ``ranksight diagnose --json`` prints.
+
+    ``run_path``: the folder, or a ``Run`` a caller already holds (``collectors.open_run``), whose kept figures
+    the verdict then shares. A folder is opened with ``follow_spool=False``: one reading, which a concurrent
+    prune cannot fail.
 
     With ``since_s`` the verdict is the recent window's (steps that ended in the last ``since_s`` seconds
     of the run's data), and ``change`` says whether and since when it differs from the whole run's.
@@ -34,41 +33,41 @@ def diagnose(
     rule files.
     """
     rules = load_rules(rules_dir)  # bad rules are reported before any data is read
-    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
-    expect_verdict(con)  # the breakdown's first read takes the parts the features read too: one pass
-    metas = read_rank_meta(run_path)
-    whole = _judge(con, metas, rules, warmup_steps, None)
+    run = run_path if isinstance(run_path, Run) else open_run(run_path, follow_spool=False)
+    run_path = run.path
+    metas = run.ranks
+    whole = _judge(run, rules, warmup_steps, None)
     if not metas and not whole["breakdown"]["ranks"]:
         raise RunDirError(f"{run_path}: no rank has recorded anything yet")
     run_ids = sorted({m.data.get("run") for m in metas if m.data.get("run")})
     name = run_ids[0] if len(run_ids) == 1 else os.path.basename(os.path.normpath(run_path))
     if since_s is None:
         return {"run": name, **whole}
-    end_ns = con.execute("SELECT max(time_ns) FROM steps").fetchone()[0]
+    end_ns, since_ns = run.end_ns, run.since_ns(since_s)
     if end_ns is None:
         return {"run": name, **whole, "window": None, "change": None}
-    since_ns = int(end_ns - since_s * 1e9)
-    recent = _judge(con, metas, rules, warmup_steps, since_ns)
+    recent = _judge(run, rules, warmup_steps, since_s)
     window = {
         "since_s": since_s,
         "start_ns": since_ns,
-        "end_ns": int(end_ns),
+        "end_ns": end_ns,
         "steps": max((r["steps"] for r in recent["breakdown"]["ranks"]), default=0),
     }
-    change = verdict_change(whole["findings"], recent["findings"], _step_series(con, warmup_steps), since_ns)
+    change = verdict_change(whole["findings"], recent["findings"], _step_series(run, warmup_steps), since_ns)
     return {"run": name, **recent, "window": window, "change": change, "whole_run": {"findings": whole["findings"]}}
 
 
-def _judge(con, metas: list, rules: RuleSet, warmup_steps: int, since_ns: int | None) -> dict:
-    breakdown = step_breakdown(con, warmup_steps, since_ns)
-    features = compute_features(con, metas, warmup_steps, breakdown, since_ns=since_ns)
-    context = compute_context(con, metas, features, warmup_steps, since_ns)
+def _judge(run: Run, rules: RuleSet, warmup_steps: int, window: float | None) -> dict:
+    # The features first: their first read of the digests takes every part they need, the breakdown's too.
+    features = run.features(warmup_steps=warmup_steps, window=window)
+    breakdown = run.breakdown(warmup_steps=warmup_steps, window=window)
+    context = run.context(warmup_steps=warmup_steps, window=window)
     frame = Frame(features)  # the features as columns, built as the rules read them, for both
     return {
         "findings": evaluate(rules.rules, frame, context),
         "breakdown": {"ranks": breakdown},
         "checklist": run_checklist(rules.checklist, frame),
-        "other_time": _other_time(breakdown, metas),
+        "other_time": _other_time(breakdown, run.ranks),
     }
 
 
@@ -90,13 +89,13 @@ def _other_time(breakdown: list[dict], metas: list) -> list[dict]:
     return out
 
 
-def _step_series(con, warmup_steps: int) -> list[tuple[int, float]]:
+def _step_series(run: Run, warmup_steps: int) -> list[tuple[int, float]]:
     """(end time ns, mean period across ranks) per step after warm-up, in time order."""
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con))}
+        WITH {kept_steps_sql(steps_source(run))}
         SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
     """
-    return [(int(t), float(p)) for t, p in con.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
+    return [(int(t), float(p)) for t, p in run.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
 
 
 def _first_serious(findings: list[dict]) -> dict | None:
@@ -166,11 +165,10 @@ def _ms(seconds: float) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
-def diagnose_features(run_path: str, *, warmup_steps: int = 5, since_s: float | None = None) -> dict[int, dict]:
-    """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning)."""
-    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
-    since_ns = None
-    if since_s is not None:
-        end_ns = con.execute("SELECT max(time_ns) FROM steps").fetchone()[0]
-        since_ns = int(end_ns - since_s * 1e9) if end_ns is not None else None
-    return compute_features(con, read_rank_meta(run_path), warmup_steps, since_ns=since_ns)
+def diagnose_features(
+    run_path: str | Run, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
+) -> dict[int, dict]:
+    """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning); a folder
+    or a ``Run``, as ``diagnose`` takes."""
+    run = run_path if isinstance(run_path, Run) else open_run(run_path, follow_spool=False)
+    return run.features(warmup_steps=warmup_steps, window=since_s)

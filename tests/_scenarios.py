@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ranksight.demo import DemoConfig, run_demo
+from ranksight.commands.demo_job import DemoConfig, run_demo
 from ranksight.rules import diagnose
 
 

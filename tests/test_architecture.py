@@ -153,3 +153,65 @@ def test_every_module_is_packaged():
                 continue
             rel = Path(dirpath).relative_to(ROOT / folder).parts
             assert ".".join([package, *rel]) in listed, f"{dirpath} is not in [tool.setuptools] packages"
+
+
+def _foreign_imports(package_dir: Path, package: str) -> list[str]:
+    """The imports in ``package_dir``'s modules that reach outside ``package`` into the rest of ranksight:
+    absolute ``ranksight.*`` imports other than ``package`` itself, and relative imports that climb out."""
+    bad = []
+    for path in sorted(package_dir.rglob("*.py")):
+        depth = len(path.relative_to(package_dir).parts) - 1  # folders below the package's own
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                # ``.`` is the file's own folder (an ``__init__``'s too); each further dot climbs one folder
+                if node.level - 1 > depth:
+                    bad.append(f"{path.name}:{node.lineno}: from {'.' * node.level}{node.module or ''}")
+                continue
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if (name == "ranksight" or name.startswith("ranksight.")) and not (
+                    name == package or name.startswith(package + ".")
+                ):
+                    bad.append(f"{path.name}:{node.lineno}: {name}")
+    return bad
+
+
+def test_the_format_package_imports_nothing_of_the_project():
+    """``ranksight.format`` is the bottom of the house: the agent, the collectors, the rules and the
+    dashboard all stand on it, so it stands on nothing of theirs."""
+    assert _foreign_imports(ROOT / "ranksight" / "format", "ranksight.format") == []
+
+
+def test_the_format_check_catches_a_foreign_import(tmp_path):
+    """The check above can fail: a module importing the collectors, the CLI's package or a sibling above."""
+    pkg = tmp_path / "format"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import ok\n")
+    (pkg / "ok.py").write_text("import os\nfrom . import sib\nfrom ranksight.format.schema import KINDS\n")
+    (pkg / "bad.py").write_text(
+        "from ranksight.collectors import open_run\nimport ranksight\nfrom .. import cli\nfrom ..commands import x\n"
+    )
+    found = _foreign_imports(pkg, "ranksight.format")
+    assert found == [
+        "bad.py:1: ranksight.collectors",
+        "bad.py:2: ranksight",
+        "bad.py:3: from ..",
+        "bad.py:4: from ..commands",
+    ]
+
+
+def test_a_readings_state_lives_on_its_run_not_beside_its_connection():
+    """What a reading knows besides its views (stored answers, digests, skipped files) is held by the ``Run``
+    (``collectors/_run_state.py``): no module keeps it in a table keyed by connection."""
+    hits = [
+        f"{path.relative_to(ROOT)}"
+        for folder in ("collectors", "rules", "dashboard")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "WeakKeyDictionary" in path.read_text()
+    ]
+    assert hits == []

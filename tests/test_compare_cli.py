@@ -21,7 +21,7 @@ RANKSIGHT = [sys.executable, "-m", "ranksight"]
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     pytest.importorskip("torch")
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
 
     root = tmp_path_factory.mktemp("cmp") / "ranksight-runs"
     a = run_demo(DemoConfig(fault="input", steps=20, run_dir=str(root), run_id="before-input"))

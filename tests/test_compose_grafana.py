@@ -143,7 +143,7 @@ def input_bound_rank_main(rank: int, run_dir: str, out_dir: str, master_port: in
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ranksight
-    from ranksight.demo import GPU_SAMPLING
+    from ranksight.commands.demo_job import GPU_SAMPLING
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()

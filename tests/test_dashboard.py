@@ -20,10 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ranksight.collectors import PHASES, open_run, step_breakdown
+from ranksight.collectors import PHASES, breakdown_total, open_run, step_breakdown
 from ranksight.dashboard import APP_PATH, Rollup, resolve
 from ranksight.dashboard import _queries as q
-from ranksight.schema import arrow_schema
+from ranksight.format.schema import arrow_schema
 
 DEMO_STEPS = 30
 
@@ -126,7 +126,7 @@ def write_run(
 def demo_run(tmp_path_factory):
     """A real 2-rank gloo run with an input-bound loader."""
     pytest.importorskip("torch")
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
 
     root = str(tmp_path_factory.mktemp("runs"))
     return run_demo(DemoConfig(fault="input", steps=DEMO_STEPS, run_dir=root, run_id="demo-input"))
@@ -148,8 +148,8 @@ def test_rollup_shares_match_the_shared_step_breakdown(demo_run):
                 assert ours[rank][f"{p[:-2]}_share"] is None and r[f"{p[:-2]}_share"] is None
             else:
                 assert ours[rank][f"{p[:-2]}_share"] == pytest.approx(r[f"{p[:-2]}_share"], rel=1e-9, abs=1e-12)
-    total = q.breakdown_total(rollup.cursor())
-    from_diagnosis = q.total_from_breakdown(list(ref.values()))  # what the Verdict page shows
+    total = q.rollup_total(rollup.cursor())
+    from_diagnosis = breakdown_total(list(ref.values()))  # what the Verdict page shows
     assert from_diagnosis["rows"] == total["rows"]
     for p in PHASES:
         if p in ("h2d_s", "gpu_ahead_s"):
@@ -182,6 +182,15 @@ def _same_breakdown(rollup_con, path) -> None:
     assert [r["steps"] for r in ours] == [r["steps"] for r in ref] and ours
     for a, b in zip(ours, ref):
         assert a["data_wait_share"] == pytest.approx(b["data_wait_share"], rel=1e-12)
+
+
+def test_rollup_keeps_a_short_ranks_warm_steps_as_step_breakdown_does(tmp_path):
+    """One warm-up rule (``ranksight.format.warmup``): a rank with no more rows than the warm-up keeps them
+    all, also when some of them came after it (steps 3 to 7 here: 5 rows, 2 of them warm)."""
+    path = write_run(str(tmp_path / "late"), 2, 5, first_step=3)
+    _same_breakdown(Rollup(path).cursor(), path)
+    assert [r["steps"] for r in q.breakdown_per_rank(Rollup(path).cursor())] == [5, 5]
+    assert q.rollup_total(Rollup(path).cursor())["rows"] == breakdown_total(step_breakdown(open_run(path)))["rows"]
 
 
 def test_rollup_of_a_run_whose_spool_was_pruned_reads_the_store(tmp_path):

@@ -40,7 +40,7 @@ def served(tmp_path_factory):
     """A runs root holding a real input-bound demo run and a synthetic live run, served on loopback."""
     pytest.importorskip("torch")
     from ranksight.commands.dashboard import start
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
 
     root = str(tmp_path_factory.mktemp("runs"))
     demo = run_demo(DemoConfig(fault="input", steps=20, run_dir=root, run_id="demo-input"))

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ranksight.schema import arrow_schema
+from ranksight.format.schema import arrow_schema
 
 RANKS, STEPS, PER_FILE = 256, 4000, 8
 

@@ -12,8 +12,8 @@ import pytest
 
 from ranksight.cli import main
 from ranksight.collectors import run_features
+from ranksight.format.schema import KINDS, arrow_schema
 from ranksight.rules import diagnose
-from ranksight.schema import KINDS, arrow_schema
 
 FINDING_KEYS = {"axis", "rule", "severity", "confidence", "ranks", "evidence", "summary", "fix"}
 FINDING_KEYS |= {"cost_share", "speedup", "cost_basis", "explained_by"}

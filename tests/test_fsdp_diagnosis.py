@@ -87,7 +87,7 @@ def test_replicated_model_state_fix_is_fsdp2_code_fitted_to_the_framework():
 
 def _cpu_scenario(tmp_path, fault: str, steps: int) -> dict:
     """The demo job on 2 CPU ranks (gloo), also on a machine with GPUs (test_fsdp_gpu.py runs it there)."""
-    from ranksight.demo import DemoConfig, run_demo
+    from ranksight.commands.demo_job import DemoConfig, run_demo
     from ranksight.rules import diagnose
 
     cfg = DemoConfig(fault=fault, ranks=2, steps=steps, run_dir=str(tmp_path), flush_interval_s=0.5,

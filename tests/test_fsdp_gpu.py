@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ranksight.collectors import open_run  # noqa: E402
-from ranksight.demo import DemoConfig, run_demo  # noqa: E402
+from ranksight.commands.demo_job import DemoConfig, run_demo  # noqa: E402
 from ranksight.rules import diagnose  # noqa: E402
 
 pytestmark = [

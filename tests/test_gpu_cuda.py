@@ -521,8 +521,8 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     from ranksight.collectors import open_run, step_breakdown
     from ranksight.collectors._digest_source import covering_digests
     from ranksight.dashboard import Rollup
-    from ranksight.digest import DIGEST_DIR
-    from ranksight.verdict_digest import RELATIVE_ERROR
+    from ranksight.format.digest import DIGEST_DIR
+    from ranksight.format.verdict_digest import RELATIVE_ERROR
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -183,7 +183,7 @@ def test_cpu_job_has_gpu_signals_absent_not_zero(monitor):
     assert len(steps) == 5
     assert all(r["gpu_step_s"] is None and r["gpu_compute_s"] is None and r["h2d_s"] is None for r in steps)
     assert monitor._gpu is None and monitor.errors == {}
-    from ranksight.schema import SAMPLE_NAMES
+    from ranksight.format.schema import SAMPLE_NAMES
 
     gpu_names = {n for n in SAMPLE_NAMES if n.startswith(("gpu_", "memory_", "kernel", "h2d", "idle"))}
     assert not any(s["name"] in gpu_names for s in _read(monitor.run_path, "samples"))

@@ -27,7 +27,7 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.collectors import ingest, open_run, read_rank_meta, skipped_files
-from ranksight.digest import chunk_steps_for, digest_paths
+from ranksight.format.digest import chunk_steps_for, digest_paths
 
 AGENT_RANK = """
 import json, os, sys, time

@@ -72,7 +72,7 @@ def test_gpu_faults_refuse_to_run_without_a_gpu(capsys):
 def test_demo_ranks_default_to_what_the_machine_can_run_healthily():
     import torch
 
-    from ranksight.demo import MULTI_RANK_FAULTS, default_ranks
+    from ranksight.commands.demo_job import MULTI_RANK_FAULTS, default_ranks
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for fault in ("none", "input", *MULTI_RANK_FAULTS):

@@ -15,8 +15,8 @@ import time
 from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
 from ranksight.collectors import STORE_ALIAS, ingest, open_run, step_breakdown
-from ranksight.collectors._answers import ANSWERS_TABLE, _answer_from
-from ranksight.collectors._store import VERDICT_WARMUP_STEPS
+from ranksight.collectors._answers import ANSWERS_TABLE
+from ranksight.format.warmup import WARMUP_STEPS
 from ranksight.rules import diagnose
 
 RANKS = 4
@@ -90,8 +90,8 @@ def test_a_complete_store_answers_the_verdict_exactly_as_its_rows_do(tmp_path):
     result = ingest(run)
     assert result.answers_seconds > 0 and _answers_in_store(run) > 5
     con = open_run(run, follow_spool=False)
-    assert _answer_from.get(con) == STORE_ALIAS  # the store alone: its answers hold
-    assert inspect.signature(diagnose).parameters["warmup_steps"].default == VERDICT_WARMUP_STEPS
+    assert con.path_for() == "answers"  # the store alone: its answers hold
+    assert inspect.signature(diagnose).parameters["warmup_steps"].default == WARMUP_STEPS
     copy = _spool_only_copy(run, tmp_path)
     assert step_breakdown(con) == step_breakdown(open_run(copy, follow_spool=False))
     answered, computed = diagnose(run), diagnose(copy)
@@ -108,7 +108,7 @@ def test_rows_the_answers_did_not_see_are_never_answered_for(tmp_path):
         _meta(run, rank, "running")
         w.write("steps", _steps(rank, 60, 20))
     con = open_run(run, follow_spool=False)
-    assert _answer_from.get(con) is None  # the store plus pending segments: no answers
+    assert con.path_for() != "answers"  # the store plus pending segments: no answers
     assert {r["steps"] for r in step_breakdown(con)} == {75}
     copy = _spool_only_copy(run, tmp_path)
     assert diagnose(run) == diagnose(copy)
@@ -121,7 +121,7 @@ def test_rows_the_answers_did_not_see_are_never_answered_for(tmp_path):
     again = ingest(run)  # nothing new to copy, the run ended: the answers are computed for all 80 steps
     assert (again.rows, again.answers_seconds > 0) == (0, True)
     con = open_run(run, follow_spool=False)
-    assert _answer_from.get(con) == STORE_ALIAS and {r["steps"] for r in step_breakdown(con)} == {75}
+    assert con.path_for() == "answers" and {r["steps"] for r in step_breakdown(con)} == {75}
     assert diagnose(run) == diagnose(copy)
 
 
@@ -142,5 +142,5 @@ def test_a_store_that_absorbed_its_node_stores_answers_for_all_their_rows(tmp_pa
     absorbed = ingest(head, absorb_node_stores=True)
     assert absorbed.answers_seconds > 0 and not os.path.exists(os.path.join(head, "nodes", "node-a.duckdb"))
     con = open_run(head, follow_spool=False)
-    assert _answer_from.get(con) == STORE_ALIAS
+    assert con.path_for() == "answers"
     assert diagnose(head) == diagnose(_spool_only_copy(run, tmp_path))

@@ -16,7 +16,7 @@ from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
 from ranksight.collectors import LIVE_FLUSHES, RunDirError, ingest, list_runs, open_run, prune
 from ranksight.collectors._rundir import LOCK_NAME
-from ranksight.schema import arrow_schema
+from ranksight.format.schema import arrow_schema
 
 
 def _writer(run_path: str, rank: int) -> SpoolWriter:

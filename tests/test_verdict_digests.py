@@ -1,4 +1,4 @@
-"""The verdict read from the node spool's digests (``ranksight.verdict_digest``): the features ``diagnose()``
+"""The verdict read from the node spool's digests (``ranksight.format.verdict_digest``): the features ``diagnose()``
 judges are those of the rows -- sums, counts, minima and per-step comparisons exact, medians within
 RELATIVE_ERROR -- and no step row is read for them; where the digests cannot answer as the rows would, the
 rows are read."""
@@ -19,10 +19,10 @@ from ranksight.collectors import _answers, ingest, open_run, run_features
 from ranksight.collectors._digest_queries import medians
 from ranksight.collectors._digest_source import covering_digests, verdict_digests
 from ranksight.collectors._tables import VERDICT_PART_TABLES
-from ranksight.digest import DIGEST_DIR, chunk_steps_for, digest_paths
+from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_paths
+from ranksight.format.schema import arrow_schema
+from ranksight.format.verdict_digest import GAMMA, MEDIANS, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
 from ranksight.rules import diagnose
-from ranksight.schema import arrow_schema
-from ranksight.verdict_digest import GAMMA, MEDIANS, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
 
 from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
@@ -164,16 +164,31 @@ def _medians_of(values_by_rank: dict[int, list]) -> dict[int, float]:
             "node": pa.array(["n"] * n),
             "world_size": pa.array([len(values_by_rank)] * n),
             "compute_s": pa.array(values, pa.float64()),
-            **{c: pa.nulls(n, pa.float64()) for c in ("step_s", "gpu_step_s", "gpu_gap_s", "data_wait_s",
-                                                     "gpu_compute_s", "comm_exposed_s", "allreduce_s",
-                                                     "comm_blocked_s", "gpu_comm_blocked_s", "gpu_comm_exposed_s",
-                                                     "gpu_data_idle_s", "data_wait_in_step_s", "cpu_s")},
+            **{
+                c: pa.nulls(n, pa.float64())
+                for c in (
+                    "step_s",
+                    "gpu_step_s",
+                    "gpu_gap_s",
+                    "data_wait_s",
+                    "gpu_compute_s",
+                    "comm_exposed_s",
+                    "allreduce_s",
+                    "comm_blocked_s",
+                    "gpu_comm_blocked_s",
+                    "gpu_comm_exposed_s",
+                    "gpu_data_idle_s",
+                    "data_wait_in_step_s",
+                    "cpu_s",
+                )
+            },
             **{c: pa.nulls(n, pa.int64()) for c in ("buckets", "bucket_bytes", "collectives", "collective_bytes")},
         }
     )
     schema = arrow_schema("steps")  # every other step column NULL, as the publisher reads an older agent's rows
-    table = pa.table({f.name: table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
-                      for f in schema})
+    table = pa.table(
+        {f.name: table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type) for f in schema}
+    )
     con = duckdb.connect()
     con.register("rows", table)
     con.execute(f"CREATE TABLE hist AS {hist_sql('rows')}", {"warm": 5})
@@ -206,11 +221,22 @@ def test_a_bucket_several_files_hold_reads_as_that_bucket_merged_in_any_row_orde
     bucket = 400
     x1, x2 = GAMMA ** (bucket - 0.8), GAMMA ** (bucket - 0.3)  # two values of one bucket
     y = GAMMA ** (bucket + 5.5)
-    merged = {"rank": np.array([0, 0]), "figure": np.array([1, 1]), "bucket": np.array([bucket, bucket + 6]),
-              "n": np.array([2, 1]), "lo": np.array([x1, y]), "hi": np.array([x2, y])}
-    per_file = {"rank": np.array([0, 0, 0]), "figure": np.array([1, 1, 1]),
-                "bucket": np.array([bucket, bucket + 6, bucket]), "n": np.array([1, 1, 1]),
-                "lo": np.array([x2, y, x1]), "hi": np.array([x2, y, x1])}
+    merged = {
+        "rank": np.array([0, 0]),
+        "figure": np.array([1, 1]),
+        "bucket": np.array([bucket, bucket + 6]),
+        "n": np.array([2, 1]),
+        "lo": np.array([x1, y]),
+        "hi": np.array([x2, y]),
+    }
+    per_file = {
+        "rank": np.array([0, 0, 0]),
+        "figure": np.array([1, 1, 1]),
+        "bucket": np.array([bucket, bucket + 6, bucket]),
+        "n": np.array([1, 1, 1]),
+        "lo": np.array([x2, y, x1]),
+        "hi": np.array([x2, y, x1]),
+    }
     expected = medians_of(merged)[(0, 1)]
     assert x1 < expected < x2  # the bucket's point, not either file's value
     rng = np.random.default_rng(3)
@@ -250,8 +276,10 @@ def test_histogram_rows_already_grouped_read_as_sorted_ones_and_a_rank_two_files
     found = medians_of(columns(every_file))
     assert found == medians_of(shuffled(every_file))
     for figure in (1, 2):  # rank 1's median is of both its files' rows, neither file's alone
-        assert found[(1, figure)] not in (medians_of(columns(files[0]))[(1, figure)],
-                                          medians_of(columns(files[2]))[(1, figure)])
+        assert found[(1, figure)] not in (
+            medians_of(columns(files[0]))[(1, figure)],
+            medians_of(columns(files[2]))[(1, figure)],
+        )
 
 
 def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
@@ -395,9 +423,7 @@ def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_r
     assert from_digests[7]["slowest_step_share"] == 1.0
 
 
-def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_the_rows_figures(
-    tmp_path, monkeypatch
-):
+def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_the_rows_figures(tmp_path, monkeypatch):
     """A live dashboard diagnoses again as files arrive: the parts it kept merged (``_digest_fold``) take in
     the new files' rows alone, and the figures are those of the rows, and of a build from every file."""
     from ranksight.collectors import _digest_fold
@@ -449,23 +475,32 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
     one file -- minima, maxima and who holds them exact; sums to rounding. One file holds a single rank (no
     second-least wait of its own) and only the first node's ranks are CPU-timed (the other files have no
     least CPU wait to offer)."""
-    from ranksight.digest import concat_part, digest_of
-    from ranksight.verdict_digest import merge_part_sql
+    from ranksight.format.digest import concat_part, digest_of
+    from ranksight.format.verdict_digest import merge_part_sql
 
     rng = np.random.default_rng(7)
     steps, ranks = 30, 8
     step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
     n = len(step)
-    table = pa.table({
-        "step": step, "rank": rank.astype(np.int32), "node": [f"node{r // 4}" for r in rank],
-        "world_size": np.where(step < 20, ranks, ranks + 4),  # grown mid-run: the merge keeps the largest
-        "step_s": rng.uniform(0.02, 0.05, n), "data_wait_s": rng.uniform(0, 0.01, n),
-        "compute_s": rng.uniform(0.01, 0.03, n), "comm_exposed_s": rng.uniform(0, 0.004, n),
-        "allreduce_s": rng.uniform(0, 0.01, n), "optimizer_s": rng.uniform(0, 0.002, n), "other_s": np.zeros(n),
-        "comm_blocked_s": rng.uniform(0, 0.003, n), "buckets": rng.integers(1, 4, n),
-        "bucket_bytes": rng.integers(1, 3, n) * 1024,
-        "cpu_s": pa.array(np.where(rank < 4, rng.uniform(0.01, 0.03, n), np.nan), mask=rank >= 4),
-    })
+    table = pa.table(
+        {
+            "step": step,
+            "rank": rank.astype(np.int32),
+            "node": [f"node{r // 4}" for r in rank],
+            "world_size": np.where(step < 20, ranks, ranks + 4),  # grown mid-run: the merge keeps the largest
+            "step_s": rng.uniform(0.02, 0.05, n),
+            "data_wait_s": rng.uniform(0, 0.01, n),
+            "compute_s": rng.uniform(0.01, 0.03, n),
+            "comm_exposed_s": rng.uniform(0, 0.004, n),
+            "allreduce_s": rng.uniform(0, 0.01, n),
+            "optimizer_s": rng.uniform(0, 0.002, n),
+            "other_s": np.zeros(n),
+            "comm_blocked_s": rng.uniform(0, 0.003, n),
+            "buckets": rng.integers(1, 4, n),
+            "bucket_bytes": rng.integers(1, 3, n) * 1024,
+            "cpu_s": pa.array(np.where(rank < 4, rng.uniform(0.01, 0.03, n), np.nan), mask=rank >= 4),
+        }
+    )
     group = np.where(rank < 4, 0, np.where(rank < 7, 1, 2))  # the last "node" is rank 7 alone
     files = [table.filter((group == node) & ((step >= 12) == later)) for node in (0, 1, 2) for later in (False, True)]
     whole = digest_of(table)[1]
@@ -592,7 +627,7 @@ def test_the_histogram_rows_of_many_ranks_reach_the_medians_grouped(monkeypatch)
     ``figure IN (...)`` of seven names did not), so no sort of every row runs; the medians are those of the
     same rows in any order."""
     from ranksight.collectors import _digest_queries
-    from ranksight.verdict_digest import _grouped
+    from ranksight.format.verdict_digest import _grouped
 
     ranks, buckets, figures = 10_000, 60, sorted(MEDIANS)[:3]
     rank = np.repeat(np.arange(ranks, dtype=np.int32), len(figures) * buckets)

@@ -20,7 +20,7 @@ GPU_SAMPLING = {
 10 and every 10 steps after, allocator statistics four times a second and its snapshot (the largest free
 block, ~0.4 ms) twice a second, so a run of 1-3 s sees them. A real job
 samples the same signals over hours (defaults: a window at step 50, then every 300 steps and 60 s); a
-30-step run gets them this way, as ``ranksight demo`` does on a GPU (``ranksight.demo.GPU_SAMPLING``)."""
+30-step run gets them this way, as ``ranksight demo`` does on a GPU (``ranksight.commands.demo_job.GPU_SAMPLING``)."""
 
 
 def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = True) -> None:

@@ -4,7 +4,7 @@ import streamlit as st
 
 from ranksight.dashboard import _data
 from ranksight.dashboard._charts import stacked_by_rank, stacked_over_time
-from ranksight.dashboard._queries import breakdown_over_time, breakdown_per_rank, breakdown_total
+from ranksight.dashboard._queries import breakdown_over_time, breakdown_per_rank, rollup_total
 from ranksight.dashboard._view import (
     context,
     guard,
@@ -22,7 +22,7 @@ st.title("Step-time breakdown")
 
 def per_rank(path: str) -> None:
     with guard("the per-rank breakdown"):
-        total = _data.pull(path, breakdown_total)
+        total = _data.pull(path, rollup_total)
         if not total["rows"]:
             st.info("no steps recorded yet")
             return

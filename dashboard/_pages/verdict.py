@@ -5,8 +5,9 @@ from typing import Optional
 
 import streamlit as st
 
+from ranksight.collectors import breakdown_total
 from ranksight.dashboard import _data
-from ranksight.dashboard._queries import fix_gain_text, total_from_breakdown
+from ranksight.dashboard._queries import fix_gain_text
 from ranksight.dashboard._view import (
     context,
     guard,
@@ -27,7 +28,7 @@ def verdict(path: str) -> None:
         diag = _data.diagnosis(path)
         # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
         rows = diag.get("breakdown", {}).get("ranks", [])
-        total = total_from_breakdown(rows)
+        total = breakdown_total(rows)
         if total["rows"]:
             st.markdown(f"**Where step time goes** (all ranks, after warm-up): {md_escape(share_sentence(total))}")
         else:

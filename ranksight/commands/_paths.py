@@ -11,7 +11,7 @@ import os
 import sys
 
 from ranksight.collectors import list_runs
-from ranksight.schema import RANKS_DIR
+from ranksight.format.schema import RANKS_DIR
 
 from ._errors import UserError
 

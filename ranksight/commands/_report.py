@@ -35,7 +35,7 @@ HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio")
 def _gpu_names() -> frozenset[str]:
     """Features only a GPU rank can have: the GPU samples, and figures the collectors describe as GPU ones."""
     from ranksight.collectors import FEATURES
-    from ranksight.schema import SAMPLE_NAMES
+    from ranksight.format.schema import SAMPLE_NAMES
 
     return frozenset(n for n in SAMPLE_NAMES if n not in HOST_SAMPLES) | frozenset(
         n for n, text in FEATURES.items() if "GPU" in str(text)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 from ._errors import UserError
 from ._format import table
 
@@ -25,7 +27,9 @@ def add_parser(sub):
     p.add_argument("run_a", metavar="RUN_A", help="the run before (a run folder or run id)")
     p.add_argument("run_b", metavar="RUN_B", help="the run after")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP_STEPS, help=f"leading steps per rank to leave out (default {WARMUP_STEPS})"
+    )
     p.add_argument("--rules", metavar="DIR", default=None, help="extra rule files (*.yaml); same id overrides")
     return p
 

@@ -9,7 +9,7 @@ from .dashboard import add_serve_for
 
 
 def add_parser(sub):
-    from ranksight.demo import FAULTS
+    from ranksight.commands.demo_job import FAULTS
 
     p = sub.add_parser(
         "demo",
@@ -38,7 +38,7 @@ def run(args) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise UserError("the demo trains a real model and needs torch: pip install torch") from None
-    from ranksight.demo import DemoConfig, NeedsGPUError, check_device, default_ranks, run_demo
+    from ranksight.commands.demo_job import DemoConfig, NeedsGPUError, check_device, default_ranks, run_demo
 
     from ._report import render_applicable_checklist
     from .diagnose import diagnose_or_fail, render_findings

@@ -7,6 +7,8 @@ import re
 import textwrap
 import time
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 from ._errors import UserError
 from ._format import ms, pct, speedup, table
 
@@ -37,7 +39,9 @@ def add_parser(sub):
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (schema in docs/diagnosis.md)")
     p.add_argument("--rules", metavar="DIR", default=None, help="extra rule files (*.yaml); same id overrides")
-    p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP_STEPS, help=f"leading steps per rank to leave out (default {WARMUP_STEPS})"
+    )
     p.add_argument("--features", action="store_true", help="print the per-rank features the rules read")
     p.add_argument(
         "--since",
@@ -56,7 +60,9 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
-def diagnose_or_fail(run_dir: str, rules_dir: str | None = None, warmup: int = 5, since_s: float | None = None) -> dict:
+def diagnose_or_fail(
+    run_dir: str, rules_dir: str | None = None, warmup: int = WARMUP_STEPS, since_s: float | None = None
+) -> dict:
     """Run the diagnosis; a bad rule file becomes a UserError listing every error."""
     from ranksight.rules import RuleError, diagnose
 
@@ -153,7 +159,7 @@ def render_window(result: dict) -> str:
     return head + (f"\nChange: {change['text']}" if change else "")
 
 
-def render_report(result: dict, run_dir: str, warmup: int = 5) -> str:
+def render_report(result: dict, run_dir: str, warmup: int = WARMUP_STEPS) -> str:
     """The whole human report: (window,) verdict, findings, breakdown, checklist."""
     from ranksight.collectors import read_rank_meta
 

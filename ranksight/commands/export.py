@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 from ._errors import UserError
 
 TRACKERS = ("wandb", "mlflow", "tensorboard")
@@ -28,7 +30,12 @@ def add_parser(sub):
     p.add_argument("--follow", action="store_true", help="log while the run runs, the verdict once it ends")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between polls with --follow (default 10)")
     p.add_argument("--max-points", type=int, default=500, help="points per rank after the run (default 500)")
-    p.add_argument("--warmup", type=int, default=5, help="leading steps per rank the verdict leaves out (default 5)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP_STEPS,
+        help=f"leading steps per rank the verdict leaves out (default {WARMUP_STEPS})",
+    )
     p.add_argument("--name", default=None, help="the tracker run's name (default: the ranksight run id)")
     p.add_argument("--project", default="ranksight", help="W&B project (default ranksight)")
     p.add_argument("--wandb-dir", default=None, help="W&B's local files (default: wandb's own, ./wandb)")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ranksight.collectors import PHASES, open_run, read_rank_meta, step_breakdown
+from ranksight.collectors import PHASES, open_run
+from ranksight.format.warmup import WARMUP_STEPS, is_short
 
 from ._format import ms, pct, table
 
@@ -33,7 +34,9 @@ def add_parser(sub):
         default=None,
         help="a run folder, a run id, or a folder of runs (its latest run; default ranksight-runs)",
     )
-    p.add_argument("--warmup", type=int, default=5, help="leading steps per rank to leave out (default 5)")
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP_STEPS, help=f"leading steps per rank to leave out (default {WARMUP_STEPS})"
+    )
     return p
 
 
@@ -44,19 +47,23 @@ def steps_kept_title(kept: dict[int, int], recorded: dict[int, int], warmup: int
     if len(set(kept.values())) == 1 and len({recorded.get(r, 0) for r in kept}) == 1:
         n, total = next(iter(kept.values())), recorded.get(next(iter(kept)), 0)
         if n == total:
-            return f"all {n} steps (too few to leave out {warmup} warm-up)" if warmup and n <= warmup else f"{n} steps"
+            return (
+                f"all {n} steps (too few to leave out {warmup} warm-up)"
+                if warmup and is_short(n, warmup)
+                else f"{n} steps"
+            )
         return f"{n} steps after {total - n} warm-up"
     return f"steps after up to {warmup} warm-up per rank"
 
 
-def render_breakdown(run_path: str, warmup: int = 5) -> str:
+def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
     """The breakdown table of a run as text: a title with the step counts, the table, the allreduce note."""
-    con = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
-    rows = step_breakdown(con, warmup_steps=warmup)
-    metas = {m.rank: m for m in read_rank_meta(run_path)}
+    run = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
+    rows = run.breakdown(warmup_steps=warmup)
+    metas = {m.rank: m for m in run.ranks}
     if not rows:
         return f"{run_path}: no steps recorded yet"
-    recorded = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    recorded = dict(run.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
     kept = {r["rank"]: r["steps"] for r in rows}
     counts = steps_kept_title(kept, recorded, warmup)
     title = f"Step-time breakdown per rank ({counts}):"

@@ -7,6 +7,8 @@ start on global rank 0 for the trackers the framework already logs to: a reader 
 a thread hands its points to the trackers' runs in the training process).
 """
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 from ._follow import Follower, Guarded, export_run
 from ._points import METRICS, Point, SpoolCursor, run_points
 from ._sinks import PREFIX, STEP_KEY, MlflowSink, TensorBoardSink, TrackerSink, WandbSink, scalar_key
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 
-def follow(run_path: str, sinks: list, *, interval_s: float = 10.0, warmup_steps: int = 5,
+def follow(run_path: str, sinks: list, *, interval_s: float = 10.0, warmup_steps: int = WARMUP_STEPS,
            process: bool = True) -> Follower:  # fmt: skip
     """Start a :class:`Follower` on ``run_path`` (e.g. ``mon.run_path`` on global rank 0); call its
     ``finish()`` after ``mon.close()`` to log the verdict (it also runs at exit). ``process=True``: the folder

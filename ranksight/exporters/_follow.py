@@ -14,6 +14,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 from ._points import Point, SpoolCursor, run_points
 from ._sinks import TrackerSink
 from ._verdict import diagnose_run, report_files, wait_for_ranks
@@ -77,7 +79,8 @@ class Follower:
     """
 
     def __init__(self, run_path: str, sinks: Sequence[TrackerSink], *, interval_s: float = 10.0,
-                 warmup_steps: int = 5, wait_for_ranks_s: float = 30.0, process: bool = False) -> None:  # fmt: skip
+                 warmup_steps: int = WARMUP_STEPS, wait_for_ranks_s: float = 30.0,
+                 process: bool = False) -> None:  # fmt: skip
         self.run_path = run_path
         self.sinks = [Guarded(s) for s in sinks]
         self.interval_s = interval_s
@@ -245,7 +248,9 @@ class Follower:
         return {g.sink.name: dict(g.failed) for g in self.sinks if g.failed}
 
 
-def export_run(run_path: str, sinks: Sequence[TrackerSink], *, max_points: int = 500, warmup_steps: int = 5) -> dict:
+def export_run(
+    run_path: str, sinks: Sequence[TrackerSink], *, max_points: int = 500, warmup_steps: int = WARMUP_STEPS
+) -> dict:
     """Log a run's scalars (at most ``max_points`` per rank), verdict and report to each sink, and end the
     runs the sinks started. Returns ``{"result": diagnosis, "failed": {tracker: {part: count}}, "where": [...]}``;
     a sink that fails costs nothing but its own records (one warning line each)."""

@@ -17,6 +17,8 @@ import pickle
 import struct
 import sys
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 
 def write_frame(out, obj) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -75,7 +77,7 @@ def serve(run_path: str, warmup_steps: int, commands, out) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    run_path, warmup_steps = argv[0], int(argv[1]) if len(argv) > 1 else 5
+    run_path, warmup_steps = argv[0], int(argv[1]) if len(argv) > 1 else WARMUP_STEPS
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a library's print must not corrupt the frames
     try:

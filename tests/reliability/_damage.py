@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ranksight
-from ranksight.schema import arrow_schema
+from ranksight.format.schema import arrow_schema
 
 STEPS = 30
 WARMUP = 5

@@ -8,7 +8,7 @@ small file, ``steps/.digests/<key>/<file name>``. A reader folds the digest inst
 Its parts are Arrow IPC, not Parquet: a digest is read whole, often by the thousand, and opening a small
 Parquet file is most of its cost (docs/scale.md "Step digests").
 
-``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.phases``), the
+``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.format.phases``), the
 chunk size, the warm-up and the file format. A reader whose definition differs (another chunk size, a newer agent or
 reader) finds no digest under its key and reads the rows, so a digest is never read with another
 meaning. A missing or unreadable digest costs speed, never a row.
@@ -19,15 +19,16 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ranksight import verdict_digest
-from ranksight.phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from . import verdict_digest
+from .phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from .warmup import WARM_SQL, WARMUP_STEPS
 
 FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
 naming its parts, then each part an Arrow IPC file (see ``pack_parts``); the ``steps`` part without the
 columns that are NULL on every one of its rows (``SPARSE_PARTS``)."""
 PARTS = ("chunks", "sums", "hist", "steps")
-"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``ranksight.verdict_digest``)."""
+"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``verdict_digest``)."""
 SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEPS_COLUMNS))}
 """Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
 figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
@@ -35,8 +36,6 @@ it, NULL (``read_digest_parts``)."""
 _MAGIC = b"RSDIGEST"
 DIGEST_DIR = ".digests"
 """Folder inside ``steps/`` holding one folder per digest definition (dot-prefixed: spool globs skip it)."""
-WARMUP_STEPS = 5
-"""Leading steps per rank kept apart (compilation, allocator and bucket warm-up), as ``step_breakdown`` does."""
 
 SUMS: dict[str, str] = {
     **{p: PHASE_SQL[p] for p in PHASES},
@@ -71,7 +70,7 @@ def chunk_steps_for(world_size: int) -> int:
 
 def fold_sql(source: str) -> str:
     """SELECT of the digest rows of the step rows in ``source``; parameters ``$chunk`` and ``$warm``. A GPU
-    rank's steps without CUDA events are left out (``ranksight.phases.SAMPLED_SQL``), as the readers leave
+    rank's steps without CUDA events are left out (``ranksight.format.phases.SAMPLED_SQL``), as the readers leave
     them out of the rows.
 
     Every figure is a sum, count, minimum or maximum, so the rows of one (rank, chunk, warm) spread over
@@ -79,7 +78,7 @@ def fold_sql(source: str) -> str:
     """
     sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in SUMS.items())
     return f"""
-        SELECT rank, any_value(node) AS node, step // $chunk AS chunk, step < $warm AS warm, count(*) AS n,
+        SELECT rank, any_value(node) AS node, step // $chunk AS chunk, {WARM_SQL} AS warm, count(*) AS n,
                min(step) AS step_min, max(step) AS step_max, min(time_ns) AS t_min, max(time_ns) AS t_max,
                {sums}, sum(coalesce(gpu_compute_s, compute_s)) AS compute_eff_sum,
                max({PERIOD_SQL}) AS step_max_s, count(h2d_s) AS h2d_n
@@ -138,7 +137,7 @@ def digest_of(table) -> tuple[int, dict]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ranksight.schema import arrow_schema
+    from .schema import arrow_schema
 
     schema = arrow_schema("steps")
     batch = pa.table(

@@ -3,7 +3,7 @@
 Why: at 1,024 ranks x 10,000 steps the verdict's feature queries read every step row four times (per-rank
 medians and sums, and two per-step comparisons across ranks): 4-5 s on a live spool on 2 cores, against a
 1 s target (docs/scale.md). The node spool's publisher holds each file's rows when it writes it, so it also
-folds them into three small tables, written in the file's digest (``ranksight.digest``):
+folds them into three small tables, written in the file's digest (``ranksight.format.digest``):
 
 - ``sums``: per (rank, warm-up or not), the sums, counts and sums of squares the per-rank figures need;
 - ``hist``: per (rank, warm-up or not, figure), a histogram of the figures whose per-rank median the rules
@@ -14,7 +14,7 @@ folds them into three small tables, written in the file's digest (``ranksight.di
   least and second-least wait at collectives and who waited least, the longest compute and whose it was.
 
 Like the readers' queries over rows, every part leaves out a GPU rank's steps without CUDA events
-(``ranksight.phases.SAMPLED_SQL``). Every column is a sum, count, minimum or maximum (or the value of the row
+(``ranksight.format.phases.SAMPLED_SQL``). Every column is a sum, count, minimum or maximum (or the value of the row
 holding one), so a rank's or a step's rows spread over several files merge exactly. Text only (no imports of
 the readers): the publisher is part of the agent."""
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 
-from ranksight.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from .phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from .warmup import WARM_SQL
 
 RELATIVE_ERROR = 0.005
 """Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
@@ -100,14 +101,14 @@ STEPS_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 """Per (step, warm) of ``steps``: column, type, SQL over the file's rows. Counts are 32-bit (a step's ranks) and
 a column that is NULL on every row of a file (a CPU job's GPU figures, a GPU job's CPU-timed ones) is left
-out of its digest (``ranksight.digest``): this part has a row per step and file, 1.28 M rows at 1,024 ranks
+out of its digest (``ranksight.format.digest``): this part has a row per step and file, 1.28 M rows at 1,024 ranks
 x 10,000 steps, and a fresh reader's time goes with its bytes."""
 
 
 def sums_sql(source: str) -> str:
     """SELECT of ``sums`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in SUMS_COLUMNS)
-    return f"SELECT rank, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
+    return f"SELECT rank, {WARM_SQL} AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
 
 
 def bucket_sql(value: str, whole: bool) -> str:
@@ -182,7 +183,7 @@ def _grouped(rank, figure, bucket) -> bool:
 def hist_sql(source: str) -> str:
     """SELECT of ``hist`` rows (rank, warm, figure, bucket, n, lo, hi) of the rows in ``source``; ``$warm``."""
     parts = [
-        f"SELECT rank, step < $warm AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
+        f"SELECT rank, {WARM_SQL} AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
         f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL AND {SAMPLED_SQL}"
         for name, (value, whole) in MEDIANS.items()
     ]
@@ -196,7 +197,7 @@ def hist_sql(source: str) -> str:
 def steps_sql(source: str) -> str:
     """SELECT of ``steps`` rows of the step rows in ``source``; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in STEPS_COLUMNS)
-    return f"SELECT step, step < $warm AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY step, warm"
+    return f"SELECT step, {WARM_SQL} AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY step, warm"
 
 
 _LEAST_ROW = "arg_min({'least_rank': least_rank, 'second': second, 'least_busy': least_busy}, (least, least_rank))"

@@ -1,7 +1,7 @@
 """SQL for one step row's period and phases: the one definition every reader of step rows shares.
 
 Why a module of its own: the collectors' queries, the dashboard's rollup and the node spool's publisher
-(which writes each published file's digest, ``ranksight.digest``) all sum these expressions. The
+(which writes each published file's digest, ``ranksight.format.digest``) all sum these expressions. The
 publisher is part of the agent, which reads nothing of ``ranksight.collectors``; text that both import
 keeps one definition of each figure.
 """

@@ -1,0 +1,201 @@
+"""A per-rank, per-chunk-of-steps rollup of a run's step records, kept up to date file by file.
+
+Why: the step table of a big job (1,024 ranks x 10,000 steps = 10 M rows) takes ~0.3-1 s to scan on
+a small machine, for every panel and every refresh. The rollup scans each spool segment once, sums
+the step phases per (rank, chunk of steps) into an in-memory table about ``chunk_steps`` times
+smaller, and on refresh reads only the segments that appeared since. Every figure the panels show
+is a sum, count, min or max, so partial chunks from two segments simply add up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from ranksight.format.digest import (
+    COLUMNS,
+    DigestError,
+    chunk_steps_for,
+    digest_key,
+    digest_paths,
+    fold_sql,
+    read_digests,
+)
+from ranksight.format.schema import KINDS
+from ranksight.format.warmup import WARMUP_STEPS
+
+from ._rundir import segment_columns, segment_files, store_signature
+from ._runs import read_rank_meta
+from ._tables import (
+    DIGESTS_TABLE,
+    SEGMENT_COLUMN,
+    STORE_ALIAS,
+    ingested_segments,
+    register_arrow,
+    select_list,
+    stored_digests,
+    unregister_arrow,
+)
+
+log = logging.getLogger("ranksight")
+
+
+class Rollup:
+    """The ``rollup`` table beside a ``Run``'s views, on its connection (``Run.rollup()`` makes it).
+
+    ``refresh()`` is cheap when nothing changed (one directory listing per kind). Connections for
+    queries come from ``cursor()``; DuckDB cursors of one database may be used from several threads.
+    """
+
+    def __init__(self, run, chunk_steps: int | None = None) -> None:
+        """``run``: the ``Run`` whose views the rollup reads (opened before the store's signature is taken
+        would miss a newer store: ``Run.rollup`` takes it first, then opens)."""
+        self.run = run
+        self.run_path = run_path = run.path
+        self._store_sig = run.store_signature_at_open
+        self.con = run
+        self._lock = threading.Lock()
+        self._loaded: set[str] = set()  # step segment file names folded in, from the spool or the store
+        self._kinds_with_files = self._present_kinds()
+        if chunk_steps is None:
+            chunk_steps = chunk_steps_for(self._world_size() or len(read_rank_meta(run_path)))
+        self.chunk_steps = int(chunk_steps)
+        self.con.execute(f"CREATE TABLE rollup ({', '.join(f'{c} {t}' for c, t in COLUMNS)})")
+        self.digested = 0  # step files folded from their digests rather than their rows
+        self.version = 0
+        with self._lock:
+            if self._fold_store(everything=True):
+                self.version += 1
+        self.refresh()
+
+    def _world_size(self) -> int | None:
+        """The job's world size from one step row: the first spool file's (one footer, one column chunk),
+        else the views' (a query that opens every file of a big spool)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = segment_files(self.run_path, "steps")
+        if files:
+            try:
+                column = pq.ParquetFile(files[0]).read_row_group(0, columns=["world_size"]).column(0)
+                if len(column) and column[0].is_valid:
+                    return int(column[0].as_py())
+            except (OSError, ValueError, KeyError, IndexError, pa.ArrowException):
+                pass  # read by the query below
+        return self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
+
+    def _present_kinds(self) -> frozenset[str]:
+        return frozenset(k for k in KINDS if segment_files(self.run_path, k))
+
+    def cursor(self):
+        """A cursor on the rollup's database, for one caller's queries."""
+        return self.con.cursor()
+
+    def refresh(self) -> bool:
+        """Fold the step segments that appeared since the last call into the rollup; True if any did."""
+        with self._lock:
+            kinds, store_sig = self._present_kinds(), store_signature(self.run_path)
+            if kinds != self._kinds_with_files or store_sig != self._store_sig:
+                # A kind got its first segment or lost its last (pruned), or a new store was renamed into
+                # place: rebuild the views on the run (spool + the store now there).
+                self.run.refresh(force=True)  # replaces each kind's table or view
+                self._kinds_with_files = kinds
+            changed = False
+            if store_sig != self._store_sig:
+                self._store_sig = store_sig
+                changed = self._fold_store(everything=False)
+            files = [p for p in segment_files(self.run_path, "steps") if os.path.basename(p) not in self._loaded]
+            if files:
+                rest = self._fold_digests(files)
+                if rest:
+                    self._fold("read_parquet($files, union_by_name=true)", {"files": rest}, segment_columns(rest))
+                self._loaded.update(os.path.basename(p) for p in files)
+                changed = True
+            if changed:
+                self.version += 1
+            return changed
+
+    def _fold_digests(self, files: list[str]) -> list[str]:
+        """Fold the files that have a digest under this rollup's definition from their digests; the files
+        left to read row by row."""
+        names = [os.path.basename(p) for p in files]
+        digests = digest_paths(os.path.join(self.run_path, "steps"), self.chunk_steps, names)
+        if not digests:
+            return files
+        try:
+            table = read_digests(sorted(digests.values()), with_file=False)
+        except DigestError as exc:
+            log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
+            return files
+        register_arrow(self.con, "_digest_rows", table)
+        try:
+            if not self._insert_digests("_digest_rows", {}, len(digests)):
+                return files
+        finally:
+            unregister_arrow(self.con, "_digest_rows")
+        return [p for p in files if os.path.basename(p) not in digests]
+
+    def _insert_digests(self, source: str, params: dict, count: int) -> bool:
+        """Add ``count`` step files' digest rows from ``source`` to the rollup; False (and one warning line)
+        when there are none or they do not read: then their files' rows are folded instead."""
+        import duckdb
+
+        if not count:
+            return False
+        try:
+            self.con.execute(f"INSERT INTO rollup SELECT {', '.join(c for c, _ in COLUMNS)} FROM {source}", params)
+        except duckdb.Error as exc:
+            log.warning("ranksight: step digests do not read (%s); reading the rows instead", exc)
+            return False
+        self.digested += count
+        return True
+
+    def _fold(self, source: str, params: dict, present: frozenset | None = None) -> None:
+        # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
+        # ``present``: the columns the files' footers (read by segment_files) hold, so DuckDB need not read them again.
+        source = f"(SELECT {select_list(self.con, source, 'steps', params, present=present)} FROM {source})"
+        self.con.execute(
+            f"INSERT INTO rollup {fold_sql(source)}", {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, **params}
+        )
+
+    def _fold_store(self, everything: bool) -> bool:
+        """Fold the store's step rows of segments not folded in yet (all of them at start); True if any.
+
+        Segments a later ingest added are picked by the store's per-row segment name, so they count
+        once whether their spool files are still there or were pruned. A segment whose digest the store
+        kept (``_digests``, under this rollup's definition) is folded from it instead of its rows.
+        """
+        if self._store_sig is None:
+            return False
+        names = set(ingested_segments(self.con).get("steps", ())) - self._loaded
+        if not names:
+            return False
+        table = f"{STORE_ALIAS}.steps"
+        digested = self._fold_stored_digests(names)
+        rows_of = names - digested
+        if everything and not digested:  # also rows an older ingest wrote without their segment name
+            self._fold(table, {})
+        else:
+            where = [f"{SEGMENT_COLUMN} IN (SELECT unnest($names))"] if rows_of else []
+            unnamed = f"SELECT count(*) FROM {table} WHERE {SEGMENT_COLUMN} IS NULL"
+            if everything and self.con.execute(unnamed).fetchone()[0]:
+                where.append(f"{SEGMENT_COLUMN} IS NULL")
+            if where:
+                params = {"names": sorted(rows_of)} if rows_of else {}
+                self._fold(f"(SELECT * FROM {table} WHERE {' OR '.join(where)})", params)
+        self._loaded.update(names)
+        return True
+
+    def _fold_stored_digests(self, names: set[str]) -> set[str]:
+        """Fold the digests the store kept for ``names``; the names folded (none when they do not read)."""
+        key = digest_key(self.chunk_steps)
+        digested = stored_digests(self.con, key) & names
+        source = f"{STORE_ALIAS}.{DIGESTS_TABLE} WHERE key = $key AND {SEGMENT_COLUMN} IN (SELECT unnest($names))"
+        if not self._insert_digests(source, {"key": key, "names": sorted(digested)}, len(digested)):
+            return set()
+        return digested
+
+    def close(self) -> None:
+        """End the reading the rollup lives on (its Run)."""
+        self.run.close()

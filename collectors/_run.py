@@ -1,0 +1,227 @@
+"""``open_run(path) -> Run``: a run folder opened for reading, the one object a reader holds.
+
+Why an object: a reading is more than its DuckDB views. It notes which step digests stand for the rows, whether
+the store's stored answers hold for them, which files it left out; a verdict asks a dozen queries of the same
+reading, and the breakdown it reads first is the one the features use. Held by the Run (as Holistic Trace
+Analysis' ``Trace`` holds a parsed trace), that state goes where the reading goes, and each call chooses its
+path -- stored answers, digests or rows -- in one place (``Run.path_for``).
+"""
+
+from __future__ import annotations
+
+from ranksight.format.warmup import WARMUP_STEPS
+
+from ._answers import answering
+from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
+from ._features import compute_context, compute_features
+from ._queries import breakdown_total, collective_ops, step_breakdown
+from ._rollup import Rollup
+from ._run_state import RunState
+from ._rundir import RankMeta, SkippedFile, spool_signature, store_signature
+from ._runs import read_rank_meta
+from ._spool_reader import open_views, reading_connection, skipped_files
+
+
+class Run:
+    """A run folder's records, read: DuckDB views per record kind plus what the reading knows about them.
+
+    Make one with ``open_run``. Figures: ``breakdown``, ``total``, ``features``, ``context``, ``collectives``
+    (each kept for the reading: ask twice, read once), and the dashboard's ``rollup`` (kept up to date). SQL
+    over the views: ``execute`` and ``sql``, and every other method of the DuckDB connection (``con``), so code
+    written for the connection reads a Run as well. ``refresh`` takes in what the ranks wrote since; ``close``
+    ends the reading.
+    """
+
+    def __init__(self, path: str, con=None, *, follow_spool: bool = True, make_views: bool = True) -> None:
+        """Use ``open_run``. ``make_views=False``: a Run over the views ``con`` already has (``ingest`` judges
+        its new store this way), which ``refresh`` leaves alone."""
+        self.path = path
+        """The run folder."""
+        self.follow_spool = follow_spool
+        """Whether the views glob the spool at each query (``open_run``)."""
+        self._run_state = RunState()
+        self._con = con if con is not None else reading_connection()
+        self._kept: dict = {}
+        self._ranks: list[RankMeta] | None = None
+        self._signature = None
+        self._rollup: Rollup | None = None
+        if make_views:
+            self._open(reopened=con is not None)
+
+    def _open(self, *, reopened: bool) -> None:
+        self._signature = (spool_signature(self.path), store_signature(self.path))
+        open_views(self, self.path, reopened=reopened, follow_spool=self.follow_spool)
+        self._kept = {}
+        self._ranks = None
+
+    # ------------------------------------------------------------------ the reading itself
+
+    @property
+    def con(self):
+        """The DuckDB connection the views live on (one thread at a time; ``cursor()`` for another)."""
+        return self._con
+
+    def execute(self, sql: str, parameters=None):
+        """Run ``sql`` over the views (DuckDB's ``execute``)."""
+        return self._con.execute(sql) if parameters is None else self._con.execute(sql, parameters)
+
+    def sql(self, sql: str, **kwargs):
+        """A DuckDB relation of ``sql`` over the views."""
+        return self._con.sql(sql, **kwargs)
+
+    def __getattr__(self, name: str):
+        # Everything else a DuckDB connection offers (cursor, register, fetchall, ...), on the views.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._con, name)
+
+    def close(self) -> None:
+        """End the reading (the connection and what DuckDB holds for it)."""
+        self._con.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Run({self.path!r})"
+
+    @property
+    def store_signature_at_open(self):
+        """The run's store as this reading's views found it (``store_signature``, taken before they were made)."""
+        return None if self._signature is None else self._signature[1]
+
+    @property
+    def ranks(self) -> list[RankMeta]:
+        """Each rank's metadata file (identity, status, heartbeat, facts), read once per reading."""
+        if self._ranks is None:
+            self._ranks = read_rank_meta(self.path)
+        return self._ranks
+
+    @property
+    def skipped(self) -> list[SkippedFile]:
+        """The files this reading left out of its views, and why (``skipped_files``)."""
+        return skipped_files(self)
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Take in the segments and store written since this reading: True when anything changed (the views
+        are made again, the kept figures dropped); one directory listing and one stat when nothing did."""
+        if self._signature is None or (
+            not force and (spool_signature(self.path), store_signature(self.path)) == self._signature
+        ):
+            return False
+        self._open(reopened=True)
+        return True
+
+    # ------------------------------------------------------------------ which path serves a call
+
+    @property
+    def end_ns(self) -> int | None:
+        """When the last step row of this reading ended (Unix ns); None before the first."""
+        found = self._once(("end_ns",), lambda: self._con.execute("SELECT max(time_ns) FROM steps").fetchone()[0])
+        return None if found is None else int(found)
+
+    def since_ns(self, window_s: float | None) -> int | None:
+        """The start (Unix ns) of the last ``window_s`` seconds of the run's steps; None for the whole run
+        (``window_s`` None, or no step yet)."""
+        if window_s is None or self.end_ns is None:
+            return None
+        return int(self.end_ns - window_s * 1e9)
+
+    def path_for(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> str:
+        """Which source serves the figures of a call: ``"answers"`` (the store's, computed by ``ingest`` over
+        exactly these rows), ``"digests"`` (the node spool's per-file sums, for the default warm-up over the
+        whole run) or ``"rows"``. The queries make the same choice, per figure, through the same tests."""
+        if answering(self):
+            return "answers"
+        if digests_may_serve(warmup_steps, self.since_ns(window)) and (
+            verdict_digests(self) is not None or covering_digests(self) is not None
+        ):
+            return "digests"
+        return "rows"
+
+    # ------------------------------------------------------------------ figures
+
+    def _once(self, key: tuple, make):
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
+
+    def breakdown(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> list[dict]:
+        """Per rank: steps, median and mean step period, each phase's share (``step_breakdown``); over the
+        last ``window`` seconds of the run's steps when given."""
+        since = self.since_ns(window)
+        return self._once(("breakdown", warmup_steps, since), lambda: step_breakdown(self, warmup_steps, since))
+
+    def total(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict:
+        """All ranks in one row (``breakdown_total`` of ``breakdown``)."""
+        return breakdown_total(self.breakdown(warmup_steps=warmup_steps, window=window))
+
+    def features(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict[int, dict]:
+        """Per rank, the features the rules judge (``FEATURES``), from the breakdown this reading keeps."""
+        since = self.since_ns(window)
+
+        def make() -> dict[int, dict]:
+            if ("breakdown", warmup_steps, since) not in self._kept:
+                expect_verdict(self)  # the breakdown's first read of the digests takes the features' parts too
+            rows = self.breakdown(warmup_steps=warmup_steps, window=window)
+            return compute_features(self, self.ranks, warmup_steps, rows, since_ns=since)
+
+        return self._once(("features", warmup_steps, since), make)
+
+    def context(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict:
+        """Per rank, the context strings fix templates are fitted to (``CONTEXT``)."""
+        since = self.since_ns(window)
+        features = self.features(warmup_steps=warmup_steps, window=window)
+        return self._once(
+            ("context", warmup_steps, since),
+            lambda: compute_context(self, self.ranks, features, warmup_steps, since),
+        )
+
+    def rollup(self, chunk_steps: int | None = None) -> Rollup:
+        """The per-rank, per-chunk-of-steps rollup of the step records (the dashboard's panels read it), made
+        on the first call (``chunk_steps`` by default from the world size) and brought up to date with the
+        segments written since on each later one; it lives beside the views, on this reading's connection."""
+        if self._rollup is None or (chunk_steps is not None and int(chunk_steps) != self._rollup.chunk_steps):
+            self._rollup = Rollup(self, chunk_steps)
+        else:
+            self._rollup.refresh()
+        return self._rollup
+
+    def collectives(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict[int, str]:
+        """Per rank, the blocking collectives (not DDP's buckets) that held its steps longest, as text."""
+        since = self.since_ns(window)
+        return self._once(("collectives", warmup_steps, since), lambda: collective_ops(self, warmup_steps, since))
+
+
+def open_run(run_path: str, con=None, *, follow_spool: bool = True) -> Run:
+    """Open a run folder for reading: a ``Run`` over one DuckDB view per record kind.
+
+    The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there is one,
+    plus every spool segment that store has not ingested yet, so a run reads the same whether it is live,
+    finished, compacted or half-compacted, and no row is counted twice. A kind with no records yet gets an
+    empty table of the right schema, so queries never fail on a young run.
+
+    ``follow_spool`` (the default) makes the views glob the spool at each query, so segments written later
+    show up without opening again; a ``prune`` running meanwhile can fail a query (``refresh`` or open again).
+    ``follow_spool=False`` names the segments there now instead: no prune can break those views within the
+    grace period (``PRUNE_AFTER_S``), and new segments show up at the next ``refresh``. For a reader that
+    opens once and answers (the CLI), not for one that keeps its reading.
+
+    ``con``: a DuckDB connection to make the views on (the dashboard's rollup adds its own tables beside
+    them); by default a new one. Segments that cannot be read are left out (``Run.skipped``); a
+    ``store.duckdb`` that is not a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it:
+    reading around it could give a verdict on part of the run without saying so (docs/reliability.md).
+    """
+    if isinstance(con, Run):
+        con.refresh(force=True)
+        return con
+    return Run(run_path, con, follow_spool=follow_spool)
+
+
+def run_features(run_path: str, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
+    """Open a run directory and return its features per rank (see ``FEATURES``)."""
+    run = open_run(run_path)
+    return compute_features(run, run.ranks, warmup_steps, since_ns=since_ns)

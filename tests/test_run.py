@@ -1,0 +1,107 @@
+"""``collectors.open_run(path) -> Run``: the one object a reader holds, with the figures the CLI and ``diagnose``
+read from it."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from ranksight.collectors import Run, breakdown_total, ingest, open_run, step_breakdown
+from ranksight.rules import diagnose
+
+from .test_dashboard import write_run
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    """Equal rows, floats to within DuckDB's summing order."""
+    assert [sorted(r) for r in a] == [sorted(r) for r in b] and a
+    for x, y in zip(a, b):
+        assert x == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in y.items()}
+
+
+def test_a_run_gives_the_shared_figures_once_per_reading(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20)
+    run = open_run(path)
+    assert isinstance(run, Run) and run.path == path
+    rows = run.breakdown()
+    _same(rows, step_breakdown(open_run(path)))
+    assert run.breakdown() is rows  # kept for the reading: asked twice, read once
+    assert run.total() == breakdown_total(rows)
+    assert [m.rank for m in run.ranks] == [0, 1]
+    assert sorted(run.features()) == [0, 1] and run.features()[0]["steps"] == 15
+    assert set(run.context()) == {0, 1}
+    assert run.skipped == []
+    # SQL over the views, as on the connection it owns
+    assert run.execute("SELECT count(*) FROM steps").fetchone()[0] == 40
+    assert isinstance(run.con, duckdb.DuckDBPyConnection)
+
+
+def test_a_window_is_the_last_seconds_of_the_runs_steps(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20)
+    run = open_run(path)
+    end = run.end_ns
+    assert end == run.execute("SELECT max(time_ns) FROM steps").fetchone()[0]
+    assert run.since_ns(None) is None and run.since_ns(1.0) == int(end - 1.0 * 1e9)  # as diagnose --since counts it
+    recent = run.breakdown(window=1e-6)
+    _same(recent, step_breakdown(run, since_ns=run.since_ns(1e-6)))
+    assert recent != run.breakdown()
+
+
+def test_refresh_takes_in_new_segments_and_only_then(tmp_path):
+    path = str(tmp_path / "live")
+    write_run(path, 2, 20, segment="a", status="running")
+    run = open_run(path)
+    first = run.breakdown()
+    assert run.refresh() is False and run.breakdown() is first
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    assert run.refresh() is True
+    assert [r["steps"] for r in run.breakdown()] == [35, 35]
+    assert run.refresh() is False
+
+
+def test_one_place_says_which_path_serves_a_call(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20)
+    assert open_run(path).path_for() == "rows"  # a spool without digests
+    ingest(path)  # a finished run's store, with the verdict's answers
+    run = open_run(path)
+    assert run.path_for() == "answers" and run.path_for(window=1.0) == "answers"
+    _same(run.breakdown(), step_breakdown(run.con))  # a bare connection reads the rows: same figures
+
+
+def test_diagnose_reads_the_same_figures_as_the_run(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20, data_wait_s=0.05)
+    result = diagnose(path)
+    _same(result["breakdown"]["ranks"], open_run(path).breakdown())
+
+
+def test_recording_answers_needs_a_run():
+    from ranksight.collectors._answers import recording
+
+    con = duckdb.connect()
+    with pytest.raises(TypeError):
+        with recording(con):
+            pass
+
+
+def test_the_rollup_lives_on_the_run_and_folds_only_new_segments(tmp_path):
+    from ranksight.dashboard import _queries as q
+
+    path = str(tmp_path / "live")
+    write_run(path, 2, 20, segment="a", status="running")
+    run = open_run(path)
+    rollup = run.rollup()
+    assert run.rollup() is rollup and rollup.run is run
+    version = rollup.version
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    assert run.rollup() is rollup and rollup.version == version + 1
+    assert [r["steps"] for r in q.breakdown_per_rank(rollup.cursor())] == [35, 35]
+    assert q.rollup_total(rollup.cursor())["rows"] == run.total()["rows"] == 70
+
+
+def test_diagnose_takes_a_run_and_shares_its_figures(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20, data_wait_s=0.05)
+    run = open_run(path)
+    rows = run.breakdown()
+    result = diagnose(run)
+    assert result["breakdown"]["ranks"] is rows  # the verdict read the breakdown the Run kept
+    assert result["run"] == diagnose(path)["run"]
