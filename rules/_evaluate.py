@@ -255,7 +255,7 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
                 explained_by[other] = f["rule"]
     for _ in range(len(order)):  # chains (a explains b explains c): settle in at most len(order) passes
         for other, cause in explained_by.items():
-            _inherit(fired[cause], fired[other])
+            _inherit(fired[cause], fired[other], with_cost=not getattr(rules.get(other), "symptom", False))
     order.sort(key=lambda f: _order_key(f, rules))
     # Move each explaining finding just before the first finding it explains; bounded against cycles.
     for _ in range(len(order) * len(order) + 1):
@@ -293,9 +293,13 @@ def _order_key(f: dict, rules: dict[str, Rule]):
     )
 
 
-def _inherit(cause: dict, effect: dict) -> None:
+def _inherit(cause: dict, effect: dict, with_cost: bool = True) -> None:
+    """The cause takes the effect's severity and, unless the effect is a symptom (``with_cost=False``: a whole
+    class of idle, of which the cause is one part), its cost when higher."""
     if SEVERITIES.index(effect["severity"]) > SEVERITIES.index(cause["severity"]):
         cause["severity"] = effect["severity"]
+    if not with_cost:
+        return
     cost = effect.get("cost_share")
     if cost is not None and (cause.get("cost_share") is None or cost > cause["cost_share"]):
         cause["cost_share"], cause["speedup"] = cost, speedup(cost)

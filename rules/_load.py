@@ -35,7 +35,7 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _DURATION = re.compile(r"^[0-9]+[smhd]$")
 _RULE_KEYS = {
     "id", "axis", "title", "when", "value", "compare", "levels", "severity", "confidence", "evidence",
-    "summary", "fix", "explains", "priority", "prometheus", "cost", "noise", "cost_basis", "suggest",
+    "summary", "fix", "explains", "priority", "prometheus", "cost", "noise", "cost_basis", "suggest", "symptom",
 }  # fmt: skip
 _FIX_KEYS = ("text", "snippet", "cases", "frameworks")
 _ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
@@ -87,6 +87,7 @@ class Rule:
     suggest: tuple = ()  # ((name, Expr), ...): values fix templates are filled with
     fix_cases: tuple = ()  # FixVariant with `when`, first that holds wins
     fix_frameworks: dict = field(default_factory=dict)  # framework -> FixVariant
+    symptom: bool = False  # names an effect: a cause that explains it ranks ahead but keeps its own cost
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,7 @@ class _Checker:
         evidence = self.name_list(m, "evidence", where, check_features=True)
         explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
         priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
+        symptom = self.scalar(m["symptom"][1], f"{where}: symptom", (bool,)) if "symptom" in m else False
         suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
         ok &= suggest_ok
         names = {n for n, _ in suggest}
@@ -381,7 +383,7 @@ class _Checker:
             summary = self.template(m["summary"][1], summary, where, "summary", names)
         fix = self.fix(m["fix"][1], where, names) if "fix" in m else None
         prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
-        parts = (rid, axis, title, summary, fix, confidence, evidence, explains, priority, suggest, cost_basis)
+        parts = (rid, axis, title, summary, fix, confidence, evidence, explains, priority, suggest, cost_basis, symptom)
         if not ok or any(p is None for p in parts) or (levels is None and severity is None):
             return None
         if "prometheus" in m and prometheus is None:
@@ -394,6 +396,7 @@ class _Checker:
             explains_when=explains_when,
             priority=priority, prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
             cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
+            symptom=symptom,
         )  # fmt: skip
 
     def rule_severity(self, m: dict, node, where: str, compare: str):
