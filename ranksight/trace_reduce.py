@@ -243,6 +243,8 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
     samples["host_syncs_per_step"] = len(sync_calls) / steps
     samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
     samples["copy_syncs_per_step"] = _copy_syncs(sync_calls, aten_sources, h2d_calls) / steps
+    if span_ns > 0:
+        samples["sync_drain_idle_share"] = _sync_drain_idle_ns(gpu, lo, hi, sync_calls) / span_ns
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
         alloc_calls = _runtime_calls(events, ALLOC_CALLS, cpu_lo, cpu_hi)
@@ -428,6 +430,21 @@ def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: li
         lo, hi = (op.start_ns, op.end_ns) if op is not None else (e.start_ns, e.end_ns)
         found += any(rt.lane == e.lane and lo <= rt.start_ns and rt.end_ns <= hi for rt in h2d)
     return found
+
+
+def _sync_drain_idle_ns(gpu: list[Ev], lo: int, hi: int, sync_calls: list[Ev]) -> int:
+    """GPU idle right after the syncs that found it busy: from the end of the work the host waited for
+    to the next GPU activity, which the host could only launch once the sync returned. A sync that finds
+    the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own time in it."""
+    busy = union_intervals(clip_intervals([(e.start_ns, e.end_ns) for e in gpu], lo, hi))
+    starts = [a for a, _ in busy]
+    drained: set[int] = set()  # index of the busy interval a sync waited for, counted once
+    for e in sync_calls:
+        i = bisect.bisect_right(starts, e.start_ns) - 1
+        if i < 0 or busy[i][1] <= e.start_ns or i + 1 >= len(busy):
+            continue  # the GPU was idle when the host began to wait, or nothing followed in the window
+        drained.add(i)
+    return sum(busy[i + 1][0] - busy[i][1] for i in drained)
 
 
 def _sync_op_ns(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> int:

@@ -383,3 +383,26 @@ def test_the_window_tells_a_batch_copys_sync_and_pageable_staging_from_an_item()
     assert got["copy_syncs_per_step"] == 1.0
     assert got["pageable_copy_host_share"] == pytest.approx(24 / 200)
     assert got["sync_op_share"] == pytest.approx((30 + 12) / 200)
+
+
+def test_the_window_times_the_gpu_idle_after_a_sync_that_drained_its_queue():
+    """A sync called while the GPU runs a 50 µs kernel drains the queue: the GPU then idles 20 µs until the
+    next launch reaches it. A second sync, made while the GPU is already idle, drains nothing."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 200 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 1 * us, 3 * us, 1, 1),
+        Ev("kernel", "gemm", 10 * us, 60 * us, 7, 1),
+        Ev("rt", "cudaStreamSynchronize", 20 * us, 61 * us, 1, 0),  # waits for the gemm
+        Ev("rt", "cudaLaunchKernel", 70 * us, 75 * us, 1, 2),
+        Ev("kernel", "relu", 80 * us, 90 * us, 7, 2),
+        Ev("rt", "cudaStreamSynchronize", 120 * us, 121 * us, 1, 0),  # the GPU idle since 90 µs
+        Ev("rt", "cudaLaunchKernel", 130 * us, 132 * us, 1, 3),
+        Ev("kernel", "add", 140 * us, 150 * us, 7, 3),
+        Ev("ann", AFTER_MARK, 200 * us, 201 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    span = 150 - 10  # the GPU span: first activity to the last
+    assert got["sync_drain_idle_share"] == pytest.approx((80 - 60) / span)
