@@ -1,21 +1,31 @@
-"""Where a fresh process's first ``diagnose()`` (or ``step_breakdown``) spends its time: wall, user and system
-CPU seconds of the call, and of the reader's steps that vary most (reading the digests' parts, merging the
-per-step part, the per-rank medians, the rules); and the bytes in memory of each digest part it read.
+"""A fresh process's first reader call (``diagnose()``, ``open_run`` + ``step_breakdown``, the dashboard's rollup
+build): where its time goes, two versions of the readers side by side, and the call beside DuckDB's floor.
 
-``--rules both`` alternates fresh processes whose rules run rank by rank (``per_rank=True``, the evaluator
-before the columns) with processes that judge them over the features' columns, and reports each kind's
-medians: the rules' share of the call before and after, side by side in one run.
+Why fresh processes: a CLI call or a new dashboard server pays the first call, with no part of the run read
+before; and on this VM the same first call takes 0.6 s in one hour and 1.2 s in another with the same code,
+so a figure is judged only against another measured in the same rounds.
 
-``--rules-only`` reads the run's features once and times the rules and the checklist alone over them in
-this process, rank by rank and over the columns in turn (``--processes`` rounds), each round on a fresh
-``Frame`` (its columns built inside the timing).
+``RUN [--what diagnose|breakdown] [--processes 8] [--rules columns|per-rank|both]``
+    Wall, user and system (kernel page faults) seconds of the call, and of the reader's steps that vary most
+    (reading the digests' parts, merging the per-step part, the per-rank medians, the rules), and the bytes
+    in memory of each digest part it read. ``--rules both`` alternates processes whose rules run rank by
+    rank (``per_rank=True``) with processes that judge them over the features' columns.
+``RUN --rules-only [--processes 7]``
+    The rules and the checklist alone over the run's features, in this process, rank by rank and over the
+    columns in turn, each round on a fresh ``Frame`` (its columns built inside the timing).
+``RUN --old-site OLD [--what breakdown,diagnose,rollup] [--rounds 5] [--repeats 3] [--write-old-digests]``
+    Two versions on one run folder, each round running the older and this checkout's readers one after the
+    other in fresh processes (the first call of each, and ``--repeats - 1`` later calls); medians compared.
+    OLD is an installed copy of an older commit, outside the checkout::
 
-Why: on this VM the same first call takes 0.6 s in one hour and 1.2 s in another with the same code;
-``reader_versions.py`` says which version is faster, this says whether the difference is in user time (the
-code) or in system time (the kernel's page faults for the memory the call touches).
+        git worktree add /tmp/ranksight-old COMMIT
+        pip install --no-deps --no-build-isolation --target /tmp/ranksight-old-site /tmp/ranksight-old
 
-    python benchmarks/first_call_time.py RUN [--what diagnose|breakdown] [--processes 8]
-        [--rules columns|per-rank|both] [--rules-only] [--json out.json]
+    RUN needs the step digests of both versions' definitions where their keys differ (a digest is read only
+    under its own key): ``--write-old-digests`` writes the older one's first.
+
+``scale.py --sections first`` runs ``first_call_figures``: these first calls at 10,000 ranks taking turns with
+DuckDB's GROUP BY over the same files.
 """
 
 from __future__ import annotations
@@ -23,67 +33,103 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 from _harness import fresh_process, machine_load, write_results  # noqa: E402
 
-_ONE_CALL = r"""
+_CALL = r"""
 import functools, json, resource, sys, time
-import duckdb, pyarrow  # imported before the clock starts, as in reader_versions.py
-from ranksight.collectors import _digest_fold, _digest_queries, open_run, step_breakdown
-from ranksight.rules import _diagnose, diagnose
+old_site, run, what, repeats, rules = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+if old_site:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
+    sys.path.insert(0, old_site)
+import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
+from ranksight.collectors import open_run, step_breakdown
+from ranksight.rules import diagnose
+if what == "rollup":
+    from ranksight.dashboard import Rollup
+steps, part_bytes, digested = {}, {}, None
+if rules:  # where the call goes: the reader's steps that vary most, timed in place
+    from ranksight.collectors import _digest_fold, _digest_queries
+    from ranksight.rules import _diagnose
 
-steps = {}
-part_bytes = {}  # part -> bytes in memory of what read_digest_parts returned (the per-step part: its largest)
+    def timed(module, name, label):
+        inner = getattr(module, name)
 
-def timed(module, name, label):
-    inner = getattr(module, name)
+        @functools.wraps(inner)
+        def wrapper(*args, **kwargs):
+            before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            try:
+                out = inner(*args, **kwargs)
+                if name == "read_digest_parts":  # bytes in memory of each part (the per-step part: its largest)
+                    part_bytes.update({part: table.nbytes for part, table in out.items()})
+                return out
+            finally:
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                wall, system = steps.get(label, (0.0, 0.0))
+                steps[label] = (wall + time.perf_counter() - start, system + after.ru_stime - before.ru_stime)
 
-    @functools.wraps(inner)
-    def wrapper(*args, **kwargs):
-        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        try:
-            out = inner(*args, **kwargs)
-            if name == "read_digest_parts":
-                part_bytes.update({part: table.nbytes for part, table in out.items()})
-            return out
-        finally:
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            wall, system = steps.get(label, (0.0, 0.0))
-            steps[label] = (wall + time.perf_counter() - start, system + after.ru_stime - before.ru_stime)
+        setattr(module, name, wrapper)
 
-    setattr(module, name, wrapper)
-
-timed(_digest_fold, "read_digest_parts", "read digest parts")
-timed(_digest_fold, "_merged", "merge per-step part")
-timed(_digest_queries, "_all_medians", "per-rank medians")
-run, what, rules = sys.argv[1], sys.argv[2], sys.argv[3]
-if rules == "per-rank":  # the evaluator before the columns: every rule on every rank
-    _diagnose.evaluate = functools.partial(_diagnose.evaluate, per_rank=True)
-    _diagnose.run_checklist = functools.partial(_diagnose.run_checklist, per_rank=True)
-timed(_diagnose, "evaluate", "rules")
-timed(_diagnose, "run_checklist", "checklist")
-before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-if what == "breakdown":
-    con = open_run(run, follow_spool=False)
-    step_breakdown(con)
-    con.close()
-else:
-    diagnose(run)
-wall = time.perf_counter() - start
-after = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"rules": rules, "wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
-                  "system_s": after.ru_stime - before.ru_stime,
+    timed(_digest_fold, "read_digest_parts", "read digest parts")
+    timed(_digest_fold, "_merged", "merge per-step part")
+    timed(_digest_queries, "_all_medians", "per-rank medians")
+    if rules == "per-rank":  # the evaluator before the columns: every rule on every rank
+        _diagnose.evaluate = functools.partial(_diagnose.evaluate, per_rank=True)
+        _diagnose.run_checklist = functools.partial(_diagnose.run_checklist, per_rank=True)
+    timed(_diagnose, "evaluate", "rules")
+    timed(_diagnose, "run_checklist", "checklist")
+times = []
+for _ in range(repeats):
+    before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    if what == "breakdown":
+        con = open_run(run, follow_spool=False)
+        step_breakdown(con)
+        con.close()
+    elif what == "rollup":  # the dashboard's first build of a run
+        rollup = Rollup(run)
+        digested = getattr(rollup, "digested", None)
+        rollup.close()
+    else:
+        diagnose(run)
+    times.append(time.perf_counter() - t)
+    if len(times) == 1:  # the first call's own CPU
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = {"user_s": after.ru_utime - before.ru_utime, "system_s": after.ru_stime - before.ru_stime}
+import ranksight
+print(json.dumps({"times": times, "module": ranksight.__file__, "digested": digested, "rules": rules,
+                  "wall_s": times[0], **cpu,
                   "steps": {k: {"wall_s": w, "system_s": s} for k, (w, s) in steps.items()},
                   "part_bytes": part_bytes}))
 """
 
+_WRITE_DIGESTS = r"""
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+sys.path[:0] = [sys.argv[1], sys.argv[3]]  # the older version first, then this folder's scripts
+from digest_verdict_corpus import digest_every_segment  # the publisher's digest beside every step segment
+digest_every_segment(sys.argv[2])
+"""
 
-def one_call(run: str, what: str, rules: str = "columns") -> dict:
-    """The first call of ``what`` on ``run`` in a fresh process of this checkout, timed."""
-    return {"load": machine_load(), **fresh_process(_ONE_CALL, run, what, rules)}
+
+def measure(old_site: str, run: str, what: str, repeats: int = 1, rules: str = "") -> dict:
+    """``what`` ("breakdown", "diagnose" or "rollup") on ``run`` ``repeats`` times in one fresh process, the
+    older version's (``old_site``) or, with "", this checkout's: {"times": each call's seconds, "module":
+    where ranksight came from, "wall_s"/"user_s"/"system_s" of the first call, ...}; with ``rules``
+    ("columns" or "per-rank"), the seconds of the reader's steps under "steps" too."""
+    return fresh_process(_CALL, old_site, run, what, repeats, rules)
+
+
+def first_calls_s(run: str, what: str, processes: int) -> list[float]:
+    """The first call of ``what`` on ``run`` in each of ``processes`` fresh processes of this checkout."""
+    return [measure("", run, what)["times"][0] for _ in range(processes)]
+
+
+# ------------------------------------------------------------------ where the first call goes
 
 
 def _medians(calls: list[dict]) -> dict:
@@ -93,6 +139,24 @@ def _medians(calls: list[dict]) -> dict:
         if times:
             out[f"{label}_s"] = statistics.median(times)
     return out
+
+
+def where_it_goes(run: str, what: str, processes: int, rules: str) -> dict:
+    """``processes`` fresh first calls per kind of rules (both kinds taking turns), each with its steps."""
+    kinds = ("per-rank", "columns") if rules == "both" else (rules,)
+    calls = [{"load": machine_load(), **measure("", run, what, 1, kind)} for _ in range(processes) for kind in kinds]
+    for call in calls:
+        parts = ", ".join(f"{k} {v['wall_s']:.3f} s ({v['system_s']:.3f} system)" for k, v in call["steps"].items())
+        sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in call["part_bytes"].items())
+        print(
+            f"{call['rules']}: {call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f};"
+            f" {parts}; {sizes}"
+        )
+    summary = {kind: _medians([c for c in calls if c["rules"] == kind]) for kind in kinds}
+    for kind, medians in summary.items():
+        print(f"medians, rules {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
+    medians = summary if len(kinds) > 1 else summary[kinds[0]]
+    return {"run": run, "what": what, "medians": medians, "calls": calls, "arms": list(kinds)}
 
 
 def rules_only(run: str, rounds: int) -> dict:
@@ -109,7 +173,7 @@ def rules_only(run: str, rounds: int) -> dict:
     metas = read_rank_meta(run)
     features = compute_features(con, metas)
     context = compute_context(con, metas, features)
-    out: dict = {"ranks": len(features), "rules": len(rules.rules), "rounds": []}
+    out: dict = {"run": run, "ranks": len(features), "rules": len(rules.rules), "rounds": []}
     for _ in range(rounds):
         row = {}
         for kind in ("per-rank", "columns"):
@@ -134,36 +198,151 @@ def rules_only(run: str, rounds: int) -> dict:
     return out
 
 
+# ------------------------------------------------------------------ two versions taking turns
+
+
+def compare_versions(run: str, old_site: str, whats: list[str], rounds: int, repeats: int) -> dict:
+    """Each of ``whats`` by the older version and this checkout, one after the other in every round."""
+    results: dict = {"run": run, "old_site": old_site, "rounds": rounds, "repeats": repeats}
+    for what in whats:
+        runs: dict[str, list] = {"older": [], "newer": []}
+        loads = []
+        for _ in range(rounds):
+            loads.append(machine_load())
+            for version, site in (("older", old_site), ("newer", "")):
+                runs[version].append(measure(site, run, what, repeats))
+        assert all(old_site in r["module"] for r in runs["older"])
+        assert not any(old_site in r["module"] for r in runs["newer"])
+        figures = {}
+        for version, each in runs.items():
+            first = [r["times"][0] for r in each]
+            later = [t for r in each for t in r["times"][1:]]
+            figures[version] = {
+                "first_call_median_s": statistics.median(first),
+                "later_calls_median_s": statistics.median(later) if later else None,
+                "first_calls_s": first,
+                "later_calls_s": later,
+            }
+        older, newer = figures["older"], figures["newer"]
+        figures["newer_over_older_first"] = newer["first_call_median_s"] / older["first_call_median_s"]
+        if older["later_calls_median_s"]:
+            figures["newer_over_older_later"] = newer["later_calls_median_s"] / older["later_calls_median_s"]
+        results[what] = {**figures, "loads": loads}
+        print(
+            f"{what}: first call {older['first_call_median_s']:.3f} s -> {newer['first_call_median_s']:.3f} s; "
+            f"later calls {older['later_calls_median_s'] or 0:.3f} s -> {newer['later_calls_median_s'] or 0:.3f} s",
+            flush=True,
+        )
+    return results
+
+
+# ------------------------------------------------------------------ beside DuckDB's floor (scale.py's `first`)
+
+FLOOR_SQL = "SELECT rank, median(step_s), avg(step_s) FROM read_parquet('{glob}') GROUP BY rank"
+"""DuckDB's floor for a verdict over step files: the per-rank median and mean of the step time in one pass."""
+
+_FLOOR = r"""
+import json, sys, time
+import duckdb  # imported before the clock starts, as in the readers' fresh processes
+con = duckdb.connect()
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    con.execute(sys.argv[1]).fetchall()
+    times.append(time.perf_counter() - t)
+print(json.dumps({"times": times}))
+"""
+
+
+def fresh_floor_s(glob: str) -> list[float]:
+    """``FLOOR_SQL`` over the files of ``glob`` three times on one connection of a fresh process: the first
+    reads the footers, the next two what a repeated query costs (``scale.py``'s floors are such a median)."""
+    return fresh_process(_FLOOR, FLOOR_SQL.format(glob=glob))["times"]
+
+
+def _spool_ready(run_path: str, ranks: int) -> bool:
+    """Whether ``run_path`` holds a node spool of ``ranks`` that ``build_spool`` wrote with this code's digests
+    (a file per node of 8 and a digest for each), so that a kept ``--dir`` is read again instead of rebuilt."""
+    from ranksight.format.digest import chunk_steps_for, digest_paths
+
+    steps_dir = os.path.join(run_path, "steps")
+    try:
+        names = [n for n in os.listdir(steps_dir) if n.endswith(".parquet") and not n.startswith(".")]
+    except OSError:
+        return False
+    nodes = -(-ranks // 8)
+    return len(names) == nodes and len(digest_paths(steps_dir, chunk_steps_for(ranks), names)) == nodes
+
+
+def first_call_figures(
+    base: str, ranks: int, steps: int, rounds: int, build_spool, old_site: str | None = None
+) -> dict:
+    """The first calls of fresh processes on a node spool of ``ranks`` x ``steps`` (``build_spool``,
+    ``scale.py``'s: a file per node of 8 with its digest, as the node spool publishes them) beside DuckDB's
+    GROUP BY over the same files, ``rounds`` rounds taking turns; medians and each round's figures."""
+    run_path = os.path.join(base, f"first-{ranks}x{steps}", "bench-run")
+    if not _spool_ready(run_path, ranks):
+        import shutil
+
+        shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+        build_spool(run_path, ranks, steps, per_node=True)
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    each: dict[str, list] = {
+        "duckdb_groupby_files_s": [],
+        "duckdb_groupby_files_first_s": [],
+        "diagnose_first_s": [],
+        "breakdown_first_s": [],
+    }
+    if old_site:
+        each["diagnose_first_before_s"] = []
+    for _ in range(rounds):
+        floor = fresh_floor_s(glob)
+        each["duckdb_groupby_files_first_s"].append(floor[0])
+        each["duckdb_groupby_files_s"].append(statistics.median(floor))
+        each["diagnose_first_s"].append(measure("", run_path, "diagnose")["times"][0])
+        each["breakdown_first_s"].append(measure("", run_path, "breakdown")["times"][0])
+        if old_site:
+            each["diagnose_first_before_s"].append(measure(old_site, run_path, "diagnose")["times"][0])
+        print(", ".join(f"{k} {v[-1]:.3f}" for k, v in each.items()), flush=True)
+    figures: dict = {"ranks": ranks, "steps": steps, "rows": ranks * steps, "files": -(-ranks // 8),
+                     "rounds": rounds, "old_site": old_site}  # fmt: skip
+    figures.update({name: statistics.median(values) for name, values in each.items()})
+    figures["each"] = each
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run")
-    parser.add_argument("--what", choices=("diagnose", "breakdown"), default="diagnose")
-    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--what", default=None, help="diagnose (default), breakdown; with --old-site also rollup")
+    parser.add_argument("--processes", "--rounds", dest="rounds", type=int, default=None)
     parser.add_argument("--rules", choices=("columns", "per-rank", "both"), default="columns")
-    parser.add_argument("--json", default=None)
     parser.add_argument("--rules-only", action="store_true")
+    parser.add_argument("--old-site", default=None, help="pip install --target folder of an older commit")
+    parser.add_argument("--repeats", type=int, default=3, help="--old-site: calls per process (the first is fresh)")
+    parser.add_argument("--write-old-digests", action="store_true")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if args.rules_only:
-        out = {"run": args.run, **rules_only(args.run, args.processes)}
-        if args.json:
-            write_results(args.json, out, rounds=args.processes)
-        return 0
-    kinds = ("per-rank", "columns") if args.rules == "both" else (args.rules,)
-    calls = [one_call(args.run, args.what, kind) for _ in range(args.processes) for kind in kinds]
-    for call in calls:
-        parts = ", ".join(f"{k} {v['wall_s']:.3f} s ({v['system_s']:.3f} system)" for k, v in call["steps"].items())
-        sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in call["part_bytes"].items())
-        print(
-            f"{call['rules']}: {call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f};"
-            f" {parts}; {sizes}"
-        )
-    summary = {kind: _medians([c for c in calls if c["rules"] == kind]) for kind in kinds}
-    for kind, medians in summary.items():
-        print(f"medians, rules {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
+    if args.old_site:
+        whats = (args.what or "breakdown,diagnose").split(",")
+        if not set(whats) <= {"breakdown", "diagnose", "rollup"}:
+            parser.error(f"--what: {args.what!r} (breakdown, diagnose, rollup)")
+        if args.write_old_digests:
+            subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, args.old_site, args.run, HERE], check=True)
+        rounds = args.rounds or 5
+        out = compare_versions(args.run, args.old_site, whats, rounds, args.repeats)
+        arms = ["older", "newer"]
+    elif args.rules_only:
+        rounds = args.rounds or 8
+        out, arms = rules_only(args.run, rounds), None
+    else:
+        if (args.what or "diagnose") not in ("diagnose", "breakdown"):
+            parser.error("--what: diagnose or breakdown")
+        rounds = args.rounds or 8
+        out = where_it_goes(args.run, args.what or "diagnose", rounds, args.rules)
+        arms = out.pop("arms")
     if args.json:
-        medians = summary if len(kinds) > 1 else summary[kinds[0]]
-        figures = {"run": args.run, "what": args.what, "medians": medians, "calls": calls}
-        write_results(args.json, figures, arms=list(kinds), rounds=args.processes)
+        write_results(args.json, out, arms=arms, rounds=rounds)
     return 0
 
 

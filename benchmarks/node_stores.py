@@ -25,17 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _harness import write_results  # noqa: E402
+from first_call_time import first_calls_s  # noqa: E402
 
 PROCESSES = 3
-
-
-def fresh_reads_s(run_path: str) -> list[float]:
-    """``open_run`` + ``step_breakdown`` of ``run_path`` as the first call of ``PROCESSES`` fresh processes
-    (``reader_versions.measure`` of this checkout)."""
-    sys.path.insert(0, HERE)
-    from reader_versions import measure
-
-    return [measure("", run_path, "breakdown", 1)["times"][0] for _ in range(PROCESSES)]
 
 
 def node_store(base: str, steps: int) -> str:
@@ -76,11 +68,11 @@ def main() -> int:
     results = []
     for count in (int(c) for c in args.counts.split(",")):
         run = head_with_copies(base, store, count)
-        attached = fresh_reads_s(run)
+        attached = first_calls_s(run, "breakdown", PROCESSES)
         t0 = time.perf_counter()
         absorbed = ingest(run, absorb_node_stores=True)
         absorb_s = time.perf_counter() - t0
-        one_store = fresh_reads_s(run)
+        one_store = first_calls_s(run, "breakdown", PROCESSES)
         row = {
             "node_stores": count,
             "rows": absorbed.rows,

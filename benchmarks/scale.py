@@ -30,7 +30,7 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     The first ``diagnose()`` and ``open_run`` + ``step_breakdown`` of fresh processes on a node-merged spool of
     ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
     DuckDB's GROUP BY over the same files in a fresh process, and with ``--old-site`` an older version's
-    first ``diagnose()`` (``_scale_first.py``). A kept ``--dir`` is read again, not rebuilt.
+    first ``diagnose()`` (``first_call_time.py``). A kept ``--dir`` is read again, not rebuilt.
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
 (rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
@@ -57,7 +57,49 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _scale_first import first_call_figures, ratios_to_floor  # noqa: E402
+from _harness import write_results  # noqa: E402
+from first_call_time import first_call_figures, first_calls_s, measure  # noqa: E402
+
+FLOORS = {
+    # figure -> the DuckDB floor it is compared with (the same files, or the same store)
+    "breakdown_live_s": "duckdb_groupby_files_s",
+    "breakdown_live_first_fresh_s": "duckdb_groupby_files_s",
+    "breakdown_live_without_digests_s": "duckdb_groupby_files_s",
+    "diagnose_live_s": "duckdb_groupby_files_s",
+    "diagnose_live_first_fresh_s": "duckdb_groupby_files_s",
+    "diagnose_live_without_digests_s": "duckdb_groupby_files_s",
+    "rollup_first_build_live_s": "duckdb_groupby_files_s",
+    "breakdown_store_s": "duckdb_groupby_table_s",
+    "diagnose_store_s": "duckdb_groupby_table_s",
+    "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
+    "ingest_rows_per_s_without_answers": "duckdb_arrow_insert_rows_per_s",
+    "verdict_first_render_live_s": "streamlit_floor_first_s",
+    "verdict_first_render_store_s": "streamlit_floor_first_s",
+    "verdict_render_again_live_s": "streamlit_floor_again_s",
+    "verdict_render_again_store_s": "streamlit_floor_again_s",
+    "rollup_first_build_s": "duckdb_groupby_files_s",
+    "rollup_first_build_fresh_s": "duckdb_groupby_files_s",
+    "rollup_first_build_from_rows_s": "duckdb_groupby_files_s",
+    "diagnose_first_s": "duckdb_groupby_files_s",
+    "diagnose_first_before_s": "duckdb_groupby_files_s",
+    "breakdown_first_s": "duckdb_groupby_files_s",
+}
+"""Each timed figure of the sections and its floor. Rows/s figures are rates: their ratio is the floor's rate
+over theirs, so every ratio reads "times the floor's time" (1 is DuckDB's own speed)."""
+
+
+def ratios_to_floor(figures: dict) -> dict[str, dict]:
+    """{figure: {"floor": its floor's name, "ratio": times the floor's time}} for each figure of ``figures``
+    that ``FLOORS`` names and that was measured in this run beside its floor."""
+    out = {}
+    for name, floor in FLOORS.items():
+        value, base = figures.get(name), figures.get(floor)
+        if not isinstance(value, (int, float)) or not isinstance(base, (int, float)) or not value or not base:
+            continue
+        ratio = base / value if "_per_s" in name else value / base  # a rate: the floor's over its own
+        out[name] = {"floor": floor, "ratio": ratio}
+    return out
+
 
 RANKS_PER_NODE = 8
 REAL_FLUSH_S = 2.0
@@ -465,38 +507,16 @@ def streamlit_floor_s() -> dict[str, float]:
     return out
 
 
-ROLLUP_FIRST_BUILD = """
-import json, sys, time
-from ranksight.dashboard import Rollup
-t0 = time.perf_counter()
-rollup = Rollup(sys.argv[1])
-print(json.dumps({"seconds": time.perf_counter() - t0, "digested": rollup.digested}))
-"""
-
-
 def rollup_first_build_s(run_path: str) -> dict:
     """The dashboard rollup's first build of ``run_path`` in a fresh process (imports done first), as a new
     dashboard server pays it: {"seconds", "digested"} (step files folded from their digests)."""
-    out = subprocess.run([sys.executable, "-c", ROLLUP_FIRST_BUILD, run_path], capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(out.stderr.strip().splitlines()[-1])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    call = measure("", run_path, "rollup")
+    return {"seconds": call["times"][0], "digested": call["digested"]}
 
 
 FRESH_PROCESSES = 5
 """Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
 quarter here)."""
-
-
-def fresh_first_calls_s(run_path: str, what: str) -> list[float]:
-    """``what`` ("breakdown": ``open_run`` + ``step_breakdown``; "diagnose") of ``run_path`` as the first call of
-    each of ``FRESH_PROCESSES`` fresh processes (``reader_versions.measure`` of this checkout): what a CLI call
-    or a new dashboard server pays, with no part of the run read before (in this process the first call
-    follows building the spool)."""
-    sys.path.insert(0, HERE)
-    from reader_versions import measure
-
-    return [measure("", run_path, what, 1)["times"][0] for _ in range(FRESH_PROCESSES)]
 
 
 def _timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
@@ -538,8 +558,8 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     live_each, diag_live_each = [], []
     live_s, live = _timed(breakdown, each=live_each)
     diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
-    breakdown_fresh = fresh_first_calls_s(run_path, "breakdown")
-    diagnose_fresh = fresh_first_calls_s(run_path, "diagnose")
+    breakdown_fresh = first_calls_s(run_path, "breakdown", FRESH_PROCESSES)
+    diagnose_fresh = first_calls_s(run_path, "diagnose", FRESH_PROCESSES)
     # The same two with the node files' step digests set aside (as for files published without them).
     digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
     has_digests = os.path.isdir(digests_dir)
@@ -720,11 +740,17 @@ def main() -> None:
             figures["first"] = first_call_figures(
                 base, args.first_ranks, args.first_steps, args.rounds, build_spool, args.old_site
             )
-            print(json.dumps(figures["first"]), flush=True)
+            first = figures["first"]
+            first["ratio_to_floor"] = ratios_to_floor(first)
+            first["round_ratio_medians"] = {
+                name: statistics.median(v / f for v, f in zip(values, first["each"]["duckdb_groupby_files_s"]))
+                for name, values in first["each"].items()
+                if name in FLOORS
+            }
+            print(json.dumps(first), flush=True)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(figures, f, indent=1)
+            write_results(args.json, figures)
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
