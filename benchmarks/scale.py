@@ -353,13 +353,9 @@ def prometheus_series() -> dict:
 
 
 def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: bool = True) -> tuple[int, int]:
-    """Write ``ranks`` x ``steps`` step rows: one segment per rank (``store_bench``'s), or one file per node
-    of 8 ranks with its digest, as the node spool publishes them; the last rank is 1.3x slower in compute."""
-    sys.path.insert(0, HERE)
-    from store_bench import build_spool as per_rank_spool
-
-    if not per_node:
-        return per_rank_spool(run_path, ranks * steps, ranks, steps), ranks * steps
+    """Write ``ranks`` x ``steps`` step rows as real spool files (the agent's Arrow schema, zstd Parquet): one
+    segment per rank, or one file per node of 8 ranks with its digest, as the node spool publishes them; the
+    last rank is 1.3x slower in compute. Returns (files, rows)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -373,8 +369,8 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     os.makedirs(os.path.join(run_path, "ranks"), exist_ok=True)
     rng = np.random.default_rng(0)
     files = 0
-    for first in range(0, ranks, RANKS_PER_NODE):
-        members = np.arange(first, min(ranks, first + RANKS_PER_NODE), dtype=np.int32)
+    for first in range(0, ranks, RANKS_PER_NODE if per_node else 1):
+        members = np.arange(first, min(ranks, first + (RANKS_PER_NODE if per_node else 1)), dtype=np.int32)
         n = len(members) * steps
         rank = np.repeat(members, steps)
         step = np.tile(np.arange(steps, dtype=np.int64), len(members))
@@ -400,10 +396,15 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
             "optimizer_s": pa.array(opt),
             "other_s": pa.array(other),
         }
+        # Columns added to the schema later (and GPU-only ones) stay NULL, as on a CPU rank.
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
-        name = f"{node}_m{first:020d}-000000.parquet"
+        name = (
+            f"{node}_m{first:020d}-000000.parquet"
+            if per_node
+            else f"{node}_r{first:05d}_p{1000 + first}_000000.parquet"
+        )
         table = pa.Table.from_arrays(arrays, schema=schema)
-        if digests:  # as the node spool's publisher writes it, before the file
+        if digests and per_node:  # as the node spool's publisher writes it, before the file
             write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
         pq.write_table(table, os.path.join(run_path, "steps", name), compression="zstd")
         files += 1
