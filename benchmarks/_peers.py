@@ -19,6 +19,7 @@ Each rank times every loop iteration (batch fetch + step) with its own ``perf_co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -186,26 +187,35 @@ def _all_ranks_past(t_start: float, work: Workload) -> bool:
     return bool(flag[0] == 1.0)
 
 
+def init_rank(rank: int, ranks: int, port: int, **env: str) -> None:
+    """Join a ``ranks``-rank gloo group on the loopback as ``rank`` (torchrun's variables set, ``env`` too), one
+    torch thread per rank as on a shared 2-core machine."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), **env)  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+
+
+def train_step(model, opt, loss_fn, x, y) -> None:
+    """One plain training step: forward, loss, backward, optimizer."""
+    loss = loss_fn(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     """Body of one rank: build the job, attach the arm's tool, time every iteration."""
     launch = Launch(**{**launch_dict, "workload": Workload(**launch_dict["workload"])})
     work = launch.workload
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(work.ranks),
-        LOCAL_WORLD_SIZE=str(work.ranks),
-        RANKSIGHT_RUN_ID=launch.run_id,
-        **launch.env,
-    )
+    init_rank(rank, work.ranks, port, RANKSIGHT_RUN_ID=launch.run_id, **launch.env)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=work.ranks)
     torch.manual_seed(0)
     rss_start, _ = rss_bytes()
 
@@ -246,12 +256,6 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     elif arm == "poller":
         poller = Poller(1.0)
 
-    def train_step(x, y):
-        loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     loop_s: list[float] = []
     warmup_s: list[float] = []
     cpu_begin = cpu_thread_begin = 0.0
@@ -267,14 +271,8 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
             cpu_begin, cpu_thread_begin = time.process_time(), time.thread_time()
             threads_begin = thread_cpu()
             t_iter = time.perf_counter()
-        if mon is not None:
-            with mon.step():
-                train_step(x, y)
-        elif traceml is not None:
-            with traceml.trace_step(model):
-                train_step(x, y)
-        else:
-            train_step(x, y)
+        with mon.step() if mon is not None else traceml.trace_step(model) if traceml else contextlib.nullcontext():
+            train_step(model, opt, loss_fn, x, y)
         if prof is not None:
             prof.step()
         now = time.perf_counter()
@@ -400,153 +398,6 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
     return result
 
 
-# --- The demo's planted faults, watched by a peer instead of ranksight (for diagnosis_peers.py) ---
-
-PROFILER_TOP_ROWS = 8
-
-
-def _profiler_rows(prof) -> list[dict]:
-    """The top rows of ``key_averages()`` by self CPU time, as a user reads them off the printed table."""
-    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    total = sum(e.self_cpu_time_total for e in events) or 1
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return [
-        {
-            "name": e.key,
-            "self_cpu_ms": e.self_cpu_time_total / 1e3,
-            "self_cpu_share": e.self_cpu_time_total / total,
-            "calls": e.count,
-        }
-        for e in events[:PROFILER_TOP_ROWS]
-    ]
-
-
-def demo_peer_main(rank: int, cfg_dict: dict, port: int, arm: str, out_dir: str, traceml_cfg: dict) -> None:
-    """One rank of ``ranksight.commands.demo_job``'s job for ``cfg.fault``, with ``arm`` (profiler or traceml) attached.
-
-    Mirrors ``ranksight.commands.demo_job._worker`` (same model, data, DDP settings and fault) on CPU; only the
-    watching tool differs. The profiler records 5 steps after the first quarter of the run and keeps
-    ``key_averages()``; TraceML traces every step and its aggregator writes the verdict.
-    """
-    from ranksight.commands.demo_job import DemoConfig, _build
-
-    cfg = DemoConfig(**cfg_dict)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(cfg.ranks),
-        LOCAL_WORLD_SIZE=str(cfg.ranks),
-    )
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=cfg.ranks)
-    torch.manual_seed(0)
-    device = torch.device("cpu")
-    traceml = prof = None
-    if arm == "traceml":
-        import traceml_ai as traceml
-
-        traceml.init(mode="auto", on_missing_aggregator="raise", **traceml_cfg)
-    model, loader, loss_fn = _build(cfg, rank, device)
-    bucket_cap_mb = 512 if cfg.fault == "sync" else 25
-    model = DDP(model, find_unused_parameters=cfg.fault == "unused-params", bucket_cap_mb=bucket_cap_mb)
-    if cfg.fault == "graph-break":
-        model = torch.compile(model, backend="eager", dynamic=False)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    rows: list[dict] = []
-    if arm == "profiler":
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        prof = profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=max(1, cfg.steps // 4), warmup=1, active=5, repeat=1),
-            on_trace_ready=lambda p: rows.extend(_profiler_rows(p)),
-        )
-        prof.start()
-
-    step = 0
-    while step < cfg.steps:
-        for x, y in loader:
-            if cfg.fault == "graph-break" and step % 10 == 9:
-                x, y = x[: 8 + step % 7], y[: 8 + step % 7]  # ragged batches: recompiles
-            if traceml is not None:
-                with traceml.trace_step(model):
-                    loss = loss_fn(model(x), y)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            else:
-                loss = loss_fn(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            if prof is not None:
-                prof.step()
-            step += 1
-            if step >= cfg.steps:
-                break
-    if prof is not None:
-        prof.stop()
-        with open(os.path.join(out_dir, f"profiler-rank{rank}.json"), "w") as f:
-            json.dump(rows, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
-    """Run the demo's job for ``cfg.fault`` under a peer; return what the peer reported."""
-    import torch.multiprocessing as mp
-
-    _preload_forkserver()
-    os.makedirs(out_dir, exist_ok=True)
-    aggregator = None
-    traceml_cfg: dict = {}
-    if arm == "traceml":
-        traceml_cfg = {"session_id": f"{cfg.fault}", "aggregator_port": free_port(), "logs_dir": out_dir}
-        launch = Launch(
-            arm=arm,
-            workload=Workload(ranks=cfg.ranks),
-            out_dir=out_dir,
-            run_dir="",
-            run_id="",
-            traceml_port=traceml_cfg["aggregator_port"],
-            traceml_session=traceml_cfg["session_id"],
-            traceml_logs=out_dir,
-        )
-        aggregator = start_traceml_aggregator(launch, os.path.join(out_dir, "traceml-serve.log"))
-    try:
-        mp.start_processes(
-            demo_peer_main,
-            args=(asdict(cfg), free_port(), arm, out_dir, traceml_cfg),
-            nprocs=cfg.ranks,
-            start_method=START_METHOD,
-        )
-    finally:
-        if aggregator is not None:
-            aggregator.send_signal(signal.SIGINT)
-            try:
-                aggregator.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                aggregator.kill()
-                aggregator.wait(timeout=10)
-    if arm == "profiler":
-        out = {}
-        for r in range(cfg.ranks):
-            with open(os.path.join(out_dir, f"profiler-rank{r}.json")) as f:
-                out[f"rank{r}"] = json.load(f)
-        return out
-    with open(os.path.join(out_dir, traceml_cfg["session_id"], "final_summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(out_dir, traceml_cfg["session_id"], "final_summary.txt")) as f:
-        text = f.read()
-    return {"primary_diagnosis": summary.get("primary_diagnosis"), "text": text}
-
-
 # --- In-process A/B: the same DDP job with and without ranksight, alternating blocks in one process ---
 
 
@@ -561,23 +412,13 @@ def ab_rank_main(
     thread's own CPU is measured per thread in the cross-process runs.
     """
     work = Workload(**work_dict)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(work.ranks),
-        LOCAL_WORLD_SIZE=str(work.ranks),
-        RANKSIGHT_RUN_ID="ab",
-    )
+    init_rank(rank, work.ranks, port, RANKSIGHT_RUN_ID="ab")
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ranksight
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=work.ranks)
     models, loaders, opts = [], [], []
     for _ in range(2):
         torch.manual_seed(0)
@@ -604,17 +445,8 @@ def ab_rank_main(
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(block_steps):
             x, y = next(stream)
-            if i:
-                with mon.step():
-                    loss = loss_fn(model(x), y)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            else:
-                loss = loss_fn(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            with mon.step() if i else contextlib.nullcontext():
+                train_step(model, opt, loss_fn, x, y)
         return (time.perf_counter() - t0) / block_steps, (time.thread_time() - c0) / block_steps
 
     # Warm both paths (first hooks, DDP's bucket rebuild) and get past the agent's first flush.

@@ -23,17 +23,29 @@ Usage: ``python benchmarks/diagnosis_peers.py [--faults none,input,...] [--steps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _peers import run_demo_peer  # noqa: E402
+from _harness import free_port, write_results  # noqa: E402
+from _peers import (  # noqa: E402
+    START_METHOD,
+    Launch,
+    Workload,
+    _preload_forkserver,
+    init_rank,
+    start_traceml_aggregator,
+    train_step,
+)
 
 CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 RANKS = 2
@@ -58,6 +70,139 @@ def expected_ranks(fault: str) -> list[int]:
     if fault == "none":
         return []
     return [RANKS - 1] if fault == "straggler" else list(range(RANKS))
+
+
+# ------------------------------------------------------------------ the demo's faults under a peer
+
+PROFILER_TOP_ROWS = 8
+
+
+def _profiler_rows(prof) -> list[dict]:
+    """The top rows of ``key_averages()`` by self CPU time, as a user reads them off the printed table."""
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [
+        {
+            "name": e.key,
+            "self_cpu_ms": e.self_cpu_time_total / 1e3,
+            "self_cpu_share": e.self_cpu_time_total / total,
+            "calls": e.count,
+        }
+        for e in events[:PROFILER_TOP_ROWS]
+    ]
+
+
+def demo_peer_main(rank: int, cfg_dict: dict, port: int, arm: str, out_dir: str, traceml_cfg: dict) -> None:
+    """One rank of ``ranksight.commands.demo_job``'s job for ``cfg.fault``, with ``arm`` (profiler or traceml) attached.
+
+    Mirrors ``ranksight.commands.demo_job._worker`` (same model, data, DDP settings and fault) on CPU; only the
+    watching tool differs. The profiler records 5 steps after the first quarter of the run and keeps
+    ``key_averages()``; TraceML traces every step and its aggregator writes the verdict.
+    """
+    from ranksight.commands.demo_job import DemoConfig, _build
+
+    cfg = DemoConfig(**cfg_dict)
+    init_rank(rank, cfg.ranks, port)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    device = torch.device("cpu")
+    traceml = prof = None
+    if arm == "traceml":
+        import traceml_ai as traceml
+
+        traceml.init(mode="auto", on_missing_aggregator="raise", **traceml_cfg)
+    model, loader, loss_fn = _build(cfg, rank, device)
+    bucket_cap_mb = 512 if cfg.fault == "sync" else 25
+    model = DDP(model, find_unused_parameters=cfg.fault == "unused-params", bucket_cap_mb=bucket_cap_mb)
+    if cfg.fault == "graph-break":
+        model = torch.compile(model, backend="eager", dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    rows: list[dict] = []
+    if arm == "profiler":
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        prof = profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=max(1, cfg.steps // 4), warmup=1, active=5, repeat=1),
+            on_trace_ready=lambda p: rows.extend(_profiler_rows(p)),
+        )
+        prof.start()
+
+    step = 0
+    while step < cfg.steps:
+        for x, y in loader:
+            if cfg.fault == "graph-break" and step % 10 == 9:
+                x, y = x[: 8 + step % 7], y[: 8 + step % 7]  # ragged batches: recompiles
+            with traceml.trace_step(model) if traceml is not None else contextlib.nullcontext():
+                train_step(model, opt, loss_fn, x, y)
+            if prof is not None:
+                prof.step()
+            step += 1
+            if step >= cfg.steps:
+                break
+    if prof is not None:
+        prof.stop()
+        with open(os.path.join(out_dir, f"profiler-rank{rank}.json"), "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
+    """Run the demo's job for ``cfg.fault`` under a peer; return what the peer reported."""
+    import diagnosis_peers
+    import torch.multiprocessing as mp
+
+    _preload_forkserver()
+    os.makedirs(out_dir, exist_ok=True)
+    aggregator = None
+    traceml_cfg: dict = {}
+    if arm == "traceml":
+        traceml_cfg = {"session_id": f"{cfg.fault}", "aggregator_port": free_port(), "logs_dir": out_dir}
+        launch = Launch(
+            arm=arm,
+            workload=Workload(ranks=cfg.ranks),
+            out_dir=out_dir,
+            run_dir="",
+            run_id="",
+            traceml_port=traceml_cfg["aggregator_port"],
+            traceml_session=traceml_cfg["session_id"],
+            traceml_logs=out_dir,
+        )
+        aggregator = start_traceml_aggregator(launch, os.path.join(out_dir, "traceml-serve.log"))
+    try:
+        mp.start_processes(
+            diagnosis_peers.demo_peer_main,  # by its module's name: the ranks unpickle it from there
+            args=(asdict(cfg), free_port(), arm, out_dir, traceml_cfg),
+            nprocs=cfg.ranks,
+            start_method=START_METHOD,
+        )
+    finally:
+        if aggregator is not None:
+            aggregator.send_signal(signal.SIGINT)
+            try:
+                aggregator.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                aggregator.kill()
+                aggregator.wait(timeout=10)
+    if arm == "profiler":
+        out = {}
+        for r in range(cfg.ranks):
+            with open(os.path.join(out_dir, f"profiler-rank{r}.json")) as f:
+                out[f"rank{r}"] = json.load(f)
+        return out
+    with open(os.path.join(out_dir, traceml_cfg["session_id"], "final_summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(out_dir, traceml_cfg["session_id"], "final_summary.txt")) as f:
+        text = f.read()
+    return {"primary_diagnosis": summary.get("primary_diagnosis"), "text": text}
+
+
+# ------------------------------------------------------------------ judging each tool's answer
 
 
 def _diagnose_ranksight(run_path: str) -> tuple[dict, str]:
@@ -96,6 +241,7 @@ def run_ranksight(fault: str, steps: int, root: str) -> dict:
             run_dir,
             "--run-id",
             run_id,
+            "--no-dashboard",
         ],
         capture_output=True,
         text=True,
@@ -218,9 +364,14 @@ def main() -> int:
     if any(t not in runners for t in tools):
         parser.error(f"--tools must name only {', '.join(runners)}")
 
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     import torch
+
+    try:
+        traceml_version = version("traceml-ai")
+    except PackageNotFoundError:
+        traceml_version = None
 
     results: dict = {}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -239,19 +390,10 @@ def main() -> int:
     table = markdown_table(results)
     print(table)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "started_utc": started,
-                    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "versions": {"torch": torch.__version__, "traceml-ai": version("traceml-ai")},
-                    "steps": args.steps,
-                    "results": results,
-                    "table": table,
-                },
-                f,
-                indent=1,
-            )
+        figures = {"started_utc": started, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "versions": {"torch": torch.__version__, "traceml-ai": traceml_version}, "steps": args.steps,
+                   "results": results, "table": table}  # fmt: skip
+        write_results(args.json, figures, arms=tools)
     return 0
 
 
