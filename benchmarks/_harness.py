@@ -120,4 +120,9 @@ def write_results(path: str, figures: dict, arms: list | None = None, rounds: in
     """Write ``figures`` to ``path`` as JSON, the common ``header`` first (its keys beside the figures'
     own, which stay where readers of the file look for them)."""
     with open(path, "w") as f:
-        json.dump({"header": header(arms, rounds), **figures}, f, indent=1)
+        json.dump({"header": header(arms, rounds), **figures}, f, indent=1, default=_plain)
+
+
+def _plain(value):
+    """What JSON has no type for, as results files keep it: a set as a sorted list, anything else as text."""
+    return sorted(value, key=str) if isinstance(value, (set, frozenset)) else str(value)

@@ -19,9 +19,12 @@ Usage: ``python benchmarks/agent_memory.py [--json OUT]``
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import fresh_process, write_results  # noqa: E402
 
 _PROBE = r"""
 import os, re, sys, tempfile, time, json
@@ -92,14 +95,12 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for variant in VARIANTS:
-        out = subprocess.run([sys.executable, "-c", _PROBE, variant], capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append(fresh_process(_PROBE, variant))
         print(f"{variant:24s} +{rows[-1]['rss_added_mb']:6.1f} MB RSS (pandas imported: {rows[-1]['pandas_imported']})")
     bound = buffer_bound_mb()
     print(f"event deque when full ({default_buffer_bound():,} step events): {bound:.1f} MB")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"variants": rows, "event_buffer_full_mb": bound}, f, indent=1)
+        write_results(args.json, {"variants": rows, "event_buffer_full_mb": bound}, arms=list(VARIANTS))
     return 0
 
 

@@ -24,7 +24,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import machine_load, rotated, write_results  # noqa: E402
 
 _CHILD = r"""
 import json, os, sys, threading, time
@@ -128,9 +131,10 @@ def main() -> None:
         return
     arms = {"this tree": None, **({"baseline": args.baseline} if args.baseline else {})}
     rounds: dict[str, list[dict]] = {arm: [] for arm in arms}
+    loads = []
     for i in range(args.rounds):
-        order = list(arms) if i % 2 == 0 else list(reversed(arms))  # alternate which arm goes first
-        for arm in order:
+        loads.append(machine_load())
+        for arm in rotated(list(arms), i):
             r = measure(args.steps, args.flush_s, tree=arms[arm], device=args.device, gpu=args.gpu)
             rounds[arm].append(r)
             print(
@@ -156,17 +160,8 @@ def main() -> None:
             f" ({min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} rounds"
         )
     if args.json:
-        doc = {
-            "command": " ".join(["python", *sys.argv]),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "cpus": os.cpu_count(),
-            "load": os.getloadavg(),
-            "rounds": rounds,
-            "median": med,
-            "baseline_over_this": ratios,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        figures = {"rounds": rounds, "median": med, "baseline_over_this": ratios, "loads": loads}
+        write_results(args.json, figures, arms=list(arms), rounds=args.rounds)
 
 
 if __name__ == "__main__":

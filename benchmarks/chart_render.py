@@ -24,7 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import free_port  # noqa: E402
+from _harness import free_port, write_results  # noqa: E402
 
 _APP = """
 import json, sys
@@ -148,19 +148,9 @@ def main() -> int:
         + ", ".join(f"{kind} {s:.2f} s" for kind, s in summary.items())
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "run": args.run,
-                    "ranks": len(rows),
-                    "rounds": args.rounds,
-                    "cold": args.cold,
-                    "median_s": summary,
-                    "times_s": times,
-                },
-                f,
-                indent=1,
-            )
+        figures = {"run": args.run, "ranks": len(rows), "rounds": args.rounds, "cold": args.cold, "median_s": summary,
+                   "times_s": times}  # fmt: skip
+        write_results(args.json, figures, arms=list(_DRAW), rounds=args.rounds)
     return 0
 
 

@@ -21,12 +21,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
 
 
 def run_folders(roots: list[str]) -> list[str]:
@@ -245,8 +248,7 @@ def main() -> int:
         if not r["findings_same"]:
             print(f"  {r['run']}: digests {r['from_digests']} / rows {r['from_rows']}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": results}, f, indent=1, default=list)
+        write_results(args.json, {"summary": summary, "runs": results})
     return 0
 
 

@@ -11,11 +11,15 @@ reduce-scatter wrapper, against calling the no-op directly. Interleaved blocks, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
 
 
 def main() -> None:
@@ -79,8 +83,7 @@ def main() -> None:
         f"per reduce-scatter: {summary['reduce_scatter_us']:.2f} us (load {summary['load_avg_1m']:.1f})"
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "blocks": results}, f, indent=1)
+        write_results(args.json, {"summary": summary, "blocks": results})
     dist.destroy_process_group()
 
 

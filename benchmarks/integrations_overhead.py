@@ -28,6 +28,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
+
 INTEGRATIONS = ("lightning", "transformers", "accelerate", "run")
 
 
@@ -329,8 +333,7 @@ def main() -> int:
             print(name, json.dumps(result[name]), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_results(args.json, result)
     return 0
 
 

@@ -14,8 +14,13 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
 
 
 def _timed_verdict(run: str, repeats: int) -> dict:
@@ -65,8 +70,7 @@ def main() -> None:
         figures["from_rows"] = _timed_verdict(run, args.repeats)
         print(json.dumps(figures))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(figures, f, indent=1)
+            write_results(args.json, figures)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
