@@ -52,23 +52,22 @@ def _summarise(pairs: list[tuple[float, float]]) -> dict:
     }
 
 
-def _hook_path_us(step_fn, steps: int = 20000, blocks: int = 7) -> float:
-    """Median over blocks of (integration hook sequence - no-op sequence) per step, in microseconds."""
+def _hook_path_us(calls: list[tuple], steps: int = 20000, blocks: int = 7) -> float:
+    """Median over blocks of (the integration's hook sequence - the same calls to a no-op) per step, in
+    microseconds. ``calls``: (hook, its arguments, or a function returning them when they change per call)."""
 
     def noop(*a, **k):
         return None
 
-    deltas = []
-    for _ in range(blocks):
+    def run(sequence) -> int:
         t0 = time.perf_counter_ns()
         for _ in range(steps):
-            step_fn(noop)
-        t1 = time.perf_counter_ns()
-        for _ in range(steps):
-            step_fn(None)
-        t2 = time.perf_counter_ns()
-        deltas.append(((t2 - t1) - (t1 - t0)) / steps / 1000)
-    return statistics.median(deltas)
+            for fn, args in sequence:
+                fn(*(args() if callable(args) else args))
+        return time.perf_counter_ns() - t0
+
+    plain = [(noop, args) for _, args in calls]
+    return statistics.median((run(calls) - run(plain)) / steps / 1000 for _ in range(blocks))
 
 
 # ---------------------------------------------------------------- Lightning
@@ -102,17 +101,9 @@ def bench_lightning(blocks: int, steps: int, tmp: str) -> dict:
     def block(with_ranksight: bool, i: int) -> float:
         clock = Clock()
         callbacks = [clock] + ([RanksightCallback(run_dir=tmp, job="bench", run_id=f"l{i}")] if with_ranksight else [])
-        trainer = Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=steps,
-            callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp,
-        )
+        trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=callbacks, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          default_root_dir=tmp)  # fmt: skip
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=64))
         return _median_interval_us(clock.stamps)
 
@@ -122,19 +113,10 @@ def bench_lightning(blocks: int, steps: int, tmp: str) -> dict:
     cb = RanksightCallback()
     cb.monitor = cb._m = start_monitor({"run_dir": tmp, "job": "bench", "run_id": "lhook"})
 
-    def step(noop):
-        if noop is None:
-            cb.on_train_batch_start(None, None, None, 0)
-            cb.on_before_optimizer_step(None, None, None)
-            cb._optimizer_done(None, None, None)
-            cb.on_train_batch_end(None, None, None, None, 0)
-        else:
-            noop(None, None, None, 0)
-            noop(None, None, None)
-            noop(None, None, None)
-            noop(None, None, None, None, 0)
-
-    result["hook_path_us"] = _hook_path_us(step)
+    none3 = (None, None, None)
+    hooks = [(cb.on_train_batch_start, (*none3, 0)), (cb.on_before_optimizer_step, none3),
+             (cb._optimizer_done, none3), (cb.on_train_batch_end, (*none3, None, 0))]  # fmt: skip
+    result["hook_path_us"] = _hook_path_us(hooks)
     cb.monitor.close()
     return result
 
@@ -195,17 +177,9 @@ def bench_transformers(blocks: int, steps: int, tmp: str) -> dict:
     cb = RanksightCallback()
     cb.monitor = cb._m = start_monitor({"run_dir": tmp, "job": "bench", "run_id": "thook"})
 
-    def step(noop):
-        if noop is None:
-            cb.on_step_begin(None, None, None)
-            cb.on_pre_optimizer_step(None, None, None)
-            cb.on_optimizer_step(None, None, None)
-            cb.on_step_end(None, None, None)
-        else:
-            for _ in range(4):
-                noop(None, None, None)
-
-    result["hook_path_us"] = _hook_path_us(step)
+    hooks = [(hook, (None, None, None)) for hook in (cb.on_step_begin, cb.on_pre_optimizer_step, cb.on_optimizer_step,
+                                                      cb.on_step_end)]  # fmt: skip
+    result["hook_path_us"] = _hook_path_us(hooks)
     cb.monitor.close()
     return result
 
@@ -245,17 +219,9 @@ def bench_accelerate(blocks: int, steps: int, tmp: str) -> dict:
     timed = TimedIterator(iter(()), steps_marks, mon._clock)
     clock = mon._clock
 
-    def step(noop):
-        if noop is None:
-            steps_marks.fetched(timed, clock())
-            steps_marks.optimizer_pre(None, None, None)
-            steps_marks.optimizer_post(None, None, None)
-        else:
-            noop(timed, clock())
-            noop(None, None, None)
-            noop(None, None, None)
-
-    result["hook_path_us"] = _hook_path_us(step)
+    hooks = [(steps_marks.fetched, lambda: (timed, clock())), (steps_marks.optimizer_pre, (None, None, None)),
+             (steps_marks.optimizer_post, (None, None, None))]  # fmt: skip
+    result["hook_path_us"] = _hook_path_us(hooks)
     mon.close()
     return result
 

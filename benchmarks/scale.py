@@ -623,11 +623,11 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
         "ranks": ranks,
         "steps": steps,
+        "ingest_s": result.seconds,
         "rows": rows,
+        "ingest_rows_per_s": rows / result.seconds,
         "files": files,
         "built_s": built_s,
-        "ingest_s": result.seconds,
-        "ingest_rows_per_s": rows / result.seconds,
         # what ingest spent running the verdict's queries over the new store (kept as its answers)
         "ingest_answers_s": answers_s,
         "ingest_rows_per_s_without_answers": rows / (result.seconds - answers_s),
@@ -675,25 +675,29 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="spool,prometheus,store")
-    parser.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
-    parser.add_argument("--speed", type=float, default=10.0, help="time compression of the spool simulation")
-    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes of 8 ranks each")
-    parser.add_argument("--step-ms", type=float, default=100.0, help="a simulated rank's step time")
-    parser.add_argument("--store-ranks", type=int, default=1024)
-    parser.add_argument("--store-steps", type=int, default=2000)
-    parser.add_argument("--layouts", default="rank,node", help="store section: rank, node or both")
-    parser.add_argument("--dash-ranks", type=int, default=10_000)
-    parser.add_argument("--dash-steps", type=int, default=1000)
-    parser.add_argument("--no-browser", action="store_true", help="store section: skip the Verdict page in Chromium")
-    parser.add_argument("--first-ranks", type=int, default=10_000)
-    parser.add_argument("--first-steps", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=5, help="first section: rounds of fresh processes")
     parser.add_argument(
-        "--old-site", default=None, help="first section: an older commit's pip --target folder, timed in each round too"
+        "--sections", default="spool,prometheus,store", help="spool, prometheus, store, dashboard, first"
     )
-    parser.add_argument("--dir", default=None)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
+    parser.add_argument("--json", help="write the figures here")
+    spool = parser.add_argument_group("spool section")
+    spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
+    spool.add_argument("--speed", type=float, default=10.0, help="time compression of the spool simulation")
+    spool.add_argument("--nodes", type=int, default=2, help="simulated nodes of 8 ranks each")
+    spool.add_argument("--step-ms", type=float, default=100.0, help="a simulated rank's step time")
+    store = parser.add_argument_group("store section")
+    store.add_argument("--store-ranks", type=int, default=1024)
+    store.add_argument("--store-steps", type=int, default=2000)
+    store.add_argument("--layouts", default="rank,node", help="rank, node or both")
+    store.add_argument("--no-browser", action="store_true", help="skip the Verdict page in Chromium")
+    dashboard = parser.add_argument_group("dashboard section")
+    dashboard.add_argument("--dash-ranks", type=int, default=10_000)
+    dashboard.add_argument("--dash-steps", type=int, default=1000)
+    first = parser.add_argument_group("first section")
+    first.add_argument("--first-ranks", type=int, default=10_000)
+    first.add_argument("--first-steps", type=int, default=1000)
+    first.add_argument("--rounds", type=int, default=5, help="rounds of fresh processes")
+    first.add_argument("--old-site", help="an older commit's pip --target folder, timed in each round too")
     args = parser.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="ranksight-scale-")
     os.makedirs(base, exist_ok=True)
@@ -711,15 +715,8 @@ def main() -> None:
                     # at 3 s or more, so this machine's publishes do not run back to back.
                     interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP)
                     speed = max(1.0, min(args.speed, interval / 3.0))
-                fig = simulate(
-                    base,
-                    node_spool=node_spool,
-                    world=world,
-                    nodes=args.nodes,
-                    seconds=args.seconds,
-                    speed=speed,
-                    step_ms=args.step_ms,
-                )
+                fig = simulate(base, node_spool=node_spool, world=world, nodes=args.nodes, seconds=args.seconds,
+                               speed=speed, step_ms=args.step_ms)  # fmt: skip
                 runs.append(fig)
                 print(json.dumps(fig), flush=True)
             figures["spool"] = runs
