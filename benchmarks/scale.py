@@ -31,11 +31,19 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
     DuckDB's GROUP BY over the same files in a fresh process, and with ``--old-site`` an older version's
     first ``diagnose()`` (``first_call_time.py``). A kept ``--dir`` is read again, not rebuilt.
+``digest``
+    What the node spool's publisher spends on one step file's digest, every part against the rollup's alone.
+``live``
+    A live run's store (ingested, no answers yet): ``step_breakdown`` and ``diagnose()`` from the verdict's
+    digest parts the store keeps and from its rows, on the node spool of ``--store-ranks`` x ``--store-steps``.
+``nodes``
+    Reading a run through ``--node-counts`` attached per-node stores (copies of one node's) against absorbing
+    them with ``ingest --nodes`` first, as the first call of fresh processes.
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
 (rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
 
-Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard,first] [--seconds 40]
+Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard,first,digest,live,nodes] [--seconds 40]
 [--speed 10] [--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under
 ``nice`` on a shared machine.
 """
@@ -58,7 +66,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _harness import write_results  # noqa: E402
-from first_call_time import first_call_figures, first_calls_s, measure  # noqa: E402
+from first_call_time import _spool_ready, first_call_figures, first_calls_s, measure  # noqa: E402
 
 FLOORS = {
     # figure -> the DuckDB floor it is compared with (the same files, or the same store)
@@ -670,13 +678,138 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     }
 
 
+# ------------------------------------------------------------------ digest, live, nodes
+
+
+def digest_cost() -> list[dict]:
+    """What a node spool publisher spends on one step file's digest, every part against the rollup's part
+    alone: one node file of 8 ranks at 68 steps per rank (a 6.8 s batch at 1,024 ranks and 100 ms steps) and at
+    1,000, the job's world size 1,024; medians of seven, ``time.process_time`` (DuckDB on one thread)."""
+    import glob
+
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ranksight.format.digest import WARMUP_STEPS, digest_of, fold_sql, pack_parts
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for steps in (68, 1000):
+            run = os.path.join(tmp, f"s{steps}", "run")
+            build_spool(run, 8, steps, per_node=True, digests=False)
+            table = pq.read_table(glob.glob(os.path.join(run, "steps", "*.parquet"))[0])
+            i = table.schema.get_field_index("world_size")  # one node of a 1,024-rank job: 64-step chunks
+            table = table.set_column(i, table.schema.field(i), pa.array([1024] * table.num_rows, pa.int32()))
+            every, rollup, sizes = [], [], []
+            for _ in range(7):
+                t = time.process_time()
+                chunk, parts = digest_of(table)
+                sizes.append(len(pack_parts(parts)))
+                every.append(time.process_time() - t)
+                con = duckdb.connect(config={"threads": 1})
+                con.register("batch", table)
+                t = time.process_time()
+                con.sql(fold_sql("batch"), params={"chunk": chunk, "warm": WARMUP_STEPS}).fetchall()
+                rollup.append(time.process_time() - t)
+                con.close()
+            out.append({"rows": table.num_rows, "every_part_cpu_s": statistics.median(every),
+                        "rollup_part_cpu_s": statistics.median(rollup), "digest_bytes": sizes[-1]})  # fmt: skip
+            every_ms, rollup_ms = out[-1]["every_part_cpu_s"] * 1e3, out[-1]["rollup_part_cpu_s"] * 1e3
+            print(f"{table.num_rows} rows: every part {every_ms:.1f} ms CPU, the rollup's part alone {rollup_ms:.1f}"
+                  f" ms; digest {sizes[-1] / 1e3:.0f} KB")  # fmt: skip
+    return out
+
+
+def _verdict_s(run: str, repeats: int) -> dict:
+    """``step_breakdown`` and ``diagnose()`` of ``run`` ``repeats`` times each, and the findings."""
+    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.rules import diagnose
+
+    breakdown, judged = [], []
+    for _ in range(repeats):
+        con = open_run(run)
+        started = time.perf_counter()
+        step_breakdown(con)
+        breakdown.append(time.perf_counter() - started)
+        con.close()
+        started = time.perf_counter()
+        found = diagnose(run)
+        judged.append(time.perf_counter() - started)
+    findings = [(f["rule"], f["ranks"], f["severity"]) for f in found["findings"]]
+    return {"breakdown_s": breakdown, "diagnose_s": judged, "findings": findings}
+
+
+def live_verdict(base: str, ranks: int, steps: int, repeats: int = 3) -> dict:
+    """The verdict of a live run that ``ingest --every`` compacts: a copy of the node spool of ``ranks`` x
+    ``steps`` ingested with no answers kept (ranks still write), so ``step_breakdown`` and ``diagnose()`` read
+    the verdict's digest parts the store kept or, with those tables dropped, the store's rows."""
+    import duckdb
+
+    from ranksight.collectors import ingest
+    from ranksight.collectors._tables import VERDICT_PART_TABLES
+
+    spool = os.path.join(base, f"first-{ranks}x{steps}", "bench-run")  # the first section's, when kept
+    if not _spool_ready(spool, ranks):
+        shutil.rmtree(os.path.dirname(spool), ignore_errors=True)
+        build_spool(spool, ranks, steps, per_node=True)
+    run = os.path.join(base, "live", "run")
+    shutil.rmtree(os.path.dirname(run), ignore_errors=True)
+    shutil.copytree(spool, run)
+    result = ingest(run)
+    figures = {"ranks": ranks, "steps": steps, "rows": result.rows, "ingest_s": result.seconds}
+    for kind, dropped in (("from_digest_parts", ["_answers"]), ("from_rows", VERDICT_PART_TABLES.values())):
+        with duckdb.connect(os.path.join(run, "store.duckdb")) as con:
+            # no answers kept, as while ranks still write; then no digest parts either: the rows are read
+            for table in dropped:
+                con.execute(f"DROP TABLE IF EXISTS {table}")
+        figures[kind] = _verdict_s(run, repeats)
+    shutil.rmtree(os.path.dirname(run), ignore_errors=True)
+    return figures
+
+
+def node_stores(base: str, counts: list[int], steps: int, processes: int = 3) -> list[dict]:
+    """Reading a run through many per-node stores (``<run>/nodes/*.duckdb``, the multi-node path without a
+    shared filesystem) against absorbing them into one store first (``ingest --nodes``): one node's store
+    (8 ranks' node spool, ingested) copied under ``counts`` node names -- copies, so the figures are what
+    ``open_run`` pays per attached store, not a verdict; ``open_run`` + ``step_breakdown`` as the first call
+    of ``processes`` fresh processes."""
+    from ranksight.collectors import ingest
+
+    node = os.path.join(base, "node", "bench-run")
+    shutil.rmtree(os.path.dirname(node), ignore_errors=True)
+    build_spool(node, 8, steps, per_node=True)
+    ingest(node)
+    rows = []
+    for count in counts:
+        run = os.path.join(base, f"head-{count}", "bench-run")
+        shutil.rmtree(os.path.dirname(run), ignore_errors=True)
+        os.makedirs(os.path.join(run, "nodes"))
+        shutil.copytree(os.path.join(node, "ranks"), os.path.join(run, "ranks"))
+        for i in range(count):
+            shutil.copyfile(os.path.join(node, "store.duckdb"), os.path.join(run, "nodes", f"node{i:05d}.duckdb"))
+        attached = first_calls_s(run, "breakdown", processes)
+        started = time.perf_counter()
+        absorbed = ingest(run, absorb_node_stores=True)
+        absorb_s = time.perf_counter() - started
+        one_store = first_calls_s(run, "breakdown", processes)
+        rows.append({"node_stores": count, "rows": absorbed.rows, "read_attached_s": statistics.median(attached),
+                     "read_attached_each_s": attached, "ingest_nodes_s": absorb_s,
+                     "read_absorbed_s": statistics.median(one_store), "read_absorbed_each_s": one_store})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        shutil.rmtree(os.path.dirname(run), ignore_errors=True)
+    return rows
+
+
 # ------------------------------------------------------------------ main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sections", default="spool,prometheus,store", help="spool, prometheus, store, dashboard, first"
+        "--sections",
+        default="spool,prometheus,store",
+        help="spool, prometheus, store, dashboard, first, digest, live, nodes",
     )
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
     parser.add_argument("--json", help="write the figures here")
@@ -698,6 +831,10 @@ def main() -> None:
     first.add_argument("--first-steps", type=int, default=1000)
     first.add_argument("--rounds", type=int, default=5, help="rounds of fresh processes")
     first.add_argument("--old-site", help="an older commit's pip --target folder, timed in each round too")
+    parser.add_argument("--live-repeats", type=int, default=3, help="live section (on --store-ranks x --store-steps)")
+    nodes = parser.add_argument_group("nodes section")
+    nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
+    nodes.add_argument("--node-steps", type=int, default=1000, help="steps of each node's 8 ranks")
     args = parser.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="ranksight-scale-")
     os.makedirs(base, exist_ok=True)
@@ -746,6 +883,14 @@ def main() -> None:
                 if name in FLOORS
             }
             print(json.dumps(first), flush=True)
+        if "digest" in sections:
+            figures["digest"] = digest_cost()
+        if "live" in sections:
+            figures["live"] = live_verdict(base, args.store_ranks, args.store_steps, args.live_repeats)
+            print(json.dumps(figures["live"]), flush=True)
+        if "nodes" in sections:
+            counts = [int(c) for c in args.node_counts.split(",")]
+            figures["nodes"] = node_stores(base, counts, args.node_steps)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
             write_results(args.json, figures)
