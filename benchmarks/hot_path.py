@@ -10,8 +10,10 @@ both sides alike); the figure is the median over blocks of (monitored - plain) p
    thread's own CPU time. The hot path of a watched step is the two figures' sum.
 3. ``components``: each part alone in tight loops (the empty monitored step, the forward hook, the optimizer
    hooks, PyTorch's dispatch to them included) and their sum: the least noisy figure.
+4. ``--fsdp`` (alone): what the FSDP2 hooks add per all-gather and per reduce-scatter, interleaved blocks.
 
-Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``
+Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]``;
+``python benchmarks/hot_path.py --fsdp [--calls 20000] [--blocks 7] [--json OUT]``
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import quantile, write_results  # noqa: E402
+from _harness import free_port, quantile, write_results  # noqa: E402
 
 
 def _plain_loop(data) -> None:
@@ -147,12 +149,82 @@ def bench_components(mon, calls: int = 20000, repeats: int = 9) -> dict:
     return parts
 
 
+def bench_fsdp_hooks(calls: int, blocks: int) -> dict:
+    """What the FSDP2 hooks add on the training thread, per all-gather and per reduce-scatter: a 1-rank gloo
+    group and a real FSDP2 model watched by a real monitor; the hooks of its first unit driven directly with
+    the collective replaced by a no-op, so what is timed is the agent's own code (the issue wrapper, the wait
+    wrapper with its one ``collectives`` event, the reduce-scatter wrapper) against calling the no-op."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 1))
+    fully_shard(model[0])
+    fully_shard(model)
+    mon = ranksight.init(run_dir=tempfile.mkdtemp(), job="bench", flush_interval_s=0.2)
+    mon.watch(model)
+    recorder = mon._closers[-1]
+    hooks = recorder.units[0]
+    hooks.original_wait = lambda: None  # FSDP2's copy-out is not the agent's cost
+    out, inp = torch.empty(128), torch.empty(64)
+
+    def noop(comm, *a, **k):
+        return None
+
+    comm = hooks.group._all_gather_comm
+    results: dict[str, list[float]] = {"plain_ns": [], "all_gather_ns": [], "reduce_scatter_ns": []}
+    with mon.step():
+        for _ in range(blocks):
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                noop(comm, out, inp, None)
+            results["plain_ns"].append((time.perf_counter_ns() - t0) / calls)
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                hooks.all_gather(noop, comm, (out, inp, None), {})
+                hooks.wait_for_unshard()
+            results["all_gather_ns"].append((time.perf_counter_ns() - t0) / calls)
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                hooks.reduce_scatter(noop, comm, (inp, out, None, None), {})
+            results["reduce_scatter_ns"].append((time.perf_counter_ns() - t0) / calls)
+            time.sleep(0.3)  # let the agent thread drain the events between blocks
+    mon.close()
+    plain = statistics.median(results["plain_ns"])
+    summary = {
+        "all_gather_us": (statistics.median(results["all_gather_ns"]) - plain) / 1000,
+        "reduce_scatter_us": (statistics.median(results["reduce_scatter_ns"]) - plain) / 1000,
+        "torch": torch.__version__,
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    print(
+        f"per all-gather (issue + wait wrappers): {summary['all_gather_us']:.2f} us; "
+        f"per reduce-scatter: {summary['reduce_scatter_us']:.2f} us (load {summary['load_avg_1m']:.1f})"
+    )
+    dist.destroy_process_group()
+    return {"summary": summary, "blocks": results}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--blocks", type=int, default=None, help="A/B blocks (default 30; with --fsdp 7)")
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--fsdp", action="store_true", help="the FSDP2 hooks alone, per collective")
+    parser.add_argument("--calls", type=int, default=20000, help="--fsdp: calls per block")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    if args.fsdp:
+        result = bench_fsdp_hooks(args.calls, args.blocks or 7)
+        if args.json:
+            write_results(args.json, result, rounds=args.blocks or 7)
+        return 0
+    args.blocks = args.blocks or 30
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     import torch
