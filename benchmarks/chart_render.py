@@ -16,15 +16,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import free_port, write_results  # noqa: E402
+from dashboard_bench import CHROMIUM_ARGS, serve_app  # noqa: E402
 
 _APP = """
 import json, sys
@@ -48,7 +47,6 @@ _DRAW = {
         "svg[data-chart='stacked-shares'] rect[data-bar]",
     ),
 }
-CHROMIUM_ARGS = ("--no-sandbox", "--disable-background-networking", "--disable-dev-shm-usage")
 
 
 def _drawn(page, selector: str) -> None:
@@ -61,37 +59,6 @@ def _drawn(page, selector: str) -> None:
         polling=20,
         timeout=60000,
     )
-
-
-def _serve(app: str, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            app,
-            "--server.address",
-            "127.0.0.1",
-            "--server.port",
-            str(port),
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"streamlit did not answer on 127.0.0.1:{port}")
 
 
 def main() -> int:
@@ -121,7 +88,7 @@ def main() -> int:
                 with open(app, "w") as f:
                     f.write(_APP.format(module=module, function=function, rows=rows_path, draw=draw))
                 port = free_port()
-                servers[kind] = (_serve(app, port), port)
+                servers[kind] = (serve_app(app, port), port)
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
                 page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()

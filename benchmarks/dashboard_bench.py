@@ -245,30 +245,35 @@ st.markdown("**{marker}**: a page with this line alone")
 """
 
 
+def serve_app(app: str, port: int):
+    """A Streamlit app served on ``port`` with the dashboard's own flags, returned once it answers."""
+    import subprocess
+
+    from ranksight.commands.dashboard import wait_ready
+    from ranksight.dashboard import serve_command
+
+    flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", app, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_ready(proc, "127.0.0.1", port)
+    return proc
+
+
 @contextlib.contextmanager
 def bare_page_on_fresh_server(marker: str):
     """As ``page_on_fresh_server``, for a Streamlit app of one line holding ``marker``, served with the
     dashboard's own flags: what any Streamlit page costs a fresh browser here (the floor under the Verdict
     page's first render, as DuckDB's own queries are under the readers')."""
-    import subprocess
     import tempfile
-
-    from ranksight.commands.dashboard import wait_ready
-    from ranksight.dashboard import serve_command
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
         app = os.path.join(folder, "bare.py")
         with open(app, "w") as f:
             f.write(_BARE_APP.format(marker=marker))
-        flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", app, *flags],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = serve_app(app, port)
         try:
-            wait_ready(proc, "127.0.0.1", port)
             with _fresh_browser_page() as page:
                 yield page, port
         finally:
