@@ -17,17 +17,15 @@ plus the reader process's user + system time, and the part spent inside the trai
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import machine_load, rotated, write_results  # noqa: E402
+from _harness import fresh_process, machine_load, rotated, write_results  # noqa: E402
 
 _CHILD = r"""
 import json, os, sys, threading, time
@@ -111,14 +109,9 @@ print(json.dumps({
 
 
 def measure(seconds: float, mode: str, interval_s: float, hidden: int) -> dict:
+    """One fresh process of ``_CHILD``: its figures, and its own wall, user and system seconds."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(seconds), mode, str(interval_s), tmp, str(hidden)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return fresh_process(_CHILD, seconds, mode, interval_s, tmp, hidden)
 
 
 def summarize(off: list[dict], arm: list[dict]) -> dict:
