@@ -325,25 +325,23 @@ def rank_main(rank: int, launch_dict: dict, port: int) -> None:
     dist.destroy_process_group()
 
 
-def start_traceml_aggregator(launch: Launch, log_path: str) -> subprocess.Popen:
-    """Start ``traceml serve`` for one launch (summary mode: it writes final_summary.* at the end)."""
-    exe = os.path.join(os.path.dirname(sys.executable), "traceml")
-    cmd = [
-        exe,
-        "serve",
-        "--mode",
-        "summary",
-        "--logs-dir",
-        launch.traceml_logs,
-        "--run-name",
-        launch.traceml_session,
-        "--nproc-per-node",
-        str(launch.workload.ranks),
-        "--aggregator-port",
-        str(launch.traceml_port),
-    ]
-    log = open(log_path, "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+@contextlib.contextmanager
+def traceml_aggregator(ranks: int, port: int, session: str, logs: str, log_path: str, timeout_s: float = 120.0):
+    """``traceml serve`` (summary mode) for one launch while the block runs; then Ctrl+C, on which it finalises
+    and writes ``final_summary.{json,txt}`` under ``logs/session``; its own output goes to ``log_path``."""
+    cmd = [os.path.join(os.path.dirname(sys.executable), "traceml"), "serve", "--mode", "summary", "--logs-dir", logs,
+           "--run-name", session, "--nproc-per-node", str(ranks), "--aggregator-port", str(port)]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def _preload_forkserver() -> None:
@@ -371,27 +369,23 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
 
     _preload_forkserver()
     os.makedirs(launch.out_dir, exist_ok=True)
-    aggregator = None
+    aggregator_rss, aggregator_cpu_s = 0, 0.0
+    aggregator = contextlib.nullcontext()
     if launch.arm == "traceml":
         launch.traceml_port = launch.traceml_port or free_port()
         launch.traceml_logs = launch.traceml_logs or os.path.join(launch.out_dir, "traceml-logs")
         launch.traceml_session = launch.traceml_session or launch.run_id
-        aggregator = start_traceml_aggregator(launch, os.path.join(launch.out_dir, "traceml-serve.log"))
-    aggregator_rss, aggregator_cpu_s = 0, 0.0
-    try:
-        mp.start_processes(
-            rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
-        )
-    finally:
-        if aggregator is not None:
-            aggregator_rss, aggregator_cpu_s = _tree_usage(aggregator.pid)
-            # `traceml serve` runs until Ctrl+C, then finalises and writes final_summary.{json,txt}.
-            aggregator.send_signal(signal.SIGINT)
-            try:
-                aggregator.wait(timeout=aggregator_timeout_s)
-            except subprocess.TimeoutExpired:
-                aggregator.kill()
-                aggregator.wait(timeout=10)
+        aggregator = traceml_aggregator(launch.workload.ranks, launch.traceml_port, launch.traceml_session,
+                                        launch.traceml_logs, os.path.join(launch.out_dir, "traceml-serve.log"),
+                                        aggregator_timeout_s)  # fmt: skip
+    with aggregator as proc:
+        try:
+            mp.start_processes(
+                rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
+            )
+        finally:
+            if proc is not None:  # measured before Ctrl+C: what it held through the run
+                aggregator_rss, aggregator_cpu_s = _tree_usage(proc.pid)
     result: dict = {"aggregator_rss": aggregator_rss, "aggregator_cpu_s": aggregator_cpu_s}
     for r in range(launch.workload.ranks):
         with open(os.path.join(launch.out_dir, f"{launch.arm}-rank{r}.json")) as f:

@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,11 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import free_port, write_results  # noqa: E402
 from _peers import (  # noqa: E402
     START_METHOD,
-    Launch,
-    Workload,
     _preload_forkserver,
     init_rank,
-    start_traceml_aggregator,
+    traceml_aggregator,
     train_step,
 )
 
@@ -159,36 +156,20 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
 
     _preload_forkserver()
     os.makedirs(out_dir, exist_ok=True)
-    aggregator = None
     traceml_cfg: dict = {}
+    aggregator = contextlib.nullcontext()
     if arm == "traceml":
         traceml_cfg = {"session_id": f"{cfg.fault}", "aggregator_port": free_port(), "logs_dir": out_dir}
-        launch = Launch(
-            arm=arm,
-            workload=Workload(ranks=cfg.ranks),
-            out_dir=out_dir,
-            run_dir="",
-            run_id="",
-            traceml_port=traceml_cfg["aggregator_port"],
-            traceml_session=traceml_cfg["session_id"],
-            traceml_logs=out_dir,
+        aggregator = traceml_aggregator(
+            cfg.ranks, traceml_cfg["aggregator_port"], cfg.fault, out_dir, os.path.join(out_dir, "traceml-serve.log")
         )
-        aggregator = start_traceml_aggregator(launch, os.path.join(out_dir, "traceml-serve.log"))
-    try:
+    with aggregator:
         mp.start_processes(
             diagnosis_peers.demo_peer_main,  # by its module's name: the ranks unpickle it from there
             args=(asdict(cfg), free_port(), arm, out_dir, traceml_cfg),
             nprocs=cfg.ranks,
             start_method=START_METHOD,
         )
-    finally:
-        if aggregator is not None:
-            aggregator.send_signal(signal.SIGINT)
-            try:
-                aggregator.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                aggregator.kill()
-                aggregator.wait(timeout=10)
     if arm == "profiler":
         out = {}
         for r in range(cfg.ranks):
