@@ -42,7 +42,6 @@ class Workload:
     """One training job: an MLP over a synthetic in-memory data set, ``ranks`` gloo ranks."""
 
     width: int = 256
-    """Width of the MLP's hidden layers (``depth`` of them); ``batch`` rows a step."""
     depth: int = 3
     batch: int = 256
     warmup_steps: int = 20
