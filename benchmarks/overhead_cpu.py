@@ -174,74 +174,50 @@ def _tool_threads_cpu_s(launch: dict) -> float:
 
 
 def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
-    """Ratios to the same round's baseline, per arm."""
+    """Ratios to the same round's baseline, per arm: the median over rounds with its min and max."""
     by = {(x["round"], x["arm"]): x for x in launches}
     rounds = sorted({x["round"] for x in launches})
     out = {}
+
+    def each(arm: str, key: str) -> list:
+        return [by[r, arm][key] for r in rounds]
+
+    def ratios(arm: str, key: str) -> list[float]:
+        return [a / b for a, b in zip(each(arm, key), each("baseline", key))]
+
     for arm in arms:
-        med = [by[r, arm]["median_s"] / by[r, "baseline"]["median_s"] for r in rounds]
-        mean = [by[r, arm]["mean_s"] / by[r, "baseline"]["mean_s"] for r in rounds]
-        cpu = [by[r, arm]["cpu_per_step_s"] / by[r, "baseline"]["cpu_per_step_s"] for r in rounds]
-        thread_cpu = [
-            by[r, arm]["train_thread_cpu_per_step_s"] / by[r, "baseline"]["train_thread_cpu_per_step_s"] for r in rounds
-        ]
-        warm = [by[r, arm]["warmup_total_s"] / by[r, "baseline"]["warmup_total_s"] for r in rounds]
+        spreads = {
+            name: ratios(arm, key)
+            for name, key in (("median", "median_s"), ("mean", "mean_s"), ("cpu", "cpu_per_step_s"))
+        }
         rss = [statistics.fmean(by[r, arm]["rss_end"]) - statistics.fmean(by[r, "baseline"]["rss_end"]) for r in rounds]
-        # Best of rounds (as timeit reports): contention only ever slows a launch down, so the fastest
-        # launch of each arm is the least disturbed one.
-        best = min(by[r, arm]["median_s"] for r in rounds) / min(by[r, "baseline"]["median_s"] for r in rounds)
-        best_cpu = min(by[r, arm]["cpu_per_step_s"] for r in rounds) / min(
-            by[r, "baseline"]["cpu_per_step_s"] for r in rounds
-        )
         out[arm] = {
-            "best_ratio": best,
-            "best_cpu_ratio": best_cpu,
-            "median_ratio": statistics.median(med),
-            "median_ratio_min": min(med),
-            "median_ratio_max": max(med),
-            "mean_ratio": statistics.median(mean),
-            "mean_ratio_min": min(mean),
-            "mean_ratio_max": max(mean),
-            "cpu_ratio": statistics.median(cpu),
-            "cpu_ratio_min": min(cpu),
-            "cpu_ratio_max": max(cpu),
-            "train_thread_cpu_ratio": statistics.median(thread_cpu),
+            # Best of rounds (as timeit reports): contention only ever slows a launch down, so the fastest
+            # launch of each arm is the least disturbed one.
+            "best_ratio": min(each(arm, "median_s")) / min(each("baseline", "median_s")),
+            "best_cpu_ratio": min(each(arm, "cpu_per_step_s")) / min(each("baseline", "cpu_per_step_s")),
+            **{
+                f"{name}_ratio{end}": fn(values)
+                for name, values in spreads.items()
+                for end, fn in (("", statistics.median), ("_min", min), ("_max", max))
+            },
+            "train_thread_cpu_ratio": statistics.median(ratios(arm, "train_thread_cpu_per_step_s")),
             "cpu_extra_us_per_step": statistics.median(
                 (by[r, arm]["cpu_per_step_s"] - by[r, "baseline"]["cpu_per_step_s"]) * 1e6 for r in rounds
             ),
-            "warmup_ratio": statistics.median(warm),
+            "warmup_ratio": statistics.median(ratios(arm, "warmup_total_s")),
             "tool_threads_cpu_us_per_step": statistics.median(_tool_threads_cpu_s(by[r, arm]) for r in rounds)
             / by[rounds[0], arm]["steps"]
             * 1e6,
-            "train_thread_cpu_us_per_step": statistics.median(by[r, arm]["train_thread_cpu_per_step_s"] for r in rounds)
-            * 1e6,
-            "other_threads_cpu_us_per_step": statistics.median(
-                by[r, arm]["other_threads_cpu_per_step_s"] for r in rounds
-            )
-            * 1e6,
-            "step_ms_median": statistics.median(by[r, arm]["median_s"] for r in rounds) * 1e3,
+            "train_thread_cpu_us_per_step": statistics.median(each(arm, "train_thread_cpu_per_step_s")) * 1e6,
+            "other_threads_cpu_us_per_step": statistics.median(each(arm, "other_threads_cpu_per_step_s")) * 1e6,
+            "step_ms_median": statistics.median(each(arm, "median_s")) * 1e3,
             "rss_delta_mb_per_rank": statistics.median(rss) / 2**20,
-            "aggregator_rss_mb": statistics.median(by[r, arm]["aggregator_rss"] for r in rounds) / 2**20,
-            "aggregator_cpu_s": statistics.median(by[r, arm]["aggregator_cpu_s"] for r in rounds),
-            "disk_mb": statistics.median(by[r, arm]["disk_bytes"] for r in rounds) / 2**20,
+            "aggregator_rss_mb": statistics.median(each(arm, "aggregator_rss")) / 2**20,
+            "aggregator_cpu_s": statistics.median(each(arm, "aggregator_cpu_s")),
+            "disk_mb": statistics.median(each(arm, "disk_bytes")) / 2**20,
         }
     return out
-
-
-def _table(size: str, summary: dict) -> str:
-    rows = [
-        f"\n{size}: ratio to no monitoring, median over rounds [min-max]",
-        f"{'arm':10s} {'step time (median)':>22s} {'throughput':>22s} {'CPU per step':>22s} "
-        f"{'+CPU us/step':>12s} {'RSS +MB/rank':>12s}",
-    ]
-    for arm, s in summary.items():
-        rows.append(
-            f"{arm:10s} {s['median_ratio']:8.3f} [{s['median_ratio_min']:.3f}-{s['median_ratio_max']:.3f}] "
-            f"{s['mean_ratio']:8.3f} [{s['mean_ratio_min']:.3f}-{s['mean_ratio_max']:.3f}] "
-            f"{s['cpu_ratio']:8.3f} [{s['cpu_ratio_min']:.3f}-{s['cpu_ratio_max']:.3f}] "
-            f"{s['cpu_extra_us_per_step']:12.0f} {s['rss_delta_mb_per_rank']:12.1f}"
-        )
-    return "\n".join(rows)
 
 
 def markdown_table(result: dict) -> str:
@@ -336,8 +312,6 @@ def main() -> int:
                 result["sizes"][size]["ab"] = {v: run_ab_size(size, root, v) for v in AB_VARIANTS}
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for size, data in result["sizes"].items():
-        print(_table(size, data["summary"]))
     result["table"] = markdown_table(result)
     print("\n" + result["table"])
     bound_mb = result["agent_buffer_bound_mb"]
