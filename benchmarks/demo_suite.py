@@ -20,6 +20,10 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _harness import write_results  # noqa: E402
+
 GPU_DEFAULT = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
 CPU_DEFAULT = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 # What each planted fault must be diagnosed as first (None: no warning or critical finding at all).
@@ -61,7 +65,7 @@ def run(args) -> int:
     from ranksight.commands.demo_job import DemoConfig, run_demo
 
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
-    out = {"argv": sys.argv, "runs": {}}
+    out: dict = {"runs": {}}
     try:
         import torch
 
@@ -89,8 +93,7 @@ def run(args) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing fault must not lose the others
             out["runs"][name] = {"fault": fault, "error": f"{type(exc).__name__}: {exc}"}
         print(name, json.dumps(out["runs"][name]), flush=True)
-    with open(os.path.join(args.out, "demo_runs.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    write_results(os.path.join(args.out, "demo_runs.json"), out, arms=args.faults)
     return 0
 
 
@@ -142,8 +145,7 @@ def report(args) -> int:
             else "no warning"
         )
         print(f"{name:28s} {shown:55s} {'right' if right else 'WRONG'}")
-    with open(os.path.join(args.dir, "demo_diagnosis.json"), "w") as f:
-        json.dump(table, f, indent=1, default=str)
+    write_results(os.path.join(args.dir, "demo_diagnosis.json"), {"runs": table})
     return 0 if ok else 1
 
 
