@@ -121,11 +121,18 @@ def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_pa
     for rank in (0, 1):
         assert sync[rank]["allreduce_share"] > 0.3
         assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
+
     # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means. On
     # 2 cores a 64 MB gloo all-reduce and the backward that writes those 64 MB take about as long (either
     # may be the larger share from one run to the next), so the exposed all-reduce is held against the
-    # healthy job's and against every phase but compute, not against compute itself.
-    assert mean(sync, "comm_exposed_share") > mean(base, "comm_exposed_share") + 0.2
+    # healthy job's and against every phase but compute, not against compute itself. Against the healthy
+    # job: in time per step, 4x at least; in share, 10 pp more (at load average 4-7 the healthy job's own
+    # skew read as 29-35 % exposed, against 48-51 % here).
+    def exposed_s(shares):
+        return sum(r["comm_exposed_share"] * r["step_median_s"] for r in shares.values()) / len(shares)
+
+    assert exposed_s(sync) > 4 * exposed_s(base)
+    assert mean(sync, "comm_exposed_share") > mean(base, "comm_exposed_share") + 0.1
     for phase in ("data_wait_share", "optimizer_share", "other_share"):  # no host-to-device copy on CPU
         assert mean(sync, "comm_exposed_share") > mean(sync, phase), phase
     assert mean(sync, "allreduce_share") > mean(base, "allreduce_share")
