@@ -57,7 +57,7 @@ fi
 if has tests; then
   # --basetemp keeps each test's run folders under $W (packed into runs.tgz below), so a verdict a GPU
   # test disagreed with can be re-diagnosed here after the machine is gone.
-  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider --basetemp "$W/pytest" ${ROUND_TESTS:-tests/test_gpu_cuda.py \
+  (cd "$W/t" && python3 -m pytest -q -p no:cacheprovider --basetemp "$W/pytest" ${ROUND_TESTS:-tests/test_gpu_cuda.py tests/test_import_gpu.py \
     tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
 if has import; then
