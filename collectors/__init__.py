@@ -5,12 +5,14 @@ The run directory belongs to this package: the CLI, the rules and the dashboard 
 and compact them (``ingest``, ``prune``) through the names below, never through its modules.
 """
 
+from ranksight.format.phases import breakdown_total
+
 from ._digest_source import expect_verdict
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES, compute_context, compute_features
 from ._prometheus_reader import PrometheusError, PrometheusReader
-from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, breakdown_total, kept_steps_sql, step_breakdown, steps_source
+from ._queries import PERIOD_SQL, PHASE_SQL, PHASES, kept_steps_sql, step_breakdown, steps_source
 from ._rollup import Rollup
-from ._run import Run, open_run, run_features
+from ._run import Run, open_run, open_segments, run_features
 from ._rundir import (
     QUARANTINE_DIR,
     RankMeta,
@@ -51,6 +53,7 @@ __all__ = [
     "check_run_dir",
     "list_runs",
     "open_run",
+    "open_segments",
     "rank_is_live",
     "read_rank_meta",
     "segment_columns",

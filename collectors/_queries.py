@@ -82,32 +82,6 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
     return [dict(zip(names, row)) for row in rows]
 
 
-def breakdown_total(rows: list[dict]) -> dict:
-    """All ranks in one row, from per-rank breakdown rows (``step_breakdown``'s, or the dashboard rollup's):
-    the one definition of the run's totals, so the CLI, the Verdict, Breakdown and Compare pages agree.
-
-    Each phase's share is the ranks' shares weighted by their period sums (``steps`` x ``step_mean_s``), which
-    is the share of the summed periods; a phase no rank measured (H2D on a CPU job) stays None, not 0.
-    Returns ``rows`` (kept steps over all ranks), ``step_mean_s``, ``step_max_s`` (where the rows carry it),
-    each ``<phase>_share`` and ``h2d_measured``.
-    """
-    steps = sum(r["steps"] or 0 for r in rows)
-    weights = [(r["step_mean_s"] or 0) * (r["steps"] or 0) for r in rows]
-    total_s = sum(weights)
-    worst = [r["step_max_s"] for r in rows if r.get("step_max_s") is not None]
-    out: dict = {
-        "rows": steps,
-        "step_mean_s": total_s / steps if steps else None,
-        "step_max_s": max(worst) if worst else None,
-    }
-    for p in PHASES:
-        key = f"{p[:-2]}_share"
-        measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
-        out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
-    out["h2d_measured"] = out["h2d_share"] is not None or any(r.get("h2d_measured") for r in rows)
-    return out
-
-
 def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
     """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
     ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
@@ -365,3 +339,47 @@ def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3)
         if len(parts) < limit:
             parts.append(f"{op} x{per_step:.1f}/step ({origin})")
     return {rank: ", ".join(parts) for rank, parts in out.items()}
+
+
+def step_series(con, warmup_steps: int = WARMUP_STEPS) -> list[tuple[int, float]]:
+    """(end time ns, mean period across ranks) per step after warm-up, in time order (the onset of a change)."""
+    sql = f"""
+        WITH {kept_steps_sql(steps_source(con))}
+        SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
+    """
+    return [(int(t), float(p)) for t, p in con.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
+
+
+def steps_recorded(con) -> dict[int, int]:
+    """Per rank, how many step rows it recorded, warm-up included."""
+    return {int(rank): int(n) for rank, n in con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall()}
+
+
+GPU_UTILIZATION_SAMPLE = "gpu_utilization_ratio"
+
+
+def stretch_figures(con, width: int, warmup_steps: int = 0) -> list[dict]:
+    """Per stretch of ``width`` steps and rank: ``stretch`` (step // width), ``rank``, ``last_step`` (of the
+    stretch on that rank), ``step_time_s`` (median period), each ``<phase>_share`` (the phase's time over the
+    stretch's period, as the breakdown sums it) and ``gpu_utilization`` (NVML's mean; None where not sampled)."""
+    width = max(1, int(width))
+    shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
+    cur = con.execute(
+        f"""WITH {kept_steps_sql(steps_source(con))}
+            SELECT step // {width} AS stretch, rank, max(step) AS last_step, median(period_s) AS step_time_s, {shares}
+            FROM kept GROUP BY ALL ORDER BY stretch, rank""",
+        [warmup_steps, warmup_steps],
+    )
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, row)) for row in cur.fetchall()]
+    gpu = {
+        (b, rank): value
+        for b, rank, value in con.execute(
+            f"""SELECT step // {width} AS b, rank, avg(value) FROM samples
+                WHERE name = ? AND step IS NOT NULL AND value IS NOT NULL GROUP BY ALL""",
+            [GPU_UTILIZATION_SAMPLE],
+        ).fetchall()
+    }
+    for r in rows:
+        r["gpu_utilization"] = gpu.get((r["stretch"], r["rank"]))
+    return rows

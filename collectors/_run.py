@@ -9,24 +9,34 @@ path -- stored answers, digests or rows -- in one place (``Run.path_for``).
 
 from __future__ import annotations
 
+from ranksight.format.phases import breakdown_total
+from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
 from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
 from ._features import compute_context, compute_features
-from ._queries import breakdown_total, collective_ops, step_breakdown
+from ._queries import (
+    collective_ops,
+    step_breakdown,
+    step_series,
+    steps_recorded,
+    stretch_figures,
+)
 from ._rollup import Rollup
 from ._run_state import RunState
 from ._rundir import RankMeta, SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
 from ._spool_reader import open_views, reading_connection, skipped_files
+from ._tables import select_list
 
 
 class Run:
     """A run folder's records, read: DuckDB views per record kind plus what the reading knows about them.
 
-    Make one with ``open_run``. Figures: ``breakdown``, ``total``, ``features``, ``context``, ``collectives``
-    (each kept for the reading: ask twice, read once), and the dashboard's ``rollup`` (kept up to date). SQL
+    Make one with ``open_run`` (or ``open_segments``). Figures: ``breakdown``, ``total``, ``features``,
+    ``context``, ``collectives`` (each kept for the reading: ask twice, read once), ``steps_recorded``,
+    ``step_series``, a tracker's ``stretches``, and the dashboard's ``rollup`` (kept up to date). SQL
     over the views: ``execute`` and ``sql``, and every other method of the DuckDB connection (``con``), so code
     written for the connection reads a Run as well. ``refresh`` takes in what the ranks wrote since; ``close``
     ends the reading.
@@ -195,6 +205,28 @@ class Run:
         since = self.since_ns(window)
         return self._once(("collectives", warmup_steps, since), lambda: collective_ops(self, warmup_steps, since))
 
+    @property
+    def last_step(self) -> int | None:
+        """The highest step number any rank recorded; None before the first step row."""
+        found = self._once(("last_step",), lambda: self._con.execute("SELECT max(step) FROM steps").fetchone()[0])
+        return None if found is None else int(found)
+
+    def steps_recorded(self) -> dict[int, int]:
+        """Per rank, how many step rows it recorded, warm-up included (what a kept count is a part of)."""
+        return self._once(("steps_recorded",), lambda: steps_recorded(self))
+
+    def step_series(self, *, warmup_steps: int = WARMUP_STEPS) -> list[tuple[int, float]]:
+        """(end time ns, mean period across ranks) per step after warm-up, in time order: where a recent
+        window's step time began (``rules.diagnose(since_s=...)``)."""
+        return self._once(("step_series", warmup_steps), lambda: step_series(self, warmup_steps))
+
+    def stretches(self, width: int, *, warmup_steps: int = 0) -> list[dict]:
+        """Per stretch of ``width`` steps and rank: ``stretch``, ``rank``, ``last_step``, ``step_time_s``
+        (median), each ``<phase>_share`` and ``gpu_utilization`` (None where not sampled). A tracker logs a
+        bounded number of points whatever the step rate; ``warmup_steps`` 0 keeps every step, so each
+        stretch of a live run counts once."""
+        return self._once(("stretches", int(width), warmup_steps), lambda: stretch_figures(self, width, warmup_steps))
+
 
 def open_run(run_path: str, con=None, *, follow_spool: bool = True) -> Run:
     """Open a run folder for reading: a ``Run`` over one DuckDB view per record kind.
@@ -219,6 +251,26 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True) -> Run:
         con.refresh(force=True)
         return con
     return Run(run_path, con, follow_spool=follow_spool)
+
+
+def open_segments(run_path: str, files: dict[str, list[str]]) -> Run:
+    """A ``Run`` over exactly the segment files given per record kind (``segment_files``' paths), not the
+    store nor the rest of the spool: a live follower reads each new segment once. A kind without files reads
+    as an empty table; ``refresh`` leaves the reading as it is."""
+    import duckdb
+
+    con = duckdb.connect()
+    for kind, paths in files.items():
+        if paths:
+            source = f"read_parquet({_sql_list(paths)}, union_by_name = true)"
+            con.execute(f"CREATE TEMP VIEW {kind} AS SELECT {select_list(con, source, kind)} FROM {source}")
+        else:
+            con.execute(f"CREATE TEMP TABLE {kind} ({duckdb_columns(kind)})")
+    return Run(run_path, con, make_views=False)
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def run_features(run_path: str, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:

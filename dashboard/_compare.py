@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from statistics import median
 
-from ranksight.collectors import PHASES, breakdown_total
+from ranksight.collectors import PHASES
+from ranksight.format.phases import breakdown_total
 
 from ._queries import PHASE_LABELS
 

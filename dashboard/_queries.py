@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ranksight.collectors import PHASES, breakdown_total
+from ranksight.collectors import PHASES
+from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import SAMPLE_NAMES
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql
 
@@ -101,7 +102,7 @@ def run_overview(con) -> dict:
 def breakdown_per_rank(con) -> list[dict]:
     """Per rank: steps, mean and worst step time, and each phase's share of step time.
 
-    Same definition as ``ranksight.collectors.step_breakdown`` (tests hold the two equal), computed
+    Same definition as ``Run.breakdown`` (tests hold the two equal), computed
     from the rollup so it stays fast at 1,024 ranks.
     """
     cur = con.execute(
@@ -118,7 +119,7 @@ def breakdown_per_rank(con) -> list[dict]:
 
 def rollup_total(con) -> dict:
     """Each phase's share of step time over all ranks, with the mean and worst step time: the rollup's
-    per-rank rows totalled as ``ranksight.collectors.breakdown_total`` totals the diagnosis's."""
+    per-rank rows totalled as ``ranksight.format.phases.breakdown_total`` totals the diagnosis's."""
     return breakdown_total(breakdown_per_rank(con))
 
 

@@ -6,7 +6,7 @@ import os
 import statistics
 import time
 
-from ranksight.collectors import Run, RunDirError, kept_steps_sql, open_run, steps_source
+from ranksight.collectors import Run, RunDirError, open_run
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._evaluate import evaluate, run_checklist
@@ -53,7 +53,7 @@ def diagnose(
         "end_ns": end_ns,
         "steps": max((r["steps"] for r in recent["breakdown"]["ranks"]), default=0),
     }
-    change = verdict_change(whole["findings"], recent["findings"], _step_series(run, warmup_steps), since_ns)
+    change = verdict_change(whole["findings"], recent["findings"], run.step_series(warmup_steps=warmup_steps), since_ns)
     return {"run": name, **recent, "window": window, "change": change, "whole_run": {"findings": whole["findings"]}}
 
 
@@ -87,15 +87,6 @@ def _other_time(breakdown: list[dict], metas: list) -> list[dict]:
                 {"rank": row["rank"], "other_share": share, "top": top["top"], "samples": top.get("other_samples")}
             )
     return out
-
-
-def _step_series(run: Run, warmup_steps: int) -> list[tuple[int, float]]:
-    """(end time ns, mean period across ranks) per step after warm-up, in time order."""
-    sql = f"""
-        WITH {kept_steps_sql(steps_source(run))}
-        SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
-    """
-    return [(int(t), float(p)) for t, p in run.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
 
 
 def _first_serious(findings: list[dict]) -> dict | None:

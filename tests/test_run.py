@@ -47,6 +47,30 @@ def test_a_window_is_the_last_seconds_of_the_runs_steps(tmp_path):
     assert recent != run.breakdown()
 
 
+def test_a_run_counts_its_steps_and_sums_them_in_stretches(tmp_path):
+    path = write_run(str(tmp_path / "r"), 2, 20)
+    run = open_run(path)
+    assert run.steps_recorded() == {0: 20, 1: 20} and run.last_step == 19
+    whole = run.stretches(1 << 62)  # one stretch per rank, every step kept: the breakdown's sums at no warm-up
+    assert [(r["stretch"], r["rank"], r["last_step"]) for r in whole] == [(0, 0, 19), (0, 1, 19)]
+    for r, b in zip(whole, run.breakdown(warmup_steps=0)):
+        assert r["compute_share"] == pytest.approx(b["compute_share"]) and r["step_time_s"] == b["step_median_s"]
+    assert len(run.stretches(5)) == 8 and all(r["gpu_utilization"] is None for r in whole)
+    series = run.step_series()
+    assert len(series) == 15 and [t for t, _ in series] == sorted(t for t, _ in series)
+
+
+def test_a_run_over_given_segments_reads_only_those(tmp_path):
+    from ranksight.collectors import open_segments, segment_files
+
+    path = write_run(str(tmp_path / "r"), 2, 20, segment="a")
+    write_run(path, 2, 20, first_step=20, segment="b")
+    files = segment_files(path, "steps")
+    run = open_segments(path, {"steps": files[:1], "samples": []})
+    assert sum(run.steps_recorded().values()) < sum(open_run(path).steps_recorded().values())
+    assert run.refresh(force=True) is False and run.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+
+
 def test_refresh_takes_in_new_segments_and_only_then(tmp_path):
     path = str(tmp_path / "live")
     write_run(path, 2, 20, segment="a", status="running")

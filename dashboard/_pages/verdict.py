@@ -5,7 +5,6 @@ from typing import Optional
 
 import streamlit as st
 
-from ranksight.collectors import breakdown_total
 from ranksight.dashboard import _data
 from ranksight.dashboard._queries import fix_gain_text
 from ranksight.dashboard._view import (
@@ -17,6 +16,7 @@ from ranksight.dashboard._view import (
     share_sentence,
     stacked_by_rank_svg,
 )
+from ranksight.format.phases import breakdown_total
 
 _COLORS = {"critical": "red", "warning": "orange", "info": "blue"}
 ctx = context()

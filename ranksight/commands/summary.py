@@ -63,7 +63,7 @@ def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
     metas = {m.rank: m for m in run.ranks}
     if not rows:
         return f"{run_path}: no steps recorded yet"
-    recorded = dict(run.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+    recorded = run.steps_recorded()
     kept = {r["rank"]: r["steps"] for r in rows}
     counts = steps_kept_title(kept, recorded, warmup)
     title = f"Step-time breakdown per rank ({counts}):"

@@ -89,3 +89,29 @@ PHASE_SQL: dict[str, str] = {
 }
 """SQL for each phase of one step row, as a share of ``PERIOD_SQL``: GPU-stream phases on a GPU rank
 (CUDA events), host phases on a CPU rank. They add up to the period (a NULL data wait counts as 0)."""
+
+
+def breakdown_total(rows: list[dict]) -> dict:
+    """All ranks in one row, from per-rank breakdown rows (``Run.breakdown``'s, or the dashboard rollup's):
+    the one definition of the run's totals, so the CLI, the Verdict, Breakdown and Compare pages agree.
+
+    Each phase's share is the ranks' shares weighted by their period sums (``steps`` x ``step_mean_s``), which
+    is the share of the summed periods; a phase no rank measured (H2D on a CPU job) stays None, not 0.
+    Returns ``rows`` (kept steps over all ranks), ``step_mean_s``, ``step_max_s`` (where the rows carry it),
+    each ``<phase>_share`` and ``h2d_measured``.
+    """
+    steps = sum(r["steps"] or 0 for r in rows)
+    weights = [(r["step_mean_s"] or 0) * (r["steps"] or 0) for r in rows]
+    total_s = sum(weights)
+    worst = [r["step_max_s"] for r in rows if r.get("step_max_s") is not None]
+    out: dict = {
+        "rows": steps,
+        "step_mean_s": total_s / steps if steps else None,
+        "step_max_s": max(worst) if worst else None,
+    }
+    for p in PHASES:
+        key = f"{p[:-2]}_share"
+        measured = [(r[key], w) for r, w in zip(rows, weights) if r.get(key) is not None]
+        out[key] = sum(v * w for v, w in measured) / total_s if total_s and measured else None
+    out["h2d_measured"] = out["h2d_share"] is not None or any(r.get("h2d_measured") for r in rows)
+    return out
