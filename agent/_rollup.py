@@ -200,7 +200,7 @@ def _num(row: dict, *names: str) -> float:
 
 
 def _on_step_clock(row: dict) -> tuple:
-    """(step period, data wait, exposed comm) of one step row, read as ``collectors.PHASE_SQL`` reads it.
+    """(step period, data wait, exposed comm) of one step row, read as ``ranksight.format.phases.PHASE_SQL`` reads it.
 
     A GPU rank's figures come from the GPU stream (CUDA events): the host runs ahead of a GPU-bound
     job, and NCCL completes the host's all-reduce futures at enqueue. A CPU rank's are the host's.

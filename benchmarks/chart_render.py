@@ -71,7 +71,8 @@ def main() -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors import open_run
+    from ranksight.collectors._queries import step_breakdown
 
     con = open_run(args.run, follow_spool=False)
     rows = step_breakdown(con)

@@ -66,8 +66,9 @@ def digest_every_segment(run: str) -> int:
 def verdict_of(run: str) -> tuple[list, dict, bool]:
     """(findings as (rule, ranks, severity), features per rank with the breakdown's figures under
     ``breakdown.``, whether the verdict read digests)."""
-    from ranksight.collectors import open_run, run_features
+    from ranksight.collectors import open_run
     from ranksight.collectors._digest_source import verdict_digests
+    from ranksight.collectors._run import run_features
     from ranksight.rules import diagnose
 
     con = open_run(run, follow_spool=False)

@@ -48,7 +48,8 @@ if old_site:
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
     sys.path.insert(0, old_site)
 import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
-from ranksight.collectors import open_run, step_breakdown
+from ranksight.collectors import open_run
+from ranksight.collectors._queries import step_breakdown  # an older version has it there too
 from ranksight.rules import diagnose
 if what == "rollup":
     from ranksight.dashboard import Rollup
@@ -163,7 +164,8 @@ def rules_only(run: str, rounds: int) -> dict:
     """The rules and the checklist alone over ``run``'s features, rank by rank and over columns in turn."""
     import time
 
-    from ranksight.collectors import compute_context, compute_features, open_run, read_rank_meta
+    from ranksight.collectors import open_run, read_rank_meta
+    from ranksight.collectors._features import compute_context, compute_features
     from ranksight.rules import load_rules
     from ranksight.rules._evaluate import evaluate, run_checklist
     from ranksight.rules._vector import Frame

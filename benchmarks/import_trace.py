@@ -157,7 +157,7 @@ def phase_shares(run_path: str, steps: list[int]) -> dict[int, dict[str, float]]
     """Per rank, each phase's share of the summed step period over the given step numbers."""
     import duckdb
 
-    from ranksight.collectors import PERIOD_SQL, PHASE_SQL
+    from ranksight.format.phases import PERIOD_SQL, PHASE_SQL
 
     sums = ", ".join(f"sum({PHASE_SQL[p]}) / sum({PERIOD_SQL}) AS {p}" for p in PHASES)
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")

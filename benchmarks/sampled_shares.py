@@ -77,7 +77,8 @@ def _mask(src: str, dst: str, every: int) -> int:
 
 
 def _read(path: str) -> dict:
-    from ranksight.collectors import PHASES, open_run, step_breakdown
+    from ranksight.collectors import PHASES, open_run
+    from ranksight.collectors._queries import step_breakdown
     from ranksight.rules import diagnose
 
     (row,) = [r for r in step_breakdown(open_run(path)) if r["rank"] == 0]

@@ -545,7 +545,8 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     import duckdb
     import pyarrow.parquet as pq
 
-    from ranksight.collectors import ingest, open_run, prune, step_breakdown
+    from ranksight.collectors import ingest, open_run, prune
+    from ranksight.collectors._queries import step_breakdown
     from ranksight.format.digest import DIGEST_DIR
     from ranksight.rules import diagnose
 
@@ -723,7 +724,8 @@ def digest_cost() -> list[dict]:
 
 def _verdict_s(run: str, repeats: int) -> dict:
     """``step_breakdown`` and ``diagnose()`` of ``run`` ``repeats`` times each, and the findings."""
-    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors import open_run
+    from ranksight.collectors._queries import step_breakdown
     from ranksight.rules import diagnose
 
     breakdown, judged = [], []

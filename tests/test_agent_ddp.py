@@ -9,7 +9,8 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from ranksight.collectors import open_run, read_rank_meta, step_breakdown
+from ranksight.collectors import open_run, read_rank_meta
+from ranksight.collectors._queries import step_breakdown
 
 from ._jobs import Job, run
 

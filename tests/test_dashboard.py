@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ranksight.collectors import PHASES, breakdown_total, open_run, step_breakdown
+from ranksight.collectors import PHASES, open_run
+from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import APP_PATH, Rollup, resolve
 from ranksight.dashboard import _queries as q
+from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import arrow_schema
 
 DEMO_STEPS = 30

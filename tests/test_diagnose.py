@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ranksight.cli import main
-from ranksight.collectors import run_features
+from ranksight.collectors._run import run_features
 from ranksight.format.schema import KINDS, arrow_schema
 from ranksight.rules import diagnose
 

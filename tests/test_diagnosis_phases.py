@@ -11,7 +11,9 @@ import os
 
 import pytest
 
-from ranksight.collectors import PHASES, open_run, run_features, step_breakdown
+from ranksight.collectors import PHASES, open_run
+from ranksight.collectors._queries import step_breakdown
+from ranksight.collectors._run import run_features
 from ranksight.rules import diagnose
 
 from .test_diagnose import _identity, _write

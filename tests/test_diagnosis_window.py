@@ -10,7 +10,8 @@ import time
 import pytest
 
 from ranksight.cli import main
-from ranksight.collectors import open_run, step_breakdown
+from ranksight.collectors import open_run
+from ranksight.collectors._queries import step_breakdown
 from ranksight.rules import diagnose
 
 from .test_diagnose import _identity, _write

@@ -23,8 +23,9 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import PHASES, _queries, ingest, open_run, prune, step_breakdown
+from ranksight.collectors import PHASES, _queries, ingest, open_run, prune
 from ranksight.collectors._digest_source import covering_digests
+from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import Rollup
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
 from ranksight.format.verdict_digest import RELATIVE_ERROR

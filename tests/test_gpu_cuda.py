@@ -237,7 +237,8 @@ def test_a_fetch_between_forward_and_backward_is_data_wait_not_gpu_compute(monit
     fetch the GPU was busy through costs nothing."""
     import statistics
 
-    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors import open_run
+    from ranksight.collectors._queries import step_breakdown
 
     a = torch.randn(4096, 4096, device="cuda")
 
@@ -277,7 +278,8 @@ def test_a_closure_optimizer_step_keeps_forward_and_backward_out_of_the_optimize
     """Lightning runs forward and backward inside ``optimizer.step(closure)``: the optimizer's pre-hook
     fires before forward. Its start is the framework's "before optimizer step" callback
     (``mon.optimizer_begin()``), so the GPU phases do not count forward and backward twice."""
-    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors import open_run
+    from ranksight.collectors._queries import step_breakdown
 
     mon = monitor(trace_first_step=10**9)
     model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda()
@@ -457,7 +459,8 @@ def test_shares_from_sampled_steps_agree_with_every_step(monitor, tmp_path):
     import importlib.util
 
     from ranksight.agent._event_sampling import is_sampled, threshold
-    from ranksight.collectors import PHASES, open_run, step_breakdown
+    from ranksight.collectors import PHASES, open_run
+    from ranksight.collectors._queries import step_breakdown
 
     spec = importlib.util.spec_from_file_location(
         "sampled_shares", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sampled_shares.py")
@@ -518,8 +521,9 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     digest while the loop runs under sync debug mode "error"; the rollup folds the digests and the
     breakdown taken from them equals the one from the rows (medians within their bound), GPU columns included."""
     import ranksight
-    from ranksight.collectors import open_run, step_breakdown
+    from ranksight.collectors import open_run
     from ranksight.collectors._digest_source import covering_digests
+    from ranksight.collectors._queries import step_breakdown
     from ranksight.dashboard import Rollup
     from ranksight.format.digest import DIGEST_DIR
     from ranksight.format.verdict_digest import RELATIVE_ERROR

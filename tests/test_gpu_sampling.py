@@ -20,8 +20,9 @@ from ranksight.agent._gpu_hooks import GpuResolver
 from ranksight.agent._identity import Identity
 from ranksight.agent._node_spool import publish_node_spool
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import PHASES, open_run, step_breakdown
+from ranksight.collectors import PHASES, open_run
 from ranksight.collectors._digest_source import covering_digests
+from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import _queries as q
 from ranksight.dashboard._rollup import Rollup
 from ranksight.rules import diagnose

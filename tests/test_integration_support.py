@@ -12,7 +12,8 @@ import time
 import pytest
 
 import ranksight
-from ranksight.collectors import open_run, read_rank_meta, step_breakdown
+from ranksight.collectors import open_run, read_rank_meta
+from ranksight.collectors._queries import step_breakdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "docs", "integrations", "examples")

@@ -67,7 +67,7 @@ def test_unmarked_input_is_not_measured_rather_than_zero(nanogpt):
         assert agent["rows"] == 30 - WARMUP and agent["data_rows"] == 0  # NULL in every row, never 0.0
     meta = {m.rank: m.data for m in read_rank_meta(path)}
     assert all("data_source" not in d for d in meta.values())
-    from ranksight.collectors import step_breakdown
+    from ranksight.collectors._queries import step_breakdown
 
     for row in step_breakdown(con, warmup_steps=WARMUP):
         assert row["data_wait_share"] is None, row

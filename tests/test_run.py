@@ -6,7 +6,9 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from ranksight.collectors import Run, breakdown_total, ingest, open_run, step_breakdown
+from ranksight.collectors import Run, ingest, open_run
+from ranksight.collectors._queries import step_breakdown
+from ranksight.format.phases import breakdown_total
 from ranksight.rules import diagnose
 
 from .test_dashboard import write_run

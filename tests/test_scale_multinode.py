@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from ranksight.collectors import StoreError, ingest, open_run, read_rank_meta, step_breakdown
+from ranksight.collectors import StoreError, ingest, open_run, read_rank_meta
+from ranksight.collectors._queries import step_breakdown
 
 RANK = """
 import json, os, sys, time

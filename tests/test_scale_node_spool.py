@@ -26,7 +26,8 @@ from ranksight.agent._node_spool import (
     publish_node,
     published_name,
 )
-from ranksight.collectors import ingest, open_run, read_rank_meta, skipped_files
+from ranksight.collectors import ingest, open_run, read_rank_meta
+from ranksight.collectors._spool_reader import skipped_files
 from ranksight.format.digest import chunk_steps_for, digest_paths
 
 AGENT_RANK = """

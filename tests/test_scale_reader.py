@@ -7,8 +7,9 @@ import duckdb
 
 from ranksight.agent._identity import Identity
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import ingest, open_run, skipped_files, step_breakdown
-from ranksight.collectors._spool_reader import MATERIALIZE_FROM_FILES
+from ranksight.collectors import ingest, open_run
+from ranksight.collectors._queries import step_breakdown
+from ranksight.collectors._spool_reader import MATERIALIZE_FROM_FILES, skipped_files
 
 
 def _write(run: str, ranks: int, segments_per_rank: int, first: int = 0) -> None:

@@ -14,8 +14,10 @@ import time
 
 from ranksight.agent import Identity
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import STORE_ALIAS, ingest, open_run, step_breakdown
+from ranksight.collectors import ingest, open_run
 from ranksight.collectors._answers import ANSWERS_TABLE
+from ranksight.collectors._queries import step_breakdown
+from ranksight.collectors._tables import STORE_ALIAS
 from ranksight.format.warmup import WARMUP_STEPS
 from ranksight.rules import diagnose
 

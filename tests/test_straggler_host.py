@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-from ranksight.collectors import run_features
+from ranksight.collectors._run import run_features
 from ranksight.rules import evaluate, load_rules
 
 from ._jobs import Job, run

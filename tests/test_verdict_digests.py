@@ -15,9 +15,10 @@ import pyarrow as pa
 import pytest
 
 from ranksight.agent._node_spool import publish_node_spool
-from ranksight.collectors import _answers, ingest, open_run, run_features
+from ranksight.collectors import _answers, ingest, open_run
 from ranksight.collectors._digest_queries import medians
 from ranksight.collectors._digest_source import covering_digests, verdict_digests
+from ranksight.collectors._run import run_features
 from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.format.schema import arrow_schema
@@ -604,7 +605,8 @@ def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tm
 def test_with_the_verdict_expected_a_damaged_per_step_part_leaves_only_its_figures_to_the_rows(tmp_path):
     """Reading every part at once must not cost the parts that read: a file's per-step part cut short sends the
     per-step comparisons to the rows, and the sums and medians still come from the digests."""
-    from ranksight.collectors import _digest_fold, expect_verdict
+    from ranksight.collectors import _digest_fold
+    from ranksight.collectors._digest_source import expect_verdict
 
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)

@@ -9,16 +9,8 @@ import os
 import duckdb
 import pytest
 
-from ranksight.collectors import (
-    SkippedFile,
-    ingest,
-    list_runs,
-    open_run,
-    prune,
-    read_rank_meta,
-    segment_files,
-    skipped_files,
-)
+from ranksight.collectors import SkippedFile, ingest, list_runs, open_run, prune, read_rank_meta, segment_files
+from ranksight.collectors._spool_reader import skipped_files
 
 from ._damage import (
     DAMAGES,

@@ -15,7 +15,8 @@ import sys
 import duckdb
 import pytest
 
-from ranksight.collectors import ingest, open_run, read_rank_meta, skipped_files
+from ranksight.collectors import ingest, open_run, read_rank_meta
+from ranksight.collectors._spool_reader import skipped_files
 
 WRITERS = 4
 PRUNE_AFTER_S = 3.0  # a reader's open_run and query finish well within this on a loaded 2-core machine
@@ -40,7 +41,8 @@ with open(out, "w") as f:
 
 READER = """
 import json, os, sys, time
-from ranksight.collectors import RunDirError, open_run, step_breakdown
+from ranksight.collectors import RunDirError, open_run
+from ranksight.collectors._queries import step_breakdown
 run, stop, out, follow = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "follow"
 reads = []
 while not os.path.exists(stop):
