@@ -10,10 +10,12 @@ step digests or rows for each call in one place (``Run.path_for``); callers ask 
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES
 from ._prometheus_reader import PrometheusError, PrometheusReader
 from ._queries import PHASES
+from ._rank_files import RankMeta
 from ._rollup import Rollup
 from ._run import Run, open_run, open_segments
-from ._rundir import RankMeta, RunDirError, SkippedFile, StoreError, segment_files, spool_signature, store_path
+from ._rundir import RunDirError, SkippedFile, StoreError, spool_signature, store_path
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
+from ._segment_checks import segment_files
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
 from ._trace_import import ImportResult, find_trace_files, import_traces
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from ._tables import quiet_connection
 
-Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_rundir._segment_verdict`` gives it
+Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segment_checks._segment_verdict`` gives it
 
 _GLOB_CHARACTERS = frozenset("*?[]{}")
 
@@ -30,8 +30,9 @@ _SIGNATURES_SQL = """
 """
 
 
-def judge_by_schema(folder: str, names: list[str], judge_one: Callable[[str], Verdict],
-                    needs_each: Callable[[str], bool], reader=None) -> dict[str, Verdict] | None:
+def judge_by_schema(
+    folder: str, names: list[str], judge_one: Callable[[str], Verdict], needs_each: Callable[[str], bool], reader=None
+) -> dict[str, Verdict] | None:
     """Verdicts of ``names`` (files in ``folder`` whose framing was checked): ``judge_one(name)`` for one
     file of each distinct schema, copied to the others. ``needs_each(name)``: whether that file's verdict
     depends on more than its schema (its data is read), so each file of its schema is judged alone.
@@ -71,7 +72,7 @@ def judge_by_schema(folder: str, names: list[str], judge_one: Callable[[str], Ve
                 break
         if first is None:
             continue
-        rest = members[members.index(first) + 1:]
+        rest = members[members.index(first) + 1 :]
         if needs_each(first):
             out.update((name, judge_one(name)) for name in rest)
         else:

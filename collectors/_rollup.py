@@ -25,8 +25,9 @@ from ranksight.format.digest import (
 from ranksight.format.schema import KINDS
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._rundir import segment_columns, segment_files, store_signature
+from ._rundir import store_signature
 from ._runs import read_rank_meta
+from ._segment_checks import segment_columns, segment_files
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,

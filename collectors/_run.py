@@ -23,9 +23,10 @@ from ._queries import (
     steps_recorded,
     stretch_figures,
 )
+from ._rank_files import RankMeta
 from ._rollup import Rollup
 from ._run_state import RunState
-from ._rundir import RankMeta, SkippedFile, spool_signature, store_signature
+from ._rundir import SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
 from ._spool_reader import open_views, reading_connection, skipped_files
 from ._tables import select_list

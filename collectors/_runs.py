@@ -8,7 +8,7 @@ import time
 
 from ranksight.format.schema import RANKS_DIR
 
-from ._rundir import UNKNOWN_STATUS, RankMeta, read_rank_files
+from ._rank_files import UNKNOWN_STATUS, RankMeta, read_rank_files
 
 LIVE_FLUSHES = 30
 """A rank is live -- it may still write segments -- until its metadata says it ended (a final status)

@@ -28,14 +28,12 @@ from ._rundir import (
     first_line,
     is_segment_name,
     node_store_paths,
-    one_schema,
-    scan_segments,
-    segment_columns,
     segment_glob,
     store_path,
     warn_skipped,
 )
 from ._runs import rank_is_live, read_rank_meta
+from ._segment_checks import one_schema, scan_segments, segment_columns
 from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,

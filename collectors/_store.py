@@ -52,11 +52,11 @@ from ._rundir import (
     is_segment_name,
     node_store_paths,
     quarantine_path,
-    scan_segments,
     store_path,
     warn_skipped,
 )
 from ._runs import rank_is_live, read_rank_meta
+from ._segment_checks import scan_segments
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,

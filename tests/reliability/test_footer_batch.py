@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ranksight.collectors import _rundir, open_run
-from ranksight.collectors._rundir import _BATCH_FROM, scan_segments, segment_problem
+from ranksight.collectors import _segment_checks, open_run
+from ranksight.collectors._segment_checks import _BATCH_FROM, scan_segments, segment_problem
 
 from ._damage import DAMAGES, STEPS, first_segment, write_run
 
@@ -63,15 +63,15 @@ def test_many_segments_get_the_verdicts_each_would_get_alone(tmp_path, one_rank,
     _many_segments(run)
     bad = DAMAGES[damage](run)
     footers_parsed = []
-    parse = _rundir._schema_verdict
-    monkeypatch.setattr(_rundir, "_schema_verdict", lambda *a: footers_parsed.append(a) or parse(*a))
+    parse = _segment_checks._schema_verdict
+    monkeypatch.setattr(_segment_checks, "_schema_verdict", lambda *a: footers_parsed.append(a) or parse(*a))
     reader = None
     if on_reader:
         reader = duckdb.connect()
         reader.execute("SET parquet_metadata_cache = true")
     good, skipped = scan_segments(run, "steps", con=reader)
     assert len(footers_parsed) <= 2  # one file of each schema, not one per file
-    monkeypatch.setattr(_rundir, "_schema_verdict", parse)
+    monkeypatch.setattr(_segment_checks, "_schema_verdict", parse)
     assert len(good) + len(skipped) > _BATCH_FROM
     expected_good, expected_bad = _alone(run)
     assert good == expected_good
