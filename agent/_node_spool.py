@@ -293,7 +293,7 @@ def _write_digest(table, steps_dir: str, name: str) -> int:
     so one that cannot be made (no DuckDB here, a full disk) is left out with a debug line: the file itself
     is still published, and readers read its rows."""
     try:
-        from ranksight.format.digest import write_digest
+        from ranksight.format.digest_file import write_digest
 
         write_digest(table, steps_dir, name, _write_durably)
         return 1

@@ -54,7 +54,7 @@ def digest_every_segment(run: str) -> int:
     import pyarrow.parquet as pq
 
     from ranksight.collectors import segment_files
-    from ranksight.format.digest import write_digest
+    from ranksight.format.digest_file import write_digest
 
     steps = os.path.join(run, "steps")
     files = segment_files(run, "steps")

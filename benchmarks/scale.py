@@ -369,7 +369,7 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     import pyarrow.parquet as pq
 
     from ranksight.agent._node_spool import _write_durably
-    from ranksight.format.digest import write_digest
+    from ranksight.format.digest_file import write_digest
     from ranksight.format.schema import arrow_schema
 
     schema = arrow_schema("steps")
@@ -692,7 +692,8 @@ def digest_cost() -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ranksight.format.digest import WARMUP_STEPS, digest_of, fold_sql, pack_parts
+    from ranksight.format.digest import WARMUP_STEPS, digest_of, fold_sql
+    from ranksight.format.digest_file import pack_parts
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

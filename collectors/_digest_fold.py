@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ranksight.format.digest import DigestError, read_digest_parts
+from ranksight.format.digest_file import DigestError, read_digest_parts
 from ranksight.format.verdict_digest import merge_part_sql
 
 KEPT_FOLDS = 8

@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import os
 
-from ranksight.format.digest import (
-    COLUMNS,
-    DigestError,
-    chunk_of_key,
-    digest_keys,
-    digest_paths,
-    read_digests,
-)
+from ranksight.format.digest import COLUMNS, chunk_of_key, digest_keys, digest_paths
+from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.warmup import WARMUP_STEPS
 

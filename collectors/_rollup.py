@@ -13,15 +13,8 @@ import logging
 import os
 import threading
 
-from ranksight.format.digest import (
-    COLUMNS,
-    DigestError,
-    chunk_steps_for,
-    digest_key,
-    digest_paths,
-    fold_sql,
-    read_digests,
-)
+from ranksight.format.digest import COLUMNS, chunk_steps_for, digest_key, digest_paths, fold_sql
+from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.schema import KINDS
 from ranksight.format.warmup import WARMUP_STEPS
 

@@ -23,14 +23,8 @@ import time
 from dataclasses import dataclass
 
 from ranksight.format.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.format.digest import (
-    DIGEST_DIR,
-    DigestError,
-    chunk_of_key,
-    read_digest_parts,
-    read_digests,
-    remove_digests,
-)
+from ranksight.format.digest import DIGEST_DIR, chunk_of_key, remove_digests
+from ranksight.format.digest_file import DigestError, read_digest_parts, read_digests
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 from ranksight.format.verdict_digest import merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS

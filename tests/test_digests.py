@@ -27,7 +27,8 @@ from ranksight.collectors import PHASES, _queries, ingest, open_run, prune
 from ranksight.collectors._digest_source import covering_digests
 from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import Rollup
-from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths, write_digest
+from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths
+from ranksight.format.digest_file import write_digest
 from ranksight.format.verdict_digest import RELATIVE_ERROR
 
 WORLD = 32  # four of its ranks write here; the chunk is then 2 steps
@@ -333,7 +334,7 @@ def test_the_breakdown_reads_the_verdicts_two_rows_per_rank_and_file_not_the_rol
 def test_digests_read_at_once_name_the_first_that_does_not_read_in_path_order(tmp_path):
     import shutil
 
-    from ranksight.format.digest import DigestError, read_digest_parts
+    from ranksight.format.digest_file import DigestError, read_digest_parts
 
     run = _published_run(tmp_path, publishes=1)
     (source,) = digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values()

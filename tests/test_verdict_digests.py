@@ -476,7 +476,8 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
     one file -- minima, maxima and who holds them exact; sums to rounding. One file holds a single rank (no
     second-least wait of its own) and only the first node's ranks are CPU-timed (the other files have no
     least CPU wait to offer)."""
-    from ranksight.format.digest import concat_part, digest_of
+    from ranksight.format.digest import digest_of
+    from ranksight.format.digest_file import concat_part
     from ranksight.format.verdict_digest import merge_part_sql
 
     rng = np.random.default_rng(7)

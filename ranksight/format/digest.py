@@ -12,6 +12,9 @@ Parquet file is most of its cost (docs/scale.md "Step digests").
 chunk size, the warm-up and the file format. A reader whose definition differs (another chunk size, a newer agent or
 reader) finds no digest under its key and reads the rows, so a digest is never read with another
 meaning. A missing or unreadable digest costs speed, never a row.
+
+This module is the definition (what a digest row sums, its key, where its files live); how a digest file is
+laid out, written and read back is ``ranksight.format.digest_file``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .warmup import WARM_SQL, WARMUP_STEPS
 
 FILE_FORMAT = "parts-2"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
-naming its parts, then each part an Arrow IPC file (see ``pack_parts``); the ``steps`` part without the
+naming its parts, then each part an Arrow IPC file (``digest_file.pack_parts``); the ``steps`` part without the
 columns that are NULL on every one of its rows (``SPARSE_PARTS``)."""
 PARTS = ("chunks", "sums", "hist", "steps")
 """The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``verdict_digest``)."""
@@ -33,7 +36,6 @@ SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEP
 """Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
 figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
 it, NULL (``read_digest_parts``)."""
-_MAGIC = b"RSDIGEST"
 DIGEST_DIR = ".digests"
 """Folder inside ``steps/`` holding one folder per digest definition (dot-prefixed: spool globs skip it)."""
 
@@ -173,194 +175,6 @@ def _without_empty_columns(table):
     if not table.num_rows:
         return table
     return table.select([i for i, column in enumerate(table.columns) if column.null_count < table.num_rows])
-
-
-def pack_parts(parts: dict) -> bytes:
-    """One digest file's bytes: ``_MAGIC``, a 4-byte header length, a JSON header {part: [offset, length]},
-    then each part as an Arrow IPC file. A reader reads the header and the one part it wants."""
-    import json
-
-    import pyarrow as pa
-
-    bodies = {}
-    for name, table in parts.items():
-        sink = pa.BufferOutputStream()
-        # The verdict's parts hold a row per step: LZ4 makes what a shared filesystem carries smaller for
-        # little CPU to read back. The rollup's small part, read by the thousand, stays plain.
-        lz4 = name != "chunks" and pa.Codec.is_available("lz4_frame")
-        options = pa.ipc.IpcWriteOptions(compression="lz4" if lz4 else None)
-        with pa.ipc.new_file(sink, table.schema, options=options) as writer:
-            writer.write_table(table)
-        bodies[name] = sink.getvalue().to_pybytes()
-    offsets, at = {}, 0
-    for name, body in bodies.items():
-        offsets[name] = [at, len(body)]
-        at += len(body)
-    header = json.dumps(offsets).encode()
-    return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
-
-
-_READ_WITH = None
-
-
-def _read_with() -> dict:
-    """How a part is read: decompressed on the calling thread (``read_digest_parts`` already reads
-    ``_READERS`` files at once; pyarrow's own pool besides, its default, put up to six threads on 2 cores),
-    into jemalloc's memory pool, or the system's where pyarrow has no jemalloc: pyarrow's default pool
-    (mimalloc) took transparent huge pages for a per-step part, and some fresh processes' reads then spent
-    several times the system time (docs/scale.md, "Decompressing on the reading thread")."""
-    global _READ_WITH
-    if _READ_WITH is None:
-        import pyarrow as pa
-
-        try:
-            pool = pa.jemalloc_memory_pool()
-        except NotImplementedError:
-            pool = pa.system_memory_pool()
-        _READ_WITH = {"options": pa.ipc.IpcReadOptions(use_threads=False), "memory_pool": pool}
-    return _READ_WITH
-
-
-def read_parts(path: str, parts) -> dict:
-    """{part: pyarrow table} of the named parts of one digest file, read in one opening."""
-    import json
-
-    import pyarrow as pa
-
-    out = {}
-    with open(path, "rb") as f:
-        head = f.read(len(_MAGIC) + 4)
-        if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
-            raise ValueError("not a ranksight digest")
-        header = json.loads(f.read(int.from_bytes(head[len(_MAGIC) :], "little")))
-        start = f.tell()
-        for part in parts:
-            if part not in header:
-                raise ValueError(f"no {part} part")
-            offset, length = header[part]
-            f.seek(start + offset)
-            body = f.read(length)
-            if len(body) != length:
-                raise ValueError("cut short")
-            out[part] = pa.ipc.open_file(pa.py_buffer(body), **_read_with()).read_all()
-    return out
-
-
-def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
-    """Write the digest of ``table`` (the rows of ``steps_dir/name``) where readers look for it; its path.
-
-    ``write_durably(directory, name, write)`` puts a file in place whole or not at all (the node spool's
-    own writer), so a reader never sees half a digest.
-    """
-    chunk_steps, parts = digest_of(table)
-    folder = digest_folder(steps_dir, chunk_steps)
-    os.makedirs(folder, exist_ok=True)
-    data = pack_parts(parts)
-    write_durably(folder, name, lambda f: f.write(data))
-    return os.path.join(folder, name)
-
-
-def read_digests(paths: list[str], part: str = "chunks", with_file: bool = True):
-    """The ``part`` rows of the digest files ``paths``, as one pyarrow table (``COLUMNS`` in order for
-    ``chunks``) with the column ``file`` (each row's step file name) unless not ``with_file``. Raises
-    ``DigestError`` naming the first file that does not read: callers then read the rows of those files
-    instead."""
-    return read_digest_parts(paths, (part,), with_file)[part]
-
-
-_SCANNED_WHOLE = 2048
-"""Rows per chunk from which a part's chunks (one or more per file) are scanned as they are (DuckDB's vector
-is 2,048 rows)."""
-
-
-def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
-    """{part: one pyarrow table of that part's rows in every file of ``paths``} (see ``read_digests``),
-    each file opened once. Raises ``DigestError`` naming the first file that does not read."""
-    import pyarrow as pa
-
-    schema = digest_schema()
-    tables: dict[str, list] = {part: [] for part in parts}
-    rows_per_file: dict[str, list] = {part: [] for part in parts}
-
-    def read_one(path: str) -> dict:
-        try:
-            found = read_parts(path, parts)
-            if "chunks" in found:
-                found["chunks"] = found["chunks"].select([c for c, _ in COLUMNS])
-            return found
-        except (OSError, pa.ArrowException, KeyError, TypeError, ValueError) as exc:
-            raise DigestError(f"{path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-
-    # Threads only for the LZ4 parts, whose decompression lets go of the GIL: the rollup's plain part is read
-    # by Python alone, where handing 1,250 small files between threads cost more than reading them in turn.
-    for found in _in_path_order(read_one, paths, threads=any(part != "chunks" for part in parts)):
-        for part, table in found.items():
-            tables[part].append(table)
-            rows_per_file[part].append(table.num_rows)
-    out = {}
-    for part in parts:
-        if not tables[part]:
-            if part != "chunks":
-                raise DigestError("no digest files")
-            table = schema.empty_table()
-        else:
-            table = concat_part(part, tables[part])
-            if part == "chunks" and table.schema != schema:
-                table = table.cast(schema)  # once for all files, not per file
-        out[part] = table.append_column("file", _file_column(paths, rows_per_file[part])) if with_file else table
-    return out
-
-
-def concat_part(part: str, tables: list):
-    """One pyarrow table of the ``part`` tables of several digest files, as readers take it: a column some
-    files left out (``SPARSE_PARTS``) NULL in their rows, one that all left out a column of NULLs (typed by the
-    readers' SQL, which casts every column)."""
-    import pyarrow as pa
-
-    table = pa.concat_tables(tables, promote_options="permissive")
-    if table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks:
-        # DuckDB scans many small chunks far slower than the same rows in one; chunks of a vector's rows or
-        # more scan as fast, and are not copied again (a per-step part holds a row per step and file).
-        table = table.combine_chunks()
-    for name in SPARSE_PARTS.get(part, ()):
-        if name not in table.column_names:
-            table = table.append_column(name, pa.nulls(table.num_rows))
-    return table
-
-
-_READERS = 4
-"""Files read at once: pyarrow lets go of the GIL to read and decompress a part, and a fresh process's first
-read of a per-step part is mostly the kernel's page faults, which threads overlap."""
-
-
-def _in_path_order(read_one, paths: list[str], threads: bool = True):
-    """``read_one(path)`` of each path, yielded in the order of ``paths`` (so the first that raises, in that
-    order, is the one reported), read by up to ``_READERS`` threads."""
-    if len(paths) < 2 or not threads:
-        yield from map(read_one, paths)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(min(_READERS, len(paths)), thread_name_prefix="ranksight-digest")
-    try:
-        yield from pool.map(read_one, paths)
-    finally:  # a file that does not read ends the reading: the files not started yet are not read
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _file_column(paths: list[str], rows_per_file: list[int]):
-    """Each row's file name, dictionary-encoded: a per-step part can have millions of rows, and a Python
-    string per row would cost more than the part's own read."""
-    import numpy as np
-    import pyarrow as pa
-
-    names = pa.array([os.path.basename(p) for p in paths], pa.string())
-    indices = np.repeat(np.arange(len(rows_per_file), dtype=np.int32), rows_per_file)
-    return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), names)
-
-
-class DigestError(Exception):
-    """A digest file that does not read (damaged, foreign, or of another layout)."""
 
 
 def digest_schema():
