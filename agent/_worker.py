@@ -28,7 +28,7 @@ from ._report import Reporter
 if TYPE_CHECKING:
     from collections import deque
 
-    from ._gpu_hooks import GpuResolver
+    from ._gpu_resolver import GpuResolver
 
 log = logging.getLogger("ranksight")
 

@@ -7,7 +7,7 @@ events runs in ``tests/test_gpu_cuda.py`` on the H200.
 
 from __future__ import annotations
 
-from ranksight.agent._gpu_hooks import GpuResolver
+from ranksight.agent._gpu_resolver import GpuResolver
 
 
 class _StreamEvent:
@@ -126,9 +126,9 @@ def test_salvage_returns_every_row_once_in_order():
 
 
 def test_held_rows_are_bounded(monkeypatch):
-    import ranksight.agent._gpu_hooks as hooks
+    import ranksight.agent._gpu_resolver as resolver
 
-    monkeypatch.setattr(hooks, "_MAX_HELD_ROWS", 2)
+    monkeypatch.setattr(resolver, "_MAX_HELD_ROWS", 2)
     clock = {"gpu_ms": 0.0}  # a GPU that never gets anywhere
     res = GpuResolver(_Pool(), max_hold_s=60)
     marks = [m for s in range(4) for m in _marks(s, 10 * s + 1, 10 * s + 9, clock)]

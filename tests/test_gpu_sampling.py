@@ -16,7 +16,7 @@ import time
 import pytest
 
 from ranksight.agent._event_sampling import MAX_EVERY, choose_every, is_sampled, threshold
-from ranksight.agent._gpu_hooks import GpuResolver
+from ranksight.agent._gpu_resolver import GpuResolver
 from ranksight.agent._identity import Identity
 from ranksight.agent._node_spool import publish_node_spool
 from ranksight.agent._spool import SpoolWriter
