@@ -287,9 +287,9 @@ class TraceWindow:
         """A user's profiler is starting: drop this window (said once), so that theirs can start. The next
         window stays due when it was (``_prepare`` scheduled it), and skips its turn while theirs runs.
 
-        CUPTI stays attached through this stop: theirs attaches it again at once, and a detach still in
-        progress when their trace starts left it without GPU activity (torch 2.11, CUDA 13, one H200: no
-        kernel in the user's trace)."""
+        With ``detach_cupti`` on, CUPTI stays attached through this stop: theirs attaches it again at once.
+        (On torch 2.11 with CUDA 13, one H200, a user's trace recorded no kernel after earlier windows had
+        detached CUPTI, this guard or not; hence ``detach_cupti`` is off by default.)"""
         self._say_backing_off()
         with _cupti_kept_attached():
             self.abort()

@@ -217,8 +217,9 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         hi = min(e.start_ns for e in after) if after else max(e.end_ns for e in in_window)
         hi = max(hi, lo)
         span_ns = hi - lo
+    sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
     if span_ns > 0:
-        samples.update(_gpu_shares(gpu, lo, hi, launch_by_corr))
+        samples.update(_gpu_shares(gpu, lo, hi, launch_by_corr, sync_calls))
         kernels = [e for e in in_window if e.kind == "kernel"]
         samples["kernels_per_step"] = len(kernels) / steps
         launches = [(k, launch_by_corr[k.corr]) for k in kernels if k.corr in launch_by_corr]
@@ -236,15 +237,12 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         ratio, cpu_ops_top, loader_ns = _cpu_ops(events, windows, steps, top)
         samples["cpu_op_ratio"] = ratio
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
-    sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
     syncs = _host_syncs(sync_calls, _enclosing_ops(events, sync_calls))
     aten_sources = _enclosing_ops(events, sync_calls, aten_only=True)
-    h2d_calls = _h2d_copy_calls(events, gpu, cpu_lo, cpu_hi)
+    h2d_calls = _h2d_copy_calls(gpu, launch_by_corr, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = len(sync_calls) / steps
     samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
     samples["copy_syncs_per_step"] = _copy_syncs(sync_calls, aten_sources, h2d_calls) / steps
-    if span_ns > 0:
-        samples["sync_drain_idle_share"] = _sync_drain_idle_ns(gpu, lo, hi, sync_calls) / span_ns
     cpu_span = cpu_hi - cpu_lo
     if cpu_span > 0:
         alloc_calls = _runtime_calls(events, ALLOC_CALLS, cpu_lo, cpu_hi)
@@ -257,7 +255,7 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
     return WindowReduction(samples, cpu_ops_top, sync_sources, steps, span_ns)
 
 
-def _gpu_shares(gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict) -> dict[str, float]:
+def _gpu_shares(gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict, sync_calls: list[Ev]) -> dict[str, float]:
     """Union-of-interval shares of the GPU span [lo, hi)."""
     span = hi - lo
     kernels = [(e.start_ns, e.end_ns) for e in gpu if e.kind == "kernel"]
@@ -295,6 +293,7 @@ def _gpu_shares(gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict) -> dict[s
             if rt is not None and rt.start_ns >= gap_lo:
                 host_wait += gap_hi - gap_lo
     out["idle_host_wait_ratio"] = host_wait / span
+    out["sync_drain_idle_share"] = _sync_drain_idle_ns(busy, sync_calls) / span
     return out
 
 
@@ -407,18 +406,15 @@ def _host_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> Counter:
     return Counter(f"{op.name if op else 'python'} ({e.name})" for e, op in zip(sync_calls, sources))
 
 
-def _h2d_copy_calls(events: list[Ev], gpu: list[Ev], lo: int, hi: int) -> list[tuple[Ev, bool]]:
+def _h2d_copy_calls(gpu: list[Ev], launch_by_corr: dict, lo: int, hi: int) -> list[tuple[Ev, bool]]:
     """The runtime calls in [lo, hi) that copied host memory to the device, each with whether the source
     was pageable (the GPU activity says ``Pageable``: the host stages it and waits for the copy)."""
     pageable_by_corr: dict[int, bool] = {}
     for e in gpu:
-        if e.kind == "memcpy" and e.corr and "HtoD" in e.name:
+        if e.kind == "memcpy" and e.corr in launch_by_corr and "HtoD" in e.name:
             pageable_by_corr[e.corr] = pageable_by_corr.get(e.corr, False) or "Pageable" in e.name
-    return [
-        (e, pageable_by_corr[e.corr])
-        for e in events
-        if e.kind == "rt" and e.corr in pageable_by_corr and lo <= e.start_ns < hi
-    ]
+    calls = (launch_by_corr[corr] for corr in pageable_by_corr)
+    return [(rt, pageable_by_corr[rt.corr]) for rt in calls if lo <= rt.start_ns < hi]
 
 
 def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: list[tuple[Ev, bool]]) -> int:
@@ -432,11 +428,11 @@ def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: li
     return found
 
 
-def _sync_drain_idle_ns(gpu: list[Ev], lo: int, hi: int, sync_calls: list[Ev]) -> int:
+def _sync_drain_idle_ns(busy: list[tuple[int, int]], sync_calls: list[Ev]) -> int:
     """GPU idle right after the syncs that found it busy: from the end of the work the host waited for
     to the next GPU activity, which the host could only launch once the sync returned. A sync that finds
-    the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own time in it."""
-    busy = union_intervals(clip_intervals([(e.start_ns, e.end_ns) for e in gpu], lo, hi))
+    the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own time in it.
+    ``busy``: the GPU's merged activity in the window span."""
     starts = [a for a, _ in busy]
     drained: set[int] = set()  # index of the busy interval a sync waited for, counted once
     for e in sync_calls:
