@@ -28,6 +28,7 @@ from ._queries import (
     rank_step_stats,
     recompile_excess,
     step_breakdown,
+    steps_source,
     wait_asymmetry,
 )
 
@@ -127,9 +128,17 @@ FEATURES: dict[str, str] = {
     "model_on_gpu": "1 when the model's parameters are on a GPU, else 0.",
     "gpu_utilization_samples": "NVML utilization samples after warm-up (each averages up to a second): below "
     "NVML_STEADY_SAMPLES the reading is start-up as much as training, and the checklist leaves it out.",
-    "gpu_busy_ratio": "Share of time a kernel ran: the sampled window's kernel_busy_ratio when a window exists "
-    "(exact, over traced steps), else NVML's gpu_utilization_ratio once 5 of its samples (~5 s) came after "
-    "warm-up (1 s averages: a run's first seconds read start-up); else unknown.",
+    "gpu_busy_ratio": "Share of a typical step a kernel ran: with a sampled window, its kernel time per traced "
+    "step (window_kernel_s_per_step) over the median step, at most 1; else NVML's gpu_utilization_ratio once 5 "
+    "of its samples (~5 s) came after warm-up (1 s averages: a run's first seconds read start-up); else unknown.",
+    "window_kernel_s_per_step": "Seconds of kernel time per traced step: each window's kernel_busy_ratio times its "
+    "traced steps' mean duration (from the step rows), the median over windows. The profiler's own host work "
+    "stretches traced steps (nanoGPT on one H200: 70-75 ms traced against 43 ms untraced), so a share of the "
+    "window's span understates how busy an untraced step keeps the GPU; its kernel time does not change.",
+    "window_stretch": "Traced steps' duration over the median step (1: the window cost the step nothing).",
+    "idle_host_wait_ratio_traced": "idle_host_wait_ratio as the window measured it, before window_stretch: the "
+    "profiler's host work shows as idle waiting for the host in a traced step.",
+    "idle_ratio_traced": "idle_ratio as the window measured it, before window_stretch.",
     "device_memory_bytes": "Total memory of the rank's GPU.",
     "model_state_bytes": "Weights + gradients + optimizer state (parameter_bytes x (2 + the optimizer's states per "
     "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
@@ -213,6 +222,7 @@ def compute_features(
     stats = rank_step_stats(con, warmup_steps, since_ns)
     compile_counts = _compile_counts(con, warmup_steps, since_ns)
     samples, steady = _sample_values(con, warmup_steps, since_ns)
+    windows = _traced_windows(con, warmup_steps, since_ns)
     excess = recompile_excess(con, warmup_steps, since_ns)
     ranks = sorted(set(meta_by_rank) | {r["rank"] for r in rows})
     local_sizes = _ranks_per_node(meta_by_rank, rows)
@@ -228,7 +238,7 @@ def compute_features(
         f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
         f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
-        busy = f["kernel_busy_ratio"]
+        busy = _untraced_shares(f, windows.get(rank))
         if f["gpu_utilization_ratio"] is not None:
             f["gpu_utilization_samples"] = steady.get((rank, "gpu_utilization_ratio"), 0)
         if busy is None and steady.get((rank, "gpu_utilization_ratio"), 0) >= NVML_STEADY_SAMPLES:
@@ -379,6 +389,69 @@ def _sample_values(
         values[(rank, name)] = float(latest if name.endswith(_COUNTER_SUFFIX) else typical)
         steady[(rank, name)] = int(n or 0)
     return values, steady
+
+
+_WINDOW_SHARES = ("kernel_busy_ratio", "idle_host_wait_ratio", "idle_ratio")
+
+
+def _traced_windows(con, warmup_steps: int, since_ns: int | None) -> dict[int, list[dict]]:
+    """Per rank, its windows after warm-up (all of them if none came after): the window's shares and the
+    mean ``step_s`` of the steps it traced (its sample's step and the ``trace_window_steps`` after it).
+    Only those steps' rows are read."""
+    where = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
+    names = (*_WINDOW_SHARES, "trace_window_steps")
+    pivot = ", ".join(f"max(value) FILTER (WHERE name = '{n}') AS {n}" for n in names)
+    cols, rows = query(
+        con,
+        f"SELECT rank, step, {pivot} FROM samples WHERE list_contains(?, name) {where} GROUP BY rank, step",
+        [list(names)],
+    )
+    windows = [dict(zip(cols, row)) for row in rows]
+    windows = [w for w in windows if w["kernel_busy_ratio"] is not None and (w["trace_window_steps"] or 0) >= 1]
+    if not windows:
+        return {}
+    traced = {(w["rank"], w["step"] + k) for w in windows for k in range(int(w["trace_window_steps"]))}
+    step_s = {
+        (r, s): v
+        for r, s, v in query(
+            con,
+            f"SELECT rank, step, avg(step_s) FROM {steps_source(con, since_ns)} "
+            "WHERE step BETWEEN ? AND ? AND list_contains(?, rank) GROUP BY rank, step",
+            [min(s for _, s in traced), max(s for _, s in traced), sorted({r for r, _ in traced})],
+        )[1]
+        if v is not None and (r, s) in traced
+    }
+    per_rank: dict[int, list[dict]] = {}
+    for w in windows:
+        durations = [
+            step_s[key] for k in range(int(w["trace_window_steps"])) if (key := (w["rank"], w["step"] + k)) in step_s
+        ]
+        if durations:
+            per_rank.setdefault(w["rank"], []).append({**w, "traced_step_s": sum(durations) / len(durations)})
+    return {r: [w for w in ws if w["step"] >= warmup_steps] or ws for r, ws in per_rank.items()}
+
+
+def _untraced_shares(f: dict, windows: list[dict] | None):
+    """The window's GPU shares as an untraced step would show them, into ``f``; returns the busy share.
+
+    The traced steps' host work includes the profiler's, so their span is longer than a typical step's
+    while the kernels they ran are not: a window's kernel time over the median step is what an untraced
+    step keeps the GPU busy (at most 1), and the idle it saw shrinks by the stretch (the stretch itself is
+    the profiler's host time, not the job's). Each window is rescaled by its own stretch, then the median
+    over windows is taken. Without step rows for the windows the shares stay as the windows measured them."""
+    busy = f["kernel_busy_ratio"]
+    median = f.get("step_median_s")
+    if busy is None or not windows or not median:
+        return busy
+    stretch = [w["traced_step_s"] / median for w in windows]
+    f["window_stretch"] = statistics.median(stretch)
+    f["window_kernel_s_per_step"] = statistics.median(w["kernel_busy_ratio"] * w["traced_step_s"] for w in windows)
+    for name in ("idle_host_wait_ratio", "idle_ratio"):
+        values = [(w[name], s) for w, s in zip(windows, stretch) if w[name] is not None]
+        if values and f.get(name) is not None:
+            f[name + "_traced"] = f[name]
+            f[name] = statistics.median(max(0.0, 1 - (1 - v) * max(1.0, s)) for v, s in values)
+    return min(1.0, f["window_kernel_s_per_step"] / median)
 
 
 NVML_STEADY_SAMPLES = 5

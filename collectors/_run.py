@@ -9,6 +9,8 @@ path -- stored answers, digests or rows -- in one place (``Run.path_for``).
 
 from __future__ import annotations
 
+import os
+
 from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
@@ -229,7 +231,7 @@ class Run:
         return self._once(("stretches", int(width), warmup_steps), lambda: stretch_figures(self, width, warmup_steps))
 
 
-def open_run(run_path: str, con=None, *, follow_spool: bool = True) -> Run:
+def open_run(run_path: str | os.PathLike, con=None, *, follow_spool: bool = True) -> Run:
     """Open a run folder for reading: a ``Run`` over one DuckDB view per record kind.
 
     The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there is one,
@@ -251,7 +253,7 @@ def open_run(run_path: str, con=None, *, follow_spool: bool = True) -> Run:
     if isinstance(con, Run):
         con.refresh(force=True)
         return con
-    return Run(run_path, con, follow_spool=follow_spool)
+    return Run(os.fspath(run_path), con, follow_spool=follow_spool)
 
 
 def open_segments(run_path: str, files: dict[str, list[str]]) -> Run:

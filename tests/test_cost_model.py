@@ -37,7 +37,7 @@ def test_cost_share_and_speedup_arithmetic(rules):
     assert (f["cost_share"], f["severity"]) == (0.12, "warning")
     # GPU: launch-bound costs the GPU idle waiting for the host; gpu-starved what the idle compute span wastes.
     gpu = {**HEALTHY, "model_on_gpu": 1, "short_kernel_ratio": 0.6, "idle_host_wait_ratio": 0.2}
-    gpu.update(compute_share=0.8, gpu_busy_ratio=0.4)
+    gpu.update(compute_share=0.8, gpu_busy_ratio=0.4, data_wait_share=0.0)
     found = by_rule(evaluate(rules, frame(r0=gpu)))
     assert found["gpu-starved"]["cost_share"] == pytest.approx(0.8 * 0.6)
     # launch-bound explains the starved GPU, a symptom: it ranks first with gpu-starved's severity and
@@ -46,6 +46,9 @@ def test_cost_share_and_speedup_arithmetic(rules):
     assert found["launch-bound"]["severity"] == found["gpu-starved"]["severity"] == "critical"
     assert found["gpu-starved"]["explained_by"] == "launch-bound"
     assert [f["rule"] for f in evaluate(rules, frame(r0=gpu))][:2] == ["launch-bound", "gpu-starved"]
+    # The GPU also idles while the host waits for the loader: that part is input-bound's, not launches'.
+    found = by_rule(evaluate(rules, frame(r0={**gpu, "data_wait_share": 0.15})))
+    assert found["launch-bound"]["cost_share"] == pytest.approx(0.05)
 
 
 def test_estimates_say_so(rules):
