@@ -43,11 +43,13 @@ class GpuOptions:
     """Step of the first window (after compilation and allocator warm-up)."""
     trace_dir: Optional[str] = None
     """A folder to also save each window's Chrome trace in."""
-    detach_cupti: bool = False
-    """Have Kineto detach CUPTI after each window (``TEARDOWN_CUPTI=1``, CUDA >= 12.6). Off by default: on
-    torch 2.11 with CUDA 13 (one H200), after windows had detached it, a ``torch.profiler`` the user started
-    later in the process recorded no GPU kernel. On, a host-bound job's launches stay free of CUPTI's
-    callbacks after a window (docs/agent.md, "The kernel window's cost")."""
+    detach_cupti: bool = True
+    """Have Kineto detach CUPTI after each window (``TEARDOWN_CUPTI=1``, CUDA >= 12.6). Left attached, CUPTI's
+    callbacks stay on every CUDA call for the rest of the run: on one H200 a host-bound ~3.6 ms step ran
+    1.19x slower after the first window, detached 0.92-1.10x (benchmarks/results/gpu_cost_h200_cupti.json).
+    The price: a ``torch.profiler`` the user starts later in the same process recorded no GPU kernel there
+    (the agent warns when one starts). Off: CUPTI stays attached; a user's own TEARDOWN_CUPTI is always left
+    as they set it."""
     events_every_steps: Optional[int] = None
     """Record the step's CUDA events on about one step in this many; None (the default) picks it from the
     measured step time so the events cost at most ``events_budget`` of a step. Which steps are sampled is a

@@ -53,6 +53,7 @@ def yield_to_user_profiler(torch: Any) -> None:
             for window in list(_windows):
                 if window.state != window.IDLE:
                     window.yield_to_user()
+            _say_cupti_was_detached()
             return original(self, *args, **kwargs)
 
         cls._prepare_trace = _prepare_trace
@@ -79,6 +80,24 @@ def detach_cupti_after_trace(torch: Any) -> bool:
     os.environ["TEARDOWN_CUPTI"] = "1"
     _detach_set_here = True
     return True
+
+
+def _say_cupti_was_detached() -> None:
+    """Warn once, as a user's profiler starts, that a window of ours detached CUPTI earlier in the process.
+
+    Why: on torch 2.11 with CUDA 13 (one H200), a ``torch.profiler`` started after the agent's windows had
+    detached CUPTI recorded no GPU kernel (2 of 2 runs of tests/test_gpu_cuda.py with detaching on; 15 of
+    15 tests pass with it off); three synchronising calls before their start did not help. Their trace
+    looks empty for no reason they could see: the warning names the option that keeps CUPTI attached."""
+    for window in list(_windows):
+        if window.detach_cupti and window.windows_done and _detach_set_here:
+            window._m._warn_once(
+                "trace_window_detached_cupti",
+                "ranksight's kernel window detached CUPTI earlier in this process (detach_cupti): a profiler "
+                "started now may record no GPU kernels; to profile in-process, start ranksight with "
+                "gpu={'detach_cupti': False} (host-bound steps then pay CUPTI's callbacks, docs/agent.md)",
+            )
+            return
 
 
 @contextlib.contextmanager
@@ -288,8 +307,7 @@ class TraceWindow:
         window stays due when it was (``_prepare`` scheduled it), and skips its turn while theirs runs.
 
         With ``detach_cupti`` on, CUPTI stays attached through this stop: theirs attaches it again at once.
-        (On torch 2.11 with CUDA 13, one H200, a user's trace recorded no kernel after earlier windows had
-        detached CUPTI, this guard or not; hence ``detach_cupti`` is off by default.)"""
+        If an earlier window detached CUPTI, a warning says so (``_say_cupti_was_detached``)."""
         self._say_backing_off()
         with _cupti_kept_attached():
             self.abort()

@@ -59,6 +59,9 @@ def monitor(tmp_path, monkeypatch):
     mons = []
 
     def make(**opts):
+        # CUPTI kept attached (detach_cupti off) unless a test says otherwise: once a window detached it, a
+        # profiler started later in this process recorded no GPU kernel (test_a_profiler_the_user_starts...)
+        opts.setdefault("detach_cupti", False)
         mon = ranksight.init(
             run_dir=str(tmp_path), job="gpu-test", run_id=f"t{len(mons)}", flush_interval_s=0.3, gpu=opts
         )
@@ -606,3 +609,22 @@ def test_a_profiler_the_user_starts_mid_window_runs_and_the_window_steps_aside(m
     mon.close()
     assert mon.errors == {}
     assert "trace_window_backoff" in mon._reporter.reported
+
+
+def test_zz_a_profiler_started_after_a_detaching_window_is_warned(monitor):
+    """Runs last in this file (a detached CUPTI stays so for the process). With ``detach_cupti`` on (the
+    default), a window detaches CUPTI when it stops; a profiler the user starts afterwards is told so,
+    once, with the option that keeps it attached, and the agent records no error."""
+    mon = monitor(detach_cupti=True, trace_first_step=2, trace_steps=2, trace_every_steps=10**6, trace_every_s=0)
+    model = _model()
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    window = mon._gpu.window
+    for _ in range(10):
+        with mon.step():
+            torch.nn.functional.mse_loss(model(x), y).backward()
+    assert window.windows_done == 1 and os.environ.get("TEARDOWN_CUPTI") == "1"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    assert "trace_window_detached_cupti" in mon._reporter.reported
+    mon.close()
+    assert mon.errors == {}

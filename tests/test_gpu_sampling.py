@@ -250,15 +250,15 @@ def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(monkeypat
     assert seen == ["0", "1"]
 
 
-def test_the_window_detaches_cupti_only_when_asked(monkeypatch):
-    """``detach_cupti`` is off by default (a profiler the user starts later must keep its GPU kernels); on,
-    each window's preparation asks for the detach."""
+def test_the_window_detaches_cupti_unless_told_not_to(monkeypatch):
+    """``detach_cupti`` is on by default (left attached, CUPTI slowed a host-bound H200 step 1.19x after the
+    first window); each window's preparation asks for the detach, and none is asked for when it is off."""
     import types
 
     from ranksight.agent import _trace_window as tw
     from ranksight.agent._config import GpuOptions
 
-    assert GpuOptions().detach_cupti is False
+    assert GpuOptions().detach_cupti is True
     asked = []
     monkeypatch.setattr(tw, "detach_cupti_after_trace", lambda torch: asked.append(torch) or True)
     monitor = types.SimpleNamespace(_warn_once=lambda *a: None)
@@ -268,3 +268,32 @@ def test_the_window_detaches_cupti_only_when_asked(monkeypatch):
         assert window.state == window.WARMING
         window.abort()
     assert len(asked) == 1
+
+
+def test_a_users_profiler_start_is_warned_once_a_window_detached_cupti(monkeypatch):
+    """After a window of ours detached CUPTI, a profiler the user starts may record no GPU kernels (seen on an
+    H200): their start is warned, once, with the option that keeps CUPTI attached; not before any window
+    ended, not when the detach was the user's own setting, and not with detaching off."""
+    import types
+
+    from ranksight.agent import _trace_window as tw
+
+    warned = []
+
+    def window(detach, done):
+        m = types.SimpleNamespace(_warn_once=lambda key, msg: warned.append((key, msg)))
+        return types.SimpleNamespace(detach_cupti=detach, windows_done=done, _m=m)
+
+    kept = [window(True, 0), window(False, 3)]
+    monkeypatch.setattr(tw, "_windows", kept)
+    monkeypatch.setattr(tw, "_detach_set_here", True)
+    tw._say_cupti_was_detached()
+    assert warned == []
+    kept.append(window(True, 1))
+    monkeypatch.setattr(tw, "_detach_set_here", False)  # TEARDOWN_CUPTI=1 was the user's
+    tw._say_cupti_was_detached()
+    assert warned == []
+    monkeypatch.setattr(tw, "_detach_set_here", True)
+    tw._say_cupti_was_detached()
+    assert [key for key, _ in warned] == ["trace_window_detached_cupti"]
+    assert "detach_cupti': False" in warned[0][1]
