@@ -8,6 +8,7 @@ it measured; one implementation keeps every results file comparable with every o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -26,6 +27,57 @@ def rotated(arms: list, r: int) -> list:
     position), so that drift in the machine falls on every arm alike."""
     k = r % len(arms)
     return list(arms[k:]) + list(arms[:k])
+
+
+def in_rounds(arms, rounds: int, measure, show=None) -> dict[str, list[dict]]:
+    """Every arm once a round, in ``rotated`` order, for ``rounds`` rounds: ``measure(arm, r)``'s figures (a
+    dict) by arm, each with its round and the machine's load at the round's start (``machine_load``) added;
+    ``show(arm, figures)``, where given, is the line printed after each."""
+    out: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for r in range(rounds):
+        load = machine_load()
+        for arm in rotated(list(arms), r):
+            out[arm].append({**measure(arm, r), "round": r, "load": load})
+            if show is not None:
+                print(f"round {r} {arm}: {show(arm, out[arm][-1])}", flush=True)
+    return out
+
+
+def alternating(a, b, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """``blocks`` calls of ``a`` and of ``b`` in one thread, A-B then B-A (machine drift falls on both alike):
+    each block's ((wall, thread CPU) seconds of ``a``, the same of ``b``). The thread's CPU time does not grow
+    while another process holds the core, so it resolves what wall time on shared cores cannot."""
+    out = []
+    for i in range(blocks):
+        timed = {}
+        for side in "ab" if i % 2 == 0 else "ba":
+            fn = a if side == "a" else b
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            timed[side] = (time.perf_counter() - t0, time.thread_time() - c0)
+        out.append((timed["a"], timed["b"]))
+    return out
+
+
+def loop_us(fn, calls: int) -> float:
+    """Microseconds per call of ``fn()`` called ``calls`` times in a tight loop."""
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - t0) / calls / 1000
+
+
+def timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
+    """(median seconds of ``repeats`` calls of ``fn()``, the last call's result); each call's seconds are
+    appended to ``each`` where given."""
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    if each is not None:
+        each.extend(times)
+    return statistics.median(times), out
 
 
 def spread(xs: list[float]) -> dict:
@@ -87,6 +139,16 @@ def fresh_process(code: str, *args: str, env: dict | None = None) -> dict:
     figures["process"] = {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
                           "system_s": after.ru_stime - before.ru_stime}  # fmt: skip
     return figures
+
+
+def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's options: the first line of its docstring as the description, ``--json OUT`` (the results
+    file, written with ``write_results``) and, where it runs arms in rounds, ``--rounds N`` (default ``rounds``)."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    parser.add_argument("--json", help="write the figures here, under the common header")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="rounds: every arm once in each, rotated")
+    return parser
 
 
 def _commit() -> str | None:

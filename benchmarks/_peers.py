@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from _harness import free_port
+from _harness import alternating, free_port
 
 ARMS = ("baseline", "ranksight", "profiler", "traceml", "poller")
 # A fork server with torch imported once: each launch then forks a warm interpreter instead of paying
@@ -44,12 +44,13 @@ class Workload:
     width: int = 256
     depth: int = 3
     batch: int = 256
+    ranks: int = 2
+    """gloo ranks, one process each."""
+    steps: int = 200
     warmup_steps: int = 20
     warmup_min_s: float = 3.0
     """Warm up for at least this long too (the ranks agree on when), so that start-up work such as the
     agent's first flush (2 s in; it imports pyarrow) is over before timing starts."""
-    steps: int = 200
-    ranks: int = 2
     item_sleep_s: float = 0.0
     """Sleep per item in ``__getitem__`` (an input-bound loader); 0 for the overhead runs."""
     straggler_factor: int = 1
@@ -434,14 +435,12 @@ def ab_rank_main(
     total = 10**12
     streams = [_batches(loaders[0], total), iter(mon.loader(_batches(loaders[1], total)))]
 
-    def block(i: int) -> tuple[float, float]:
+    def block(i: int) -> None:
         model, opt, stream = models[i], opts[i], streams[i]
-        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(block_steps):
             x, y = next(stream)
             with mon.step() if i else contextlib.nullcontext():
                 train_step(model, opt, loss_fn, x, y)
-        return (time.perf_counter() - t0) / block_steps, (time.thread_time() - c0) / block_steps
 
     # Warm both paths (first hooks, DDP's bucket rebuild) and get past the agent's first flush.
     t_start = time.perf_counter()
@@ -450,18 +449,12 @@ def ab_rank_main(
         block(1)
         if _all_ranks_past(t_start, work):
             break
-    plain, watched, plain_cpu, watched_cpu = [], [], [], []
-    for b in range(blocks):
-        order = (0, 1) if b % 2 == 0 else (1, 0)
-        times = {i: block(i) for i in order}
-        plain.append(times[0][0])
-        watched.append(times[1][0])
-        # The training thread's CPU time: it does not grow while another process holds the core.
-        plain_cpu.append(times[0][1])
-        watched_cpu.append(times[1][1])
+    pairs = alternating(lambda: block(0), lambda: block(1), blocks)
     mon.close()
+    per_step = {f"{side}{kind}": [p[i][j] / block_steps for p in pairs]
+                for i, side in enumerate(("plain", "watched")) for j, kind in enumerate(("_s", "_cpu_s"))}  # fmt: skip
     with open(os.path.join(out_dir, f"ab-rank{rank}.json"), "w") as f:
-        json.dump({"plain_s": plain, "watched_s": watched, "plain_cpu_s": plain_cpu, "watched_cpu_s": watched_cpu}, f)
+        json.dump(per_step, f)
     dist.barrier()
     dist.destroy_process_group()
 

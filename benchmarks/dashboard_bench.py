@@ -10,7 +10,6 @@ NVML utilization / kernel-busy / allocator samples every 2 s per rank. Targets: 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -19,10 +18,7 @@ import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import free_port  # noqa: E402
+from _harness import cli, free_port, write_results
 
 STEP_S = 0.2
 SAMPLE_EVERY_S = 2.0
@@ -327,7 +323,7 @@ def time_first_render(run_path: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli(__doc__)
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--dir", default="/tmp/ranksight-bench")
@@ -338,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         make_store(run_path, args.ranks, args.steps)
         print(f"wrote {args.ranks} x {args.steps} store to {run_path} in {time.perf_counter() - t:.1f} s", flush=True)
-    worst = 0.0
-    for name, ms in time_queries(run_path).items():
+    worst, queries, renders = 0.0, time_queries(run_path), {}
+    for name, ms in queries.items():
         if name.startswith(("rollup", "rules")):
             print(f"{name:36s} {ms:8.1f} ms", flush=True)
             continue
@@ -347,8 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:36s} {ms:8.1f} ms {'OK' if ms <= 300 else 'over 300 ms'}", flush=True)
     print(f"slowest panel query: {worst:.1f} ms (target 300 ms)")
     if not args.no_browser:
-        for page, secs in time_first_render(run_path).items():
+        renders = time_first_render(run_path)
+        for page, secs in renders.items():
             print(f"render in Chromium: {page:26s} {secs:6.2f} s {'OK' if secs <= 3 else 'over 3 s'}", flush=True)
+    if args.json:
+        figures = {"ranks": args.ranks, "steps": args.steps, "query_ms": queries, "first_render_s": renders}
+        write_results(args.json, {**figures, "slowest_panel_query_ms": worst})
     return 0
 
 

@@ -17,12 +17,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import write_results  # noqa: E402
+from _harness import write_results
 
 GPU_DEFAULT = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
 CPU_DEFAULT = ("none", "input", "sync", "straggler", "graph-break", "unused-params")

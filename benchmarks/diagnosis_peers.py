@@ -22,7 +22,6 @@ Usage: ``python benchmarks/diagnosis_peers.py [--faults none,input,...] [--steps
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -33,16 +32,8 @@ import tempfile
 import time
 from dataclasses import asdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import free_port, write_results  # noqa: E402
-from _peers import (  # noqa: E402
-    START_METHOD,
-    _preload_forkserver,
-    init_rank,
-    traceml_aggregator,
-    train_step,
-)
+from _harness import cli, free_port, write_results
+from _peers import START_METHOD, _preload_forkserver, init_rank, traceml_aggregator, train_step
 
 CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 RANKS = 2
@@ -331,11 +322,10 @@ def markdown_table(results: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("--faults", default=",".join(CPU_FAULTS), help="comma-separated CPU faults")
     parser.add_argument("--steps", type=int, default=40, help="training steps per run")
     parser.add_argument("--tools", default="ranksight,traceml,profiler")
-    parser.add_argument("--json", help="write the raw results to this file")
     args = parser.parse_args()
     faults = [f for f in args.faults.split(",") if f]
     if any(f not in CPU_FAULTS for f in faults):

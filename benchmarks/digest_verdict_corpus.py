@@ -18,7 +18,6 @@ as a live dashboard's next diagnosis does.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import math
@@ -27,9 +26,7 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import write_results  # noqa: E402
+from _harness import cli, write_results
 
 
 def run_folders(roots: list[str]) -> list[str]:
@@ -196,9 +193,8 @@ def compare(run: str, workdir: str, store: bool = False, grow: bool = False) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
-    parser.add_argument("--json", default=None)
     parser.add_argument(
         "--store",
         action="store_true",

@@ -30,16 +30,14 @@ DuckDB's GROUP BY over the same files.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from _harness import cli, fresh_process, in_rounds, machine_load, write_results
 
-from _harness import fresh_process, machine_load, write_results  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CALL = r"""
 import functools, json, resource, sys, time
@@ -206,13 +204,10 @@ def rules_only(run: str, rounds: int) -> dict:
 def compare_versions(run: str, old_site: str, whats: list[str], rounds: int, repeats: int) -> dict:
     """Each of ``whats`` by the older version and this checkout, one after the other in every round."""
     results: dict = {"run": run, "old_site": old_site, "rounds": rounds, "repeats": repeats}
+    sites = {"older": old_site, "newer": ""}
     for what in whats:
-        runs: dict[str, list] = {"older": [], "newer": []}
-        loads = []
-        for _ in range(rounds):
-            loads.append(machine_load())
-            for version, site in (("older", old_site), ("newer", "")):
-                runs[version].append(measure(site, run, what, repeats))
+        runs = in_rounds(sites, rounds, lambda version, _, what=what: measure(sites[version], run, what, repeats))
+        loads = [r["load"] for r in runs["older"]]
         assert all(old_site in r["module"] for r in runs["older"])
         assert not any(old_site in r["module"] for r in runs["newer"])
         figures = {}
@@ -289,23 +284,16 @@ def first_call_figures(
         shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
         build_spool(run_path, ranks, steps, per_node=True)
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")
-    each: dict[str, list] = {
-        "duckdb_groupby_files_s": [],
-        "duckdb_groupby_files_first_s": [],
-        "diagnose_first_s": [],
-        "breakdown_first_s": [],
-    }
+    calls = {"duckdb_groupby_files": lambda: {"times": fresh_floor_s(glob)},
+             "diagnose_first_s": lambda: measure("", run_path, "diagnose"),
+             "breakdown_first_s": lambda: measure("", run_path, "breakdown")}  # fmt: skip
     if old_site:
-        each["diagnose_first_before_s"] = []
-    for _ in range(rounds):
-        floor = fresh_floor_s(glob)
-        each["duckdb_groupby_files_first_s"].append(floor[0])
-        each["duckdb_groupby_files_s"].append(statistics.median(floor))
-        each["diagnose_first_s"].append(measure("", run_path, "diagnose")["times"][0])
-        each["breakdown_first_s"].append(measure("", run_path, "breakdown")["times"][0])
-        if old_site:
-            each["diagnose_first_before_s"].append(measure(old_site, run_path, "diagnose")["times"][0])
-        print(", ".join(f"{k} {v[-1]:.3f}" for k, v in each.items()), flush=True)
+        calls["diagnose_first_before_s"] = lambda: measure(old_site, run_path, "diagnose")
+    runs = in_rounds(calls, rounds, lambda arm, _: calls[arm](), lambda _, x: " ".join(f"{t:.3f}" for t in x["times"]))
+    floors = [r["times"] for r in runs.pop("duckdb_groupby_files")]
+    each = {"duckdb_groupby_files_s": [statistics.median(f) for f in floors],
+            "duckdb_groupby_files_first_s": [f[0] for f in floors],
+            **{name: [r["times"][0] for r in rs] for name, rs in runs.items()}}  # fmt: skip
     figures: dict = {"ranks": ranks, "steps": steps, "rows": ranks * steps, "files": -(-ranks // 8),
                      "rounds": rounds, "old_site": old_site}  # fmt: skip
     figures.update({name: statistics.median(values) for name, values in each.items()})
@@ -314,7 +302,7 @@ def first_call_figures(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("run")
     parser.add_argument("--what", default=None, help="diagnose (default), breakdown; with --old-site also rollup")
     parser.add_argument("--processes", "--rounds", dest="rounds", type=int, default=None)
@@ -323,7 +311,6 @@ def main() -> int:
     parser.add_argument("--old-site", default=None, help="pip install --target folder of an older commit")
     parser.add_argument("--repeats", type=int, default=3, help="--old-site: calls per process (the first is fresh)")
     parser.add_argument("--write-old-digests", action="store_true")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.old_site:
         whats = (args.what or "breakdown,diagnose").split(",")
