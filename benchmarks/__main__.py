@@ -35,10 +35,11 @@ def cited_results() -> dict[str, list[str]]:
     """Each benchmark's results files as the docs' table of headline figures names them, in its order."""
     out: dict[str, list[str]] = {}
     with open(TABLE) as f:
-        rows = [line.split(" | ") for line in f if line.startswith("| ") and line.count(" | ") == 2]
+        section = f.read().split("## Every headline figure")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and line.count(" | ") == 2]
     for _, command, files in rows:
         for name in dict.fromkeys(re.findall(r"(?:python -m benchmarks |benchmarks/|its `)(\w+)", command)):
-            out.setdefault(name, []).append(files.strip(" |\n").replace("`", ""))
+            out.setdefault(name, []).append(files.strip(" |").replace("`", ""))
     return out
 
 
