@@ -92,6 +92,12 @@ def spread(xs: list[float]) -> dict:
     return out
 
 
+def markdown(header: list[str], rows: list[list]) -> str:
+    """A Markdown table, as the docs quote a benchmark's: the header, its rule, a line per row."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(str(cell).replace("|", "/") for cell in cells) + " |" for cells in lines)
+
+
 def quantile(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` by rank (no interpolation): a value that was measured."""
     ordered = sorted(values)

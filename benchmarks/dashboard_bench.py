@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
-from _harness import cli, free_port, write_results
+from _harness import cli, free_port, timed, write_results
 
 STEP_S = 0.2
 SAMPLE_EVERY_S = 2.0
@@ -174,12 +173,7 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
         "signals: utilization": lambda: q.sample_per_rank(con, q.UTILIZATION_SIGNALS),
     }
     for name, fn in panels.items():
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1000)
-        out[name] = statistics.median(times)
+        out[name] = timed(fn, repeat)[0] * 1000
     return out
 
 

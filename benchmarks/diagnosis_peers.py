@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from _harness import cli, free_port, write_results
+from _harness import cli, free_port, markdown, write_results
 from _peers import START_METHOD, _preload_forkserver, init_rank, traceml_aggregator, train_step
 
 CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
@@ -177,50 +177,22 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
 # ------------------------------------------------------------------ judging each tool's answer
 
 
-def _diagnose_ranksight(run_path: str) -> tuple[dict, str]:
-    """Return (diagnosis object, how it was obtained)."""
-    from ranksight.cli import COMMANDS
-
-    if "diagnose" in COMMANDS:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json"], capture_output=True, text=True
-        )
-        if proc.returncode == 0:
-            return json.loads(proc.stdout), "ranksight diagnose RUN --json"
-        raise RuntimeError(f"ranksight diagnose failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
-    from ranksight.rules import diagnose
-
-    return diagnose(run_path), "ranksight.rules.diagnose(RUN) (the CLI command was not there yet)"
+def _ranksight(*args: str) -> subprocess.CompletedProcess:
+    """``ranksight ARGS`` in a fresh process, its output kept."""
+    return subprocess.run([sys.executable, "-m", "ranksight", *args], capture_output=True, text=True)
 
 
 def run_ranksight(fault: str, steps: int, root: str) -> dict:
     """Run ranksight's demo for the fault and judge its first finding."""
-    run_dir = os.path.join(root, "ranksight")
-    run_id = f"diag-{fault}"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ranksight",
-            "demo",
-            "--fault",
-            fault,
-            "--steps",
-            str(steps),
-            "--ranks",
-            str(RANKS),
-            "--run-dir",
-            run_dir,
-            "--run-id",
-            run_id,
-            "--no-dashboard",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    run_dir, run_id = os.path.join(root, "ranksight"), f"diag-{fault}"
+    proc = _ranksight("demo", "--fault", fault, "--steps", str(steps), "--ranks", str(RANKS), "--run-dir", run_dir,
+                      "--run-id", run_id, "--no-dashboard")  # fmt: skip
     if proc.returncode != 0:
         return {"error": f"demo exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
-    diag, how = _diagnose_ranksight(os.path.join(run_dir, run_id))
+    proc, how = _ranksight("diagnose", os.path.join(run_dir, run_id), "--json"), "ranksight diagnose RUN --json"
+    if proc.returncode != 0:
+        raise RuntimeError(f"ranksight diagnose failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    diag = json.loads(proc.stdout)
     findings = [f for f in diag.get("findings", []) if f.get("severity") in ("warning", "critical")]
     first = findings[0] if findings else None
     exp = EXPECTED[fault]
@@ -307,18 +279,10 @@ def _mark(value) -> str:
 
 def markdown_table(results: dict) -> str:
     """The diagnosis table for docs/benchmarks.md."""
-    lines = [
-        "| fault | tool | what it printed first | right cause | right rank |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for fault, tools in results.items():
-        for tool, r in tools.items():
-            if "error" in r:
-                lines.append(f"| {fault} | {tool} | error: {r['error']} | - | - |")
-                continue
-            printed = r["printed"].replace("|", "/").replace("\n", " ")
-            lines.append(f"| {fault} | {tool} | {printed} | {_mark(r['cause_ok'])} | {_mark(r['ranks_ok'])} |")
-    return "\n".join(lines)
+    rows = [[fault, tool, f"error: {r['error']}", "-", "-"] if "error" in r else
+            [fault, tool, r["printed"].replace("\n", " "), _mark(r["cause_ok"]), _mark(r["ranks_ok"])]
+            for fault, tools in results.items() for tool, r in tools.items()]  # fmt: skip
+    return markdown(["fault", "tool", "what it printed first", "right cause", "right rank"], rows)
 
 
 def main() -> int:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from _harness import cli, in_rounds, quantile, write_results
+from _harness import cli, in_rounds, markdown, quantile, write_results
 from _peers import ARMS, Launch, Workload, run_ab, run_launch
 from agent_memory import buffer_bound_mb, default_buffer_bound
 
@@ -199,47 +199,30 @@ def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
 
 
 def markdown_table(result: dict) -> str:
-    """The overhead table for docs/benchmarks.md: one row per arm and step size."""
-    lines = [
-        "| step | arm | step time ratio, median of rounds (min-max) | best of rounds | throughput ratio (mean step) "
-        "| process CPU per step ratio | training thread CPU µs/step | tool's threads CPU µs/step "
-        "| RSS +MB/rank | side process | written to disk |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for size, data in result["sizes"].items():
-        for arm, s in data["summary"].items():
-            side = (
-                f"{s['aggregator_rss_mb']:.0f} MB, {s['aggregator_cpu_s']:.1f} CPU s" if s["aggregator_rss_mb"] else "-"
-            )
-            lines.append(
-                f"| {size} ({s['step_ms_median']:.1f} ms) | {arm} "
-                f"| {s['median_ratio']:.3f} ({s['median_ratio_min']:.3f}-{s['median_ratio_max']:.3f}) "
-                f"| {s['best_ratio']:.3f} "
-                f"| {s['mean_ratio']:.3f} ({s['mean_ratio_min']:.3f}-{s['mean_ratio_max']:.3f}) "
-                f"| {s['cpu_ratio']:.3f} ({s['cpu_ratio_min']:.3f}-{s['cpu_ratio_max']:.3f}) "
-                f"| {s['train_thread_cpu_us_per_step']:.0f} | {s['tool_threads_cpu_us_per_step']:.0f} "
-                f"| {s['rss_delta_mb_per_rank']:.1f} | {side} "
-                f"| {s['disk_mb']:.2f} MB |"
-            )
-    ab_rows = [
-        "",
-        "| step | in-process A/B (watched / plain) | step time ratio | p25-p75 | p10-p90 | extra µs/step "
-        "| training-thread CPU ratio | p25-p75 | extra CPU µs/step | block pairs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for size, data in result["sizes"].items():
-        for variant, ab in data.get("ab", {}).items():
-            a = ab["summary"]
-            ab_rows.append(
-                f"| {size} ({a['plain_step_ms']:.1f} ms) | {variant} | {a['ratio_median']:.3f} "
-                f"| {a['ratio_p25']:.3f}-{a['ratio_p75']:.3f} | {a['ratio_p10']:.3f}-{a['ratio_p90']:.3f} "
-                f"| {a['extra_us_per_step_median']:.0f} | {a['cpu_ratio_median']:.3f} "
-                f"| {a['cpu_ratio_p25']:.3f}-{a['cpu_ratio_p75']:.3f} | {a['extra_cpu_us_per_step_median']:.0f} "
-                f"| {a['pairs']} × {a['block_steps']} steps |"
-            )
-    if len(ab_rows) > 3:
-        lines += ab_rows
-    return "\n".join(lines)
+    """The overhead tables for docs/benchmarks.md: one row per arm and step size, then the in-process A/B's."""
+
+    def spread(s: dict, name: str) -> str:
+        return f"{s[name]:.3f} ({s[name + '_min']:.3f}-{s[name + '_max']:.3f})"
+
+    header = ["step", "arm", "step time ratio, median of rounds (min-max)", "best of rounds",
+              "throughput ratio (mean step)", "process CPU per step ratio", "training thread CPU µs/step",
+              "tool's threads CPU µs/step", "RSS +MB/rank", "side process", "written to disk"]  # fmt: skip
+    rows = [[f"{size} ({s['step_ms_median']:.1f} ms)", arm, spread(s, "median_ratio"), f"{s['best_ratio']:.3f}",
+             spread(s, "mean_ratio"), spread(s, "cpu_ratio"), f"{s['train_thread_cpu_us_per_step']:.0f}",
+             f"{s['tool_threads_cpu_us_per_step']:.0f}", f"{s['rss_delta_mb_per_rank']:.1f}",
+             f"{s['aggregator_rss_mb']:.0f} MB, {s['aggregator_cpu_s']:.1f} CPU s" if s["aggregator_rss_mb"] else "-",
+             f"{s['disk_mb']:.2f} MB"]
+            for size, data in result["sizes"].items() for arm, s in data["summary"].items()]  # fmt: skip
+    ab_header = ["step", "in-process A/B (watched / plain)", "step time ratio", "p25-p75", "p10-p90", "extra µs/step",
+                 "training-thread CPU ratio", "p25-p75", "extra CPU µs/step", "block pairs"]  # fmt: skip
+    ab_rows = [[f"{size} ({a['plain_step_ms']:.1f} ms)", variant, f"{a['ratio_median']:.3f}",
+                f"{a['ratio_p25']:.3f}-{a['ratio_p75']:.3f}", f"{a['ratio_p10']:.3f}-{a['ratio_p90']:.3f}",
+                f"{a['extra_us_per_step_median']:.0f}", f"{a['cpu_ratio_median']:.3f}",
+                f"{a['cpu_ratio_p25']:.3f}-{a['cpu_ratio_p75']:.3f}", f"{a['extra_cpu_us_per_step_median']:.0f}",
+                f"{a['pairs']} × {a['block_steps']} steps"]
+               for size, data in result["sizes"].items()
+               for variant, a in ((v, ab["summary"]) for v, ab in data.get("ab", {}).items())]  # fmt: skip
+    return markdown(header, rows) + ("\n\n" + markdown(ab_header, ab_rows) if ab_rows else "")
 
 
 def main() -> int:
