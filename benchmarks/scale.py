@@ -50,6 +50,7 @@ Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -63,7 +64,7 @@ import tempfile
 import time
 
 from _harness import cli, timed, write_results
-from first_call_time import _spool_ready, first_call_figures, first_calls_s, measure
+from first_call_time import FLOOR_SQL, _spool_ready, first_call_figures, first_calls_s, measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -431,7 +432,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     from ranksight.collectors import segment_files
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
-    from ranksight.format.digest import DIGEST_DIR, digest_of
+    from ranksight.format.digest import digest_of
 
     run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
     shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
@@ -444,12 +445,8 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     assert rollup.digested == files, (rollup.digested, files)
     rollup_fresh = [rollup_first_build_s(run_path)["seconds"] for _ in range(FRESH_PROCESSES)]
     # The same first build from the files' rows (as for files published without digests), and its result.
-    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
-    os.rename(digests_dir, digests_dir + "-aside")
-    t0 = time.perf_counter()
-    from_rows = Rollup(run_path)
-    rollup_rows_s = time.perf_counter() - t0
-    os.rename(digests_dir + "-aside", digests_dir)
+    with digests_aside(run_path):
+        rollup_rows_s, from_rows = timed(lambda: Rollup(run_path), repeats=1)
     totals = "SELECT rank, sum(n), sum(step_sum), sum(compute_sum), max(step_max_s) FROM rollup GROUP BY 1 ORDER BY 1"
     for a, b in zip(rollup.cursor().execute(totals).fetchall(), from_rows.cursor().execute(totals).fetchall()):
         assert a[:2] == b[:2] and all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a[2:], b[2:])), (a, b)
@@ -488,29 +485,33 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     }
 
 
-def verdict_render_s(run_path: str) -> dict[str, float]:
+def verdict_render_s(run_path: str | None) -> dict[str, float]:
     """Seconds from navigation until the Verdict page's text is drawn and Streamlit idle, in headless Chromium:
     on a fresh server opened the moment it answers (its warm-up diagnosis still running), then once more;
-    and (``*_drawn``) until no table or chart on it is a placeholder any more."""
-    from dashboard_bench import RENDER_PAGES, page_on_fresh_server, time_visit_drawn
+    and (``*_drawn``) until no table or chart on it is a placeholder any more. ``run_path`` None: the same
+    visits to a Streamlit app of one line holding the same marker, with the dashboard's flags (the floor:
+    what any Streamlit page costs a fresh headless Chromium on this machine)."""
+    from dashboard_bench import RENDER_PAGES, bare_page_on_fresh_server, page_on_fresh_server, time_visit_drawn
 
     out = {}
-    with page_on_fresh_server(run_path) as (page, port):
+    server = page_on_fresh_server(run_path) if run_path else bare_page_on_fresh_server(RENDER_PAGES[""])
+    with server as (page, port):
         for visit in ("first", "again"):
             out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
     return out
 
 
-def streamlit_floor_s() -> dict[str, float]:
-    """``verdict_render_s``'s visits to a Streamlit app of one line holding the same marker, on a fresh server
-    with the dashboard's flags: what any Streamlit page costs a fresh headless Chromium on this machine."""
-    from dashboard_bench import RENDER_PAGES, bare_page_on_fresh_server, time_visit_drawn
+@contextlib.contextmanager
+def digests_aside(run_path: str):
+    """The step files' digests moved aside while the block runs (as for files published without them)."""
+    from ranksight.format.digest import DIGEST_DIR
 
-    out = {}
-    with bare_page_on_fresh_server(RENDER_PAGES[""]) as (page, port):
-        for visit in ("first", "again"):
-            out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
-    return out
+    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
+    os.rename(digests_dir, digests_dir + "-aside")
+    try:
+        yield
+    finally:
+        os.rename(digests_dir + "-aside", digests_dir)
 
 
 def rollup_first_build_s(run_path: str) -> dict:
@@ -556,15 +557,13 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     breakdown_fresh = first_calls_s(run_path, "breakdown", FRESH_PROCESSES)
     diagnose_fresh = first_calls_s(run_path, "diagnose", FRESH_PROCESSES)
     # The same two with the node files' step digests set aside (as for files published without them).
-    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
-    has_digests = os.path.isdir(digests_dir)
+    has_digests = os.path.isdir(os.path.join(run_path, "steps", DIGEST_DIR))
     rollup_live = rollup_first_build_s(run_path)
     if has_digests:
-        os.rename(digests_dir, digests_dir + "-aside")
-        live_rows_s, from_rows = timed(breakdown)
-        diag_live_rows_s, _ = timed(lambda: diagnose(run_path), repeats=2)
-        rollup_live_rows = rollup_first_build_s(run_path)
-        os.rename(digests_dir + "-aside", digests_dir)
+        with digests_aside(run_path):
+            live_rows_s, from_rows = timed(breakdown)
+            diag_live_rows_s, _ = timed(lambda: diagnose(run_path), repeats=2)
+            rollup_live_rows = rollup_first_build_s(run_path)
         from ranksight.format.verdict_digest import RELATIVE_ERROR
 
         # the same figures (sums added in another order), the medians read from histograms within their bound
@@ -577,18 +576,14 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     verdict_live = verdict_render_s(run_path) if browser else {}
     # DuckDB's floor for the breakdown: one GROUP BY over the same files.
     con = duckdb.connect()
-    floor_files_s, _ = timed(
-        lambda: con.execute(
-            f"SELECT rank, median(step_s), avg(step_s) FROM read_parquet('{glob}') GROUP BY rank"
-        ).fetchall()
-    )
+    floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
     result = ingest(run_path)
     answers_s = getattr(result, "answers_seconds", 0.0)  # 0 for the code before the store kept answers
     store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
     verdict_store = verdict_render_s(run_path) if browser else {}
-    floor_page = streamlit_floor_s() if browser else {}
+    floor_page = verdict_render_s(None) if browser else {}
     # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
     for path in (floor_db, floor_db + ".wal"):
