@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _harness import write_results  # noqa: E402
 from gpu_truth import truth_from_trace  # noqa: E402
 from gpu_workload import Fragmenter, make_batches, make_model, train_step  # noqa: E402
 
@@ -296,8 +297,7 @@ def main() -> int:
             result[name] = {"error": traceback.format_exc()[-2000:]}
         result[name]["wall_s"] = round(time.perf_counter() - t0, 2) if isinstance(result[name], dict) else None
         print(f"== {name}: {json.dumps(result[name], default=str)[:3000]}", flush=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        write_results(path, result, arms=[n for n, _ in parts if not args.only or n in args.only.split(",")])
     return 0
 
 
