@@ -79,46 +79,45 @@ def verdict_of(run: str) -> tuple[list, dict, bool]:
     return findings, features, used
 
 
+@contextlib.contextmanager
+def later_half_held(run: str):
+    """The later half of ``run``'s step segments moved aside while the block runs; yields their names."""
+    from ranksight.collectors import segment_files
+
+    files = sorted(segment_files(run, "steps"))
+    held, aside = files[len(files) // 2 :], run + "-held"
+    os.makedirs(aside)
+    for path in held:
+        os.rename(path, os.path.join(aside, os.path.basename(path)))
+    try:
+        yield {os.path.basename(p) for p in held}
+    finally:
+        for path in held:
+            os.rename(os.path.join(aside, os.path.basename(path)), path)
+        os.rmdir(aside)
+
+
 def ingest_half(run: str) -> None:
     """Ingest ``run`` with the later half of its step segments held back (pending beside the store after),
     and drop the store's answers: a live run that ``ingest --every`` compacts, judged from the store's
     verdict parts and the pending files' digests."""
     import duckdb
 
-    from ranksight.collectors import ingest, segment_files
+    from ranksight.collectors import ingest
 
-    held = sorted(segment_files(run, "steps"))[len(segment_files(run, "steps")) // 2 :]
-    aside = run + "-held"
-    os.makedirs(aside)
-    for path in held:
-        os.rename(path, os.path.join(aside, os.path.basename(path)))
-    ingest(run)
-    for path in held:
-        os.rename(os.path.join(aside, os.path.basename(path)), path)
-    os.rmdir(aside)
-    con = duckdb.connect(os.path.join(run, "store.duckdb"))
-    con.execute("DROP TABLE IF EXISTS _answers")
-    con.close()
+    with later_half_held(run):
+        ingest(run)
+    with duckdb.connect(os.path.join(run, "store.duckdb")) as con:
+        con.execute("DROP TABLE IF EXISTS _answers")
 
 
 def diagnose_half_first(run: str) -> set[str]:
     """Diagnose ``run`` with the later half of its step segments held back, then put them back; their names."""
-    from ranksight.collectors import segment_files
     from ranksight.rules import diagnose
 
-    files = sorted(segment_files(run, "steps"))
-    held = files[len(files) // 2 :]
-    aside = run + "-held"
-    os.makedirs(aside)
-    for path in held:
-        os.rename(path, os.path.join(aside, os.path.basename(path)))
-    try:
+    with later_half_held(run) as held:
         diagnose(run)
-    finally:
-        for path in held:
-            os.rename(os.path.join(aside, os.path.basename(path)), path)
-        os.rmdir(aside)
-    return {os.path.basename(p) for p in held}
+    return held
 
 
 @contextlib.contextmanager
