@@ -212,58 +212,37 @@ def _fresh_browser_page():
             browser.close()
 
 
-@contextlib.contextmanager
-def page_on_fresh_server(run_path: str):
-    """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
-    moment the server answers: its warm-up (diagnosis, rollup) may still be running."""
-    from ranksight.commands.dashboard import start, wait_ready
-
-    port = free_port()
-    proc = start(run_path, port, quiet=True)
-    try:
-        wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
-        with _fresh_browser_page() as page:
-            yield page, port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
 _BARE_APP = """import streamlit as st
 st.set_page_config(page_title="ranksight", layout="wide")
 st.markdown("**{marker}**: a page with this line alone")
 """
 
 
-def serve_app(app: str, port: int):
-    """A Streamlit app served on ``port`` with the dashboard's own flags, returned once it answers."""
-    import subprocess
-
-    from ranksight.commands.dashboard import wait_ready
-    from ranksight.dashboard import serve_command
-
-    flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", app, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_ready(proc, "127.0.0.1", port)
-    return proc
-
-
 @contextlib.contextmanager
-def bare_page_on_fresh_server(marker: str):
-    """As ``page_on_fresh_server``, for a Streamlit app of one line holding ``marker``, served with the
-    dashboard's own flags: what any Streamlit page costs a fresh browser here (the floor under the Verdict
-    page's first render, as DuckDB's own queries are under the readers')."""
+def page_on_fresh_server(run_path: str | None, marker: str = ""):
+    """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
+    moment the server answers: its warm-up (diagnosis, rollup) may still be running. ``run_path`` None: a
+    Streamlit app of one line holding ``marker``, served with the dashboard's own flags: what any Streamlit
+    page costs a fresh browser here (the floor under the Verdict page's first render, as DuckDB's own
+    queries are under the readers')."""
+    import subprocess
     import tempfile
+
+    from ranksight.commands.dashboard import start, wait_ready
+    from ranksight.dashboard import serve_command
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
-        app = os.path.join(folder, "bare.py")
-        with open(app, "w") as f:
-            f.write(_BARE_APP.format(marker=marker))
-        proc = serve_app(app, port)
+        if run_path:
+            proc = start(run_path, port, quiet=True)
+        else:
+            with open(os.path.join(folder, "bare.py"), "w") as f:
+                f.write(_BARE_APP.format(marker=marker))
+            flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
+            proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", f.name, *flags],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
+            wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
             with _fresh_browser_page() as page:
                 yield page, port
         finally:
@@ -280,10 +259,7 @@ def time_visit_drawn(page, url: str, marker: str) -> tuple[float, float]:
     """(seconds until ``marker`` is drawn and Streamlit idle, as ``time_visit``; seconds until, beyond that,
     no element is a placeholder any more)."""
     t = time.perf_counter()
-    page.goto(url)
-    page.get_by_text(marker).first.wait_for(timeout=120000)
-    page.wait_for_function(IDLE_JS, timeout=120000, polling=50)
-    idle = time.perf_counter() - t
+    idle = time_visit(page, url, marker)
     page.wait_for_function(DRAWN_JS, timeout=120000, polling=50)
     return idle, time.perf_counter() - t
 

@@ -491,11 +491,10 @@ def verdict_render_s(run_path: str | None) -> dict[str, float]:
     and (``*_drawn``) until no table or chart on it is a placeholder any more. ``run_path`` None: the same
     visits to a Streamlit app of one line holding the same marker, with the dashboard's flags (the floor:
     what any Streamlit page costs a fresh headless Chromium on this machine)."""
-    from dashboard_bench import RENDER_PAGES, bare_page_on_fresh_server, page_on_fresh_server, time_visit_drawn
+    from dashboard_bench import RENDER_PAGES, page_on_fresh_server, time_visit_drawn
 
     out = {}
-    server = page_on_fresh_server(run_path) if run_path else bare_page_on_fresh_server(RENDER_PAGES[""])
-    with server as (page, port):
+    with page_on_fresh_server(run_path, RENDER_PAGES[""]) as (page, port):
         for visit in ("first", "again"):
             out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
     return out
