@@ -1,7 +1,7 @@
 """What every benchmark repeats, in one place: arms taking turns in rounds with the machine's load at each
 (``in_rounds``), A-B / B-A blocks in one thread (``alternating``), a fresh process timed with its user and
 system CPU (``fresh_process``), the options every benchmark takes (``cli``), the docs' Markdown tables
-(``markdown``), and a results file whose header says where, from which commit and with which command its
+(``markdown``), NVLink multicast off for the GPU benchmarks (``device_env``), and a results file whose header says where, from which commit and with which command its
 figures were measured (``write_results``).
 
 Why: on a shared machine a figure means something only beside the load it was measured under and the code
@@ -111,6 +111,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+DEVICE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast off in NCCL, PyTorch and NVSHMEM: on a GPU host shared with others, a program that uses it
+can take the host's GPUs out of service."""
+
+
+def device_env() -> None:
+    """Set ``DEVICE_ENV`` in this process's environment (where not set), before NCCL starts: the processes
+    it starts inherit it."""
+    for name, value in DEVICE_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def cpu_pressure() -> dict | None:

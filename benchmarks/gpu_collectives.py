@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # as well under ``python -P``, as gpu_round.sh runs it
 
-from _harness import write_results  # noqa: E402
+from _harness import device_env, write_results  # noqa: E402
 
 TRACED = range(25, 30)
 
@@ -36,6 +36,7 @@ def run(args) -> int:
 
     import ranksight
 
+    device_env()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import write_results  # noqa: E402
+from _harness import device_env, write_results  # noqa: E402
 from gpu_truth import truth_from_trace  # noqa: E402
 from gpu_workload import Fragmenter, make_batches, make_model, train_step  # noqa: E402
 
@@ -168,7 +168,6 @@ def nccl_single_rank(args, out: str) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     try:
@@ -280,6 +279,7 @@ def main() -> int:
     args = ap.parse_args()
     out = args.out
     os.makedirs(os.path.join(out, "fixtures"), exist_ok=True)
+    device_env()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")

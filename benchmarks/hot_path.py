@@ -181,7 +181,9 @@ def bench_fsdp_hooks(calls: int, blocks: int) -> dict:
 
 def main() -> int:
     parser = cli(__doc__)
-    parser.add_argument("--blocks", type=int, default=None, help="A/B blocks (default 30; with --fsdp 7)")
+    parser.add_argument(
+        "--blocks", "--rounds", dest="blocks", type=int, default=None, help="A/B block pairs (30; --fsdp: 7)"
+    )
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--fsdp", action="store_true", help="the FSDP2 hooks alone, per collective")
     parser.add_argument("--calls", type=int, default=20000, help="--fsdp: calls per block")

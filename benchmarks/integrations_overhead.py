@@ -266,7 +266,7 @@ def bench_run(blocks: int, steps: int, tmp: str) -> dict:
 
 def main() -> int:
     parser = cli(__doc__)
-    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--blocks", "--rounds", dest="blocks", type=int, default=6, help="A/B block pairs")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument(
         "--only", default=",".join(INTEGRATIONS), help="comma-separated subset of: " + ", ".join(INTEGRATIONS)
