@@ -75,6 +75,19 @@ class Launch:
     env: dict = field(default_factory=dict)
 
 
+def versions() -> dict:
+    """Python's, torch's and TraceML's versions (None where TraceML is not installed): what the peers ran on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    try:
+        traceml = version("traceml-ai")
+    except PackageNotFoundError:
+        traceml = None
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "traceml-ai": traceml}
+
+
 def rss_bytes() -> tuple[int, int]:
     """Return (VmRSS, VmHWM) of this process in bytes, from /proc/self/status."""
     values = {}
@@ -331,6 +344,7 @@ def traceml_aggregator(ranks: int, port: int, session: str, logs: str, log_path:
     and writes ``final_summary.{json,txt}`` under ``logs/session``; its own output goes to ``log_path``."""
     cmd = [os.path.join(os.path.dirname(sys.executable), "traceml"), "serve", "--mode", "summary", "--logs-dir", logs,
            "--run-name", session, "--nproc-per-node", str(ranks), "--aggregator-port", str(port)]  # fmt: skip
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -344,10 +358,15 @@ def traceml_aggregator(ranks: int, port: int, session: str, logs: str, log_path:
             proc.wait(timeout=10)
 
 
-def _preload_forkserver() -> None:
+def start_ranks(fn, args: tuple, ranks: int, out_dir: str) -> None:
+    """``fn(rank, *args)`` in ``ranks`` processes forked from a server that imported torch once, until all end."""
     import multiprocessing
 
+    import torch.multiprocessing as mp
+
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "_peers"])
+    os.makedirs(out_dir, exist_ok=True)
+    mp.start_processes(fn, args=args, nprocs=ranks, start_method=START_METHOD)
 
 
 def _tree_usage(pid: int) -> tuple[int, float]:
@@ -365,10 +384,6 @@ def _tree_usage(pid: int) -> tuple[int, float]:
 
 def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
     """Run one launch to completion; return each rank's timings and RSS, and the aggregator's RSS (TraceML)."""
-    import torch.multiprocessing as mp
-
-    _preload_forkserver()
-    os.makedirs(launch.out_dir, exist_ok=True)
     aggregator_rss, aggregator_cpu_s = 0, 0.0
     aggregator = contextlib.nullcontext()
     if launch.arm == "traceml":
@@ -380,9 +395,7 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
                                         aggregator_timeout_s)  # fmt: skip
     with aggregator as proc:
         try:
-            mp.start_processes(
-                rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
-            )
+            start_ranks(rank_main, (asdict(launch), free_port()), launch.workload.ranks, launch.out_dir)
         finally:
             if proc is not None:  # measured before Ctrl+C: what it held through the run
                 aggregator_rss, aggregator_cpu_s = _tree_usage(proc.pid)
@@ -464,23 +477,8 @@ def run_ab(workload: Workload, out_dir: str, blocks: int, block_steps: int, opti
 
     ``options`` go to ``ranksight.init`` (e.g. ``comm_hook=False`` to see what the DDP comm hook costs).
     """
-    import torch.multiprocessing as mp
-
-    _preload_forkserver()
-    os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(
-        ab_rank_main,
-        args=(
-            asdict(workload),
-            free_port(),
-            out_dir,
-            os.path.join(out_dir, "runs"),
-            blocks,
-            block_steps,
-            options or {},
-        ),
-        nprocs=workload.ranks,
-        start_method=START_METHOD,
-    )
+    runs = os.path.join(out_dir, "runs")
+    start_ranks(ab_rank_main, (asdict(workload), free_port(), out_dir, runs, blocks, block_steps, options or {}),
+                workload.ranks, out_dir)  # fmt: skip
     with open(os.path.join(out_dir, "ab-rank0.json")) as f:
         return json.load(f)

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict
 
 from _harness import cli, free_port, markdown, write_results
-from _peers import START_METHOD, _preload_forkserver, init_rank, traceml_aggregator, train_step
+from _peers import init_rank, start_ranks, traceml_aggregator, train_step, versions
 
 CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 RANKS = 2
@@ -143,10 +143,7 @@ def demo_peer_main(rank: int, cfg_dict: dict, port: int, arm: str, out_dir: str,
 def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
     """Run the demo's job for ``cfg.fault`` under a peer; return what the peer reported."""
     import diagnosis_peers
-    import torch.multiprocessing as mp
 
-    _preload_forkserver()
-    os.makedirs(out_dir, exist_ok=True)
     traceml_cfg: dict = {}
     aggregator = contextlib.nullcontext()
     if arm == "traceml":
@@ -155,12 +152,9 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
             cfg.ranks, traceml_cfg["aggregator_port"], cfg.fault, out_dir, os.path.join(out_dir, "traceml-serve.log")
         )
     with aggregator:
-        mp.start_processes(
-            diagnosis_peers.demo_peer_main,  # by its module's name: the ranks unpickle it from there
-            args=(asdict(cfg), free_port(), arm, out_dir, traceml_cfg),
-            nprocs=cfg.ranks,
-            start_method=START_METHOD,
-        )
+        # by its module's name: the ranks unpickle it from there
+        start_ranks(diagnosis_peers.demo_peer_main, (asdict(cfg), free_port(), arm, out_dir, traceml_cfg), cfg.ranks,
+                    out_dir)  # fmt: skip
     if arm == "profiler":
         out = {}
         for r in range(cfg.ranks):
@@ -299,15 +293,6 @@ def main() -> int:
     if any(t not in runners for t in tools):
         parser.error(f"--tools must name only {', '.join(runners)}")
 
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    try:
-        traceml_version = version("traceml-ai")
-    except PackageNotFoundError:
-        traceml_version = None
-
     results: dict = {}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="rs-diag-") as root:
@@ -326,7 +311,7 @@ def main() -> int:
     print(table)
     if args.json:
         figures = {"started_utc": started, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "versions": {"torch": torch.__version__, "traceml-ai": traceml_version}, "steps": args.steps,
+                   "versions": versions(), "steps": args.steps,
                    "results": results, "table": table}  # fmt: skip
         write_results(args.json, figures, arms=tools)
     return 0

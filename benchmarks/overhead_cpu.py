@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict
 
 from _harness import cli, in_rounds, markdown, quantile, write_results
-from _peers import ARMS, Launch, Workload, run_ab, run_launch
+from _peers import ARMS, Launch, Workload, run_ab, run_launch, versions
 from agent_memory import buffer_bound_mb, default_buffer_bound
 
 SIZES = {
@@ -247,18 +247,10 @@ def main() -> int:
     if any(s not in SIZES for s in sizes):
         parser.error(f"--sizes must name only {', '.join(SIZES)}")
 
-    import torch
-
-    try:
-        from importlib.metadata import version
-
-        traceml_version = version("traceml-ai")
-    except Exception:  # noqa: BLE001 - absent peer: reported as such
-        traceml_version = None
     result = {
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"load_avg_start": os.getloadavg()},
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "traceml-ai": traceml_version},
+        "versions": versions(),
         "rounds": args.rounds,
         "agent_buffer_bound_mb": buffer_bound_mb(),
         "sizes": {},
