@@ -1,6 +1,6 @@
 """Every benchmark behind one command, so that each figure in the docs is one command away.
 
-    python -m benchmarks --list                # each benchmark and the first line of its docstring
+    python -m benchmarks --list                # each benchmark, what it measures, the results files the docs cite
     python -m benchmarks NAME [ARGS...]        # benchmarks/NAME.py with ARGS, as if run as a script
 
 A benchmark is a ``benchmarks/*.py`` whose name does not start with ``_`` (those are shared helpers).
@@ -10,28 +10,48 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import runpy
 import sys
+import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TABLE = os.path.join(os.path.dirname(HERE), "docs", "benchmarks.md")
+"""Its table of headline figures: one row a figure, its command and its results file."""
 
 
 def benchmarks() -> dict[str, str]:
-    """Each benchmark's name and the first line of its docstring, read without importing it."""
+    """Each benchmark's name and the first sentence of its docstring, read without importing it."""
     out = {}
     for name in sorted(os.listdir(HERE)):
         if name.endswith(".py") and not name.startswith("_"):
             with open(os.path.join(HERE, name)) as f:
                 doc = ast.get_docstring(ast.parse(f.read())) or ""
-            out[name[:-3]] = doc.strip().split("\n")[0]
+            out[name[:-3]] = re.split(r"(?<=[.?])\s", " ".join(doc.strip().split("\n\n")[0].split()))[0]
+    return out
+
+
+def cited_results() -> dict[str, list[str]]:
+    """Each benchmark's results files as the docs' table of headline figures names them, in its order."""
+    out: dict[str, list[str]] = {}
+    with open(TABLE) as f:
+        section = f.read().split("## Every headline figure")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and line.count(" | ") == 2]
+    for _, command, files in rows:
+        for name in dict.fromkeys(re.findall(r"(?:python -m benchmarks |benchmarks/|its `)(\w+)", command)):
+            out.setdefault(name, []).append(files.strip(" |").replace("`", ""))
     return out
 
 
 def main(argv: list[str]) -> int:
     known = benchmarks()
     if not argv or argv[0] in ("-h", "--help", "--list"):
-        width = max(map(len, known))
-        print("\n".join(f"{name:<{width}}  {line}" for name, line in known.items()))
+        width, cited = max(map(len, known)), cited_results()
+        for name, line in known.items():
+            print(textwrap.fill(line, 118, initial_indent=f"{name:<{width}}  ", subsequent_indent=" " * (width + 2)))
+            for files in cited.get(name, []):
+                print(f"{'':<{width}}  results: {files}")
+        print(f"\npython -m benchmarks NAME --help: its options; {os.path.relpath(TABLE)}: every headline figure")
         return 0
     name, args = argv[0].removesuffix(".py"), argv[1:]
     if name not in known:

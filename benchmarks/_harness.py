@@ -1,6 +1,8 @@
-"""What every benchmark repeats, in one place: arms taking turns in rounds, a fresh process timed with its
-user and system CPU, the machine's load at each round, and a results file whose header says where, from
-which commit and with which command its figures were measured.
+"""What every benchmark repeats, in one place: arms taking turns in rounds with the machine's load at each
+(``in_rounds``), A-B / B-A blocks in one thread (``alternating``), a fresh process timed with its user and
+system CPU (``fresh_process``), the options every benchmark takes (``cli``), the docs' Markdown tables
+(``markdown``), NVLink multicast off for the GPU benchmarks (``device_env``), and a results file whose
+header says where, from which commit and with which command its figures were measured (``write_results``).
 
 Why: on a shared machine a figure means something only beside the load it was measured under and the code
 it measured; one implementation keeps every results file comparable with every other.
@@ -8,6 +10,7 @@ it measured; one implementation keeps every results file comparable with every o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -28,6 +31,57 @@ def rotated(arms: list, r: int) -> list:
     return list(arms[k:]) + list(arms[:k])
 
 
+def in_rounds(arms, rounds: int, measure, show=None) -> dict[str, list[dict]]:
+    """Every arm once a round, in ``rotated`` order, for ``rounds`` rounds: ``measure(arm, r)``'s figures (a
+    dict) by arm, each with its round and the machine's load at the round's start (``machine_load``) added;
+    ``show(arm, figures)``, where given, is the line printed after each."""
+    out: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for r in range(rounds):
+        load = machine_load()
+        for arm in rotated(list(arms), r):
+            out[arm].append({**measure(arm, r), "round": r, "load": load})
+            if show is not None:
+                print(f"round {r} {arm}: {show(arm, out[arm][-1])}", flush=True)
+    return out
+
+
+def alternating(a, b, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """``blocks`` calls of ``a`` and of ``b`` in one thread, A-B then B-A (machine drift falls on both alike):
+    each block's ((wall, thread CPU) seconds of ``a``, the same of ``b``). The thread's CPU time does not grow
+    while another process holds the core, so it resolves what wall time on shared cores cannot."""
+    out = []
+    for i in range(blocks):
+        timed = {}
+        for side in "ab" if i % 2 == 0 else "ba":
+            fn = a if side == "a" else b
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            timed[side] = (time.perf_counter() - t0, time.thread_time() - c0)
+        out.append((timed["a"], timed["b"]))
+    return out
+
+
+def loop_us(fn, calls: int) -> float:
+    """Microseconds per call of ``fn()`` called ``calls`` times in a tight loop."""
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - t0) / calls / 1000
+
+
+def timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
+    """(median seconds of ``repeats`` calls of ``fn()``, the last call's result); each call's seconds are
+    appended to ``each`` where given."""
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    if each is not None:
+        each.extend(times)
+    return statistics.median(times), out
+
+
 def spread(xs: list[float]) -> dict:
     """Median, min and max (and the quartiles from 4 values on) of a list; {} when empty."""
     xs = sorted(x for x in xs if x is not None)
@@ -38,6 +92,28 @@ def spread(xs: list[float]) -> dict:
         q = statistics.quantiles(xs, n=4)
         out["p25"], out["p75"] = q[0], q[2]
     return out
+
+
+def markdown(header: list[str], rows: list[list]) -> str:
+    """A Markdown table, as the docs quote a benchmark's: the header, its rule, a line per row."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(str(cell).replace("|", "/") for cell in cells) + " |" for cells in lines)
+
+
+def median(values) -> float | None:
+    """The median of those of ``values`` that are not None; None when none is."""
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def read_rows(run_path: str, kind: str) -> list[dict]:
+    """Every row of one kind (``steps``, ``samples`` ...) of a run folder's segments, read with pyarrow alone:
+    a GPU machine may have no DuckDB."""
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(run_path, kind)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet")) if os.path.isdir(folder) else []
+    return [row for name in names for row in pq.read_table(os.path.join(folder, name)).to_pylist()]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -51,6 +127,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+DEVICE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+"""NVLink multicast off in NCCL, PyTorch and NVSHMEM: on a GPU host shared with others, a program that uses it
+can take the host's GPUs out of service."""
+
+
+def device_env() -> None:
+    """Set ``DEVICE_ENV`` in this process's environment (where not set), before NCCL starts: the processes
+    it starts inherit it."""
+    for name, value in DEVICE_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def cpu_pressure() -> dict | None:
@@ -87,6 +175,16 @@ def fresh_process(code: str, *args: str, env: dict | None = None) -> dict:
     figures["process"] = {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
                           "system_s": after.ru_stime - before.ru_stime}  # fmt: skip
     return figures
+
+
+def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
+    """A benchmark's options: the first line of its docstring as the description, ``--json OUT`` (the results
+    file, written with ``write_results``) and, where it runs arms in rounds, ``--rounds N`` (default ``rounds``)."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    parser.add_argument("--json", help="write the figures here, under the common header")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="rounds: every arm once in each, rotated")
+    return parser
 
 
 def _commit() -> str | None:

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from _harness import free_port
+from _harness import alternating, free_port
 
 ARMS = ("baseline", "ranksight", "profiler", "traceml", "poller")
 # A fork server with torch imported once: each launch then forks a warm interpreter instead of paying
@@ -44,12 +44,13 @@ class Workload:
     width: int = 256
     depth: int = 3
     batch: int = 256
+    ranks: int = 2
+    """gloo ranks, one process each."""
+    steps: int = 200
     warmup_steps: int = 20
     warmup_min_s: float = 3.0
     """Warm up for at least this long too (the ranks agree on when), so that start-up work such as the
     agent's first flush (2 s in; it imports pyarrow) is over before timing starts."""
-    steps: int = 200
-    ranks: int = 2
     item_sleep_s: float = 0.0
     """Sleep per item in ``__getitem__`` (an input-bound loader); 0 for the overhead runs."""
     straggler_factor: int = 1
@@ -72,6 +73,19 @@ class Launch:
     traceml_session: str = ""
     traceml_logs: str = ""
     env: dict = field(default_factory=dict)
+
+
+def versions() -> dict:
+    """Python's, torch's and TraceML's versions (None where TraceML is not installed): what the peers ran on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    try:
+        traceml = version("traceml-ai")
+    except PackageNotFoundError:
+        traceml = None
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "traceml-ai": traceml}
 
 
 def rss_bytes() -> tuple[int, int]:
@@ -330,6 +344,7 @@ def traceml_aggregator(ranks: int, port: int, session: str, logs: str, log_path:
     and writes ``final_summary.{json,txt}`` under ``logs/session``; its own output goes to ``log_path``."""
     cmd = [os.path.join(os.path.dirname(sys.executable), "traceml"), "serve", "--mode", "summary", "--logs-dir", logs,
            "--run-name", session, "--nproc-per-node", str(ranks), "--aggregator-port", str(port)]  # fmt: skip
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -343,10 +358,15 @@ def traceml_aggregator(ranks: int, port: int, session: str, logs: str, log_path:
             proc.wait(timeout=10)
 
 
-def _preload_forkserver() -> None:
+def start_ranks(fn, args: tuple, ranks: int, out_dir: str) -> None:
+    """``fn(rank, *args)`` in ``ranks`` processes forked from a server that imported torch once, until all end."""
     import multiprocessing
 
+    import torch.multiprocessing as mp
+
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "_peers"])
+    os.makedirs(out_dir, exist_ok=True)
+    mp.start_processes(fn, args=args, nprocs=ranks, start_method=START_METHOD)
 
 
 def _tree_usage(pid: int) -> tuple[int, float]:
@@ -364,10 +384,6 @@ def _tree_usage(pid: int) -> tuple[int, float]:
 
 def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
     """Run one launch to completion; return each rank's timings and RSS, and the aggregator's RSS (TraceML)."""
-    import torch.multiprocessing as mp
-
-    _preload_forkserver()
-    os.makedirs(launch.out_dir, exist_ok=True)
     aggregator_rss, aggregator_cpu_s = 0, 0.0
     aggregator = contextlib.nullcontext()
     if launch.arm == "traceml":
@@ -379,9 +395,7 @@ def run_launch(launch: Launch, aggregator_timeout_s: float = 120.0) -> dict:
                                         aggregator_timeout_s)  # fmt: skip
     with aggregator as proc:
         try:
-            mp.start_processes(
-                rank_main, args=(asdict(launch), free_port()), nprocs=launch.workload.ranks, start_method=START_METHOD
-            )
+            start_ranks(rank_main, (asdict(launch), free_port()), launch.workload.ranks, launch.out_dir)
         finally:
             if proc is not None:  # measured before Ctrl+C: what it held through the run
                 aggregator_rss, aggregator_cpu_s = _tree_usage(proc.pid)
@@ -434,14 +448,12 @@ def ab_rank_main(
     total = 10**12
     streams = [_batches(loaders[0], total), iter(mon.loader(_batches(loaders[1], total)))]
 
-    def block(i: int) -> tuple[float, float]:
+    def block(i: int) -> None:
         model, opt, stream = models[i], opts[i], streams[i]
-        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(block_steps):
             x, y = next(stream)
             with mon.step() if i else contextlib.nullcontext():
                 train_step(model, opt, loss_fn, x, y)
-        return (time.perf_counter() - t0) / block_steps, (time.thread_time() - c0) / block_steps
 
     # Warm both paths (first hooks, DDP's bucket rebuild) and get past the agent's first flush.
     t_start = time.perf_counter()
@@ -450,18 +462,12 @@ def ab_rank_main(
         block(1)
         if _all_ranks_past(t_start, work):
             break
-    plain, watched, plain_cpu, watched_cpu = [], [], [], []
-    for b in range(blocks):
-        order = (0, 1) if b % 2 == 0 else (1, 0)
-        times = {i: block(i) for i in order}
-        plain.append(times[0][0])
-        watched.append(times[1][0])
-        # The training thread's CPU time: it does not grow while another process holds the core.
-        plain_cpu.append(times[0][1])
-        watched_cpu.append(times[1][1])
+    pairs = alternating(lambda: block(0), lambda: block(1), blocks)
     mon.close()
+    per_step = {f"{side}{kind}": [p[i][j] / block_steps for p in pairs]
+                for i, side in enumerate(("plain", "watched")) for j, kind in enumerate(("_s", "_cpu_s"))}  # fmt: skip
     with open(os.path.join(out_dir, f"ab-rank{rank}.json"), "w") as f:
-        json.dump({"plain_s": plain, "watched_s": watched, "plain_cpu_s": plain_cpu, "watched_cpu_s": watched_cpu}, f)
+        json.dump(per_step, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -471,23 +477,8 @@ def run_ab(workload: Workload, out_dir: str, blocks: int, block_steps: int, opti
 
     ``options`` go to ``ranksight.init`` (e.g. ``comm_hook=False`` to see what the DDP comm hook costs).
     """
-    import torch.multiprocessing as mp
-
-    _preload_forkserver()
-    os.makedirs(out_dir, exist_ok=True)
-    mp.start_processes(
-        ab_rank_main,
-        args=(
-            asdict(workload),
-            free_port(),
-            out_dir,
-            os.path.join(out_dir, "runs"),
-            blocks,
-            block_steps,
-            options or {},
-        ),
-        nprocs=workload.ranks,
-        start_method=START_METHOD,
-    )
+    runs = os.path.join(out_dir, "runs")
+    start_ranks(ab_rank_main, (asdict(workload), free_port(), out_dir, runs, blocks, block_steps, options or {}),
+                workload.ranks, out_dir)  # fmt: skip
     with open(os.path.join(out_dir, "ab-rank0.json")) as f:
         return json.load(f)

@@ -18,13 +18,9 @@ Usage: ``python benchmarks/agent_memory.py [--json OUT]``
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import fresh_process, write_results  # noqa: E402
+from _harness import cli, fresh_process, write_results
 
 _PROBE = r"""
 import os, re, sys, tempfile, time, json
@@ -90,9 +86,7 @@ def buffer_bound_mb(max_events: int | None = None) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args()
+    args = cli(__doc__).parse_args()
     rows = []
     for variant in VARIANTS:
         rows.append(fresh_process(_PROBE, variant))

@@ -17,7 +17,6 @@ time goes (cProfile of ``Worker.flush``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,9 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # as well under ``python -P``
 
-from _harness import machine_load, rotated, write_results  # noqa: E402
+from _harness import cli, in_rounds, write_results  # noqa: E402
 
 _CHILD = r"""
 import json, os, sys, threading, time
@@ -112,14 +111,12 @@ def measure(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = cli(__doc__, rounds=5)
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--flush-s", type=float, default=0.5)
     ap.add_argument("--profile", action="store_true", help="one round, with the agent thread's profile")
     ap.add_argument("--device", default="cpu", help="cuda: the model on the GPU, so rows carry CUDA events")
     ap.add_argument("--gpu", default="{}", help="GPU options as JSON, e.g. '{\"events_every_steps\": 1}'")
-    ap.add_argument("--json", help="write the rounds and medians here")
     ap.add_argument(
         "--baseline",
         help="a folder with another ranksight in its installed layout (ranksight/agent, ...),"
@@ -130,19 +127,15 @@ def main() -> None:
         print(measure(args.steps, args.flush_s, profile=True, device=args.device, gpu=args.gpu))
         return
     arms = {"this tree": None, **({"baseline": args.baseline} if args.baseline else {})}
-    rounds: dict[str, list[dict]] = {arm: [] for arm in arms}
-    loads = []
-    for i in range(args.rounds):
-        loads.append(machine_load())
-        for arm in rotated(list(arms), i):
-            r = measure(args.steps, args.flush_s, tree=arms[arm], device=args.device, gpu=args.gpu)
-            rounds[arm].append(r)
-            print(
-                f"round {i} {arm}: agent {r['agent_us_per_step']:.1f} us/step, training thread"
-                f" {r['train_us_per_step']:.1f} us/step, step {r['step_us']:.0f} us, {r['flushes']} flushes"
-                f" ({r['ranksight']})",
-                flush=True,
-            )
+    rounds = in_rounds(
+        arms,
+        args.rounds,
+        lambda arm, _: measure(args.steps, args.flush_s, tree=arms[arm], device=args.device, gpu=args.gpu),
+        lambda arm, r: (
+            f"agent {r['agent_us_per_step']:.1f} us/step, training thread {r['train_us_per_step']:.1f}"
+            f" us/step, step {r['step_us']:.0f} us, {r['flushes']} flushes ({r['ranksight']})"
+        ),
+    )
     keys = ("agent_us_per_step", "train_us_per_step", "step_us")
     med = {arm: {k: statistics.median(r[k] for r in rs) for k in keys} for arm, rs in rounds.items()}
     for arm, m in med.items():
@@ -160,7 +153,7 @@ def main() -> None:
             f" ({min(ratios):.2f}-{max(ratios):.2f}) over {len(ratios)} rounds"
         )
     if args.json:
-        figures = {"rounds": rounds, "median": med, "baseline_over_this": ratios, "loads": loads}
+        figures = {"rounds": rounds, "median": med, "baseline_over_this": ratios}
         write_results(args.json, figures, arms=list(arms), rounds=args.rounds)
 
 

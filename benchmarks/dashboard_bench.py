@@ -10,19 +10,14 @@ NVML utilization / kernel-busy / allocator samples every 2 s per rank. Targets: 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import free_port  # noqa: E402
+from _harness import cli, free_port, timed, write_results
 
 STEP_S = 0.2
 SAMPLE_EVERY_S = 2.0
@@ -178,12 +173,7 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
         "signals: utilization": lambda: q.sample_per_rank(con, q.UTILIZATION_SIGNALS),
     }
     for name, fn in panels.items():
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1000)
-        out[name] = statistics.median(times)
+        out[name] = timed(fn, repeat)[0] * 1000
     return out
 
 
@@ -222,58 +212,37 @@ def _fresh_browser_page():
             browser.close()
 
 
-@contextlib.contextmanager
-def page_on_fresh_server(run_path: str):
-    """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
-    moment the server answers: its warm-up (diagnosis, rollup) may still be running."""
-    from ranksight.commands.dashboard import start, wait_ready
-
-    port = free_port()
-    proc = start(run_path, port, quiet=True)
-    try:
-        wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
-        with _fresh_browser_page() as page:
-            yield page, port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-
-
 _BARE_APP = """import streamlit as st
 st.set_page_config(page_title="ranksight", layout="wide")
 st.markdown("**{marker}**: a page with this line alone")
 """
 
 
-def serve_app(app: str, port: int):
-    """A Streamlit app served on ``port`` with the dashboard's own flags, returned once it answers."""
-    import subprocess
-
-    from ranksight.commands.dashboard import wait_ready
-    from ranksight.dashboard import serve_command
-
-    flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", app, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_ready(proc, "127.0.0.1", port)
-    return proc
-
-
 @contextlib.contextmanager
-def bare_page_on_fresh_server(marker: str):
-    """As ``page_on_fresh_server``, for a Streamlit app of one line holding ``marker``, served with the
-    dashboard's own flags: what any Streamlit page costs a fresh browser here (the floor under the Verdict
-    page's first render, as DuckDB's own queries are under the readers')."""
+def page_on_fresh_server(run_path: str | None, marker: str = ""):
+    """(a headless Chromium page, the port) of a dashboard server started for ``run_path``, yielded the
+    moment the server answers: its warm-up (diagnosis, rollup) may still be running. ``run_path`` None: a
+    Streamlit app of one line holding ``marker``, served with the dashboard's own flags: what any Streamlit
+    page costs a fresh browser here (the floor under the Verdict page's first render, as DuckDB's own
+    queries are under the readers')."""
+    import subprocess
     import tempfile
+
+    from ranksight.commands.dashboard import start, wait_ready
+    from ranksight.dashboard import serve_command
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ranksight-bare-") as folder:
-        app = os.path.join(folder, "bare.py")
-        with open(app, "w") as f:
-            f.write(_BARE_APP.format(marker=marker))
-        proc = serve_app(app, port)
+        if run_path:
+            proc = start(run_path, port, quiet=True)
+        else:
+            with open(os.path.join(folder, "bare.py"), "w") as f:
+                f.write(_BARE_APP.format(marker=marker))
+            flags = serve_command(port)[3:]  # after "python -m ranksight.dashboard._launch"
+            proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", f.name, *flags],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
+            wait_ready(proc, "127.0.0.1", port)  # server start-up is not part of the render
             with _fresh_browser_page() as page:
                 yield page, port
         finally:
@@ -290,10 +259,7 @@ def time_visit_drawn(page, url: str, marker: str) -> tuple[float, float]:
     """(seconds until ``marker`` is drawn and Streamlit idle, as ``time_visit``; seconds until, beyond that,
     no element is a placeholder any more)."""
     t = time.perf_counter()
-    page.goto(url)
-    page.get_by_text(marker).first.wait_for(timeout=120000)
-    page.wait_for_function(IDLE_JS, timeout=120000, polling=50)
-    idle = time.perf_counter() - t
+    idle = time_visit(page, url, marker)
     page.wait_for_function(DRAWN_JS, timeout=120000, polling=50)
     return idle, time.perf_counter() - t
 
@@ -327,7 +293,7 @@ def time_first_render(run_path: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli(__doc__)
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--dir", default="/tmp/ranksight-bench")
@@ -338,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         make_store(run_path, args.ranks, args.steps)
         print(f"wrote {args.ranks} x {args.steps} store to {run_path} in {time.perf_counter() - t:.1f} s", flush=True)
-    worst = 0.0
-    for name, ms in time_queries(run_path).items():
+    worst, queries, renders = 0.0, time_queries(run_path), {}
+    for name, ms in queries.items():
         if name.startswith(("rollup", "rules")):
             print(f"{name:36s} {ms:8.1f} ms", flush=True)
             continue
@@ -347,8 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:36s} {ms:8.1f} ms {'OK' if ms <= 300 else 'over 300 ms'}", flush=True)
     print(f"slowest panel query: {worst:.1f} ms (target 300 ms)")
     if not args.no_browser:
-        for page, secs in time_first_render(run_path).items():
+        renders = time_first_render(run_path)
+        for page, secs in renders.items():
             print(f"render in Chromium: {page:26s} {secs:6.2f} s {'OK' if secs <= 3 else 'over 3 s'}", flush=True)
+    if args.json:
+        figures = {"ranks": args.ranks, "steps": args.steps, "query_ms": queries, "first_render_s": renders}
+        write_results(args.json, {**figures, "slowest_panel_query_ms": worst})
     return 0
 
 

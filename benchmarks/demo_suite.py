@@ -16,13 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import write_results  # noqa: E402
+from _harness import median, read_rows, write_results
 
 GPU_DEFAULT = ("none", "input", "pageable", "cpu-op", "host-sync", "fragmentation")
 CPU_DEFAULT = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
@@ -43,22 +39,10 @@ EXPECTED = {
 }
 
 
-def _median(rows: list[dict], key: str):
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
 def _clocks(run_path: str) -> dict:
-    import pyarrow.parquet as pq
-
-    folder = os.path.join(run_path, "steps")
-    rows = []
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".parquet"):
-            rows.extend(pq.read_table(os.path.join(folder, name)).to_pylist())
-    rows = [r for r in rows if r["step"] >= 5]
+    rows = [r for r in read_rows(run_path, "steps") if r["step"] >= 5]
     keys = ("step_s", "data_wait_s", "gpu_step_s", "gpu_gap_s", "h2d_s", "gpu_compute_s")
-    return {"steps": len(rows), **{f"median_{k}": _median(rows, k) for k in keys}}
+    return {"steps": len(rows), **{f"median_{k}": median(r.get(k) for r in rows) for k in keys}}
 
 
 def run(args) -> int:

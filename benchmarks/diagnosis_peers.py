@@ -22,7 +22,6 @@ Usage: ``python benchmarks/diagnosis_peers.py [--faults none,input,...] [--steps
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -33,16 +32,8 @@ import tempfile
 import time
 from dataclasses import asdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import free_port, write_results  # noqa: E402
-from _peers import (  # noqa: E402
-    START_METHOD,
-    _preload_forkserver,
-    init_rank,
-    traceml_aggregator,
-    train_step,
-)
+from _harness import cli, free_port, markdown, write_results
+from _peers import init_rank, start_ranks, traceml_aggregator, train_step, versions
 
 CPU_FAULTS = ("none", "input", "sync", "straggler", "graph-break", "unused-params")
 RANKS = 2
@@ -152,10 +143,7 @@ def demo_peer_main(rank: int, cfg_dict: dict, port: int, arm: str, out_dir: str,
 def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
     """Run the demo's job for ``cfg.fault`` under a peer; return what the peer reported."""
     import diagnosis_peers
-    import torch.multiprocessing as mp
 
-    _preload_forkserver()
-    os.makedirs(out_dir, exist_ok=True)
     traceml_cfg: dict = {}
     aggregator = contextlib.nullcontext()
     if arm == "traceml":
@@ -164,12 +152,9 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
             cfg.ranks, traceml_cfg["aggregator_port"], cfg.fault, out_dir, os.path.join(out_dir, "traceml-serve.log")
         )
     with aggregator:
-        mp.start_processes(
-            diagnosis_peers.demo_peer_main,  # by its module's name: the ranks unpickle it from there
-            args=(asdict(cfg), free_port(), arm, out_dir, traceml_cfg),
-            nprocs=cfg.ranks,
-            start_method=START_METHOD,
-        )
+        # by its module's name: the ranks unpickle it from there
+        start_ranks(diagnosis_peers.demo_peer_main, (asdict(cfg), free_port(), arm, out_dir, traceml_cfg), cfg.ranks,
+                    out_dir)  # fmt: skip
     if arm == "profiler":
         out = {}
         for r in range(cfg.ranks):
@@ -186,50 +171,22 @@ def run_demo_peer(cfg, arm: str, out_dir: str) -> dict:
 # ------------------------------------------------------------------ judging each tool's answer
 
 
-def _diagnose_ranksight(run_path: str) -> tuple[dict, str]:
-    """Return (diagnosis object, how it was obtained)."""
-    from ranksight.cli import COMMANDS
-
-    if "diagnose" in COMMANDS:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json"], capture_output=True, text=True
-        )
-        if proc.returncode == 0:
-            return json.loads(proc.stdout), "ranksight diagnose RUN --json"
-        raise RuntimeError(f"ranksight diagnose failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
-    from ranksight.rules import diagnose
-
-    return diagnose(run_path), "ranksight.rules.diagnose(RUN) (the CLI command was not there yet)"
+def _ranksight(*args: str) -> subprocess.CompletedProcess:
+    """``ranksight ARGS`` in a fresh process, its output kept."""
+    return subprocess.run([sys.executable, "-m", "ranksight", *args], capture_output=True, text=True)
 
 
 def run_ranksight(fault: str, steps: int, root: str) -> dict:
     """Run ranksight's demo for the fault and judge its first finding."""
-    run_dir = os.path.join(root, "ranksight")
-    run_id = f"diag-{fault}"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ranksight",
-            "demo",
-            "--fault",
-            fault,
-            "--steps",
-            str(steps),
-            "--ranks",
-            str(RANKS),
-            "--run-dir",
-            run_dir,
-            "--run-id",
-            run_id,
-            "--no-dashboard",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    run_dir, run_id = os.path.join(root, "ranksight"), f"diag-{fault}"
+    proc = _ranksight("demo", "--fault", fault, "--steps", str(steps), "--ranks", str(RANKS), "--run-dir", run_dir,
+                      "--run-id", run_id, "--no-dashboard")  # fmt: skip
     if proc.returncode != 0:
         return {"error": f"demo exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
-    diag, how = _diagnose_ranksight(os.path.join(run_dir, run_id))
+    proc, how = _ranksight("diagnose", os.path.join(run_dir, run_id), "--json"), "ranksight diagnose RUN --json"
+    if proc.returncode != 0:
+        raise RuntimeError(f"ranksight diagnose failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
+    diag = json.loads(proc.stdout)
     findings = [f for f in diag.get("findings", []) if f.get("severity") in ("warning", "critical")]
     first = findings[0] if findings else None
     exp = EXPECTED[fault]
@@ -316,26 +273,17 @@ def _mark(value) -> str:
 
 def markdown_table(results: dict) -> str:
     """The diagnosis table for docs/benchmarks.md."""
-    lines = [
-        "| fault | tool | what it printed first | right cause | right rank |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for fault, tools in results.items():
-        for tool, r in tools.items():
-            if "error" in r:
-                lines.append(f"| {fault} | {tool} | error: {r['error']} | - | - |")
-                continue
-            printed = r["printed"].replace("|", "/").replace("\n", " ")
-            lines.append(f"| {fault} | {tool} | {printed} | {_mark(r['cause_ok'])} | {_mark(r['ranks_ok'])} |")
-    return "\n".join(lines)
+    rows = [[fault, tool, f"error: {r['error']}", "-", "-"] if "error" in r else
+            [fault, tool, r["printed"].replace("\n", " "), _mark(r["cause_ok"]), _mark(r["ranks_ok"])]
+            for fault, tools in results.items() for tool, r in tools.items()]  # fmt: skip
+    return markdown(["fault", "tool", "what it printed first", "right cause", "right rank"], rows)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("--faults", default=",".join(CPU_FAULTS), help="comma-separated CPU faults")
     parser.add_argument("--steps", type=int, default=40, help="training steps per run")
     parser.add_argument("--tools", default="ranksight,traceml,profiler")
-    parser.add_argument("--json", help="write the raw results to this file")
     args = parser.parse_args()
     faults = [f for f in args.faults.split(",") if f]
     if any(f not in CPU_FAULTS for f in faults):
@@ -344,15 +292,6 @@ def main() -> int:
     tools = [t for t in args.tools.split(",") if t]
     if any(t not in runners for t in tools):
         parser.error(f"--tools must name only {', '.join(runners)}")
-
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    try:
-        traceml_version = version("traceml-ai")
-    except PackageNotFoundError:
-        traceml_version = None
 
     results: dict = {}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -372,7 +311,7 @@ def main() -> int:
     print(table)
     if args.json:
         figures = {"started_utc": started, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "versions": {"torch": torch.__version__, "traceml-ai": traceml_version}, "steps": args.steps,
+                   "versions": versions(), "steps": args.steps,
                    "results": results, "table": table}  # fmt: skip
         write_results(args.json, figures, arms=tools)
     return 0

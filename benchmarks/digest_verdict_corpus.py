@@ -18,7 +18,6 @@ as a live dashboard's next diagnosis does.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import math
@@ -27,9 +26,7 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import write_results  # noqa: E402
+from _harness import cli, write_results
 
 
 def run_folders(roots: list[str]) -> list[str]:
@@ -82,46 +79,45 @@ def verdict_of(run: str) -> tuple[list, dict, bool]:
     return findings, features, used
 
 
+@contextlib.contextmanager
+def later_half_held(run: str):
+    """The later half of ``run``'s step segments moved aside while the block runs; yields their names."""
+    from ranksight.collectors import segment_files
+
+    files = sorted(segment_files(run, "steps"))
+    held, aside = files[len(files) // 2 :], run + "-held"
+    os.makedirs(aside)
+    for path in held:
+        os.rename(path, os.path.join(aside, os.path.basename(path)))
+    try:
+        yield {os.path.basename(p) for p in held}
+    finally:
+        for path in held:
+            os.rename(os.path.join(aside, os.path.basename(path)), path)
+        os.rmdir(aside)
+
+
 def ingest_half(run: str) -> None:
     """Ingest ``run`` with the later half of its step segments held back (pending beside the store after),
     and drop the store's answers: a live run that ``ingest --every`` compacts, judged from the store's
     verdict parts and the pending files' digests."""
     import duckdb
 
-    from ranksight.collectors import ingest, segment_files
+    from ranksight.collectors import ingest
 
-    held = sorted(segment_files(run, "steps"))[len(segment_files(run, "steps")) // 2 :]
-    aside = run + "-held"
-    os.makedirs(aside)
-    for path in held:
-        os.rename(path, os.path.join(aside, os.path.basename(path)))
-    ingest(run)
-    for path in held:
-        os.rename(os.path.join(aside, os.path.basename(path)), path)
-    os.rmdir(aside)
-    con = duckdb.connect(os.path.join(run, "store.duckdb"))
-    con.execute("DROP TABLE IF EXISTS _answers")
-    con.close()
+    with later_half_held(run):
+        ingest(run)
+    with duckdb.connect(os.path.join(run, "store.duckdb")) as con:
+        con.execute("DROP TABLE IF EXISTS _answers")
 
 
 def diagnose_half_first(run: str) -> set[str]:
     """Diagnose ``run`` with the later half of its step segments held back, then put them back; their names."""
-    from ranksight.collectors import segment_files
     from ranksight.rules import diagnose
 
-    files = sorted(segment_files(run, "steps"))
-    held = files[len(files) // 2 :]
-    aside = run + "-held"
-    os.makedirs(aside)
-    for path in held:
-        os.rename(path, os.path.join(aside, os.path.basename(path)))
-    try:
+    with later_half_held(run) as held:
         diagnose(run)
-    finally:
-        for path in held:
-            os.rename(os.path.join(aside, os.path.basename(path)), path)
-        os.rmdir(aside)
-    return {os.path.basename(p) for p in held}
+    return held
 
 
 @contextlib.contextmanager
@@ -196,9 +192,8 @@ def compare(run: str, workdir: str, store: bool = False, grow: bool = False) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
-    parser.add_argument("--json", default=None)
     parser.add_argument(
         "--store",
         action="store_true",

@@ -5,14 +5,11 @@ Why fresh processes: a CLI call or a new dashboard server pays the first call, w
 before; and on this VM the same first call takes 0.6 s in one hour and 1.2 s in another with the same code,
 so a figure is judged only against another measured in the same rounds.
 
-``RUN [--what diagnose|breakdown] [--processes 8] [--rules columns|per-rank|both]``
+``RUN [--what diagnose|breakdown] [--processes 8]``
     Wall, user and system (kernel page faults) seconds of the call, and of the reader's steps that vary most
     (reading the digests' parts, merging the per-step part, the per-rank medians, the rules), and the bytes
-    in memory of each digest part it read. ``--rules both`` alternates processes whose rules run rank by
-    rank (``per_rank=True``) with processes that judge them over the features' columns.
-``RUN --rules-only [--processes 7]``
-    The rules and the checklist alone over the run's features, in this process, rank by rank and over the
-    columns in turn, each round on a fresh ``Frame`` (its columns built inside the timing).
+    in memory of each digest part it read. (The rules evaluated rank by rank against over the columns,
+    ``--rules both`` and ``--rules-only``, settled the columns' evaluator: at commit e9426fd.)
 ``RUN --old-site OLD [--what breakdown,diagnose,rollup] [--rounds 5] [--repeats 3] [--write-old-digests]``
     Two versions on one run folder, each round running the older and this checkout's readers one after the
     other in fresh processes (the first call of each, and ``--repeats - 1`` later calls); medians compared.
@@ -30,16 +27,14 @@ DuckDB's GROUP BY over the same files.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from _harness import cli, fresh_process, in_rounds, machine_load, write_results
 
-from _harness import fresh_process, machine_load, write_results  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CALL = r"""
 import functools, json, resource, sys, time
@@ -79,9 +74,6 @@ if rules:  # where the call goes: the reader's steps that vary most, timed in pl
     timed(_digest_fold, "read_digest_parts", "read digest parts")
     timed(_digest_fold, "_merged", "merge per-step part")
     timed(_digest_queries, "_all_medians", "per-rank medians")
-    if rules == "per-rank":  # the evaluator before the columns: every rule on every rank
-        _diagnose.evaluate = functools.partial(_diagnose.evaluate, per_rank=True)
-        _diagnose.run_checklist = functools.partial(_diagnose.run_checklist, per_rank=True)
     timed(_diagnose, "evaluate", "rules")
     timed(_diagnose, "run_checklist", "checklist")
 times = []
@@ -142,62 +134,16 @@ def _medians(calls: list[dict]) -> dict:
     return out
 
 
-def where_it_goes(run: str, what: str, processes: int, rules: str) -> dict:
-    """``processes`` fresh first calls per kind of rules (both kinds taking turns), each with its steps."""
-    kinds = ("per-rank", "columns") if rules == "both" else (rules,)
-    calls = [{"load": machine_load(), **measure("", run, what, 1, kind)} for _ in range(processes) for kind in kinds]
+def where_it_goes(run: str, what: str, processes: int) -> dict:
+    """``processes`` fresh first calls, each with its steps."""
+    calls = [{"load": machine_load(), **measure("", run, what, 1, "columns")} for _ in range(processes)]
     for call in calls:
         parts = ", ".join(f"{k} {v['wall_s']:.3f} s ({v['system_s']:.3f} system)" for k, v in call["steps"].items())
         sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in call["part_bytes"].items())
-        print(
-            f"{call['rules']}: {call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f};"
-            f" {parts}; {sizes}"
-        )
-    summary = {kind: _medians([c for c in calls if c["rules"] == kind]) for kind in kinds}
-    for kind, medians in summary.items():
-        print(f"medians, rules {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
-    medians = summary if len(kinds) > 1 else summary[kinds[0]]
-    return {"run": run, "what": what, "medians": medians, "calls": calls, "arms": list(kinds)}
-
-
-def rules_only(run: str, rounds: int) -> dict:
-    """The rules and the checklist alone over ``run``'s features, rank by rank and over columns in turn."""
-    import time
-
-    from ranksight.collectors import open_run, read_rank_meta
-    from ranksight.collectors._features import compute_context, compute_features
-    from ranksight.rules import load_rules
-    from ranksight.rules._evaluate import evaluate, run_checklist
-    from ranksight.rules._vector import Frame
-
-    rules = load_rules()
-    con = open_run(run, follow_spool=False)
-    metas = read_rank_meta(run)
-    features = compute_features(con, metas)
-    context = compute_context(con, metas, features)
-    out: dict = {"run": run, "ranks": len(features), "rules": len(rules.rules), "rounds": []}
-    for _ in range(rounds):
-        row = {}
-        for kind in ("per-rank", "columns"):
-            start = time.perf_counter()
-            frame = Frame(features)
-            findings = evaluate(rules.rules, frame, context, per_rank=kind == "per-rank")
-            middle = time.perf_counter()
-            checklist = run_checklist(rules.checklist, frame, per_rank=kind == "per-rank")
-            end = time.perf_counter()
-            row[kind] = {"rules_s": middle - start, "checklist_s": end - middle, "fallbacks": frame.fallbacks}
-            row[kind]["result"] = (findings, checklist)
-        row["same"] = row["per-rank"].pop("result") == row["columns"].pop("result")
-        out["rounds"].append(row)
-        print(
-            ", ".join(f"{k}: rules {v['rules_s']:.4f} s, checklist {v['checklist_s']:.4f} s" for k, v in row.items()
-                      if k != "same") + f"; same {row['same']}"
-        )  # fmt: skip
-    for kind in ("per-rank", "columns"):
-        for what in ("rules_s", "checklist_s"):
-            out[f"{kind} {what}"] = statistics.median(r[kind][what] for r in out["rounds"])
-    print(", ".join(f"{k} {v:.4f}" for k, v in out.items() if k.endswith("_s")))
-    return out
+        print(f"{call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f}; {parts}; {sizes}")
+    medians = _medians(calls)
+    print("medians: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
+    return {"run": run, "what": what, "medians": medians, "calls": calls}
 
 
 # ------------------------------------------------------------------ two versions taking turns
@@ -206,13 +152,10 @@ def rules_only(run: str, rounds: int) -> dict:
 def compare_versions(run: str, old_site: str, whats: list[str], rounds: int, repeats: int) -> dict:
     """Each of ``whats`` by the older version and this checkout, one after the other in every round."""
     results: dict = {"run": run, "old_site": old_site, "rounds": rounds, "repeats": repeats}
+    sites = {"older": old_site, "newer": ""}
     for what in whats:
-        runs: dict[str, list] = {"older": [], "newer": []}
-        loads = []
-        for _ in range(rounds):
-            loads.append(machine_load())
-            for version, site in (("older", old_site), ("newer", "")):
-                runs[version].append(measure(site, run, what, repeats))
+        runs = in_rounds(sites, rounds, lambda version, _, what=what: measure(sites[version], run, what, repeats))
+        loads = [r["load"] for r in runs["older"]]
         assert all(old_site in r["module"] for r in runs["older"])
         assert not any(old_site in r["module"] for r in runs["newer"])
         figures = {}
@@ -289,23 +232,16 @@ def first_call_figures(
         shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
         build_spool(run_path, ranks, steps, per_node=True)
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")
-    each: dict[str, list] = {
-        "duckdb_groupby_files_s": [],
-        "duckdb_groupby_files_first_s": [],
-        "diagnose_first_s": [],
-        "breakdown_first_s": [],
-    }
+    calls = {"duckdb_groupby_files": lambda: {"times": fresh_floor_s(glob)},
+             "diagnose_first_s": lambda: measure("", run_path, "diagnose"),
+             "breakdown_first_s": lambda: measure("", run_path, "breakdown")}  # fmt: skip
     if old_site:
-        each["diagnose_first_before_s"] = []
-    for _ in range(rounds):
-        floor = fresh_floor_s(glob)
-        each["duckdb_groupby_files_first_s"].append(floor[0])
-        each["duckdb_groupby_files_s"].append(statistics.median(floor))
-        each["diagnose_first_s"].append(measure("", run_path, "diagnose")["times"][0])
-        each["breakdown_first_s"].append(measure("", run_path, "breakdown")["times"][0])
-        if old_site:
-            each["diagnose_first_before_s"].append(measure(old_site, run_path, "diagnose")["times"][0])
-        print(", ".join(f"{k} {v[-1]:.3f}" for k, v in each.items()), flush=True)
+        calls["diagnose_first_before_s"] = lambda: measure(old_site, run_path, "diagnose")
+    runs = in_rounds(calls, rounds, lambda arm, _: calls[arm](), lambda _, x: " ".join(f"{t:.3f}" for t in x["times"]))
+    floors = [r["times"] for r in runs.pop("duckdb_groupby_files")]
+    each = {"duckdb_groupby_files_s": [statistics.median(f) for f in floors],
+            "duckdb_groupby_files_first_s": [f[0] for f in floors],
+            **{name: [r["times"][0] for r in rs] for name, rs in runs.items()}}  # fmt: skip
     figures: dict = {"ranks": ranks, "steps": steps, "rows": ranks * steps, "files": -(-ranks // 8),
                      "rounds": rounds, "old_site": old_site}  # fmt: skip
     figures.update({name: statistics.median(values) for name, values in each.items()})
@@ -314,16 +250,13 @@ def first_call_figures(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("run")
     parser.add_argument("--what", default=None, help="diagnose (default), breakdown; with --old-site also rollup")
     parser.add_argument("--processes", "--rounds", dest="rounds", type=int, default=None)
-    parser.add_argument("--rules", choices=("columns", "per-rank", "both"), default="columns")
-    parser.add_argument("--rules-only", action="store_true")
     parser.add_argument("--old-site", default=None, help="pip install --target folder of an older commit")
     parser.add_argument("--repeats", type=int, default=3, help="--old-site: calls per process (the first is fresh)")
     parser.add_argument("--write-old-digests", action="store_true")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.old_site:
         whats = (args.what or "breakdown,diagnose").split(",")
@@ -334,15 +267,11 @@ def main() -> int:
         rounds = args.rounds or 5
         out = compare_versions(args.run, args.old_site, whats, rounds, args.repeats)
         arms = ["older", "newer"]
-    elif args.rules_only:
-        rounds = args.rounds or 8
-        out, arms = rules_only(args.run, rounds), None
     else:
         if (args.what or "diagnose") not in ("diagnose", "breakdown"):
             parser.error("--what: diagnose or breakdown")
         rounds = args.rounds or 8
-        out = where_it_goes(args.run, args.what or "diagnose", rounds, args.rules)
-        arms = out.pop("arms")
+        out, arms = where_it_goes(args.run, args.what or "diagnose", rounds), None
     if args.json:
         write_results(args.json, out, arms=arms, rounds=rounds)
     return 0

@@ -22,18 +22,21 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # as well under ``python -P``, as gpu_round.sh runs it
+
+from _harness import device_env, write_results  # noqa: E402
+
 TRACED = range(25, 30)
 
 
 def run(args) -> int:
     import torch
     import torch.distributed as dist
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpu_workload import make_batches, make_model, train_step
 
     import ranksight
 
+    device_env()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
@@ -245,8 +248,7 @@ def report(out_dir: str) -> int:
         ).fetchall()
         print(scenario, "collectives (rank 0):", ops)
         result[f"{scenario}_collectives_r0"] = ops
-    with open(os.path.join(out_dir, "gpu_collectives.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
+    write_results(os.path.join(out_dir, "gpu_collectives.json"), result, arms=["metrics", "fsdp2"])
     return 0
 
 

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _harness import device_env, median, read_rows, write_results  # noqa: E402
 from gpu_truth import truth_from_trace  # noqa: E402
 from gpu_workload import Fragmenter, make_batches, make_model, train_step  # noqa: E402
 
@@ -29,23 +30,6 @@ import ranksight.format.schema  # noqa: E402
 
 SCENARIOS = ["baseline", "pageable", "cpu_layernorm", "item", "fragment"]
 SHARES = ["compute_kernel_ratio", "comm_kernel_ratio", "memcpy_ratio", "h2d_copy_ratio", "idle_ratio"]
-
-
-def read_kind(run_path: str, kind: str) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    folder = os.path.join(run_path, kind)
-    rows: list[dict] = []
-    if os.path.isdir(folder):
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".parquet"):
-                rows.extend(pq.read_table(os.path.join(folder, name)).to_pylist())
-    return rows
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def run_scenario(name: str, args, out: str) -> dict:
@@ -81,9 +65,9 @@ def run_scenario(name: str, args, out: str) -> dict:
         record_snapshot_fixture(out)
     mon.close()
     run_path = mon.run_path
-    steps = read_kind(run_path, "steps")
-    samples = read_kind(run_path, "samples")
-    events = read_kind(run_path, "events")
+    steps = read_rows(run_path, "steps")
+    samples = read_rows(run_path, "samples")
+    events = read_rows(run_path, "events")
     by_name: dict[str, list[float]] = {}
     for s in samples:
         by_name.setdefault(s["name"], []).append(s["value"])
@@ -167,7 +151,6 @@ def nccl_single_rank(args, out: str) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     try:
@@ -188,8 +171,8 @@ def nccl_single_rank(args, out: str) -> dict:
                 train_step(model, opt, batches[i % 2], "cuda", True)
         torch.cuda.synchronize()
         mon.close()
-        samples = {s["name"]: s["value"] for s in read_kind(mon.run_path, "samples")}
-        steps = read_kind(mon.run_path, "steps")
+        samples = {s["name"]: s["value"] for s in read_rows(mon.run_path, "samples")}
+        steps = read_rows(mon.run_path, "steps")
         res = {
             "samples_last": samples,
             "median_gpu_compute_s": median(r["gpu_compute_s"] for r in steps[5:]),
@@ -248,9 +231,9 @@ def gloo_ranks(args, out: str, world: int = 3) -> dict:
 
     mp.start_processes(_gloo_rank, args=(world, args, out), nprocs=world, start_method="spawn")
     run_path = os.path.join(out, "runs", "val-gloo")
-    steps = read_kind(run_path, "steps")
-    buckets = read_kind(run_path, "buckets")
-    samples = read_kind(run_path, "samples")
+    steps = read_rows(run_path, "steps")
+    buckets = read_rows(run_path, "buckets")
+    samples = read_rows(run_path, "samples")
     per_rank = {}
     for r in range(world):
         rs = [s for s in steps if s["rank"] == r][5:]
@@ -279,6 +262,7 @@ def main() -> int:
     args = ap.parse_args()
     out = args.out
     os.makedirs(os.path.join(out, "fixtures"), exist_ok=True)
+    device_env()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
@@ -296,8 +280,7 @@ def main() -> int:
             result[name] = {"error": traceback.format_exc()[-2000:]}
         result[name]["wall_s"] = round(time.perf_counter() - t0, 2) if isinstance(result[name], dict) else None
         print(f"== {name}: {json.dumps(result[name], default=str)[:3000]}", flush=True)
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        write_results(path, result, arms=[n for n, _ in parts if not args.only or n in args.only.split(",")])
     return 0
 
 

@@ -18,7 +18,6 @@ Usage: ``python benchmarks/hot_path.py [--blocks 30] [--steps 2000] [--json OUT]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,36 +25,23 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import free_port, quantile, write_results  # noqa: E402
-
-
-def _plain_loop(data) -> None:
-    for _ in data:
-        pass
-
-
-def _monitored_loop(mon, data) -> None:
-    for _ in mon.loader(data):
-        with mon.step():
-            pass
-
-
-def _block(fn, *args) -> float:
-    t0 = time.perf_counter_ns()
-    fn(*args)
-    return time.perf_counter_ns() - t0
+from _harness import alternating, cli, free_port, loop_us, quantile, write_results
 
 
 def bench_step_and_loader(mon, blocks: int, steps: int) -> list[float]:
+    """Per block, the µs per step that ``mon.loader`` + ``mon.step()`` add to an empty loop."""
     data = list(range(steps))
-    deltas = []
-    for _ in range(blocks):
-        a = _block(_plain_loop, data)
-        b = _block(_monitored_loop, mon, data)
-        deltas.append((b - a) / steps / 1000)
-    return deltas
+
+    def plain():
+        for _ in data:
+            pass
+
+    def monitored():
+        for _ in mon.loader(data):
+            with mon.step():
+                pass
+
+    return [(b[0] - a[0]) / steps * 1e6 for a, b in alternating(plain, monitored, blocks)]
 
 
 def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], list[float], float]:
@@ -90,18 +76,10 @@ def bench_watched_step(mon, blocks: int, steps: int) -> tuple[list[float], list[
             d.update(saved)
         loop()
 
-    deltas, cpu_deltas, base = [], [], []
-    for i in range(blocks):
-        first, second = (plain, watched) if i % 2 == 0 else (watched, plain)  # ABBA: drift hits both alike
-        timed = {}
-        for fn in (first, second):
-            c0 = time.thread_time_ns()
-            wall = _block(fn)
-            timed[fn] = (wall, time.thread_time_ns() - c0)
-        deltas.append((timed[watched][0] - timed[plain][0]) / steps / 1000)
-        cpu_deltas.append((timed[watched][1] - timed[plain][1]) / steps / 1000)
-        base.append(timed[plain][0] / steps / 1000)
-    return deltas, cpu_deltas, statistics.median(base)
+    pairs = alternating(plain, watched, blocks)
+    deltas = [(b[0] - a[0]) / steps * 1e6 for a, b in pairs]
+    cpu_deltas = [(b[1] - a[1]) / steps * 1e6 for a, b in pairs]
+    return deltas, cpu_deltas, statistics.median(a[0] / steps * 1e6 for a, _ in pairs)
 
 
 def bench_components(mon, calls: int = 20000, repeats: int = 9) -> dict:
@@ -112,13 +90,7 @@ def bench_components(mon, calls: int = 20000, repeats: int = 9) -> dict:
     import torch
 
     def best(fn) -> float:
-        out = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) / calls * 1e6)
-        return min(out)
+        return min(loop_us(fn, calls) for _ in range(repeats))
 
     torch.manual_seed(0)
     model, x = torch.nn.Linear(16, 4), torch.randn(8, 16)
@@ -178,22 +150,18 @@ def bench_fsdp_hooks(calls: int, blocks: int) -> dict:
         return None
 
     comm = hooks.group._all_gather_comm
-    results: dict[str, list[float]] = {"plain_ns": [], "all_gather_ns": [], "reduce_scatter_ns": []}
+
+    def all_gather():
+        hooks.all_gather(noop, comm, (out, inp, None), {})
+        hooks.wait_for_unshard()
+
+    calls_of = {"plain_ns": lambda: noop(comm, out, inp, None), "all_gather_ns": all_gather,
+                "reduce_scatter_ns": lambda: hooks.reduce_scatter(noop, comm, (inp, out, None, None), {})}  # fmt: skip
+    results: dict[str, list[float]] = {name: [] for name in calls_of}
     with mon.step():
         for _ in range(blocks):
-            t0 = time.perf_counter_ns()
-            for _ in range(calls):
-                noop(comm, out, inp, None)
-            results["plain_ns"].append((time.perf_counter_ns() - t0) / calls)
-            t0 = time.perf_counter_ns()
-            for _ in range(calls):
-                hooks.all_gather(noop, comm, (out, inp, None), {})
-                hooks.wait_for_unshard()
-            results["all_gather_ns"].append((time.perf_counter_ns() - t0) / calls)
-            t0 = time.perf_counter_ns()
-            for _ in range(calls):
-                hooks.reduce_scatter(noop, comm, (inp, out, None, None), {})
-            results["reduce_scatter_ns"].append((time.perf_counter_ns() - t0) / calls)
+            for name, fn in calls_of.items():
+                results[name].append(loop_us(fn, calls) * 1000)
             time.sleep(0.3)  # let the agent thread drain the events between blocks
     mon.close()
     plain = statistics.median(results["plain_ns"])
@@ -212,12 +180,13 @@ def bench_fsdp_hooks(calls: int, blocks: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=None, help="A/B blocks (default 30; with --fsdp 7)")
+    parser = cli(__doc__)
+    parser.add_argument(
+        "--blocks", "--rounds", dest="blocks", type=int, default=None, help="A/B block pairs (30; --fsdp: 7)"
+    )
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--fsdp", action="store_true", help="the FSDP2 hooks alone, per collective")
     parser.add_argument("--calls", type=int, default=20000, help="--fsdp: calls per block")
-    parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     if args.fsdp:
         result = bench_fsdp_hooks(args.calls, args.blocks or 7)

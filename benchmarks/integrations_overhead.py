@@ -19,7 +19,6 @@ Usage: ``python benchmarks/integrations_overhead.py [--blocks 6] [--steps 150] [
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,9 +27,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import write_results  # noqa: E402
+from _harness import cli, loop_us, write_results
 
 INTEGRATIONS = ("lightning", "transformers", "accelerate", "run")
 
@@ -40,7 +37,9 @@ def _median_interval_us(stamps: list[int], skip: int = 10) -> float:
     return statistics.median(gaps)
 
 
-def _summarise(pairs: list[tuple[float, float]]) -> dict:
+def _summarise(block, blocks: int) -> dict:
+    """``block(with_ranksight, i)``'s figure (µs per step) without and with the integration, ``blocks`` times."""
+    pairs = [(block(False, i), block(True, i)) for i in range(blocks)]
     without = [a for a, _ in pairs]
     with_ = [b for _, b in pairs]
     return {
@@ -59,15 +58,15 @@ def _hook_path_us(calls: list[tuple], steps: int = 20000, blocks: int = 7) -> fl
     def noop(*a, **k):
         return None
 
-    def run(sequence) -> int:
-        t0 = time.perf_counter_ns()
-        for _ in range(steps):
-            for fn, args in sequence:
+    def sequence(calls):
+        def run():
+            for fn, args in calls:
                 fn(*(args() if callable(args) else args))
-        return time.perf_counter_ns() - t0
 
-    plain = [(noop, args) for _, args in calls]
-    return statistics.median((run(calls) - run(plain)) / steps / 1000 for _ in range(blocks))
+        return run
+
+    hooked, plain = sequence(calls), sequence([(noop, args) for _, args in calls])
+    return statistics.median(loop_us(hooked, steps) - loop_us(plain, steps) for _ in range(blocks))
 
 
 # ---------------------------------------------------------------- Lightning
@@ -107,8 +106,7 @@ def bench_lightning(blocks: int, steps: int, tmp: str) -> dict:
         trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=64))
         return _median_interval_us(clock.stamps)
 
-    pairs = [(block(False, i), block(True, i)) for i in range(blocks)]
-    result = _summarise(pairs)
+    result = _summarise(block, blocks)
 
     cb = RanksightCallback()
     cb.monitor = cb._m = start_monitor({"run_dir": tmp, "job": "bench", "run_id": "lhook"})
@@ -171,8 +169,7 @@ def bench_transformers(blocks: int, steps: int, tmp: str) -> dict:
         Trainer(model=Tiny(), args=args, train_dataset=Rows(64 * (steps + 1)), callbacks=callbacks).train()
         return _median_interval_us(clock.stamps)
 
-    pairs = [(block(False, i), block(True, i)) for i in range(blocks)]
-    result = _summarise(pairs)
+    result = _summarise(block, blocks)
 
     cb = RanksightCallback()
     cb.monitor = cb._m = start_monitor({"run_dir": tmp, "job": "bench", "run_id": "thook"})
@@ -211,8 +208,7 @@ def bench_accelerate(blocks: int, steps: int, tmp: str) -> dict:
             tracker.close()
         return _median_interval_us(stamps)
 
-    pairs = [(block(False, i), block(True, i)) for i in range(blocks)]
-    result = _summarise(pairs)
+    result = _summarise(block, blocks)
 
     mon = start_monitor({"run_dir": tmp, "job": "bench", "run_id": "ahook"})
     steps_marks = ImplicitSteps(mon)
@@ -265,17 +261,16 @@ def bench_run(blocks: int, steps: int, tmp: str) -> dict:
         out = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, check=True)
         return _median_interval_us(json.loads(out.stdout.strip().splitlines()[-1]))
 
-    return _summarise([(block(False, i), block(True, i)) for i in range(blocks)])
+    return _summarise(block, blocks)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=6)
+    parser = cli(__doc__)
+    parser.add_argument("--blocks", "--rounds", dest="blocks", type=int, default=6, help="A/B block pairs")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument(
         "--only", default=",".join(INTEGRATIONS), help="comma-separated subset of: " + ", ".join(INTEGRATIONS)
     )
-    parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")

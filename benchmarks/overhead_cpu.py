@@ -25,20 +25,16 @@ Usage: ``python benchmarks/overhead_cpu.py [--sizes 5ms,50ms] [--rounds 4] [--no
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import asdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import machine_load, quantile, rotated, write_results  # noqa: E402
-from _peers import ARMS, Launch, Workload, run_ab, run_launch  # noqa: E402
-from agent_memory import buffer_bound_mb, default_buffer_bound  # noqa: E402
+from _harness import cli, in_rounds, markdown, quantile, write_results
+from _peers import ARMS, Launch, Workload, run_ab, run_launch, versions
+from agent_memory import buffer_bound_mb, default_buffer_bound
 
 SIZES = {
     "5ms": {"width": 128, "batch": 224},
@@ -48,6 +44,11 @@ SIZES = {
 # the tools' start-up (the agent's first flush, 2 s in, imports pyarrow); the timed window spans about
 # 3 s or more, so the periodic work (flushes every 2 s, 1 s polls, profiler cycles) falls inside it.
 DEFAULT_STEPS = {"5ms": (200, 1000), "50ms": (20, 150)}
+
+
+PER_STEP_CPU = {"cpu_per_step_s": "cpu_s", "train_thread_cpu_per_step_s": "cpu_thread_s",
+                "other_threads_cpu_per_step_s": "other_threads_cpu_s"}  # fmt: skip
+"""A launch's CPU figures per step (mean over ranks) and the rank's figure each is read from."""
 
 
 def _dir_bytes(path: str) -> int:
@@ -64,61 +65,38 @@ def _dir_bytes(path: str) -> int:
 def run_size(size: str, rounds: int, warmup: int, steps: int, arms: tuple[str, ...], root: str) -> dict:
     """Run ``rounds`` rounds of every arm at one step size; return raw per-launch figures and the summary."""
     workload = Workload(**SIZES[size], steps=steps, warmup_steps=warmup)
-    launches = []
-    for r in range(rounds):
-        load = machine_load()
-        for arm in rotated(arms, r):
-            out = os.path.join(root, size, f"round{r}", arm)
-            run_dir = os.path.join(out, "ranksight-runs")
-            t0 = time.time()
-            res = run_launch(
-                Launch(arm=arm, workload=workload, out_dir=out, run_dir=run_dir, run_id=f"{size}-{r}-{arm}")
-            )
-            wall = time.time() - t0
-            loop0 = res["rank0"]["loop_s"]
-            disk = {
-                "ranksight": _dir_bytes(run_dir),
-                "profiler": _dir_bytes(os.path.join(out, "profiler")),
-                "traceml": _dir_bytes(os.path.join(out, "traceml-logs")),
-            }.get(arm, 0)
-            launches.append(
-                {
-                    "round": r,
-                    "arm": arm,
-                    "load": load,
-                    "median_s": statistics.median(loop0),
-                    "mean_s": statistics.fmean(loop0),
-                    "p10_s": quantile(loop0, 0.1),
-                    "p90_s": quantile(loop0, 0.9),
-                    "warmup_total_s": sum(res["rank0"]["warmup_s"]),
-                    "cpu_per_step_s": statistics.fmean(res[f"rank{k}"]["cpu_s"] for k in range(workload.ranks)) / steps,
-                    "train_thread_cpu_per_step_s": statistics.fmean(
-                        res[f"rank{k}"]["cpu_thread_s"] for k in range(workload.ranks)
-                    )
-                    / steps,
-                    "other_threads_cpu_per_step_s": statistics.fmean(
-                        res[f"rank{k}"]["other_threads_cpu_s"] for k in range(workload.ranks)
-                    )
-                    / steps,
-                    "named_threads_cpu_s": [res[f"rank{k}"]["named_threads_cpu_s"] for k in range(workload.ranks)],
-                    "aggregator_cpu_s": res["aggregator_cpu_s"],
-                    "imported_rank0": res["rank0"].get("imported"),
-                    "rss_end": [res[f"rank{k}"]["rss_end"] for k in range(workload.ranks)],
-                    "rss_growth": [
-                        res[f"rank{k}"]["rss_end"] - res[f"rank{k}"]["rss_start"] for k in range(workload.ranks)
-                    ],
-                    "aggregator_rss": res["aggregator_rss"],
-                    "disk_bytes": disk,
-                    "wall_s": wall,
-                    "steps": steps,
-                }
-            )
-            print(
-                f"[{size}] round {r} {arm:9s} median {launches[-1]['median_s'] * 1e3:7.2f} ms  "
-                f"mean {launches[-1]['mean_s'] * 1e3:7.2f} ms  ({wall:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+    ranks = range(workload.ranks)
+
+    def launch(arm: str, r: int) -> dict:
+        out = os.path.join(root, size, f"round{r}", arm)
+        run_dir = os.path.join(out, "ranksight-runs")
+        t0 = time.time()
+        res = run_launch(Launch(arm=arm, workload=workload, out_dir=out, run_dir=run_dir, run_id=f"{size}-{r}-{arm}"))
+        loop0, each = res["rank0"]["loop_s"], [res[f"rank{k}"] for k in ranks]
+        disk = {"ranksight": run_dir, "profiler": os.path.join(out, "profiler"),
+                "traceml": os.path.join(out, "traceml-logs")}.get(arm)  # fmt: skip
+        return {
+            "arm": arm,
+            "median_s": statistics.median(loop0),
+            "mean_s": statistics.fmean(loop0),
+            "p10_s": quantile(loop0, 0.1),
+            "p90_s": quantile(loop0, 0.9),
+            "warmup_total_s": sum(res["rank0"]["warmup_s"]),
+            **{name: statistics.fmean(e[key] for e in each) / steps for name, key in PER_STEP_CPU.items()},
+            "named_threads_cpu_s": [e["named_threads_cpu_s"] for e in each],
+            "aggregator_cpu_s": res["aggregator_cpu_s"],
+            "imported_rank0": res["rank0"].get("imported"),
+            "rss_end": [e["rss_end"] for e in each],
+            "rss_growth": [e["rss_end"] - e["rss_start"] for e in each],
+            "aggregator_rss": res["aggregator_rss"],
+            "disk_bytes": _dir_bytes(disk) if disk else 0,
+            "wall_s": time.time() - t0,
+            "steps": steps,
+        }
+
+    by_arm = in_rounds(arms, rounds, launch, lambda arm, x: f"[{size}] median {x['median_s'] * 1e3:7.2f} ms  "
+                       f"mean {x['mean_s'] * 1e3:7.2f} ms  ({x['wall_s']:.0f} s)")  # fmt: skip
+    launches = sorted((x for xs in by_arm.values() for x in xs), key=lambda x: (x["round"], arms.index(x["arm"])))
     return {"workload": asdict(workload), "launches": launches, "summary": summarize(launches, arms)}
 
 
@@ -221,53 +199,35 @@ def summarize(launches: list[dict], arms: tuple[str, ...]) -> dict:
 
 
 def markdown_table(result: dict) -> str:
-    """The overhead table for docs/benchmarks.md: one row per arm and step size."""
-    lines = [
-        "| step | arm | step time ratio, median of rounds (min-max) | best of rounds | throughput ratio (mean step) "
-        "| process CPU per step ratio | training thread CPU µs/step | tool's threads CPU µs/step "
-        "| RSS +MB/rank | side process | written to disk |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for size, data in result["sizes"].items():
-        for arm, s in data["summary"].items():
-            side = (
-                f"{s['aggregator_rss_mb']:.0f} MB, {s['aggregator_cpu_s']:.1f} CPU s" if s["aggregator_rss_mb"] else "-"
-            )
-            lines.append(
-                f"| {size} ({s['step_ms_median']:.1f} ms) | {arm} "
-                f"| {s['median_ratio']:.3f} ({s['median_ratio_min']:.3f}-{s['median_ratio_max']:.3f}) "
-                f"| {s['best_ratio']:.3f} "
-                f"| {s['mean_ratio']:.3f} ({s['mean_ratio_min']:.3f}-{s['mean_ratio_max']:.3f}) "
-                f"| {s['cpu_ratio']:.3f} ({s['cpu_ratio_min']:.3f}-{s['cpu_ratio_max']:.3f}) "
-                f"| {s['train_thread_cpu_us_per_step']:.0f} | {s['tool_threads_cpu_us_per_step']:.0f} "
-                f"| {s['rss_delta_mb_per_rank']:.1f} | {side} "
-                f"| {s['disk_mb']:.2f} MB |"
-            )
-    ab_rows = [
-        "",
-        "| step | in-process A/B (watched / plain) | step time ratio | p25-p75 | p10-p90 | extra µs/step "
-        "| training-thread CPU ratio | p25-p75 | extra CPU µs/step | block pairs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for size, data in result["sizes"].items():
-        for variant, ab in data.get("ab", {}).items():
-            a = ab["summary"]
-            ab_rows.append(
-                f"| {size} ({a['plain_step_ms']:.1f} ms) | {variant} | {a['ratio_median']:.3f} "
-                f"| {a['ratio_p25']:.3f}-{a['ratio_p75']:.3f} | {a['ratio_p10']:.3f}-{a['ratio_p90']:.3f} "
-                f"| {a['extra_us_per_step_median']:.0f} | {a['cpu_ratio_median']:.3f} "
-                f"| {a['cpu_ratio_p25']:.3f}-{a['cpu_ratio_p75']:.3f} | {a['extra_cpu_us_per_step_median']:.0f} "
-                f"| {a['pairs']} × {a['block_steps']} steps |"
-            )
-    if len(ab_rows) > 3:
-        lines += ab_rows
-    return "\n".join(lines)
+    """The overhead tables for docs/benchmarks.md: one row per arm and step size, then the in-process A/B's."""
+
+    def spread(s: dict, name: str) -> str:
+        return f"{s[name]:.3f} ({s[name + '_min']:.3f}-{s[name + '_max']:.3f})"
+
+    header = ["step", "arm", "step time ratio, median of rounds (min-max)", "best of rounds",
+              "throughput ratio (mean step)", "process CPU per step ratio", "training thread CPU µs/step",
+              "tool's threads CPU µs/step", "RSS +MB/rank", "side process", "written to disk"]  # fmt: skip
+    rows = [[f"{size} ({s['step_ms_median']:.1f} ms)", arm, spread(s, "median_ratio"), f"{s['best_ratio']:.3f}",
+             spread(s, "mean_ratio"), spread(s, "cpu_ratio"), f"{s['train_thread_cpu_us_per_step']:.0f}",
+             f"{s['tool_threads_cpu_us_per_step']:.0f}", f"{s['rss_delta_mb_per_rank']:.1f}",
+             f"{s['aggregator_rss_mb']:.0f} MB, {s['aggregator_cpu_s']:.1f} CPU s" if s["aggregator_rss_mb"] else "-",
+             f"{s['disk_mb']:.2f} MB"]
+            for size, data in result["sizes"].items() for arm, s in data["summary"].items()]  # fmt: skip
+    ab_header = ["step", "in-process A/B (watched / plain)", "step time ratio", "p25-p75", "p10-p90", "extra µs/step",
+                 "training-thread CPU ratio", "p25-p75", "extra CPU µs/step", "block pairs"]  # fmt: skip
+    ab_rows = [[f"{size} ({a['plain_step_ms']:.1f} ms)", variant, f"{a['ratio_median']:.3f}",
+                f"{a['ratio_p25']:.3f}-{a['ratio_p75']:.3f}", f"{a['ratio_p10']:.3f}-{a['ratio_p90']:.3f}",
+                f"{a['extra_us_per_step_median']:.0f}", f"{a['cpu_ratio_median']:.3f}",
+                f"{a['cpu_ratio_p25']:.3f}-{a['cpu_ratio_p75']:.3f}", f"{a['extra_cpu_us_per_step_median']:.0f}",
+                f"{a['pairs']} × {a['block_steps']} steps"]
+               for size, data in result["sizes"].items()
+               for variant, a in ((v, ab["summary"]) for v, ab in data.get("ab", {}).items())]  # fmt: skip
+    return markdown(header, rows) + ("\n\n" + markdown(ab_header, ab_rows) if ab_rows else "")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__, rounds=4)
     parser.add_argument("--sizes", default="5ms,50ms", help="comma-separated: 5ms,50ms")
-    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument(
         "--steps", type=int, default=0, help="timed steps per launch (default: 1000 at 5ms, 150 at 50ms)"
     )
@@ -279,7 +239,6 @@ def main() -> int:
     )
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--no-ab", action="store_true", help="skip the in-process A/B (ranksight vs plain)")
-    parser.add_argument("--json", help="write the raw results to this file")
     args = parser.parse_args()
     arms = tuple(a for a in args.arms.split(",") if a)
     if "baseline" not in arms or any(a not in ARMS for a in arms):
@@ -288,18 +247,10 @@ def main() -> int:
     if any(s not in SIZES for s in sizes):
         parser.error(f"--sizes must name only {', '.join(SIZES)}")
 
-    import torch
-
-    try:
-        from importlib.metadata import version
-
-        traceml_version = version("traceml-ai")
-    except Exception:  # noqa: BLE001 - absent peer: reported as such
-        traceml_version = None
     result = {
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": os.getloadavg()},
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "traceml-ai": traceml_version},
+        "machine": {"load_avg_start": os.getloadavg()},
+        "versions": versions(),
         "rounds": args.rounds,
         "agent_buffer_bound_mb": buffer_bound_mb(),
         "sizes": {},

@@ -50,7 +50,7 @@ Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import math
 import os
@@ -63,10 +63,10 @@ import sys
 import tempfile
 import time
 
+from _harness import cli, timed, write_results
+from first_call_time import FLOOR_SQL, _spool_ready, first_call_figures, first_calls_s, measure
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from _harness import write_results  # noqa: E402
-from first_call_time import _spool_ready, first_call_figures, first_calls_s, measure  # noqa: E402
 
 FLOORS = {
     # figure -> the DuckDB floor it is compared with (the same files, or the same store)
@@ -432,7 +432,7 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     from ranksight.collectors import segment_files
     from ranksight.dashboard import _queries as q
     from ranksight.dashboard._rollup import Rollup
-    from ranksight.format.digest import DIGEST_DIR, digest_of
+    from ranksight.format.digest import digest_of
 
     run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
     shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
@@ -445,27 +445,23 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     assert rollup.digested == files, (rollup.digested, files)
     rollup_fresh = [rollup_first_build_s(run_path)["seconds"] for _ in range(FRESH_PROCESSES)]
     # The same first build from the files' rows (as for files published without digests), and its result.
-    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
-    os.rename(digests_dir, digests_dir + "-aside")
-    t0 = time.perf_counter()
-    from_rows = Rollup(run_path)
-    rollup_rows_s = time.perf_counter() - t0
-    os.rename(digests_dir + "-aside", digests_dir)
+    with digests_aside(run_path):
+        rollup_rows_s, from_rows = timed(lambda: Rollup(run_path), repeats=1)
     totals = "SELECT rank, sum(n), sum(step_sum), sum(compute_sum), max(step_max_s) FROM rollup GROUP BY 1 ORDER BY 1"
     for a, b in zip(rollup.cursor().execute(totals).fetchall(), from_rows.cursor().execute(totals).fetchall()):
         assert a[:2] == b[:2] and all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a[2:], b[2:])), (a, b)
     from_rows.close()
     one_file = pq.read_table(segment_files(run_path, "steps")[0])
-    digest_s, _ = _timed(lambda: digest_of(one_file))
+    digest_s, _ = timed(lambda: digest_of(one_file))
     con = rollup.cursor()
-    order_s, order = _timed(lambda: q.rank_order(con, "mean compute (most first)"))
-    heat_s, hm = _timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
+    order_s, order = timed(lambda: q.rank_order(con, "mean compute (most first)"))
+    heat_s, hm = timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
     assert hm["rows"][0]["ranks"] == [ranks - 1], hm["rows"][0]  # the slow rank is named, on top
-    refresh_s, _ = _timed(rollup.refresh)
+    refresh_s, _ = timed(rollup.refresh)
     # DuckDB's floor for the first build: one GROUP BY (rank, chunk of steps) over the same files, one sum.
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")
     floor_sql = f"SELECT rank, step // {rollup.chunk_steps}, sum(step_s) FROM read_parquet('{glob}') GROUP BY ALL"
-    floor_s, _ = _timed(lambda: duckdb.connect().execute(floor_sql).fetchall(), repeats=2)
+    floor_s, _ = timed(lambda: duckdb.connect().execute(floor_sql).fetchall(), repeats=2)
     return {
         "ranks": ranks,
         "steps": steps,
@@ -489,31 +485,32 @@ def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
     }
 
 
-def verdict_render_s(run_path: str) -> dict[str, float]:
+def verdict_render_s(run_path: str | None) -> dict[str, float]:
     """Seconds from navigation until the Verdict page's text is drawn and Streamlit idle, in headless Chromium:
     on a fresh server opened the moment it answers (its warm-up diagnosis still running), then once more;
-    and (``*_drawn``) until no table or chart on it is a placeholder any more."""
-    sys.path.insert(0, HERE)
+    and (``*_drawn``) until no table or chart on it is a placeholder any more. ``run_path`` None: the same
+    visits to a Streamlit app of one line holding the same marker, with the dashboard's flags (the floor:
+    what any Streamlit page costs a fresh headless Chromium on this machine)."""
     from dashboard_bench import RENDER_PAGES, page_on_fresh_server, time_visit_drawn
 
     out = {}
-    with page_on_fresh_server(run_path) as (page, port):
+    with page_on_fresh_server(run_path, RENDER_PAGES[""]) as (page, port):
         for visit in ("first", "again"):
             out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
     return out
 
 
-def streamlit_floor_s() -> dict[str, float]:
-    """``verdict_render_s``'s visits to a Streamlit app of one line holding the same marker, on a fresh server
-    with the dashboard's flags: what any Streamlit page costs a fresh headless Chromium on this machine."""
-    sys.path.insert(0, HERE)
-    from dashboard_bench import RENDER_PAGES, bare_page_on_fresh_server, time_visit_drawn
+@contextlib.contextmanager
+def digests_aside(run_path: str):
+    """The step files' digests moved aside while the block runs (as for files published without them)."""
+    from ranksight.format.digest import DIGEST_DIR
 
-    out = {}
-    with bare_page_on_fresh_server(RENDER_PAGES[""]) as (page, port):
-        for visit in ("first", "again"):
-            out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
-    return out
+    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
+    os.rename(digests_dir, digests_dir + "-aside")
+    try:
+        yield
+    finally:
+        os.rename(digests_dir + "-aside", digests_dir)
 
 
 def rollup_first_build_s(run_path: str) -> dict:
@@ -526,18 +523,6 @@ def rollup_first_build_s(run_path: str) -> dict:
 FRESH_PROCESSES = 5
 """Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
 quarter here)."""
-
-
-def _timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
-    """(median seconds of ``repeats`` calls, the last call's result); every call's seconds added to ``each``."""
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    if each is not None:
-        each.extend(times)
-    return statistics.median(times), out
 
 
 def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
@@ -566,20 +551,18 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     # Calls in one process: the first reads the files' digest parts, later ones take the parts this process
     # kept merged (collectors/_digest_fold.py), as a live dashboard's do; each call's time is kept too.
     live_each, diag_live_each = [], []
-    live_s, live = _timed(breakdown, each=live_each)
-    diag_live_s, _ = _timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
+    live_s, live = timed(breakdown, each=live_each)
+    diag_live_s, _ = timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
     breakdown_fresh = first_calls_s(run_path, "breakdown", FRESH_PROCESSES)
     diagnose_fresh = first_calls_s(run_path, "diagnose", FRESH_PROCESSES)
     # The same two with the node files' step digests set aside (as for files published without them).
-    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
-    has_digests = os.path.isdir(digests_dir)
+    has_digests = os.path.isdir(os.path.join(run_path, "steps", DIGEST_DIR))
     rollup_live = rollup_first_build_s(run_path)
     if has_digests:
-        os.rename(digests_dir, digests_dir + "-aside")
-        live_rows_s, from_rows = _timed(breakdown)
-        diag_live_rows_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
-        rollup_live_rows = rollup_first_build_s(run_path)
-        os.rename(digests_dir + "-aside", digests_dir)
+        with digests_aside(run_path):
+            live_rows_s, from_rows = timed(breakdown)
+            diag_live_rows_s, _ = timed(lambda: diagnose(run_path), repeats=2)
+            rollup_live_rows = rollup_first_build_s(run_path)
         from ranksight.format.verdict_digest import RELATIVE_ERROR
 
         # the same figures (sums added in another order), the medians read from histograms within their bound
@@ -592,18 +575,14 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     verdict_live = verdict_render_s(run_path) if browser else {}
     # DuckDB's floor for the breakdown: one GROUP BY over the same files.
     con = duckdb.connect()
-    floor_files_s, _ = _timed(
-        lambda: con.execute(
-            f"SELECT rank, median(step_s), avg(step_s) FROM read_parquet('{glob}') GROUP BY rank"
-        ).fetchall()
-    )
+    floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
     result = ingest(run_path)
     answers_s = getattr(result, "answers_seconds", 0.0)  # 0 for the code before the store kept answers
-    store_s, stored = _timed(breakdown)
+    store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
-    diag_store_s, _ = _timed(lambda: diagnose(run_path), repeats=2)
+    diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
     verdict_store = verdict_render_s(run_path) if browser else {}
-    floor_page = streamlit_floor_s() if browser else {}
+    floor_page = verdict_render_s(None) if browser else {}
     # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
     for path in (floor_db, floor_db + ".wal"):
@@ -621,7 +600,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM arrow_view")
     fcon.execute("CHECKPOINT")
     arrow_insert_s = time.perf_counter() - t0
-    groupby_s, _ = _timed(
+    groupby_s, _ = timed(
         lambda: fcon.execute("SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank").fetchall()
     )
     fcon.close()
@@ -808,14 +787,13 @@ def node_stores(base: str, counts: list[int], steps: int, processes: int = 3) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument(
         "--sections",
         default="spool,prometheus,store",
         help="spool, prometheus, store, dashboard, first, digest, live, nodes",
     )
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
-    parser.add_argument("--json", help="write the figures here")
     spool = parser.add_argument_group("spool section")
     spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
     spool.add_argument("--speed", type=float, default=10.0, help="time compression of the spool simulation")

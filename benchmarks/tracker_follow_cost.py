@@ -16,16 +16,10 @@ plus the reader process's user + system time, and the part spent inside the trai
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
 import statistics
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _harness import fresh_process, machine_load, rotated, write_results  # noqa: E402
+from _harness import cli, fresh_process, in_rounds, write_results
 
 _CHILD = r"""
 import json, os, sys, threading, time
@@ -134,8 +128,7 @@ def summarize(off: list[dict], arm: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = cli(__doc__, rounds=3)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--interval-s", type=float, default=10.0, help="the follower's poll interval (callbacks: 10)")
     ap.add_argument("--hidden", type=int, default=512, help="MLP width: 512 is ~5 ms a step on one core")
@@ -145,23 +138,19 @@ def main() -> None:
         help="comma-separated: off (no follower), thread (the folder read in-process), process (by a child),"
         " callbacks (as the framework callbacks start it)",
     )
-    ap.add_argument("--json", help="write the rounds and summaries here")
     args = ap.parse_args()
     arms = args.arms.split(",")
     assert "off" in arms, "the 'off' arm is the reference"
-    rounds: dict[str, list[dict]] = {arm: [] for arm in arms}
-    for i in range(args.rounds):
-        load = machine_load()
-        for arm in rotated(arms, i):
-            r = {**measure(args.seconds, arm, args.interval_s, args.hidden), "load": load}
-            rounds[arm].append(r)
-            print(
-                f"round {i} {arm}: {r['steps']} steps, median {r['step_median_ms']:.3f} ms, mean"
-                f" {r['step_mean_ms']:.3f} ms, process CPU {r['process_cpu_s']:.2f} s, follower CPU"
-                f" {r['follower_cpu_s']:.3f} s (in-process thread {r['follower_thread_cpu_s']:.3f} s,"
-                f" {r['follower_kind']}), finish {r['finish_s']:.2f} s",
-                flush=True,
-            )
+    rounds = in_rounds(
+        arms,
+        args.rounds,
+        lambda arm, _: measure(args.seconds, arm, args.interval_s, args.hidden),
+        lambda arm, r: (
+            f"{r['steps']} steps, median {r['step_median_ms']:.3f} ms, mean {r['step_mean_ms']:.3f} ms,"
+            f" process CPU {r['process_cpu_s']:.2f} s, follower CPU {r['follower_cpu_s']:.3f} s (in-process thread"
+            f" {r['follower_thread_cpu_s']:.3f} s, {r['follower_kind']}), finish {r['finish_s']:.2f} s"
+        ),
+    )
     summary = {arm: summarize(rounds["off"], rounds[arm]) for arm in arms if arm != "off"}
     for arm, m in summary.items():
         print(
@@ -171,9 +160,7 @@ def main() -> None:
             f" wall time), of it in the training process {m['in_process_thread_cpu_s_per_min']:.3f} s per minute"
         )
     if args.json:
-        host = {"cpus": os.cpu_count(), "python": platform.python_version(), "arch": platform.machine()}
-        figures = {"args": vars(args), "host": host, "summary": summary, "rounds": rounds}
-        write_results(args.json, figures, arms=arms, rounds=args.rounds)
+        write_results(args.json, {"args": vars(args), "summary": summary, "rounds": rounds}, arms, args.rounds)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), BENCH / "REA
 # ...`, `torchrun ... benchmarks/NAME.py ...`, `bash benchmarks/NAME.sh`.
 COMMAND = re.compile(
     r"`((?:python3? (?:-P )?|torchrun [^`]*?)benchmarks/([a-z_]+)\.(?:py|sh)[^`]*"
-    r"|python -m benchmarks ([a-z_]+)\b[^`]*|(?:\w+=\S+ )*bash benchmarks/([a-z_]+)\.sh[^`]*)`"
+    r"|python -m benchmarks ([a-z_]+)\b[^`]*|(?:\w+=(?:\"[^\"]*\"|\S+) )*bash benchmarks/([a-z_]+)\.sh[^`]*)`"
 )
 AT_COMMIT = re.compile(r"^[^.;|]{0,60}?\b(?:at|checkout of) commit [0-9a-f]{7}")
 
@@ -51,6 +51,8 @@ def test_a_doc_command_runs_a_script_that_takes_its_options(where, script, comma
     path = BENCH / script
     assert path.exists(), f"{where}: {command!r} names {script}, which benchmarks/ does not hold"
     source = path.read_text()
+    if "cli(__doc__" in source:  # the options every benchmark takes come from the harness
+        source += (BENCH / "_harness.py").read_text()
     for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", command.split(script, 1)[-1]):
         assert f'"{option}"' in source or f"'{option}'" in source, f"{where}: {script} takes no {option}"
 
@@ -60,3 +62,14 @@ def test_every_benchmark_is_listed_with_what_it_measures():
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
     assert set(listed) == scripts
     assert all(line for line in listed.values()), [name for name, line in listed.items() if not line]
+
+
+def test_every_headline_figure_names_its_command_and_a_results_file_that_is_kept():
+    section = (ROOT / "docs" / "benchmarks.md").read_text().split("## Every headline figure")[1].split("\n## ")[0]
+    table = [line.split(" | ") for line in section.splitlines()]
+    rows = [cells for cells in table if len(cells) == 3 and cells[0].startswith("| ") and "---" not in cells[0]][1:]
+    assert len(rows) > 20
+    for figure, command, files in rows:
+        assert COMMAND.search(command), f"{figure}: no benchmark command in {command!r}"
+        for name in re.findall(r"`(\w[\w.-]*\.(?:json|txt|log|tgz))`", files):
+            assert (BENCH / "results" / name).exists(), f"{figure}: {name} is not in benchmarks/results/"
