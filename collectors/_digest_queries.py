@@ -14,7 +14,7 @@ from __future__ import annotations
 from ranksight.format.verdict_digest import MEDIANS, medians_of, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
-from ._digest_source import keep_medians, noted_medians
+from ._digest_source import keep_medians, noted_medians, rank_rows, spool_hist
 from ._tables import sql_literal
 
 
@@ -23,7 +23,7 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
     has more rows than it (so warm rows are left out everywhere, as the rows' ``kept`` does); else None."""
     if warmup_steps != WARMUP_STEPS:
         return None
-    rows = con.execute(f"SELECT rank, sum(n) FROM {parts['sums']} GROUP BY rank").fetchall()
+    rows = rank_rows(con, parts["sums"])
     if not rows or any(is_short(n, warmup_steps) for _, n in rows):
         return None
     return sorted(r for r, _ in rows)
@@ -44,6 +44,13 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
 
 
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
+    """Per rank, {figure: median} of ``figures`` after warm-up from the ``hist`` part, in one pass: from the
+    spool's table as read where it is the whole part (``_table_medians``), else through ``con``."""
+    table = spool_hist(con)
+    return _query_medians(con, parts, figures) if table is None else _table_medians(table, figures)
+
+
+def _query_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     """Read the histogram rows of ``figures`` (every file's, after warm-up) and find each middle in numpy
     (``medians_of`` merges a bucket several files hold): DuckDB sorting the rows again, by a window or an
     ORDER BY, was slower. Figures travel as their position in ``figures`` (a CASE: cheaper per row than
@@ -58,6 +65,29 @@ def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     out: dict[int, dict] = {}
     for (rank, position), median in medians_of(rows).items():
         out.setdefault(rank, {})[figures[position - 1]] = median
+    return out
+
+
+def _table_medians(table, figures: tuple[str, ...]) -> dict[int, dict]:
+    """``_query_medians`` from the ``hist`` part as read (a pyarrow table, one chunk per file), in numpy, without
+    DuckDB: at 10,000 ranks its 2.2 M rows went through a query and back out as arrays (0.2-0.4 s, much of
+    it the kernel's page faults for the copies). A row's figure and warm-up become one number (warm rows
+    apart from the others, so a file's rows stay grouped as written and ``medians_of`` need not sort them);
+    only the figures asked for, after warm-up, are returned."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    every = tuple(MEDIANS)
+    # One chunk before the lookup: per chunk (one per file), pyarrow builds the lookup again.
+    figure = table.column("figure").combine_chunks()
+    position = pc.fill_null(pc.index_in(figure, value_set=pa.array(every, pa.string())), -1).to_numpy()
+    warm = pc.fill_null(table.column("warm"), True).to_numpy()
+    rows = {c: table.column(c).to_numpy() for c in ("rank", "bucket", "n", "lo", "hi")}
+    rows["figure"] = position + 1 + warm * len(every)
+    out: dict[int, dict] = {}
+    for (rank, number), median in medians_of(rows).items():
+        if 1 <= number <= len(every) and every[number - 1] in figures:
+            out.setdefault(rank, {})[every[number - 1]] = median
     return out
 
 
@@ -136,8 +166,7 @@ def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gp
     from the ``steps`` part; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
     if warmup_steps != WARMUP_STEPS:
         return None
-    found = con.execute(f"SELECT DISTINCT rank FROM {parts['sums']} ORDER BY rank").fetchall()
-    if [r for (r,) in found] != sorted(ranks):
+    if sorted(r for r, _ in rank_rows(con, parts["sums"])) != sorted(ranks):
         return None
     col = "gpu_compute" if use_gpu else "compute"
     # the run is the group here: its warm steps stay when no step came after them (as the rows' query does)

@@ -218,14 +218,16 @@ def compute_features(
     local_sizes = _ranks_per_node(meta_by_rank, rows)
     row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
+    sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
     for rank in ranks:
-        f = {name: None for name in FEATURES}
+        f = dict.fromkeys(FEATURES)
         f["rank"] = rank
         meta = meta_by_rank.get(rank, {})
         f.update(_meta_features(meta))
         f.update(_step_features(row_by_rank.get(rank), stats.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
-        f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
+        if rank in sampled:
+            f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
         f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
         busy = f["kernel_busy_ratio"]

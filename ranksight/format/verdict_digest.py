@@ -176,8 +176,12 @@ def _grouped(rank, figure, bucket) -> bool:
     if not (bucket[1:][same] > bucket[:-1][same]).all():
         return False
     starts = np.r_[0, np.flatnonzero(~same) + 1]
-    keys = np.stack([rank[starts], figure[starts]], axis=1)
-    return len(np.unique(keys, axis=0)) == len(starts)  # no (rank, figure) begins twice
+    ranks, figures = rank[starts].astype(np.int64), figure[starts].astype(np.int64)
+    low, span = int(figures.min()), int(figures.max() - figures.min()) + 1
+    if span < 2**16 and int(np.abs(ranks).max()) < 2**46:  # one number per key: a sort of numbers, not of pairs
+        keys = ranks * span + (figures - low)
+        return len(np.unique(keys)) == len(starts)  # no (rank, figure) begins twice
+    return len(np.unique(np.stack([ranks, figures], axis=1), axis=0)) == len(starts)
 
 
 def hist_sql(source: str) -> str:
