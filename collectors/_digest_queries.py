@@ -47,7 +47,8 @@ def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     """Per rank, {figure: median} of ``figures`` after warm-up from the ``hist`` part, in one pass: from the
     spool's table as read where it is the whole part (``_table_medians``), else through ``con``."""
     table = spool_hist(con)
-    return _query_medians(con, parts, figures) if table is None else _table_medians(table, figures)
+    found = None if table is None else _table_medians(table, figures)
+    return _query_medians(con, parts, figures) if found is None else found
 
 
 def _query_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
@@ -68,26 +69,82 @@ def _query_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict
     return out
 
 
-def _table_medians(table, figures: tuple[str, ...]) -> dict[int, dict]:
-    """``_query_medians`` from the ``hist`` part as read (a pyarrow table, one chunk per file), in numpy, without
-    DuckDB: at 10,000 ranks its 2.2 M rows went through a query and back out as arrays (0.2-0.4 s, much of
-    it the kernel's page faults for the copies). A row's figure and warm-up become one number (warm rows
-    apart from the others, so a file's rows stay grouped as written and ``medians_of`` need not sort them);
-    only the figures asked for, after warm-up, are returned."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+def _table_medians(table, figures: tuple[str, ...]) -> dict[int, dict] | None:
+    """``_query_medians`` from the ``hist`` part as read (a pyarrow table, one chunk per file), in numpy,
+    without DuckDB: at 10,000 ranks its 2.2 M rows went through a query and back out as arrays (0.2-0.4 s).
+    A row's figure and warm-up become one number (warm rows apart from the others, so a file's rows stay
+    grouped as written and ``medians_of`` need not sort them); only the figures asked for, after warm-up,
+    are returned. None where the columns hold a NULL the query would have to judge."""
+    import numpy as np
 
     every = tuple(MEDIANS)
-    # One chunk before the lookup: per chunk (one per file), pyarrow builds the lookup again.
-    figure = table.column("figure").combine_chunks()
-    position = pc.fill_null(pc.index_in(figure, value_set=pa.array(every, pa.string())), -1).to_numpy()
-    warm = pc.fill_null(table.column("warm"), True).to_numpy()
-    rows = {c: table.column(c).to_numpy() for c in ("rank", "bucket", "n", "lo", "hi")}
-    rows["figure"] = position + 1 + warm * len(every)
+    columns = ("rank", "warm", "bucket", "n", "lo", "hi")
+    if any(table.column(c).null_count for c in (*columns, "figure")):
+        return None
+    number = _figure_numbers(table.column("figure"), every)
+    if number is None:
+        return None
+    rows = {}
+    for c in columns:
+        parts = [_numbers(chunk) for chunk in table.column(c).chunks]
+        if any(part is None for part in parts):
+            return None
+        rows[c] = np.concatenate(parts) if parts else np.empty(0)
+    rows["figure"] = number + 1 + rows.pop("warm") * len(every)
     out: dict[int, dict] = {}
-    for (rank, number), median in medians_of(rows).items():
-        if 1 <= number <= len(every) and every[number - 1] in figures:
-            out.setdefault(rank, {})[every[number - 1]] = median
+    for (rank, found), median in medians_of(rows).items():
+        if 1 <= found <= len(every) and every[found - 1] in figures:
+            out.setdefault(rank, {})[every[found - 1]] = median
+    return out
+
+
+_NUMPY_TYPES = {"int8": "i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "float": "<f4", "double": "<f8"}
+
+
+def _numbers(chunk):
+    """A numeric or boolean pyarrow array without NULLs as numpy, read from its buffers (a number column
+    without a copy), or None for another type. pyarrow's own conversion imports pandas into the reader."""
+    import numpy as np
+
+    kind = str(chunk.type)
+    if kind == "bool":  # one bit a value
+        bits = np.frombuffer(chunk.buffers()[1], np.uint8)
+        return np.unpackbits(bits, bitorder="little")[chunk.offset : chunk.offset + len(chunk)].astype(bool)
+    if kind not in _NUMPY_TYPES:
+        return None
+    return np.frombuffer(
+        chunk.buffers()[1], _NUMPY_TYPES[kind], count=len(chunk), offset=chunk.offset * chunk.type.bit_width // 8
+    )
+
+
+_WORD_MASKS = [(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1]
+
+
+def _figure_numbers(column, names: tuple[str, ...]):
+    """Each row's position in ``names`` (-1: none) of a string column (a pyarrow ChunkedArray), or None for
+    a name longer than 16 bytes. In numpy: a string of up to 16 bytes is its length and two 8-byte words,
+    read at its offset, so equal triples are equal strings. pyarrow's own lookup (``index_in``) would import
+    pandas into the reader, 0.16 s of a fresh process's first verdict."""
+    import numpy as np
+
+    encoded = [name.encode() for name in names]
+    if any(len(name) > 16 for name in encoded):
+        return None
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    _, offsets, data = array.buffers()
+    at = np.frombuffer(offsets, np.int32, count=len(array) + 1, offset=4 * array.offset).astype(np.int64)
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    padded = np.zeros(len(raw) + 24, np.uint8)
+    padded[: len(raw)] = raw
+    words = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))  # 8 bytes from each byte
+    masks = np.array(_WORD_MASKS, np.uint64)
+    start, length = at[:-1], np.diff(at)
+    first = words[start] & masks[np.minimum(length, 8)]
+    second = words[start + 8] & masks[np.clip(length - 8, 0, 8)]
+    out = np.full(len(array), -1, np.int64)
+    for i, name in enumerate(encoded):
+        head, tail = (int.from_bytes(name[k : k + 8], "little") for k in (0, 8))
+        out[(length == len(name)) & (first == head) & (second == tail)] = i
     return out
 
 
