@@ -244,7 +244,7 @@ def compute_features(
         feats[rank] = f
     _cross_rank(con, warmup_steps, since_ns, feats, stats)
     for rank, f in feats.items():
-        f.update(transport_model(f, _context_of(meta_by_rank.get(rank, {}), f)["transport"]))
+        f.update(transport_model(f, _transport(meta_by_rank.get(rank, {}), f)))
     fsdp_features(con, metas, feats, warmup_steps, since_ns, transports=TRANSPORTS)
     return feats
 
@@ -309,19 +309,24 @@ def transport_model(f: dict, transport: str) -> dict:
     return out
 
 
+def _transport(meta: dict, f: dict) -> str:
+    """The transport an all-reduce of this rank runs on (``TRANSPORTS``), from its DDP backend and nodes."""
+    backend = (meta.get("ddp") or {}).get("backend") or "unknown"
+    multi_node = (f.get("nodes") or 1) > 1
+    if backend == "gloo":
+        return "gloo-tcp" if multi_node else "gloo-loopback"
+    if backend == "nccl":
+        return "infiniband" if multi_node else "nvlink"
+    return "unknown"
+
+
 def _context_of(meta: dict, f: dict) -> dict:
     ddp = meta.get("ddp") or {}
     backend = ddp.get("backend") or "unknown"
     framework = meta.get("framework") or "plain"
     parallelism = meta.get("parallelism") or ("ddp" if ddp else "none")
     data_source = meta.get("data_source") or ("loader" if meta.get("loader") else "unknown")
-    multi_node = (f.get("nodes") or 1) > 1
-    if backend == "gloo":
-        transport = "gloo-tcp" if multi_node else "gloo-loopback"
-    elif backend == "nccl":
-        transport = "infiniband" if multi_node else "nvlink"
-    else:
-        transport = "unknown"
+    transport = _transport(meta, f)
     loader = meta.get("loader") or {}
     window = meta.get("host_other_top") or {}
     places = window.get("top") if isinstance(window, dict) else None
