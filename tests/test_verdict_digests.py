@@ -732,3 +732,18 @@ def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_coun
     pq.write_table(rows, path)
     assert _parts_that_serve(run, "hist", "steps") and any(counted)
     _assert_same_features(run_features(run), _features_from_rows(run))
+
+
+def test_figure_names_are_matched_whole_in_numpy():
+    """``_figure_numbers`` against a plain lookup: names that share a length and first bytes, names of 8 and
+    16 bytes, longer strings that begin with a name, the empty string, and chunks sliced from larger arrays."""
+    from ranksight.collectors._digest_queries import _figure_numbers
+
+    names = ("compute", "buckets", "computf", "gpu_compute", "bucket_bytes", "collective_bytes", "abcdefgh", "")
+    others = ["compute_", "computee", "collective_bytez", "collective_bytes!", "abcdefg", "abcdefghi", "x", "comput"]
+    rng = np.random.default_rng(5)
+    values = [str(v) for v in rng.choice(list(names) + others, 5000)]
+    column = pa.chunked_array([pa.array(values[:1000]), pa.array(values)[1000:3000], pa.array(values[3000:])])
+    found = _figure_numbers(column, names)
+    assert found.tolist() == [names.index(v) if v in names else -1 for v in values]
+    assert _figure_numbers(column, ("seventeen_letters",)) is None

@@ -153,14 +153,14 @@ def medians_of(rows) -> dict:
         n, lo, hi = np.add.reduceat(n, at), np.minimum.reduceat(lo, at), np.maximum.reduceat(hi, at)
         rank, figure, bucket = rank[at], figure[at], bucket[at]
         same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
-    values = bucket_values(bucket, lo, hi)
     starts = np.flatnonzero(np.r_[True, ~same_key])
     cum = np.cumsum(n)
     before = np.r_[0, cum][starts]  # rows counted before each (rank, figure)
     total = np.add.reduceat(n, starts)
     low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
     high = np.searchsorted(cum, before + total // 2, side="right")
-    middle = (values[low] + values[high]) / 2
+    # The values of the middle buckets alone: a bucket's value depends on that bucket only.
+    middle = (bucket_values(bucket[low], lo[low], hi[low]) + bucket_values(bucket[high], lo[high], hi[high])) / 2
     return {(int(rank[s]), int(figure[s])): float(m) for s, m in zip(starts, middle)}
 
 
