@@ -14,7 +14,7 @@ from __future__ import annotations
 from ranksight.format.verdict_digest import MEDIANS, medians_of, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
-from ._digest_source import keep_medians, noted_medians, rank_rows, spool_hist
+from ._digest_source import keep_medians, noted_medians, rank_rows
 from ._tables import sql_literal
 
 
@@ -44,14 +44,6 @@ def medians(con, parts: dict, warmup_steps: int, figures: tuple[str, ...]) -> di
 
 
 def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
-    """Per rank, {figure: median} of ``figures`` after warm-up from the ``hist`` part, in one pass: from the
-    spool's table as read where it is the whole part (``_table_medians``), else through ``con``."""
-    table = spool_hist(con)
-    found = None if table is None else _table_medians(table, figures)
-    return _query_medians(con, parts, figures) if found is None else found
-
-
-def _query_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     """Read the histogram rows of ``figures`` (every file's, after warm-up) and find each middle in numpy
     (``medians_of`` merges a bucket several files hold): DuckDB sorting the rows again, by a window or an
     ORDER BY, was slower. Figures travel as their position in ``figures`` (a CASE: cheaper per row than
@@ -66,86 +58,6 @@ def _query_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict
     out: dict[int, dict] = {}
     for (rank, position), median in medians_of(rows).items():
         out.setdefault(rank, {})[figures[position - 1]] = median
-    return out
-
-
-def _table_medians(table, figures: tuple[str, ...]) -> dict[int, dict] | None:
-    """``_query_medians`` from the ``hist`` part as read (a pyarrow table, one chunk per file), in numpy,
-    without DuckDB: at 10,000 ranks its 2.2 M rows went through a query and back out as arrays (0.2-0.4 s).
-    A row's figure and warm-up become one number (warm rows apart from the others, so a file's rows stay
-    grouped as written and ``medians_of`` need not sort them); only the figures asked for, after warm-up,
-    are returned. None where the columns hold a NULL the query would have to judge."""
-    import numpy as np
-
-    every = tuple(MEDIANS)
-    columns = ("rank", "warm", "bucket", "n", "lo", "hi")
-    if any(table.column(c).null_count for c in (*columns, "figure")):
-        return None
-    number = _figure_numbers(table.column("figure"), every)
-    if number is None:
-        return None
-    rows = {}
-    for c in columns:
-        parts = [_numbers(chunk) for chunk in table.column(c).chunks]
-        if any(part is None for part in parts):
-            return None
-        rows[c] = np.concatenate(parts) if parts else np.empty(0)
-    rows["figure"] = number + 1 + rows.pop("warm") * len(every)
-    out: dict[int, dict] = {}
-    for (rank, found), median in medians_of(rows).items():
-        if 1 <= found <= len(every) and every[found - 1] in figures:
-            out.setdefault(rank, {})[every[found - 1]] = median
-    return out
-
-
-_NUMPY_TYPES = {"int8": "i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "float": "<f4", "double": "<f8"}
-
-
-def _numbers(chunk):
-    """A numeric or boolean pyarrow array without NULLs as numpy, read from its buffers (a number column
-    without a copy), or None for another type. pyarrow's own conversion imports pandas into the reader."""
-    import numpy as np
-
-    kind = str(chunk.type)
-    if kind == "bool":  # one bit a value
-        bits = np.frombuffer(chunk.buffers()[1], np.uint8)
-        return np.unpackbits(bits, bitorder="little")[chunk.offset : chunk.offset + len(chunk)].astype(bool)
-    if kind not in _NUMPY_TYPES:
-        return None
-    return np.frombuffer(
-        chunk.buffers()[1], _NUMPY_TYPES[kind], count=len(chunk), offset=chunk.offset * chunk.type.bit_width // 8
-    )
-
-
-def _figure_numbers(column, names: tuple[str, ...]):
-    """Each row's position in ``names`` (-1: none) of a string column (a pyarrow ChunkedArray), or None for
-    a name longer than 16 bytes. In numpy: a string of up to 16 bytes is its length and two 8-byte words
-    read at its offset, so equal triples are equal strings; each name's rows are found among those of its
-    length, so the rows are read about once. pyarrow's own lookup (``index_in``) would import pandas into
-    the reader, 0.16 s of a fresh process's first verdict."""
-    import numpy as np
-
-    encoded = [name.encode() for name in names]
-    if any(len(name) > 16 for name in encoded):
-        return None
-    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    _, offsets, data = array.buffers()
-    at = np.frombuffer(offsets, np.int32, count=len(array) + 1, offset=4 * array.offset)
-    raw = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
-    padded = np.zeros(len(raw) + 24, np.uint8)
-    padded[: len(raw)] = raw
-    words = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))  # 8 bytes from each byte
-    length = np.diff(at)
-    out = np.full(len(array), -1, np.int8)
-    for i, name in enumerate(encoded):
-        rows = np.flatnonzero(length == len(name))
-        start = at[rows]
-        same = np.ones(len(rows), bool)
-        for k in range(0, len(name), 8):  # each 8-byte word of the name, the bytes past its end masked off
-            word = name[k : k + 8]
-            mask = np.uint64((1 << (8 * len(word))) - 1)
-            same &= (words[start + k] & mask) == np.uint64(int.from_bytes(word, "little"))
-        out[rows[same]] = i
     return out
 
 

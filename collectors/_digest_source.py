@@ -44,7 +44,6 @@ class _Noted:
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
-        self.hist = None  # pyarrow.Table: the spool's hist part, when it is the whole part (no store beside it)
         self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
@@ -176,7 +175,6 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
                 sources.append(f"SELECT * FROM {name}_spool")
                 if part == "hist" and not noted.store:
                     _share_medians(noted, read[part].derived)
-                    noted.hist = read[part].table
             if noted.store:
                 if VERDICT_PART_TABLES[part] not in stored:
                     raise DigestError(f"the store holds no {part} part")
@@ -276,13 +274,6 @@ def rank_rows(con, sums: str) -> list[tuple[int, int]]:
     if noted is not None:
         noted.rank_rows[sums] = rows
     return rows
-
-
-def spool_hist(con):
-    """The ``hist`` part as the pyarrow table read from the spool's digests, when it is every row of the part
-    (no store beside the spool); else None (read it through the connection)."""
-    noted = _noted(con)
-    return noted.hist if noted is not None else None
 
 
 def noted_medians(con) -> tuple[dict[int, dict], set[str]]:

@@ -667,40 +667,6 @@ def test_the_histogram_rows_of_many_ranks_reach_the_medians_grouped(monkeypatch)
     )
 
 
-def test_the_medians_from_the_spools_histogram_table_are_those_of_its_rows_through_duckdb():
-    """``_table_medians`` (the spool's ``hist`` part as read, in numpy) against ``_query_medians`` (the same
-    rows through DuckDB): equal, for files cut by node and by time -- a rank in several files, a bucket held
-    by two -- with the warm-up rows of every file among them, and for a subset of the figures."""
-    from ranksight.collectors._digest_queries import _query_medians, _table_medians
-    from ranksight.format.digest import digest_of
-    from ranksight.format.digest_file import concat_part
-
-    rng = np.random.default_rng(3)
-    steps, ranks = 40, 8
-    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
-    n = len(step)
-    table = pa.table(
-        {
-            "step": step,
-            "rank": rank.astype(np.int32),
-            "node": [f"node{r // 4}" for r in rank],
-            "world_size": np.full(n, ranks),
-            "step_s": rng.uniform(0.02, 0.05, n),
-            "compute_s": np.where(step % 5 == 0, 0.02, rng.uniform(0.01, 0.03, n)),  # a value repeated
-            "buckets": rng.integers(1, 4, n),
-            "bucket_bytes": rng.integers(1, 3, n) * 1024,
-        }
-    )
-    files = [table.filter((rank // 4 == node) & ((step >= 17) == later)) for node in (0, 1) for later in (0, 1)]
-    hist = concat_part("hist", [digest_of(f)[1]["hist"] for f in files])
-    assert hist.column(0).num_chunks == len(files)  # kept in its files' chunks, as the readers take it
-    con = duckdb.connect()
-    con.register("files", hist)
-    for figures in (tuple(MEDIANS), ("compute", "buckets")):
-        expected = _query_medians(con, {"hist": "files"}, figures)
-        assert expected and _table_medians(hist, figures) == expected
-
-
 def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_counted(tmp_path, monkeypatch):
     """The view's rows are first counted from its files' footers; where they are more than the digests fold
     (a GPU rank's steps without CUDA events, which no digest folds), the rows that digests fold are counted
@@ -734,16 +700,36 @@ def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_coun
     _assert_same_features(run_features(run), _features_from_rows(run))
 
 
-def test_figure_names_are_matched_whole_in_numpy():
-    """``_figure_numbers`` against a plain lookup: names that share a length and first bytes, names of 8 and
-    16 bytes, longer strings that begin with a name, the empty string, and chunks sliced from larger arrays."""
-    from ranksight.collectors._digest_queries import _figure_numbers
+def test_the_histogram_part_kept_in_its_files_chunks_gives_the_medians_of_one_chunk():
+    """The ``hist`` part is read as its files' chunks (``_KEPT_IN_CHUNKS``: no copy into one): the medians
+    through DuckDB are those of the same rows in one chunk, for files cut by node and by time -- a rank in
+    several files, a bucket held by two, warm rows among them."""
+    from ranksight.collectors._digest_queries import _all_medians
+    from ranksight.format.digest import digest_of
+    from ranksight.format.digest_file import concat_part
 
-    names = ("compute", "buckets", "computf", "gpu_compute", "bucket_bytes", "collective_bytes", "abcdefgh", "")
-    others = ["compute_", "computee", "collective_bytez", "collective_bytes!", "abcdefg", "abcdefghi", "x", "comput"]
-    rng = np.random.default_rng(5)
-    values = [str(v) for v in rng.choice(list(names) + others, 5000)]
-    column = pa.chunked_array([pa.array(values[:1000]), pa.array(values)[1000:3000], pa.array(values[3000:])])
-    found = _figure_numbers(column, names)
-    assert found.tolist() == [names.index(v) if v in names else -1 for v in values]
-    assert _figure_numbers(column, ("seventeen_letters",)) is None
+    rng = np.random.default_rng(3)
+    steps, ranks = 40, 8
+    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    n = len(step)
+    table = pa.table(
+        {
+            "step": step,
+            "rank": rank.astype(np.int32),
+            "node": [f"node{r // 4}" for r in rank],
+            "world_size": np.full(n, ranks),
+            "step_s": rng.uniform(0.02, 0.05, n),
+            "compute_s": np.where(step % 5 == 0, 0.02, rng.uniform(0.01, 0.03, n)),  # a value repeated
+            "buckets": rng.integers(1, 4, n),
+            "bucket_bytes": rng.integers(1, 3, n) * 1024,
+        }
+    )
+    files = [table.filter((rank // 4 == node) & ((step >= 17) == later)) for node in (0, 1) for later in (0, 1)]
+    hist = concat_part("hist", [digest_of(f)[1]["hist"] for f in files])
+    assert hist.column(0).num_chunks == len(files)
+    con = duckdb.connect()
+    con.register("chunks", hist)
+    con.register("whole", hist.combine_chunks())
+    for figures in (tuple(MEDIANS), ("compute", "buckets")):
+        found = _all_medians(con, {"hist": "chunks"}, figures)
+        assert found and found == _all_medians(con, {"hist": "whole"}, figures)

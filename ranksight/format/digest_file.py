@@ -175,9 +175,10 @@ def concat_part(part: str, tables: list):
 
 
 _KEPT_IN_CHUNKS = ("steps", "hist")
-"""Parts left in their files' chunks: the readers merge the per-step part per step in one pass, which reads
-the chunks as fast as one copy of them, and take the histograms in numpy. Copied into one chunk first, they
-touched 215 MB more memory at 10,000 ranks x 1,000 steps, whose page faults the kernel charges as system time."""
+"""Parts left in their files' chunks: the readers merge the per-step part per step in one pass and take the
+histograms' rows in one query, each reading the chunks about as fast as one copy of them (at 10,000 ranks x
+1,000 steps, 0.06 s against 0.05 s and 0.22 s either way). Copied into one chunk first, they touched 215 MB
+more memory, whose page faults the kernel charges as system time."""
 
 _READERS = 4
 """Files read at once: pyarrow lets go of the GIL to read and decompress a part, and a fresh process's first
