@@ -160,8 +160,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        # The files are read on a thread of their own while DuckDB counts the view's rows here (both mostly
-        # outside the GIL: one core each).
+        # The files are read on a thread of their own while DuckDB counts the view's rows here, where the
+        # footers cannot (both mostly outside the GIL: one core each).
         ahead = prefetch(con, noted.paths, tuple(missing)) if missing and noted.paths else None
         if missing and not _footers_count(noted):
             _step_rows(con)  # counted here while the files are read (the footers' count needs no scan)

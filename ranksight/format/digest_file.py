@@ -166,7 +166,7 @@ def concat_part(part: str, tables: list):
     few_per_chunk = table.num_columns and table.num_rows < _SCANNED_WHOLE * table.column(0).num_chunks
     if few_per_chunk and part not in _KEPT_IN_CHUNKS:
         # DuckDB scans many small chunks far slower than the same rows in one; chunks of a vector's rows or
-        # more scan as fast, and are not copied again (a per-step part holds a row per step and file).
+        # more scan as fast, and are not copied again.
         table = table.combine_chunks()
     for name in SPARSE_PARTS.get(part, ()):
         if name not in table.column_names:
