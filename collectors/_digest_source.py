@@ -37,12 +37,14 @@ class _Noted:
     """What ``open_run`` noted: the digest files of the pending step files and whether the store's count too.
     The files are read on first use, not at open: most readers never ask."""
 
-    def __init__(self, key: str, paths: list[str], store: bool) -> None:
+    def __init__(self, key: str, paths: list[str], store: bool, view_files: list[str] | None = None) -> None:
         self.key, self.paths, self.store = key, paths, store
+        self.view_files = view_files  # the step files the view names, as DuckDB opens them; None: a glob
         self.source: str | None = None
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
+        self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
 
@@ -59,9 +61,13 @@ def _forget(con) -> None:
         state.digests = None
 
 
-def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool) -> None:
+def note_digests(
+    con, run_path: str, spool_names: list[str], store_digests: bool, view_files: list[str] | None = None
+) -> None:
     """Note for ``con`` the digests of the pending step files ``spool_names`` and (``store_digests``) the
-    attached store's; only one digest definition at a time (two would count their rows twice)."""
+    attached store's; only one digest definition at a time (two would count their rows twice).
+    ``view_files``: the files the ``steps`` view names, exactly (``follow_spool=False``), whose footers then
+    count its rows (``_holds_every_row``); None where the view globs the folder."""
     state = state_of(con)
     if state is None:
         return  # a bare connection reads the rows
@@ -76,7 +82,7 @@ def note_digests(con, run_path: str, spool_names: list[str], store_digests: bool
     key = keys.pop()
     found = digest_paths(steps_dir, chunk_of_key(key), spool_names)
     if found or store_digests:
-        state.digests = _Noted(key, [found[n] for n in sorted(found)], store_digests)
+        state.digests = _Noted(key, [found[n] for n in sorted(found)], store_digests, view_files)
 
 
 def digests_may_serve(warmup_steps: int, since_ns: int | None) -> bool:
@@ -128,12 +134,12 @@ def covering_digests(con) -> str | None:
         return None
     try:
         source = _source(con, noted)
-        rows = _step_rows(con)
         held = con.execute(f"SELECT sum(n) FROM {source}").fetchall()[0][0]
+        covered = _holds_every_row(con, held)
     except (duckdb.Error, DigestError):
         _forget(con)  # do not try again on this connection
         return None
-    return source if rows and held == rows else None
+    return source if covered else None
 
 
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
@@ -154,10 +160,11 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        # The files are read on a thread of their own while DuckDB counts the view's rows here (both mostly
-        # outside the GIL: one core each).
+        # The files are read on a thread of their own while DuckDB counts the view's rows here, where the
+        # footers cannot (both mostly outside the GIL: one core each).
         ahead = prefetch(con, noted.paths, tuple(missing)) if missing and noted.paths else None
-        rows = _step_rows(con) if missing else 0
+        if missing and not _footers_count(noted):
+            _step_rows(con)  # counted here while the files are read (the footers' count needs no scan)
         read, missing = _read_parts(con, noted, missing, wanted, ahead)
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
@@ -178,8 +185,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
             con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS {' UNION ALL BY NAME '.join(sources)}")
             if part in ("sums", "steps"):  # one row per step row: their counts add up to the view's rows
                 held = con.execute(f"SELECT sum(n) FROM {name}").fetchall()[0][0]
-                if not rows or held != rows:
-                    raise DigestError(f"the digests hold {held} step rows of {rows}")
+                if not _holds_every_row(con, held):
+                    raise DigestError(f"the digests hold {held} step rows of {_step_rows(con)}")
             noted.verdict[part] = name
     except (duckdb.Error, DigestError):
         noted.verdict = {}  # do not try again on this connection
@@ -204,6 +211,40 @@ def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...],
         return folded_parts(con, noted.paths, tuple(needed)), needed
 
 
+def _footers_count(noted: _Noted) -> bool:
+    """Whether the view's rows can be counted from its files' footers: it names them (no glob, no store)."""
+    return noted.view_files is not None and not noted.store
+
+
+def _holds_every_row(con, held) -> bool:
+    """Whether ``held`` (the rows the digests folded) is every row of ``con``'s ``steps`` view that digests
+    fold. First against the rows the footers of the view's files count (no scan: the first scan of a view
+    over 1,250 node files costs 0.2 s of opening them, where the footers, read at open and kept by the
+    connection, sum in 0.05 s): a digest folds only ``SAMPLED_SQL`` rows, so equal counts say that every row
+    is folded once and none is a GPU step left unsampled. Otherwise the rows are counted (``_step_rows``)."""
+    if not held:
+        return False
+    noted = _noted(con)
+    if noted is not None and noted.rows is None and _footers_count(noted) and noted.view_files:
+        if _footer_rows(con, noted.view_files) == held:
+            noted.rows = held
+            return True
+    return held == _step_rows(con)
+
+
+def _footer_rows(con, files: list[str]) -> int | None:
+    """The rows the footers of ``files`` hold (DuckDB's Parquet metadata, kept by the reading connection)."""
+    import duckdb
+
+    cur = con.cursor()
+    try:
+        return cur.execute("SELECT sum(num_rows) FROM parquet_file_metadata($files)", {"files": files}).fetchall()[0][0]
+    except duckdb.Error:
+        return None
+    finally:
+        cur.close()
+
+
 def _step_rows(con) -> int:
     """The rows of ``con``'s ``steps`` view that digests fold (``SAMPLED_SQL``: not a GPU rank's steps without
     CUDA events), counted once per noted connection (the views do not change)."""
@@ -221,6 +262,18 @@ def _share_medians(noted: _Noted, derived: dict) -> None:
     next reader of the same files finds those already found instead of reading the histograms again."""
     noted.medians = derived.setdefault("medians", {})
     noted.median_figures = derived.setdefault("median_figures", set())
+
+
+def rank_rows(con, sums: str) -> list[tuple[int, int]]:
+    """(rank, step rows) of each rank in the ``sums`` part registered as ``sums``, read once per reading: the
+    part does not change, and each figure from the digests asks first (three times per verdict)."""
+    noted = _noted(con)
+    if noted is not None and sums in noted.rank_rows:
+        return noted.rank_rows[sums]
+    rows = con.execute(f"SELECT rank, sum(n) FROM {sums} GROUP BY rank").fetchall()
+    if noted is not None:
+        noted.rank_rows[sums] = rows
+    return rows
 
 
 def noted_medians(con) -> tuple[dict[int, dict], set[str]]:

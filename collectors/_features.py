@@ -228,14 +228,16 @@ def compute_features(
     local_sizes = _ranks_per_node(meta_by_rank, rows)
     row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
+    sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
     for rank in ranks:
-        f = {name: None for name in FEATURES}
+        f = dict.fromkeys(FEATURES)
         f["rank"] = rank
         meta = meta_by_rank.get(rank, {})
         f.update(_meta_features(meta))
         f.update(_step_features(row_by_rank.get(rank), stats.get(rank, {})))
         f.update(_compile_features(compile_counts.get(rank, {}), f))
-        f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
+        if rank in sampled:
+            f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         f.update(_host_features(meta, f, samples, rank, local_sizes.get(rank)))
         f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
         busy = _untraced_shares(f, windows.get(rank))
@@ -252,7 +254,7 @@ def compute_features(
         feats[rank] = f
     _cross_rank(con, warmup_steps, since_ns, feats, stats)
     for rank, f in feats.items():
-        f.update(transport_model(f, _context_of(meta_by_rank.get(rank, {}), f)["transport"]))
+        f.update(transport_model(f, _transport(meta_by_rank.get(rank, {}), f)))
     fsdp_features(con, metas, feats, warmup_steps, since_ns, transports=TRANSPORTS)
     return feats
 
@@ -317,19 +319,24 @@ def transport_model(f: dict, transport: str) -> dict:
     return out
 
 
+def _transport(meta: dict, f: dict) -> str:
+    """The transport an all-reduce of this rank runs on (``TRANSPORTS``), from its DDP backend and nodes."""
+    backend = (meta.get("ddp") or {}).get("backend") or "unknown"
+    multi_node = (f.get("nodes") or 1) > 1
+    if backend == "gloo":
+        return "gloo-tcp" if multi_node else "gloo-loopback"
+    if backend == "nccl":
+        return "infiniband" if multi_node else "nvlink"
+    return "unknown"
+
+
 def _context_of(meta: dict, f: dict) -> dict:
     ddp = meta.get("ddp") or {}
     backend = ddp.get("backend") or "unknown"
     framework = meta.get("framework") or "plain"
     parallelism = meta.get("parallelism") or ("ddp" if ddp else "none")
     data_source = meta.get("data_source") or ("loader" if meta.get("loader") else "unknown")
-    multi_node = (f.get("nodes") or 1) > 1
-    if backend == "gloo":
-        transport = "gloo-tcp" if multi_node else "gloo-loopback"
-    elif backend == "nccl":
-        transport = "infiniband" if multi_node else "nvlink"
-    else:
-        transport = "unknown"
+    transport = _transport(meta, f)
     loader = meta.get("loader") or {}
     window = meta.get("host_other_top") or {}
     places = window.get("top") if isinstance(window, dict) else None

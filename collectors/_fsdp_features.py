@@ -85,9 +85,11 @@ def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int = 
                   transports: dict | None = None) -> None:  # fmt: skip
     """Add the FSDP features (``FSDP_FEATURES``) to each rank's dict in ``feats``, in place; all None for a
     job that is not FSDP2."""
+    names = set(FSDP_FEATURES)
     for f in feats.values():
-        for name in FSDP_FEATURES:
-            f.setdefault(name, None)
+        if not names <= f.keys():  # compute_features starts every rank with them: a set comparison, not 30 calls
+            for name in FSDP_FEATURES:
+                f.setdefault(name, None)
     meta_by_rank = {m.rank: m.data for m in metas}
     fsdp_ranks = [r for r in feats if (meta_by_rank.get(r) or {}).get("parallelism") == "fsdp2"]
     if not fsdp_ranks:

@@ -127,7 +127,9 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
     if not nodes:  # rows of node stores have no digests: sums are read from the rows
         pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()), con)
         has_steps = store_kinds is not None and "steps" in store_kinds
-        note_digests(con, run_path, [os.path.basename(p) for p in pending], has_steps)
+        names = [os.path.basename(p) for p in pending]
+        view_files = None if follow_spool else [os.path.join(db_run, "steps", n) for n in names]
+        note_digests(con, run_path, names, has_steps, view_files)
     # The answers ingest computed over the store's rows hold for views that read those rows alone.
     answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
 

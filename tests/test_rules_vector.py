@@ -11,7 +11,10 @@ string, an integer beyond 2**53) is judged rank by rank, with the same findings.
 from __future__ import annotations
 
 import ast
+import gzip
+import json
 import math
+import os
 import random
 
 import numpy as np
@@ -264,3 +267,51 @@ def test_10000_ranks_with_planted_anomalies_as_rank_by_rank(seed):
     # Most rules are judged on a few ranks, not 10,000.
     judged = sum(len(candidates(rule, Frame(feats))) for rule in RULES.rules)
     assert judged < len(RULES.rules) * len(feats) / 4
+
+
+CORPUS_FEATURES = os.path.join(os.path.dirname(__file__), "data", "corpus_cpu14_features.json.gz")
+"""Each rank's features and context of the 14 runs of the CPU diagnosis corpus of 2026-12-03
+(``benchmarks/diagnosis_corpus.py --scripts gpt_trainer ddp_tutorial --repeats 1 --out OUT``: the nanoGPT-style
+trainer and the DDP tutorial, each healthy and with six planted faults, two gloo ranks), as ``Run.features()``
+and ``Run.context()`` read them from the rows. Made again with::
+
+    python -c "import glob, gzip, json, os; from ranksight.collectors import open_run
+    runs = {os.path.basename(p): open_run(p, follow_spool=False) for p in sorted(glob.glob('OUT/runs/*'))}
+    out = json.dumps({n: {'features': r.features(), 'context': r.context()} for n, r in runs.items()}, sort_keys=True)
+    gzip.GzipFile('tests/data/corpus_cpu14_features.json.gz', 'wb', mtime=0).write(out.encode())"
+"""
+
+
+def _corpus_runs() -> dict[str, tuple[dict, dict]]:
+    with gzip.open(CORPUS_FEATURES, "rt") as f:
+        runs = json.load(f)
+    return {
+        name: (
+            {int(r): f for r, f in run["features"].items()},
+            {int(r): c for r, c in run["context"].items()},
+        )
+        for name, run in runs.items()
+    }
+
+
+def test_the_cpu_corpus_features_as_rank_by_rank():
+    """Real features, not drawn ones: on each run of the CPU corpus the columns give the findings and the
+    checklist the per-rank evaluator gives, with the run's context, and every condition and figure of every
+    rule (``when``, value, noise, cost, fix cases, ``suggest``, ``explains``) holds on the same ranks."""
+    runs = _corpus_runs()
+    assert len(runs) == 14
+    fired = set()
+    for name, (feats, context) in runs.items():
+        frame = Frame(feats)
+        expected = evaluate(RULES.rules, feats, context, per_rank=True)
+        assert evaluate(RULES.rules, frame, context) == expected, name
+        assert run_checklist(RULES.checklist, frame) == run_checklist(RULES.checklist, feats, per_rank=True), name
+        assert frame.fallbacks == [], name
+        for rule in RULES.rules:
+            fires = [rank for rank in frame.ranks if _fire(rule, feats[rank]) is not None]
+            assert candidates(rule, Frame(feats)) == fires, (name, rule.id)
+            for expr in _exprs(rule):
+                _assert_values_match(expr, frame)
+        fired |= {f["rule"] for f in expected}
+    # The corpus plants these, and the rows named them: the comparison covers firing rules, not silence alone.
+    assert {"input-bound", "straggler", "graph-breaks", "unused-parameter-scan", "exposed-allreduce"} <= fired, fired

@@ -665,3 +665,71 @@ def test_the_histogram_rows_of_many_ranks_reach_the_medians_grouped(monkeypatch)
         for i, name in enumerate(MEDIANS, 1)
         if name in figures
     )
+
+
+def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_counted(tmp_path, monkeypatch):
+    """The view's rows are first counted from its files' footers; where they are more than the digests fold
+    (a GPU rank's steps without CUDA events, which no digest folds), the rows that digests fold are counted
+    instead, and the digests still serve when those are every one."""
+    from ranksight.collectors import _digest_source
+
+    run = _published_run(tmp_path, gpu=True)
+    counted = []
+    original = _digest_source._step_rows
+
+    def counting(con):  # the rows counted by a scan of the view, not the count kept from before
+        counted.append(_digest_source._noted(con).rows is None)
+        return original(con)
+
+    monkeypatch.setattr(_digest_source, "_step_rows", counting)
+    assert _parts_that_serve(run, "hist", "steps") and not any(counted)  # the footers' count was enough
+    import pyarrow.parquet as pq
+
+    from ranksight.agent._node_spool import _write_durably
+    from ranksight.format.digest_file import write_digest
+
+    # A GPU rank's steps without CUDA events in one file (``gpu_sampled`` false), published with its digest.
+    name = _step_files(run)[0]
+    path = os.path.join(run, "steps", name)
+    rows = pq.read_table(path)
+    sampled = pa.array([s % 4 != 1 for s in rows.column("step").to_pylist()])
+    rows = rows.set_column(rows.schema.get_field_index("gpu_sampled"), "gpu_sampled", sampled)
+    write_digest(rows, os.path.join(run, "steps"), name, _write_durably)  # as a publisher digests such a file
+    pq.write_table(rows, path)
+    assert _parts_that_serve(run, "hist", "steps") and any(counted)
+    _assert_same_features(run_features(run), _features_from_rows(run))
+
+
+def test_the_histogram_part_kept_in_its_files_chunks_gives_the_medians_of_one_chunk():
+    """The ``hist`` part is read as its files' chunks (``_KEPT_IN_CHUNKS``: no copy into one): the medians
+    through DuckDB are those of the same rows in one chunk, for files cut by node and by time -- a rank in
+    several files, a bucket held by two, warm rows among them."""
+    from ranksight.collectors._digest_queries import _all_medians
+    from ranksight.format.digest import digest_of
+    from ranksight.format.digest_file import concat_part
+
+    rng = np.random.default_rng(3)
+    steps, ranks = 40, 8
+    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    n = len(step)
+    table = pa.table(
+        {
+            "step": step,
+            "rank": rank.astype(np.int32),
+            "node": [f"node{r // 4}" for r in rank],
+            "world_size": np.full(n, ranks),
+            "step_s": rng.uniform(0.02, 0.05, n),
+            "compute_s": np.where(step % 5 == 0, 0.02, rng.uniform(0.01, 0.03, n)),  # a value repeated
+            "buckets": rng.integers(1, 4, n),
+            "bucket_bytes": rng.integers(1, 3, n) * 1024,
+        }
+    )
+    files = [table.filter((rank // 4 == node) & ((step >= 17) == later)) for node in (0, 1) for later in (0, 1)]
+    hist = concat_part("hist", [digest_of(f)[1]["hist"] for f in files])
+    assert hist.column(0).num_chunks == len(files)
+    con = duckdb.connect()
+    con.register("chunks", hist)
+    con.register("whole", hist.combine_chunks())
+    for figures in (tuple(MEDIANS), ("compute", "buckets")):
+        found = _all_medians(con, {"hist": "chunks"}, figures)
+        assert found and found == _all_medians(con, {"hist": "whole"}, figures)

@@ -153,14 +153,14 @@ def medians_of(rows) -> dict:
         n, lo, hi = np.add.reduceat(n, at), np.minimum.reduceat(lo, at), np.maximum.reduceat(hi, at)
         rank, figure, bucket = rank[at], figure[at], bucket[at]
         same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
-    values = bucket_values(bucket, lo, hi)
     starts = np.flatnonzero(np.r_[True, ~same_key])
     cum = np.cumsum(n)
     before = np.r_[0, cum][starts]  # rows counted before each (rank, figure)
     total = np.add.reduceat(n, starts)
     low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
     high = np.searchsorted(cum, before + total // 2, side="right")
-    middle = (values[low] + values[high]) / 2
+    # The values of the middle buckets alone: a bucket's value depends on that bucket only.
+    middle = (bucket_values(bucket[low], lo[low], hi[low]) + bucket_values(bucket[high], lo[high], hi[high])) / 2
     return {(int(rank[s]), int(figure[s])): float(m) for s, m in zip(starts, middle)}
 
 
@@ -176,8 +176,12 @@ def _grouped(rank, figure, bucket) -> bool:
     if not (bucket[1:][same] > bucket[:-1][same]).all():
         return False
     starts = np.r_[0, np.flatnonzero(~same) + 1]
-    keys = np.stack([rank[starts], figure[starts]], axis=1)
-    return len(np.unique(keys, axis=0)) == len(starts)  # no (rank, figure) begins twice
+    ranks, figures = rank[starts].astype(np.int64), figure[starts].astype(np.int64)
+    low, span = int(figures.min()), int(figures.max() - figures.min()) + 1
+    if span < 2**16 and int(np.abs(ranks).max()) < 2**46:  # one number per key: a sort of numbers, not of pairs
+        keys = ranks * span + (figures - low)
+        return len(np.unique(keys)) == len(starts)  # no (rank, figure) begins twice
+    return len(np.unique(np.stack([ranks, figures], axis=1), axis=0)) == len(starts)
 
 
 def hist_sql(source: str) -> str:
