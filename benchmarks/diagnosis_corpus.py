@@ -63,6 +63,9 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = os.path.join(HERE, "workloads")
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from _harness import write_results  # noqa: E402
 
 ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
 GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
@@ -859,22 +862,19 @@ def rediagnose(args) -> int:
         with open(args.text, "w") as fh:
             fh.write(text + "\n")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(
-                {
-                    "rediagnosed": root,
-                    "device": device_record,
-                    "ranksight_source": source,
-                    "commit": _git_commit(),
-                    "expected": EXPECTED,
-                    "summary": summary,
-                    "fix_check": fix_check(results),
-                    "runs": [asdict(r) for r in results],
-                },
-                fh,
-                indent=1,
-                default=str,
-            )
+        write_results(
+            args.json,
+            {
+                "rediagnosed": root,
+                "device": device_record,
+                "ranksight_source": source,
+                "commit": _git_commit(),
+                "expected": EXPECTED,
+                "summary": summary,
+                "fix_check": fix_check(results),
+                "runs": [asdict(r) for r in results],
+            },
+        )
     return 0
 
 
@@ -1180,8 +1180,7 @@ def main(argv: Optional[list] = None) -> int:
                 "left_out": [list(job) for job in left_out],
                 "runs": [asdict(r) for r in results],
             }
-            with open(args.json, "w") as fh:
-                json.dump(doc, fh, indent=1, default=str)
+            write_results(args.json, doc)
         if not args.out:
             shutil.rmtree(root, ignore_errors=True)
     return 0

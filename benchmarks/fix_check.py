@@ -24,6 +24,9 @@ import sys
 from dataclasses import fields
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _harness import write_results  # noqa: E402
 
 
 def _corpus():
@@ -58,8 +61,7 @@ def main(argv=None) -> int:
     within = sum(r["within"] for r in rows)
     print(f"\nwithin {corpus.FIX_TOLERANCE:.0%} of the step: {within}/{len(rows)}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"sources": args.results, "tolerance": corpus.FIX_TOLERANCE, "rows": rows}, fh, indent=1)
+        write_results(args.json, {"sources": args.results, "tolerance": corpus.FIX_TOLERANCE, "rows": rows})
     return 0
 
 

@@ -57,7 +57,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _harness import free_port, rotated, spread  # noqa: E402
+from _harness import free_port, rotated, spread, write_results  # noqa: E402
 
 BASE_ARMS = ["none", "ranksight", "ranksight_disabled", "traceml", "profiler"]
 TRACEML_DEPS = ["traceml_ai", "msgspec", "rich", "yaml", "psutil", "numpy", "pynvml"]
@@ -911,8 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+        write_results(args.json, result, arms=arms, rounds=args.rounds)
     print(
         f"\n{calib.get('device_name', args.device)}, torch {calib.get('torch')}, {args.rounds} rounds, "
         f"{result['wall_s']:.0f} s; work folder {args.work}"

@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _harness import free_port  # noqa: E402
+from _harness import free_port, write_results  # noqa: E402
 
 CPU_SCENARIOS = ("none", "input", "sync", "straggler")
 GPU_SCENARIOS = ("pageable-sync",)
@@ -439,8 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     payload["out"] = out
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=1, default=str)
+        write_results(args.json, payload)
     return 0 if ok else 1
 
 

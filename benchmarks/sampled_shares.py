@@ -22,6 +22,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # as well under ``python -P``, as gpu_round.sh runs it
+
+from _harness import write_results  # noqa: E402
+
 _GPU_COLUMNS = (
     "h2d_s", "gpu_compute_s", "gpu_step_s", "gpu_gap_s", "gpu_comm_exposed_s", "gpu_optimizer_s",
     "gpu_comm_blocked_s", "gpu_data_idle_s",
@@ -129,8 +133,7 @@ def compare(args) -> int:
     if args.json:
         doc = {"command": " ".join(["python", *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "every": args.every, "runs": results, "largest_diff_pp": worst}  # fmt: skip
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_results(args.json, doc)
     return 0
 
 
