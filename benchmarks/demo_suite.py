@@ -81,13 +81,16 @@ def run(args) -> int:
     return 0
 
 
-def _backend(runs_dir: str, name: str):
-    """The DDP backend rank 0 recorded (gloo when the demo's ranks share one GPU, else nccl)."""
+def _shares_a_gpu_over_gloo(runs_dir: str, name: str) -> bool:
+    """Whether rank 0 recorded DDP over gloo with its model on a GPU (the demo's ranks sharing one GPU, where
+    NCCL refuses them), from its rank file rather than the folder's name: a CPU run is gloo too."""
     try:
         with open(os.path.join(runs_dir, name, "ranks", "rank-00000.json")) as f:
-            return (json.load(f).get("ddp") or {}).get("backend")
+            meta = json.load(f)
     except (OSError, ValueError):
-        return None
+        return False
+    devices = (meta.get("model") or {}).get("devices") or []
+    return (meta.get("ddp") or {}).get("backend") == "gloo" and any(str(d).startswith("cuda") for d in devices)
 
 
 def report(args) -> int:
@@ -103,7 +106,7 @@ def report(args) -> int:
         got = (first["axis"], first["rule"]) if first else None
         ranks = int(name.rsplit("-r", 1)[1])
         expected = EXPECTED.get(fault, got)
-        if fault == "none" and ranks > 1 and name.startswith("gpu-") and _backend(runs_dir, name) == "gloo":
+        if fault == "none" and ranks > 1 and _shares_a_gpu_over_gloo(runs_dir, name):
             expected = ("sync", "gloo-on-gpu")  # ranks sharing one GPU must use gloo: NCCL refuses them
         right = got == expected
         if fault in ("straggler", "straggler30") and first:  # the demo slows the last rank down
