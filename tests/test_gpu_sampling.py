@@ -200,7 +200,21 @@ def test_gpu_options_from_the_environment_merge_with_the_call(monkeypatch):
         Config.from_env()
 
 
-def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(monkeypatch):
+@pytest.fixture
+def cupti_env(monkeypatch):
+    """TEARDOWN_CUPTI, DISABLE_CUPTI_LAZY_REINIT and the agent's record of having set the first, absent here
+    and restored after: the code under test sets them for the process, and a detach left set would make
+    every later window in the test process detach CUPTI (tests/test_gpu_cuda.py on a GPU)."""
+    from ranksight.agent import _trace_window as tw
+
+    for name in ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT"):
+        monkeypatch.setenv(name, "")  # recorded as the state to restore, then removed
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(tw, "_detach_set_here", False)
+    return monkeypatch
+
+
+def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(cupti_env):
     """CUPTI left attached after a window slows every later kernel launch of a host-bound job: the window
     asks Kineto to detach it (``TEARDOWN_CUPTI=1``) on CUDA >= 12.6, and leaves a user's choice alone."""
     import types
@@ -210,8 +224,7 @@ def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(monkeyp
     def torch_with(cuda):
         return types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda))
 
-    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    monkeypatch.delenv("DISABLE_CUPTI_LAZY_REINIT", raising=False)
+    monkeypatch = cupti_env
     assert detach_cupti_after_trace(torch_with("12.4")) is False and "TEARDOWN_CUPTI" not in os.environ
     assert detach_cupti_after_trace(torch_with(None)) is False and "TEARDOWN_CUPTI" not in os.environ
     assert detach_cupti_after_trace(torch_with("13.0")) is True and os.environ["TEARDOWN_CUPTI"] == "1"
@@ -222,7 +235,7 @@ def test_the_kernel_window_detaches_cupti_after_it_unless_the_user_chose(monkeyp
     assert detach_cupti_after_trace(torch_with("13.0")) is False and "TEARDOWN_CUPTI" not in os.environ
 
 
-def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(monkeypatch):
+def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(cupti_env):
     """Dropping the window because the user's profiler starts must not detach CUPTI: theirs attaches it
     again at once, and a detach still in progress left their trace without GPU activity. The agent's own
     ``TEARDOWN_CUPTI=1`` reads 0 during that stop and 1 again after; a user's own setting is left alone."""
@@ -230,9 +243,7 @@ def test_a_window_dropped_for_the_users_profiler_leaves_cupti_attached(monkeypat
 
     from ranksight.agent import _trace_window as tw
 
-    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
-    monkeypatch.delenv("DISABLE_CUPTI_LAZY_REINIT", raising=False)
-    monkeypatch.setattr(tw, "_detach_set_here", False)
+    monkeypatch = cupti_env
     assert tw.detach_cupti_after_trace(types.SimpleNamespace(version=types.SimpleNamespace(cuda="13.0")))
     seen = []
 
@@ -297,3 +308,10 @@ def test_a_users_profiler_start_is_warned_once_a_window_detached_cupti(monkeypat
     tw._say_cupti_was_detached()
     assert [key for key, _ in warned] == ["trace_window_detached_cupti"]
     assert "detach_cupti': False" in warned[0][1]
+
+
+def test_the_cupti_tests_leave_the_process_as_they_found_it():
+    """Runs after the tests above (file order): none of them left a detach set for later tests."""
+    from ranksight.agent import _trace_window as tw
+
+    assert "TEARDOWN_CUPTI" not in os.environ and tw._detach_set_here is False
