@@ -89,8 +89,10 @@ def _say_cupti_was_detached() -> None:
     detached CUPTI recorded no GPU kernel (2 of 2 runs of tests/test_gpu_cuda.py with detaching on; 15 of
     15 tests pass with it off); three synchronising calls before their start did not help. Their trace
     looks empty for no reason they could see: the warning names the option that keeps CUPTI attached."""
+    if not _detach_set_here:  # no detach of ours (a user's own TEARDOWN_CUPTI is theirs to know)
+        return
     for window in list(_windows):
-        if window.detach_cupti and window.windows_done and _detach_set_here:
+        if window.detach_cupti and window.windows_done:
             window._m._warn_once(
                 "trace_window_detached_cupti",
                 "ranksight's kernel window detached CUPTI earlier in this process (detach_cupti): a profiler "

@@ -471,6 +471,13 @@ def test_a_kept_merge_is_not_taken_once_a_file_it_read_is_gone_or_changed(tmp_pa
     _assert_same_features(run_features(run), rows)
 
 
+def _step_grid(steps: int, ranks: int):
+    """(step, rank, columns) of every rank's row at every step, four ranks to a node: the key columns of a
+    synthetic step table."""
+    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    return step, rank, {"step": step, "rank": rank.astype(np.int32), "node": [f"node{r // 4}" for r in rank]}
+
+
 def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_rows():
     """``merge_part_sql``: the parts of files cut by node and by time merge into the parts of the rows read as
     one file -- minima, maxima and who holds them exact; sums to rounding. One file holds a single rank (no
@@ -481,15 +488,12 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
     from ranksight.format.verdict_digest import merge_part_sql
 
     rng = np.random.default_rng(7)
-    steps, ranks = 30, 8
-    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    step, rank, grid = _step_grid(30, 8)
     n = len(step)
     table = pa.table(
         {
-            "step": step,
-            "rank": rank.astype(np.int32),
-            "node": [f"node{r // 4}" for r in rank],
-            "world_size": np.where(step < 20, ranks, ranks + 4),  # grown mid-run: the merge keeps the largest
+            **grid,
+            "world_size": np.where(step < 20, 8, 12),  # grown mid-run: the merge keeps the largest
             "step_s": rng.uniform(0.02, 0.05, n),
             "data_wait_s": rng.uniform(0, 0.01, n),
             "compute_s": rng.uniform(0.01, 0.03, n),
@@ -709,15 +713,12 @@ def test_the_histogram_part_kept_in_its_files_chunks_gives_the_medians_of_one_ch
     from ranksight.format.digest_file import concat_part
 
     rng = np.random.default_rng(3)
-    steps, ranks = 40, 8
-    step, rank = np.repeat(np.arange(steps), ranks), np.tile(np.arange(ranks), steps)
+    step, rank, grid = _step_grid(40, 8)
     n = len(step)
     table = pa.table(
         {
-            "step": step,
-            "rank": rank.astype(np.int32),
-            "node": [f"node{r // 4}" for r in rank],
-            "world_size": np.full(n, ranks),
+            **grid,
+            "world_size": np.full(n, 8),
             "step_s": rng.uniform(0.02, 0.05, n),
             "compute_s": np.where(step % 5 == 0, 0.02, rng.uniform(0.01, 0.03, n)),  # a value repeated
             "buckets": rng.integers(1, 4, n),
