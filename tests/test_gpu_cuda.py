@@ -539,6 +539,7 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
         run_id="nodespool",
         flush_interval_s=0.3,
         node_spool_dir=str(tmp_path / "local"),
+        gpu={"detach_cupti": False},  # CUPTI stays attached for the profiler tests that follow (see monitor)
     )
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
@@ -617,6 +618,7 @@ def test_zz_a_profiler_started_after_a_detaching_window_is_warned(monitor):
     once, with the option that keeps it attached, and the agent records no error."""
     mon = monitor(detach_cupti=True, trace_first_step=2, trace_steps=2, trace_every_steps=10**6, trace_every_s=0)
     model = _model()
+    mon.watch(model)
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
     window = mon._gpu.window
     for _ in range(10):
