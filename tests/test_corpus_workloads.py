@@ -10,6 +10,7 @@ is the benchmark's business, not a test's. The GPU corpus's launch (one rank per
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -110,9 +111,10 @@ def test_the_gpu_matrix_plans_repeats_per_fault_and_fixes_per_script():
     )
 
 
-def _run(corpus, fault, fixed, step_s, samples, findings, verdict=None):
+def _run(corpus, fault, fixed, step_s, samples, findings, verdict=None, mean_s=None):
     r = corpus.RunResult("gpt_trainer", fault, 0, "id", "path", expected=corpus.EXPECTED[fault], fixed=fixed)
-    r.truth = {"0": {"steps": 30, "step_median_s": step_s, "fault_share": None, "samples_per_step": samples}}
+    truth = {"steps": 30, "step_median_s": step_s, "fault_share": None, "samples_per_step": samples}
+    r.truth = {"0": {**truth, **({"step_mean_s": mean_s} if mean_s else {})}}
     r.step_median_s, r.findings = step_s, findings
     r.verdict = verdict or (findings[0]["rule"] if findings else "silent")
     return r
@@ -147,3 +149,26 @@ def test_the_fix_check_compares_the_stated_cost_with_the_gain_per_sample():
     assert "(none stated)" in text and "+15.0 pp" in text
     # the fixed runs are not scored as misses of their fault
     assert corpus.score(runs)["by_fault"]["host-sync"]["runs"] == 2
+
+
+def test_the_fix_check_judges_a_cost_share_against_the_mean_steps_gain():
+    """A share of all the kept steps' time predicts the total time's gain: slow steps (a window, an eval)
+    in both runs make the median step's gain larger than the share, the mean step's is what it states."""
+    corpus = _corpus()
+    wait = [{"rule": "input-bound", "severity": "critical", "cost_share": 0.40, "speedup": 1.67}]
+    runs = [
+        _run(corpus, "input", False, 0.095, 24, wait, mean_s=0.150),
+        _run(corpus, "input", True, 0.043, 24, [], mean_s=0.090),
+    ]
+    (row,) = corpus.fix_check(runs)
+    assert row["gain_truth"] == pytest.approx(1 - 0.043 / 0.095, abs=1e-4)  # 54.7 %: 14.7 pp off
+    assert row["gain_truth_mean"] == pytest.approx(0.40, abs=1e-4)
+    assert row["diff_pp"] == 0.0 and row["within"] and row["diff_pp_median"] == pytest.approx(-14.7, abs=0.05)
+
+
+def test_the_truth_summary_gives_the_mean_step_after_warm_up(tmp_path):
+    corpus = _corpus()
+    ends = [0.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 2.0, 2.1]  # after 5 warm-up steps: 0.1 0.1 0.4 0.1
+    (tmp_path / "truth-rank0.json").write_text(json.dumps({"rank": 0, "step_ends": ends, "fault_s": [0.0] * 10}))
+    t = corpus.truth_summary(str(tmp_path))["0"]
+    assert t["step_median_s"] == pytest.approx(0.1) and t["step_mean_s"] == pytest.approx(0.175)
