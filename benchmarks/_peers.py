@@ -138,18 +138,18 @@ class Poller:
         self._thread.join(timeout=5)
 
 
-def _build(workload: Workload, rank: int):
+def mlp(in_features: int, width: int, depth: int, slow: int = 1):
+    """The peers' job and ``import_trace.py``'s: an MLP of ``depth`` hidden layers, each run ``slow`` times (a
+    compute straggler; the extra passes leave the result unchanged)."""
     import torch
     from torch import nn
-
-    slow = workload.straggler_factor if rank == workload.ranks - 1 else 1
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.inp = nn.Linear(32, workload.width)
-            self.body = nn.ModuleList(nn.Linear(workload.width, workload.width) for _ in range(workload.depth))
-            self.out = nn.Linear(workload.width, 1)
+            self.inp = nn.Linear(in_features, width)
+            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            self.out = nn.Linear(width, 1)
 
         def forward(self, x):
             h = torch.relu(self.inp(x))
@@ -158,6 +158,14 @@ def _build(workload: Workload, rank: int):
                 for _ in range(slow - 1):
                     h = h + 0.0 * torch.relu(layer(h))
             return self.out(h)
+
+    return Net()
+
+
+def _build(workload: Workload, rank: int):
+    import torch
+
+    slow = workload.straggler_factor if rank == workload.ranks - 1 else 1
 
     n_items = workload.batch * 64
 
@@ -177,7 +185,7 @@ def _build(workload: Workload, rank: int):
 
     sampler = torch.utils.data.BatchSampler(range(n_items), workload.batch, drop_last=True)
     loader = torch.utils.data.DataLoader(Synthetic(), sampler=sampler, batch_size=None, num_workers=0)
-    return Net(), loader
+    return mlp(32, workload.width, workload.depth, slow), loader
 
 
 def _batches(loader, total: int):

@@ -219,18 +219,25 @@ def _spool_ready(run_path: str, ranks: int) -> bool:
     return len(names) == nodes and len(digest_paths(steps_dir, chunk_steps_for(ranks), names)) == nodes
 
 
-def first_call_figures(
-    base: str, ranks: int, steps: int, rounds: int, build_spool, old_site: str | None = None
-) -> dict:
-    """The first calls of fresh processes on a node spool of ``ranks`` x ``steps`` (``build_spool``,
-    ``scale.py``'s: a file per node of 8 with its digest, as the node spool publishes them) beside DuckDB's
-    GROUP BY over the same files, ``rounds`` rounds taking turns; medians and each round's figures."""
+def node_spool(base: str, ranks: int, steps: int, build_spool) -> str:
+    """The node spool of ``ranks`` x ``steps`` under ``base`` (``build_spool``, ``scale.py``'s: a file per node of
+    8 with its digest), built unless a kept one is ready: the first and live sections read the same folder."""
     run_path = os.path.join(base, f"first-{ranks}x{steps}", "bench-run")
     if not _spool_ready(run_path, ranks):
         import shutil
 
         shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
         build_spool(run_path, ranks, steps, per_node=True)
+    return run_path
+
+
+def first_call_figures(
+    base: str, ranks: int, steps: int, rounds: int, build_spool, old_site: str | None = None
+) -> dict:
+    """The first calls of fresh processes on a node spool of ``ranks`` x ``steps`` (``build_spool``,
+    ``scale.py``'s: a file per node of 8 with its digest, as the node spool publishes them) beside DuckDB's
+    GROUP BY over the same files, ``rounds`` rounds taking turns; medians and each round's figures."""
+    run_path = node_spool(base, ranks, steps, build_spool)
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")
     calls = {"duckdb_groupby_files": lambda: {"times": fresh_floor_s(glob)},
              "diagnose_first_s": lambda: measure("", run_path, "diagnose"),

@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _harness import free_port, write_results  # noqa: E402
+from _peers import mlp  # noqa: E402
 
 CPU_SCENARIOS = ("none", "input", "sync", "straggler")
 GPU_SCENARIOS = ("pageable-sync",)
@@ -75,22 +76,7 @@ def _rank_main(rank: int, cfg: dict, port: int) -> None:
     slow = 4 if scenario == "straggler" and rank == cfg["ranks"] - 1 else 1
     torch.manual_seed(0)
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inp = nn.Linear(in_features, width)
-            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-            self.out = nn.Linear(width, 1)
-
-        def forward(self, x):
-            h = torch.relu(self.inp(x))
-            for layer in self.body:
-                h = torch.relu(layer(h))
-                for _ in range(slow - 1):  # the straggler's extra work, same result
-                    h = h + 0.0 * torch.relu(layer(h))
-            return self.out(h)
-
-    model = Net().to(device)
+    model = mlp(in_features, width, depth, slow).to(device)
     if cfg["ranks"] > 1:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

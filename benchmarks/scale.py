@@ -64,7 +64,7 @@ import tempfile
 import time
 
 from _harness import cli, timed, write_results
-from first_call_time import FLOOR_SQL, _spool_ready, first_call_figures, first_calls_s, measure
+from first_call_time import FLOOR_SQL, first_call_figures, first_calls_s, measure, node_spool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -731,10 +731,7 @@ def live_verdict(base: str, ranks: int, steps: int, repeats: int = 3) -> dict:
     from ranksight.collectors import ingest
     from ranksight.collectors._tables import VERDICT_PART_TABLES
 
-    spool = os.path.join(base, f"first-{ranks}x{steps}", "bench-run")  # the first section's, when kept
-    if not _spool_ready(spool, ranks):
-        shutil.rmtree(os.path.dirname(spool), ignore_errors=True)
-        build_spool(spool, ranks, steps, per_node=True)
+    spool = node_spool(base, ranks, steps, build_spool)  # the first section's, when kept
     run = os.path.join(base, "live", "run")
     shutil.rmtree(os.path.dirname(run), ignore_errors=True)
     shutil.copytree(spool, run)
