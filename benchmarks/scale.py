@@ -16,13 +16,13 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
     A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
-    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the part of its time spent
-    computing the verdict's answers it keeps in the store), ``step_breakdown`` and ``diagnose()`` on the
-    live spool (in this process, and as the first call of fresh processes) and on the store, each beside
-    DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP BY over the store, the
-    same GROUP BY over the files); and the dashboard's
-    Verdict page in headless Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it
-    answers, then the page once more (``--no-browser`` leaves it out).
+    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the verdict's answers over the
+    new store, computed after it as ``ranksight ingest`` does; inside it for older code), ``step_breakdown``
+    and ``diagnose()`` on the live spool (in this process, and as the first call of fresh processes) and on
+    the store, each beside DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP
+    BY over the store, the same GROUP BY over the files); and the dashboard's Verdict page in headless
+    Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it answers, then the page once
+    more (``--no-browser`` leaves it out).
 ``dashboard``
     The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
     a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
@@ -81,6 +81,7 @@ FLOORS = {
     "diagnose_store_s": "duckdb_groupby_table_s",
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "ingest_rows_per_s_without_answers": "duckdb_arrow_insert_rows_per_s",
+    "ingest_and_answers_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_s",
     "verdict_first_render_store_s": "streamlit_floor_first_s",
     "verdict_render_again_live_s": "streamlit_floor_again_s",
@@ -525,6 +526,35 @@ FRESH_PROCESSES = 5
 quarter here)."""
 
 
+INGEST_ROUNDS = 3
+"""Rounds of ``ingest`` against DuckDB's Parquet -> table, taking turns: one of each varies by a fifth here."""
+
+
+def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int) -> list[tuple[float, float]]:
+    """(ingest's seconds without its answers, DuckDB's Parquet -> table seconds) per round, each from no store
+    and no table: the same rows copied into a new file, one after the other."""
+    import duckdb
+
+    from ranksight.collectors import ingest, store_path
+
+    out = []
+    for _ in range(rounds):
+        os.remove(store_path(run_path))
+        result = ingest(run_path)
+        ingest_s = result.seconds - getattr(result, "answers_seconds", 0.0)  # the code before computed them in it
+        for path in (floor_db, floor_db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
+        con = duckdb.connect(floor_db)
+        con.execute("SET preserve_insertion_order = false")
+        t0 = time.perf_counter()
+        con.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
+        con.execute("CHECKPOINT")
+        out.append((ingest_s, time.perf_counter() - t0))
+        con.close()
+    return out
+
+
 def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
     """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
     import duckdb
@@ -577,7 +607,14 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     con = duckdb.connect()
     floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
     result = ingest(run_path)
-    answers_s = getattr(result, "answers_seconds", 0.0)  # 0 for the code before the store kept answers
+    ingest_s = result.seconds
+    answers_s = getattr(result, "answers_seconds", None)  # the code before: ingest computed them, in its time
+    if answers_s is None:  # this code: the first reader computes them, here as `ranksight ingest` asks next
+        from ranksight.collectors import keep_answers
+
+        answers_s = keep_answers(run_path) or 0.0
+    else:
+        ingest_s -= answers_s
     store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
@@ -605,6 +642,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     )
     fcon.close()
     del arrow_steps
+    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS)
     prune(run_path, older_than_s=0)  # the store alone now, with the digests ingest kept
     rollup_pruned = rollup_first_build_s(run_path)
     return {
@@ -616,10 +654,17 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "ingest_rows_per_s": rows / result.seconds,
         "files": files,
         "built_s": built_s,
-        # what ingest spent running the verdict's queries over the new store (kept as its answers)
+        # the verdict's queries run over the new store once, their answers kept: inside ingest before, by the
+        # store's first reader (`keep_answers`, which `ranksight ingest` calls next) since
         "ingest_answers_s": answers_s,
-        "ingest_rows_per_s_without_answers": rows / (result.seconds - answers_s),
+        "ingest_rows_per_s_without_answers": rows / ingest_s,
+        "ingest_and_answers_rows_per_s": rows / (ingest_s + answers_s),
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
+        # ingest (without its answers) and DuckDB's Parquet -> table taking turns, a fresh store and table each
+        "ingest_rounds_s": [r[0] for r in rounds],
+        "duckdb_parquet_to_table_rounds_s": [r[1] for r in rounds],
+        "ingest_over_parquet_to_table_round_ratios": [r[1] / r[0] for r in rounds],
+        "ingest_over_parquet_to_table_median": statistics.median(r[1] / r[0] for r in rounds),
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
         "breakdown_live_each_s": live_each,  # the first in this process, then two more
