@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 
-from _harness import cli, timed, write_results
+from _harness import cli, fresh_process, timed, write_results
 from first_call_time import FLOOR_SQL, _spool_ready, first_call_figures, first_calls_s, measure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -529,19 +529,38 @@ quarter here)."""
 INGEST_ROUNDS = 3
 """Rounds of ``ingest`` against DuckDB's Parquet -> table, taking turns: one of each varies by a fifth here."""
 
+_INGEST = r"""
+import json, sys
+old_site, run = sys.argv[1], sys.argv[2]
+if old_site:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
+    sys.path.insert(0, old_site)
+import duckdb, pyarrow  # imported before the clock starts, as the floor's process has them
+import ranksight.collectors as c
+r = c.ingest(run)
+answers = getattr(r, "answers_seconds", None)  # an older ingest computed them inside its own time
+kept = c.keep_answers(run) if answers is None else None
+print(json.dumps({"ingest_s": r.seconds, "answers_in_s": answers or 0.0, "answers_after_s": kept or 0.0,
+                  "module": c.__file__}))
+"""
 
-def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int) -> list[tuple[float, float]]:
-    """(ingest's seconds without its answers, DuckDB's Parquet -> table seconds) per round, each from no store
-    and no table: the same rows copied into a new file, one after the other."""
+
+def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site: str | None = None) -> dict:
+    """Per round, taking turns, each from no store and no table: ``ingest`` in a fresh process (as ``ranksight
+    ingest`` runs) -- this checkout's and, with ``old_site``, an older version's -- and DuckDB's Parquet -> table
+    in this one. Seconds per round, and each ``ingest``'s time without answers over the floor's."""
     import duckdb
 
-    from ranksight.collectors import ingest, store_path
+    from ranksight.collectors import store_path
 
-    out = []
+    arms = {"newer": ""} | ({"older": old_site} if old_site else {})
+    out: dict = {"floor_s": [], **{name: [] for name in arms}}
     for _ in range(rounds):
-        os.remove(store_path(run_path))
-        result = ingest(run_path)
-        ingest_s = result.seconds - getattr(result, "answers_seconds", 0.0)  # the code before computed them in it
+        for name, site in arms.items():
+            os.remove(store_path(run_path))
+            got = fresh_process(_INGEST, site, run_path)
+            assert (site in got["module"]) if site else not (old_site and old_site in got["module"]), got["module"]
+            out[name].append(got)
         for path in (floor_db, floor_db + ".wal"):
             if os.path.exists(path):
                 os.remove(path)
@@ -550,12 +569,18 @@ def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int) -> list[
         t0 = time.perf_counter()
         con.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
         con.execute("CHECKPOINT")
-        out.append((ingest_s, time.perf_counter() - t0))
+        out["floor_s"].append(time.perf_counter() - t0)
         con.close()
+    for name in arms:
+        rows = [r["ingest_s"] - r["answers_in_s"] for r in out[name]]
+        out[f"{name}_over_floor_round_ratios"] = [f / i for f, i in zip(out["floor_s"], rows)]
+        out[f"{name}_over_floor_median"] = statistics.median(out[f"{name}_over_floor_round_ratios"])
     return out
 
 
-def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
+def store_figures(
+    base: str, ranks: int, steps: int, per_node: bool, browser: bool = True, old_site: str | None = None
+) -> dict:
     """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
     import duckdb
     import pyarrow.parquet as pq
@@ -642,7 +667,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     )
     fcon.close()
     del arrow_steps
-    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS)
+    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS, old_site)
     prune(run_path, older_than_s=0)  # the store alone now, with the digests ingest kept
     rollup_pruned = rollup_first_build_s(run_path)
     return {
@@ -660,11 +685,10 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "ingest_rows_per_s_without_answers": rows / ingest_s,
         "ingest_and_answers_rows_per_s": rows / (ingest_s + answers_s),
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
-        # ingest (without its answers) and DuckDB's Parquet -> table taking turns, a fresh store and table each
-        "ingest_rounds_s": [r[0] for r in rounds],
-        "duckdb_parquet_to_table_rounds_s": [r[1] for r in rounds],
-        "ingest_over_parquet_to_table_round_ratios": [r[1] / r[0] for r in rounds],
-        "ingest_over_parquet_to_table_median": statistics.median(r[1] / r[0] for r in rounds),
+        # ingest (fresh processes; an older version's too with --old-site) and DuckDB's Parquet -> table taking
+        # turns, a fresh store and table each: "newer"/"older" hold each process's figures
+        "ingest_rounds": rounds,
+        "ingest_over_parquet_to_table_median": rounds["newer_over_floor_median"],
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
         "breakdown_live_each_s": live_each,  # the first in this process, then two more
@@ -856,7 +880,9 @@ def main() -> None:
     first.add_argument("--first-ranks", type=int, default=10_000)
     first.add_argument("--first-steps", type=int, default=1000)
     first.add_argument("--rounds", type=int, default=5, help="rounds of fresh processes")
-    first.add_argument("--old-site", help="an older commit's pip --target folder, timed in each round too")
+    first.add_argument(
+        "--old-site", help="an older commit's pip --target folder, timed in each round too (first; store's ingest)"
+    )
     parser.add_argument("--live-repeats", type=int, default=3, help="live section (on --store-ranks x --store-steps)")
     nodes = parser.add_argument_group("nodes section")
     nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
@@ -889,7 +915,9 @@ def main() -> None:
         if "store" in sections:
             figures["store"] = []
             for layout in args.layouts.split(","):
-                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser)
+                fig = store_figures(
+                    base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser, args.old_site
+                )
                 fig["ratio_to_floor"] = ratios_to_floor(fig)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
