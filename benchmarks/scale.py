@@ -545,12 +545,22 @@ print(json.dumps({"ingest_s": r.seconds, "answers_in_s": answers or 0.0, "answer
 """
 
 
-def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site: str | None = None) -> dict:
-    """Per round, taking turns, each from no store and no table: ``ingest`` in a fresh process (as ``ranksight
-    ingest`` runs) -- this checkout's and, with ``old_site``, an older version's -- and DuckDB's Parquet -> table
-    in this one. Seconds per round, and each ``ingest``'s time without answers over the floor's."""
-    import duckdb
+_PARQUET_TO_TABLE = r"""
+import json, sys, time
+import duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("SET preserve_insertion_order = false")  # as ingest reads: no row order kept
+t0 = time.perf_counter()
+con.execute("CREATE TABLE steps AS SELECT * FROM read_parquet(?)", [sys.argv[2]])
+con.execute("CHECKPOINT")
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+"""
 
+
+def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site: str | None = None) -> dict:
+    """Per round, taking turns, each in a fresh process (as ``ranksight ingest`` runs) from no store and no
+    table: ``ingest`` -- this checkout's and, with ``old_site``, an older version's -- and DuckDB's Parquet ->
+    table. Seconds per round, and each ``ingest``'s time without answers over the floor's."""
     from ranksight.collectors import store_path
 
     arms = {"newer": ""} | ({"older": old_site} if old_site else {})
@@ -564,13 +574,7 @@ def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site
         for path in (floor_db, floor_db + ".wal"):
             if os.path.exists(path):
                 os.remove(path)
-        con = duckdb.connect(floor_db)
-        con.execute("SET preserve_insertion_order = false")
-        t0 = time.perf_counter()
-        con.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
-        con.execute("CHECKPOINT")
-        out["floor_s"].append(time.perf_counter() - t0)
-        con.close()
+        out["floor_s"].append(fresh_process(_PARQUET_TO_TABLE, floor_db, glob)["seconds"])
     for name in arms:
         rows = [r["ingest_s"] - r["answers_in_s"] for r in out[name]]
         out[f"{name}_over_floor_round_ratios"] = [f / i for f, i in zip(out["floor_s"], rows)]
