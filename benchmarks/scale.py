@@ -16,13 +16,13 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
     A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
-    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the part of its time spent
-    computing the verdict's answers it keeps in the store), ``step_breakdown`` and ``diagnose()`` on the
-    live spool (in this process, and as the first call of fresh processes) and on the store, each beside
-    DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP BY over the store, the
-    same GROUP BY over the files); and the dashboard's
-    Verdict page in headless Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it
-    answers, then the page once more (``--no-browser`` leaves it out).
+    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the verdict's answers over the
+    new store, computed after it as ``ranksight ingest`` does; inside it for older code), ``step_breakdown``
+    and ``diagnose()`` on the live spool (in this process, and as the first call of fresh processes) and on
+    the store, each beside DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP
+    BY over the store, the same GROUP BY over the files); and the dashboard's Verdict page in headless
+    Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it answers, then the page once
+    more (``--no-browser`` leaves it out).
 ``dashboard``
     The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
     a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 
-from _harness import cli, timed, write_results
+from _harness import cli, fresh_process, timed, write_results
 from first_call_time import FLOOR_SQL, first_call_figures, first_calls_s, measure, node_spool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -81,6 +81,7 @@ FLOORS = {
     "diagnose_store_s": "duckdb_groupby_table_s",
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "ingest_rows_per_s_without_answers": "duckdb_arrow_insert_rows_per_s",
+    "ingest_and_answers_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_s",
     "verdict_first_render_store_s": "streamlit_floor_first_s",
     "verdict_render_again_live_s": "streamlit_floor_again_s",
@@ -525,7 +526,65 @@ FRESH_PROCESSES = 5
 quarter here)."""
 
 
-def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
+INGEST_ROUNDS = 3
+"""Rounds of ``ingest`` against DuckDB's Parquet -> table, taking turns: one of each varies by a fifth here."""
+
+_INGEST = r"""
+import json, sys
+old_site, run = sys.argv[1], sys.argv[2]
+if old_site:
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
+    sys.path.insert(0, old_site)
+import duckdb, pyarrow  # imported before the clock starts, as the floor's process has them
+import ranksight.collectors as c
+r = c.ingest(run)
+answers = getattr(r, "answers_seconds", None)  # an older ingest computed them inside its own time
+kept = c.keep_answers(run) if answers is None else None
+print(json.dumps({"ingest_s": r.seconds, "answers_in_s": answers or 0.0, "answers_after_s": kept or 0.0,
+                  "module": c.__file__}))
+"""
+
+
+_PARQUET_TO_TABLE = r"""
+import json, sys, time
+import duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("SET preserve_insertion_order = false")  # as ingest reads: no row order kept
+t0 = time.perf_counter()
+con.execute("CREATE TABLE steps AS SELECT * FROM read_parquet(?)", [sys.argv[2]])
+con.execute("CHECKPOINT")
+print(json.dumps({"seconds": time.perf_counter() - t0}))
+"""
+
+
+def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site: str | None = None) -> dict:
+    """Per round, taking turns, each in a fresh process (as ``ranksight ingest`` runs) from no store and no
+    table: ``ingest`` -- this checkout's and, with ``old_site``, an older version's -- and DuckDB's Parquet ->
+    table. Seconds per round, and each ``ingest``'s time without answers over the floor's."""
+    from ranksight.collectors import store_path
+
+    arms = {"newer": ""} | ({"older": old_site} if old_site else {})
+    out: dict = {"floor_s": [], **{name: [] for name in arms}}
+    for _ in range(rounds):
+        for name, site in arms.items():
+            os.remove(store_path(run_path))
+            got = fresh_process(_INGEST, site, run_path)
+            assert (site in got["module"]) if site else not (old_site and old_site in got["module"]), got["module"]
+            out[name].append(got)
+        for path in (floor_db, floor_db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
+        out["floor_s"].append(fresh_process(_PARQUET_TO_TABLE, floor_db, glob)["seconds"])
+    for name in arms:
+        rows = [r["ingest_s"] - r["answers_in_s"] for r in out[name]]
+        out[f"{name}_over_floor_round_ratios"] = [f / i for f, i in zip(out["floor_s"], rows)]
+        out[f"{name}_over_floor_median"] = statistics.median(out[f"{name}_over_floor_round_ratios"])
+    return out
+
+
+def store_figures(
+    base: str, ranks: int, steps: int, per_node: bool, browser: bool = True, old_site: str | None = None
+) -> dict:
     """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
     import duckdb
     import pyarrow.parquet as pq
@@ -577,7 +636,14 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     con = duckdb.connect()
     floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
     result = ingest(run_path)
-    answers_s = getattr(result, "answers_seconds", 0.0)  # 0 for the code before the store kept answers
+    ingest_s = result.seconds
+    answers_s = getattr(result, "answers_seconds", None)  # the code before: ingest computed them, in its time
+    if answers_s is None:  # this code: the first reader computes them, here as `ranksight ingest` asks next
+        from ranksight.collectors import keep_answers
+
+        answers_s = keep_answers(run_path) or 0.0
+    else:
+        ingest_s -= answers_s
     store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
@@ -605,6 +671,7 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     )
     fcon.close()
     del arrow_steps
+    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS, old_site)
     prune(run_path, older_than_s=0)  # the store alone now, with the digests ingest kept
     rollup_pruned = rollup_first_build_s(run_path)
     return {
@@ -616,10 +683,16 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "ingest_rows_per_s": rows / result.seconds,
         "files": files,
         "built_s": built_s,
-        # what ingest spent running the verdict's queries over the new store (kept as its answers)
+        # the verdict's queries run over the new store once, their answers kept: inside ingest before, by the
+        # store's first reader (`keep_answers`, which `ranksight ingest` calls next) since
         "ingest_answers_s": answers_s,
-        "ingest_rows_per_s_without_answers": rows / (result.seconds - answers_s),
+        "ingest_rows_per_s_without_answers": rows / ingest_s,
+        "ingest_and_answers_rows_per_s": rows / (ingest_s + answers_s),
         "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
+        # ingest (fresh processes; an older version's too with --old-site) and DuckDB's Parquet -> table taking
+        # turns, a fresh store and table each: "newer"/"older" hold each process's figures
+        "ingest_rounds": rounds,
+        "ingest_over_parquet_to_table_median": rounds["newer_over_floor_median"],
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
         "breakdown_live_each_s": live_each,  # the first in this process, then two more
@@ -808,7 +881,9 @@ def main() -> None:
     first.add_argument("--first-ranks", type=int, default=10_000)
     first.add_argument("--first-steps", type=int, default=1000)
     first.add_argument("--rounds", type=int, default=5, help="rounds of fresh processes")
-    first.add_argument("--old-site", help="an older commit's pip --target folder, timed in each round too")
+    first.add_argument(
+        "--old-site", help="an older commit's pip --target folder, timed in each round too (first; store's ingest)"
+    )
     parser.add_argument("--live-repeats", type=int, default=3, help="live section (on --store-ranks x --store-steps)")
     nodes = parser.add_argument_group("nodes section")
     nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
@@ -841,7 +916,9 @@ def main() -> None:
         if "store" in sections:
             figures["store"] = []
             for layout in args.layouts.split(","):
-                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser)
+                fig = store_figures(
+                    base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser, args.old_site
+                )
                 fig["ratio_to_floor"] = ratios_to_floor(fig)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)

@@ -16,7 +16,7 @@ from ._run import Run, open_run, open_segments
 from ._rundir import RunDirError, SkippedFile, StoreError, spool_signature, store_path
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
 from ._segment_checks import segment_files
-from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
+from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, keep_answers, prune
 from ._trace_import import ImportResult, find_trace_files, import_traces
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "IngestResult",
     "PruneResult",
     "ingest",
+    "keep_answers",
     "prune",
     "store_path",
     # torch.profiler traces -> a run (ranksight import)

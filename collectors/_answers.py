@@ -1,13 +1,15 @@
-"""Answers to the verdict's queries, computed once by ``ingest`` and read back by readers of that store alone.
+"""Answers to the verdict's queries over a finished run's store, computed once and read back by its readers.
 
 Why: the verdict's feature queries read every step row -- several seconds at 1,024 ranks x 10,000 steps
-on 2 cores, against a 1 s target -- and a finished run's store does not change between readers. So when
-``ingest`` leaves a store that no rank still adds to, it runs those queries over the store's rows and
-keeps each result in the store (``_answers``), keyed by the query's SQL text and parameters. A reader
-whose views are that store alone (``open_run``: no pending segment, no node store) takes a result from
-there instead of running the query: the same query over the same rows, so the same answer. A query
-that differs in anything -- new code, another warm-up, a recent window, other ranks -- finds no key and
-runs as before, as does every query on a live spool.
+on 2 cores, against a 1 s target -- and a finished run's store does not change between readers. So the
+first reader whose views are that store alone (``open_run``: no pending segment, no node store, no rank
+still writing) runs those queries over the store's rows and keeps each result (``_answers_due``), keyed by
+the query's SQL text and parameters, in a file named by the store's generation (``_answer_file``); the
+readers after it take a result from there instead of running the query: the same query over the same
+rows, so the same answer. ``ingest`` only copies rows (``ranksight ingest`` then asks for the answers, as a
+reader). A query that differs in anything -- new code, another warm-up, a recent window, other ranks --
+finds no key and runs as before, as does every query on a live spool. Stores written before generations
+keep their answers in their own ``_answers`` table, read the same way.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     ``con``'s views (``con`` a ``Run``), else from DuckDB (and kept, while ``recording``)."""
     key = _key(sql, params)
     state = state_of(con)
-    catalog = state.answers_from if state is not None else None
-    if catalog is not None:
-        found = con.execute(f"SELECT answer FROM {catalog}.{ANSWERS_TABLE} WHERE key = ?", [key]).fetchone()
+    if state is not None and state.answers_due is not None and state.recording is None:
+        due, state.answers_due = state.answers_due, None
+        state.make_answers(con, due)
+    kept_at = state.answers_from if state is not None else None
+    if kept_at is not None:
+        found = _kept_answer(con, kept_at, key)
         if found is not None:
-            names, rows = json.loads(found[0])
+            names, rows = json.loads(found)
             return names, [tuple(r) for r in rows]
     cur = con.execute(sql, list(params))
     names = [d[0] for d in cur.description]
@@ -45,17 +50,30 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     return names, rows
 
 
+def _kept_answer(con, kept_at: str | dict[str, str], key: str) -> str | None:
+    if isinstance(kept_at, dict):
+        return kept_at.get(key)
+    found = con.execute(f"SELECT answer FROM {kept_at}.{ANSWERS_TABLE} WHERE key = ?", [key]).fetchone()
+    return None if found is None else found[0]
+
+
 def answering(con) -> bool:
-    """Whether ``query`` on ``con`` may take answers from a store (``open_run`` found them valid)."""
+    """Whether the verdict's queries on ``con`` are answered exactly, from kept answers (``open_run`` found
+    them valid, or they are due and the next query computes them) or from the rows while they are computed:
+    the digests' approximate medians then stay out of it."""
     state = state_of(con)
-    return state is not None and state.answers_from is not None
+    return state is not None and (
+        state.answers_from is not None or state.answers_due is not None or state.recording is not None
+    )
 
 
-def answer_from(con, catalog: str | None) -> None:
-    """Let ``query`` on the ``Run`` ``con`` take answers from the store attached as ``catalog`` (None: never)."""
+def answer_from(con, kept_at: str | dict[str, str] | None, due: str | None = None) -> None:
+    """Let ``query`` on the ``Run`` ``con`` take answers from ``kept_at`` (the store attached under that name,
+    or the answers themselves; None: never), or compute the answers of generation ``due`` at its first query."""
     state = state_of(con)
     if state is not None:
-        state.answers_from = catalog
+        state.answers_from = kept_at
+        state.answers_due = due if state.make_answers is not None else None
 
 
 @contextlib.contextmanager

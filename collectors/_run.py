@@ -16,6 +16,7 @@ from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
+from ._answers_due import make_answers
 from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
 from ._features import compute_context, compute_features
 from ._queries import (
@@ -52,7 +53,7 @@ class Run:
         """The run folder."""
         self.follow_spool = follow_spool
         """Whether the views glob the spool at each query (``open_run``)."""
-        self._run_state = RunState()
+        self._run_state = RunState(make_answers)
         self._con = con if con is not None else reading_connection()
         self._kept: dict = {}
         self._ranks: list[RankMeta] | None = None
@@ -144,9 +145,10 @@ class Run:
         return int(self.end_ns - window_s * 1e9)
 
     def path_for(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> str:
-        """Which source serves the figures of a call: ``"answers"`` (the store's, computed by ``ingest`` over
-        exactly these rows), ``"digests"`` (the node spool's per-file sums, for the default warm-up over the
-        whole run) or ``"rows"``. The queries make the same choice, per figure, through the same tests."""
+        """Which source serves the figures of a call: ``"answers"`` (a finished store's, computed over
+        exactly these rows by its first reader, ``_answers_due``), ``"digests"`` (the node spool's per-file
+        sums, for the default warm-up over the whole run) or ``"rows"``. The queries make the same choice,
+        per figure, through the same tests."""
         if answering(self):
             return "answers"
         if digests_may_serve(warmup_steps, self.since_ns(window)) and (

@@ -11,15 +11,21 @@ from __future__ import annotations
 class RunState:
     """One opening of a run's views: what each query may take instead of reading every row."""
 
-    __slots__ = ("answers_from", "digests", "recording", "skipped")
+    __slots__ = ("answers_due", "answers_from", "digests", "make_answers", "recording", "skipped")
 
-    def __init__(self) -> None:
+    def __init__(self, make_answers=None) -> None:
         self.skipped: tuple = ()
         """The ``SkippedFile`` s the last opening left out of the views."""
-        self.answers_from: str | None = None
-        """The attached store whose stored answers hold for these views (``_answers``), or None."""
+        self.answers_from: str | dict[str, str] | None = None
+        """Where the answers that hold for these views are (``_answers``): the attached store that keeps them
+        (a store written before generations), the answers themselves (``_answer_file``), or None."""
+        self.answers_due: str | None = None
+        """The generation of a finished store read alone whose answers no one kept yet: the first query
+        computes them all (``make_answers``) before it is answered."""
+        self.make_answers = make_answers
+        """``(reader, generation) -> None``: computes and keeps the answers that are due (``_answers_due``)."""
         self.recording: dict[str, str] | None = None
-        """While ``ingest`` computes the answers: query key -> answer JSON, kept as queries run."""
+        """While the answers are computed: query key -> answer JSON, kept as queries run."""
         self.digests = None
         """The step digests noted for these views (``_digest_source._Noted``), or None."""
 

@@ -16,6 +16,7 @@ import time
 
 from ranksight.format.schema import KINDS, duckdb_columns
 
+from ._answer_file import generation_of, load_answers
 from ._answers import ANSWERS_TABLE, answer_from
 from ._digest_source import note_digests
 from ._run_state import state_of
@@ -130,8 +131,20 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
         names = [os.path.basename(p) for p in pending]
         view_files = None if follow_spool else [os.path.join(db_run, "steps", n) for n in names]
         note_digests(con, run_path, names, has_steps, view_files)
-    # The answers ingest computed over the store's rows hold for views that read those rows alone.
-    answer_from(con, STORE_ALIAS if store_alone and ANSWERS_TABLE in store_tables(con, STORE_ALIAS) else None)
+    if store_alone:
+        _answer_from_store(con, run_path, quiet)
+
+
+def _answer_from_store(con, run_path: str, quiet: bool) -> None:
+    """Answers computed over the store's rows hold for views that read those rows alone: those kept for its
+    generation, else due, once no rank may still write (a store of an older ingest: those it kept in it)."""
+    generation = generation_of(con, STORE_ALIAS)
+    if generation is None:
+        if ANSWERS_TABLE in store_tables(con, STORE_ALIAS):
+            answer_from(con, STORE_ALIAS)
+    elif quiet:
+        kept = load_answers(run_path, generation)
+        answer_from(con, kept, due=generation if kept is None else None)
 
 
 def reading_connection():

@@ -27,12 +27,11 @@ from ranksight.format.digest import DIGEST_DIR, chunk_of_key, remove_digests
 from ranksight.format.digest_file import DigestError, read_digest_parts, read_digests
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 from ranksight.format.verdict_digest import merge_steps_sql
-from ranksight.format.warmup import WARMUP_STEPS
 
-from ._answers import ANSWERS_TABLE, recording
-from ._features import compute_context, compute_features
-from ._queries import step_breakdown
-from ._run import Run
+from ._answer_file import GENERATION_KEY, generation_of, new_generation, remove_other_answers
+from ._answers import ANSWERS_TABLE
+from ._run import open_run
+from ._run_state import state_of
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -49,8 +48,7 @@ from ._rundir import (
     store_path,
     warn_skipped,
 )
-from ._runs import rank_is_live, read_rank_meta
-from ._segment_checks import scan_segments
+from ._segment_checks import one_schema, scan_segments
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -61,7 +59,6 @@ from ._tables import (
     select_list,
     sql_literal,
     store_tables,
-    store_views,
     unregister_arrow,
 )
 
@@ -82,7 +79,6 @@ class IngestResult:
     rows_by_kind: dict
     seconds: float
     quarantined: tuple = ()  # SkippedFile per segment it could not read: moved to <run>/quarantine/<kind>/
-    answers_seconds: float = 0.0  # of ``seconds``: the verdict's queries run over the new store (``_answers``)
 
 
 def _create_schema(con) -> None:
@@ -188,9 +184,7 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
                 for kind, n in node_rows.items():
                     rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
-                answers_s = _refresh_answers(
-                    con, run_path, changed=bool(added or node_rows), node_stores_stay=not absorb_node_stores
-                )
+                generation = _name_rows(con, changed=bool(added or node_rows))
                 con.execute(f"CHECKPOINT {_STORE_DB}")
                 con.execute("USE memory")
                 con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
@@ -198,53 +192,39 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 con.close()
         for path, signature in absorbed:  # in the store now: out of the readers' way
             _set_aside(path, signature)
+        remove_other_answers(run_path, generation)  # answers of rows the store no longer is
     finally:
         os.close(lock_fd)
     seconds = time.perf_counter() - started
-    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined), answers_s)
+    return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined))
 
 
-def _refresh_answers(con, run_path: str, *, changed: bool, node_stores_stay: bool) -> float:
-    """Drop the store's answers when its rows changed; compute them when it has none and is complete (no
-    rank may still write, no node store left beside it): the only store readers take them from (``_answers``).
-    Returns the seconds spent computing them (0 when not). A query that fails leaves no answers: readers
-    then run the queries themselves."""
-    import duckdb
-
-    if changed:
+def _name_rows(con, *, changed: bool) -> str:
+    """The store's generation: a new one when its rows changed (or it had none), so answers computed over
+    other rows are never read for these (``_answer_file``); an older ingest's answers table goes with them."""
+    generation = None if changed else generation_of(con, _STORE_DB)
+    if generation is None:
+        generation = new_generation()
         con.execute(f"DROP TABLE IF EXISTS {_STORE_DB}.{ANSWERS_TABLE}")
-    elif ANSWERS_TABLE in store_tables(con, _STORE_DB):
-        return 0.0
-    metas = read_rank_meta(run_path)
-    now = time.time_ns()
-    if (node_stores_stay and node_store_paths(run_path)) or any(rank_is_live(m, now) for m in metas):
-        return 0.0  # readers will see more than this store's rows: answers would never be read
-    started = time.perf_counter()
-    con.execute("USE memory")
+        con.execute(f"INSERT OR REPLACE INTO {_STORE_DB}._store_meta VALUES (?, ?)", [GENERATION_KEY, generation])
+    return generation
+
+
+def keep_answers(run_path: str) -> float | None:
+    """Compute and keep the verdict's answers for the run's store where they are due (``ranksight ingest``
+    asks right after it publishes a finished run's store, so the next reader finds them): the seconds it
+    took, or None when none were due (kept already, or the store is not read alone: pending segments, a node
+    store beside it, a rank still writing). Any reader would compute the same ones at its first query."""
+    run = open_run(run_path, follow_spool=False)
     try:
-        with store_views(con, _STORE_DB):
-            answers = _verdict_answers(con, run_path, metas)
-        con.execute(f"CREATE TABLE {_STORE_DB}.{ANSWERS_TABLE} (key VARCHAR PRIMARY KEY, answer VARCHAR)")
-        con.executemany(f"INSERT INTO {_STORE_DB}.{ANSWERS_TABLE} VALUES (?, ?)", list(answers.items()))
-    except duckdb.Error:
-        con.execute(f"DROP TABLE IF EXISTS {_STORE_DB}.{ANSWERS_TABLE}")
+        state = state_of(run)
+        if state is None or state.answers_due is None:
+            return None
+        started = time.perf_counter()
+        run.breakdown()  # its first query computes them all
+        return time.perf_counter() - started
     finally:
-        con.execute(f"USE {_STORE_DB}")
-    return time.perf_counter() - started
-
-
-def _verdict_answers(con, run_path: str, metas: list) -> dict[str, str]:
-    """Run the queries ``diagnose`` runs over the whole of ``con``'s run and return their answers by key.
-
-    The same calls as ``diagnose``'s judgement (breakdown, features, context), so the same SQL text and
-    parameters: every key a reader of this store will ask for with the default warm-up.
-    """
-    run = Run(run_path, con, make_views=False)
-    with recording(run) as kept:
-        breakdown = step_breakdown(run, WARMUP_STEPS)
-        features = compute_features(run, metas, WARMUP_STEPS, breakdown)
-        compute_context(run, metas, features, WARMUP_STEPS)
-    return kept
+        run.close()
 
 
 @contextlib.contextmanager
@@ -305,27 +285,31 @@ def _append_pending(
     listed = con.execute(f"SELECT kind, file FROM {SEGMENTS_TABLE}").fetchall()
     known = {(k, f) for k, f in listed if k in had_tables} | _held_by_node_stores(con, run_path, db_run)
     pending: dict[str, list[str]] = {}
+    single: set[str] = set()  # kinds whose pending segments' footers show one schema
     quarantined: list[SkippedFile] = []
     for kind in KINDS:
         held = frozenset(f for k, f in known if k == kind)  # in the store already: not read again
         good, bad = scan_segments(run_path, kind, held)
         pending[kind] = [os.path.basename(p) for p in good]
+        if good and one_schema(good):
+            single.add(kind)
         quarantined += [_quarantine(run_path, kind, b) for b in bad]
     try:
-        rows_by_kind, added = _append(con, db_run, pending)
+        rows_by_kind, added = _append(con, db_run, pending, single)
     except duckdb.Error:
         con.execute("ROLLBACK")
         for kind, name, reason in _undecodable(con, db_run, pending):
             pending[kind].remove(name)
             quarantined.append(_quarantine(run_path, kind, SkippedFile(os.path.join(run_path, kind, name), reason)))
         try:
-            rows_by_kind, added = _append(con, db_run, pending)
+            rows_by_kind, added = _append(con, db_run, pending, single)
         except duckdb.Error as exc:
             raise RunDirError(f"{run_path}: ingest failed, the store is unchanged ({first_line(exc)})") from None
     return rows_by_kind, added, quarantined
 
 
-def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, int], int]:
+def _append(con, db_run: str, pending: dict[str, list[str]], single: set[str]) -> tuple[dict[str, int], int]:
+    ahead = _read_ahead(_read_step_digests, db_run, pending.get("steps", []))
     rows_by_kind: dict[str, int] = {}
     added = 0
     con.execute("BEGIN TRANSACTION")
@@ -338,7 +322,8 @@ def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, 
         counts = dict(
             con.execute("SELECT parse_filename(file_name), num_rows FROM parquet_file_metadata(?)", [files]).fetchall()
         )
-        source = "read_parquet(?, union_by_name=true, filename=true)"
+        # One schema: DuckDB binds the files as one instead of each by its names (4 % of ingest's time).
+        source = f"read_parquet(?, union_by_name={'false' if kind in single else 'true'}, filename=true)"
         con.execute(
             f"INSERT INTO {kind} ({cols}, {SEGMENT_COLUMN}) "
             f"SELECT {select_list(con, source, kind, [files])}, parse_filename(filename) FROM {source}",
@@ -352,22 +337,32 @@ def _append(con, db_run: str, pending: dict[str, list[str]]) -> tuple[dict[str, 
         rows_by_kind[kind] = int(sum(counts.values()))
         added += len(files)
     con.execute("COMMIT")
-    _append_digests(con, db_run, pending.get("steps", []))
+    _append_digests(con, ahead.result())
     return rows_by_kind, added
 
 
-def _append_digests(con, db_run: str, names: list[str]) -> None:
-    """Copy the digests of the step segments just appended into the store (``_digests``), so the dashboard's
-    rollup of a compacted or pruned run still reads them instead of the rows. A digest only saves readers
-    time: one that does not read is left out, with one warning line, and the rows stay what readers use."""
-    import duckdb
+def _read_ahead(read, *args):
+    """A future of ``read(*args)`` on a thread of its own: the step digests are read (mostly outside the GIL,
+    and the first reading of a process pays for its memory) while DuckDB copies the rows, not after."""
+    from concurrent.futures import ThreadPoolExecutor
 
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ranksight-ingest")
+    try:
+        return pool.submit(read, *args)
+    finally:
+        pool.shutdown(wait=False)  # the reading goes on; nothing else is submitted
+
+
+def _read_step_digests(db_run: str, names: list[str]) -> list[tuple[str, object, dict]]:
+    """(key, the rollup's part, the verdict's parts) of each digest key's files among the step segments
+    ``names``. A digest only saves readers time: one that does not read is left out, with one warning line,
+    and the rows stay what readers use."""
     root = os.path.join(db_run, "steps", DIGEST_DIR)
     try:
         keys = sorted(k for k in os.listdir(root) if chunk_of_key(k) is not None)
     except OSError:
-        return
-    columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
+        return []
+    out = []
     for key in keys:
         found = [n for n in names if os.path.exists(os.path.join(root, key, n))]
         if not found:
@@ -385,6 +380,18 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
             continue
         if unread is not None:
             log.warning("ranksight: the verdict's step digests not kept in the store (%s)", unread)
+        out.append((key, table, parts))
+    return out
+
+
+def _append_digests(con, digests: list[tuple[str, object, dict]]) -> None:
+    """Copy the step digests read (``_read_step_digests``) into the store (``_digests`` and the verdict's
+    parts), so the dashboard's rollup of a compacted or pruned run, and the verdict of a live one, still read
+    them instead of the rows."""
+    import duckdb
+
+    columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
+    for key, table, parts in digests:
         register_arrow(con, "_digest_rows", table)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -392,7 +399,7 @@ def _append_digests(con, db_run: str, names: list[str]) -> None:
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
-            log.warning("ranksight: step digests under %s not kept in the store (%s)", root, first_line(exc))
+            log.warning("ranksight: step digests of key %s not kept in the store (%s)", key, first_line(exc))
         finally:
             unregister_arrow(con, "_digest_rows")
         if parts:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 from ranksight.format.schema import DUCKDB_TYPES, KINDS
 
 STORE_ALIAS = "ranksight_store"
@@ -41,21 +39,6 @@ def store_select(con, catalog: str, kind: str) -> str:
     columns (an older store may lack newer ones: NULL for those), without the store's own ``_segment``."""
     table = f"{catalog}.{kind}"
     return f"SELECT {select_list(con, table, kind)} FROM {table}"
-
-
-@contextlib.contextmanager
-def store_views(con, catalog: str):
-    """Within the block, ``con``'s current database has one view per record kind over the store attached
-    as ``catalog``, as ``open_run`` makes them for a store read alone (``ingest`` computes answers there)."""
-    made = []
-    try:
-        for kind in KINDS:
-            con.execute(f"CREATE VIEW {kind} AS {store_select(con, catalog, kind)}")
-            made.append(kind)
-        yield
-    finally:
-        for kind in made:
-            con.execute(f"DROP VIEW IF EXISTS {kind}")
 
 
 def select_list(con, source: str, kind: str, params: list | dict | None = None, present: dict | None = None) -> str:
