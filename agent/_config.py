@@ -39,6 +39,13 @@ class GpuOptions:
     """Steps between windows (and ``trace_every_s`` must also have passed)."""
     trace_every_s: float = 60.0
     """Seconds between windows (and ``trace_every_steps`` must also have passed)."""
+    trace_budget: Optional[float] = 0.002
+    """Share of the run's time the windows may cost: after each, the next waits until its measured cost
+    (``trace_window_cost_seconds``) is at most this share of the time since, on top of the two floors. On
+    one H200 a window cost the DDP tutorial 0.05-0.07 s and nanoGPT's 191M parameters 0.15-0.31 s (the
+    profiler's stop 0.10-0.19 s of it; up to 0.76 s when the next window attaches a detached CUPTI again):
+    at 0.002 the latter's windows come every 110-380 s (benchmarks/results/gpu1_window_stop.json). None:
+    the floors alone."""
     trace_first_step: int = 50
     """Step of the first window (after compilation and allocator warm-up)."""
     trace_dir: Optional[str] = None
@@ -92,6 +99,8 @@ class GpuOptions:
         for name in ("trace_steps", "trace_every_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"ranksight: gpu option {name} must be >= 1, got {getattr(self, name)!r}")
+        if self.trace_budget is not None and not 0 < float(self.trace_budget) < 1:
+            raise ValueError(f"ranksight: gpu option trace_budget must be in (0, 1) or None, got {self.trace_budget!r}")
         if int(self.trace_first_step) < 0:
             raise ValueError(f"ranksight: gpu option trace_first_step must be >= 0, got {self.trace_first_step!r}")
 

@@ -289,6 +289,7 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
             first_step=opts.trace_first_step,
             trace_dir=opts.trace_dir,
             detach_cupti=opts.detach_cupti,
+            budget=opts.trace_budget,
         )
         samplers.append(TraceSampler(resolver, marks.window))
     if opts.nvml:

@@ -154,7 +154,7 @@ def events_from_kineto(result: Any, use_activity_type: bool = True) -> list[Ev]:
 
 class TraceWindow:
     """State machine driven from the step boundaries: idle → warming up one step → tracing k steps →
-    waiting for the GPU → idle.
+    waiting for the GPU → one untraced step that measures what the window cost → idle.
 
     The warm-up step prepares the profiler (CUPTI set-up, the slow part on a first window) outside the
     traced steps, as ``torch.profiler``'s warm-up phase does: measured on an H200, preparing and starting
@@ -162,14 +162,19 @@ class TraceWindow:
     42 % "waiting for the host".
 
     A window is due once both ``every_steps`` steps and ``every_s`` seconds have passed since the last
-    one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones (a window
-    costs ~15-20 ms of training time on an H200 at a 10 ms step, i.e. <= 0.03 % at one a minute).
+    one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones. What a window
+    costs depends on the job: on an H200 0.05-0.07 s of training time on the DDP tutorial, 0.15-0.31 s on
+    nanoGPT's four micro-steps of 191M parameters, of which the profiler's stop on the training thread is
+    0.10-0.19 s, and up to 0.76 s when the next warm-up attaches a detached CUPTI again
+    (benchmarks/results/gpu1_window_stop.json). So the window measures its own cost -- the time from its
+    warm-up step to the step after its stop, less as many of that step -- and, with ``budget``, the next one
+    waits until that cost is at most ``budget`` of the time since (0.3 s at 0.002: 150 s, not 60 s).
 
     ``begin``/``end`` run on the training thread only when ``due`` or busy (checked by the caller with
     two integer compares); everything heavy happens on the agent thread in :meth:`reduce`.
     """
 
-    IDLE, TRACING, DRAINING, WARMING = 0, 1, 2, 3
+    IDLE, TRACING, DRAINING, WARMING, COOLING = 0, 1, 2, 3, 4
 
     def __init__(
         self,
@@ -182,6 +187,7 @@ class TraceWindow:
         use_cuda: bool = True,
         trace_dir: Optional[str] = None,
         detach_cupti: bool = False,
+        budget: Optional[float] = None,
     ) -> None:
         import torch
         from torch.autograd.profiler import ProfilerActivity, ProfilerConfig, ProfilerState
@@ -197,9 +203,17 @@ class TraceWindow:
         self.use_cuda = use_cuda
         self.trace_dir = trace_dir
         self.detach_cupti = detach_cupti
+        self.budget = budget if budget and budget > 0 else None
         self.state = self.IDLE
         self.windows_done = 0
         self.last_stop_cost_ns = 0
+        self.last_cost_ns = 0  # the last window's measured cost to the training thread
+        self._t_prepare = 0  # perf_counter_ns at the warm-up step's start, its step index
+        self._prepare_step = 0
+        self._t_cooling = 0
+        self._calls_ns = 0  # time inside the profiler's prepare, enable and stop calls
+        self._result: Any = None
+        self._last = 0
         self._first = 0
         self._drained = 0
         self._record = None
@@ -230,6 +244,9 @@ class TraceWindow:
         if self.state == self.IDLE:
             self._prepare(step)
             return
+        if self.state == self.COOLING:
+            self._t_cooling = time.perf_counter_ns()
+            return
         if self.state == self.WARMING:
             self._enable(step)
             if self.state == self.IDLE:
@@ -252,6 +269,8 @@ class TraceWindow:
             self._drained += 1
             if self._end_event is None or self._end_event.query() or self._drained >= self.max_drain_steps:
                 self._stop(step)
+        elif self.state == self.COOLING:
+            self._cooled(step)
 
     def _prepare(self, step: int) -> None:
         from torch.autograd.profiler import _prepare_profiler
@@ -259,9 +278,11 @@ class TraceWindow:
         self._schedule(step)
         if self._user_profiling():
             return
+        self._t_prepare, self._prepare_step = time.perf_counter_ns(), step
         if self.detach_cupti:
             detach_cupti_after_trace(self._torch)
         _prepare_profiler(self._config, self._activities)
+        self._calls_ns = time.perf_counter_ns() - self._t_prepare
         self.state = self.WARMING
 
     def _enable(self, step: int) -> None:
@@ -272,6 +293,7 @@ class TraceWindow:
             return
         self._started_ns = time.perf_counter_ns()
         _enable_profiler(self._config, self._activities)
+        self._calls_ns += time.perf_counter_ns() - self._started_ns
         self._first = step
         self.state = self.TRACING
 
@@ -292,13 +314,33 @@ class TraceWindow:
         from torch.autograd.profiler import _disable_profiler
 
         t0 = time.perf_counter_ns()
-        result = _disable_profiler()
+        self._result = _disable_profiler()
         self.last_stop_cost_ns = time.perf_counter_ns() - t0
-        self.state = self.IDLE
+        self._calls_ns += self.last_stop_cost_ns
+        self.state = self.COOLING
         self._end_event = None
+        self._last = step
         self.windows_done += 1
-        self._m._append((EV_GPU, self._first, ("w", result, self._first, step)))
         self._schedule(step)
+
+    def _cooled(self, step: int) -> None:
+        """The step after the stop, untraced: what the window cost is its steps' time less as many of this
+        one (at least the profiler calls' own time); hand the result to the agent thread, space the next."""
+        now = time.perf_counter_ns()
+        steps = max(1, step - self._prepare_step)
+        span = self._t_cooling - self._t_prepare if self._t_cooling else 0
+        cost = max(self._calls_ns, span - steps * (now - self._t_cooling)) if span > 0 else self._calls_ns
+        self.last_cost_ns = cost
+        if self.budget:
+            self.next_ns = max(self.next_ns, now + int(cost / self.budget))
+        self._hand_over(cost)
+
+    def _hand_over(self, cost_ns: int) -> None:
+        result, self._result, self._t_cooling = self._result, None, 0
+        self.state = self.IDLE
+        if result is not None:
+            payload = ("w", result, self._first, self._last, self.last_stop_cost_ns, cost_ns)
+            self._m._append((EV_GPU, self._first, payload))
 
     def _schedule(self, step: int) -> None:
         self.next_step = step + self.every_steps
@@ -315,7 +357,11 @@ class TraceWindow:
             self.abort()
 
     def abort(self) -> None:
-        """Stop a running profiler (agent switched off or closing); the partial window is dropped."""
+        """Stop a running profiler (agent switched off or closing); the partial window is dropped, a
+        finished one still handed over (its cost then is the profiler calls' own time)."""
+        if self.state == self.COOLING:
+            self._hand_over(self._calls_ns)
+            return
         if self.state != self.IDLE:
             warming, self.state = self.state == self.WARMING, self.IDLE
             try:
@@ -333,7 +379,7 @@ class TraceWindow:
     # ------------------------------------------------------------ agent thread
     def reduce(self, payload: tuple) -> list[dict]:
         """Turn one finished window into sample rows (and info events for CPU ops and host syncs)."""
-        _, result, first, last = payload
+        _, result, first, last, stop_ns, cost_ns = payload
         if self.trace_dir:
             os.makedirs(self.trace_dir, exist_ok=True)
             result.save(os.path.join(self.trace_dir, f"window_r{os.getpid()}_s{first:06d}.json"))
@@ -349,6 +395,8 @@ class TraceWindow:
             )
         now = time.time_ns()
         rows = [{"time_ns": now, "step": first, "name": k, "value": float(v)} for k, v in red.samples.items()]
+        rows.append({"time_ns": now, "step": last, "name": "trace_window_stop_seconds", "value": stop_ns / 1e9})
+        rows.append({"time_ns": now, "step": last, "name": "trace_window_cost_seconds", "value": cost_ns / 1e9})
         if red.cpu_ops_top and red.samples.get("cpu_op_ratio", 0.0) >= 0.01:
             ops = ", ".join(f"{n} {s * 1e3:.2f} ms/step" for n, s in red.cpu_ops_top)
             self._info("cpu_ops", f"steps {first}-{first + red.steps - 1}: ops on CPU tensors: {ops}")

@@ -80,6 +80,7 @@ def test_monitored_steps_never_sync_the_device(monitor):
         trace_steps=2,
         trace_every_steps=10,
         trace_every_s=0,
+        trace_budget=None,
         allocator_every_s=0.1,
         snapshot_every_s=0.1,
     )

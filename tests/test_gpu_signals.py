@@ -211,14 +211,16 @@ def test_trace_window_state_machine_on_cpu(monitor):
             payloads.extend(e[2] for e in list(monitor._events) if e[0] == EV_GPU and e[2] not in payloads)
 
     run(15)
-    # Prepared at step 2, traced 3-4 (+ step 5 while it stops); 6 steps later prepared at 11, traced 12-13 (+ 14).
+    # Prepared at step 2, traced 3-4 (+ step 5 while it stops, 6 to measure its cost); 6 steps after the stop
+    # prepared at 11, traced 12-13 (+ 14).
     assert w.windows_done == 2
     assert not torch._C._autograd._profiler_enabled()
-    _, result, first, last = payloads[0]
-    assert (first, last) == (3, 5)
+    _, result, first, last, stop_ns, cost_ns = payloads[0]
+    assert (first, last) == (3, 5) and 0 < stop_ns <= cost_ns
     assert events_from_kineto(result) == events_from_kineto(result, use_activity_type=False)
     rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
     assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
+    assert rows["trace_window_cost_seconds"] == cost_ns / 1e9 and rows["trace_window_stop_seconds"] == stop_ns / 1e9
     assert "kernel_busy_ratio" not in rows  # no GPU in the trace: absent, not zero
     assert "trace_window_no_gpu" not in monitor._reporter.reported  # a CPU model: nothing was expected
     w.use_cuda = True  # as if the model were on a GPU whose activity the profiler missed
@@ -269,6 +271,41 @@ def test_trace_window_state_machine_on_cpu(monitor):
     assert w.state == w.IDLE and len(legacy.function_events) > 0
     assert not torch._C._autograd._profiler_enabled()
     assert w.windows_done == 2 and monitor.errors == {}
+
+
+def test_a_windows_measured_cost_spaces_the_next_one(monitor):
+    """The window measures what it cost the training thread (its steps' time less as many untraced steps)
+    and, under a budget, the next window waits until that cost is the budget's share of the time since;
+    without a budget only the step and time floors space them."""
+    torch = pytest.importorskip("torch")
+    from ranksight.agent._trace_window import TraceWindow
+
+    model = torch.nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    extra_s = 0.1  # planted in each traced step, as a profiler slows the steps it records
+
+    def run(w, steps):
+        for step in range(steps):
+            with monitor.step():
+                if w.due(step, time.perf_counter_ns()):
+                    w.begin(step)
+                model(x).sum().backward()
+                time.sleep(0.002 + (extra_s if w.state == w.TRACING else 0.0))
+                if w.state:
+                    w.end(step)
+
+    spaced = TraceWindow(monitor, steps=2, every_steps=4, every_s=0, first_step=1, use_cuda=False, budget=0.01)
+    run(spaced, 7)  # prepared at 1, traced 2-3, stopped at 4, its cost measured at 5
+    assert spaced.windows_done == 1 and spaced.state == spaced.IDLE
+    assert spaced.last_cost_ns >= 0.5 * 2 * extra_s * 1e9  # the two traced steps' extra time, at least half
+    assert spaced.next_ns - time.perf_counter_ns() >= 0.9 * spaced.last_cost_ns / 0.01 - 1e9  # ~20 s away
+    run(spaced, 12)
+    assert spaced.windows_done == 1  # the step floor passed, the budget's wait did not
+
+    unspaced = TraceWindow(monitor, steps=2, every_steps=4, every_s=0, first_step=1, use_cuda=False)
+    run(unspaced, 12)
+    assert unspaced.windows_done == 2 and unspaced.last_cost_ns > 0
+    assert monitor.errors == {}
 
 
 def test_chrome_events_normalise_times_and_kinds(tmp_path):

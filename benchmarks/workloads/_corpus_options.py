@@ -8,19 +8,23 @@ fault with the fix its finding names applied, for ``diagnosis_corpus.py --check-
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 GPU_SAMPLING = {
     "trace_first_step": 10,
     "trace_every_steps": 10,
     "trace_every_s": 0.0,
+    "trace_budget": None,
     "allocator_every_s": 0.25,
     "snapshot_every_s": 0.5,
 }
 """The agent's GPU sampling in a corpus run (``ranksight.init(gpu=...)``): the sampled kernel window at step
-10 and every 10 steps after, allocator statistics four times a second and its snapshot (the largest free
-block, ~0.4 ms) twice a second, so a run of 1-3 s sees them. A real job
-samples the same signals over hours (defaults: a window at step 50, then every 300 steps and 60 s); a
-30-step run gets them this way, as ``ranksight demo`` does on a GPU (``ranksight.commands.demo_job.GPU_SAMPLING``)."""
+10 and every 10 steps after (no cost budget spacing them), allocator statistics four times a second and its
+snapshot (the largest free block, ~0.4 ms) twice a second, so a run of 1-3 s sees them. A real job samples
+the same signals over hours (defaults: a window at step 50, then every 300 steps and 60 s, further apart
+where a window costs more than 0.2 % of the time since); a 30-step run gets them this way, as ``ranksight
+demo`` does on a GPU (``ranksight.commands.demo_job.GPU_SAMPLING``)."""
 
 
 def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = True) -> None:
@@ -43,4 +47,7 @@ def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = Tru
 
 def gpu_sampling(device: str):
     """The ``gpu=`` options a corpus script passes to ``ranksight.init`` (None on CPU: the agent's own)."""
-    return dict(GPU_SAMPLING) if device == "cuda" else None
+    if device != "cuda":
+        return None
+    # CORPUS_GPU_SAMPLING: a JSON object over these defaults, for a probe of the window's own settings
+    return {**GPU_SAMPLING, **json.loads(os.environ.get("CORPUS_GPU_SAMPLING") or "{}")}

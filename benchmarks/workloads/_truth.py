@@ -25,6 +25,7 @@ class Truth:
         self.samples_per_step = None  # rows (sequences, samples) one optimizer step trains on, this rank
         self.step_ends: list = []
         self.fault_s: list = []
+        self.facts: dict = {}  # what the workload saw of its fault beside the time (e.g. allocator retries)
         self._pending = 0.0
         self._written = False
         if self.dir:
@@ -60,6 +61,7 @@ class Truth:
                     "samples_per_step": self.samples_per_step,
                     "step_ends": self.step_ends,
                     "fault_s": self.fault_s,
+                    "facts": self.facts,
                 },
                 f,
             )

@@ -463,12 +463,23 @@ def main() -> None:
     read_back = fault == "host-sync" and device_type == "cuda"
     running_loss, valid_tokens, spike_norms = 0.0, 0, []
     teacher = None
+    # the fragmentation plant's pressure (a probe's knobs; the corpus runs the defaults)
+    frag_left = float(os.environ.get("CORPUS_FRAG_LEFT", "0.5"))
+    frag_empty_cache = os.environ.get("CORPUS_FRAG_EMPTY_CACHE") == "1"
     while True:
         if fault == "fragmentation" and device_type == "cuda" and iter_num == 3 and teacher is None:
             # a second model's memory (a frozen teacher, an EMA copy) takes the GPU after warm-up, all but
-            # half of what the job itself reserved at its peak so far
+            # frag_left of what the job itself reserved at its peak so far. Probe variant: the cache emptied
+            # first and all but the activations' peak and that margin taken, so the job's segments are cut
+            # again for each new length (benchmarks/results/gpu1_frag_probe.json: neither costs step time)
+            if frag_empty_cache:
+                torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info()
-            taken = max(0, free - torch.cuda.max_memory_reserved() // 2)
+            if frag_empty_cache:
+                need = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+                taken = max(0, free - int(need * (1 + frag_left)))
+            else:
+                taken = max(0, free - int(torch.cuda.max_memory_reserved() * frag_left))
             teacher = torch.empty(taken, dtype=torch.uint8, device=device)
         lr = get_lr(iter_num)
         for param_group in optimizer.param_groups:
@@ -543,6 +554,16 @@ def main() -> None:
         if iter_num >= max_iters:
             break
 
+    if fault == "fragmentation" and device_type == "cuda":
+        stats = torch.cuda.memory_stats()
+        truth.facts.update(
+            frag_left=frag_left,
+            alloc_retries=stats.get("num_alloc_retries", 0),
+            device_allocs=stats.get("num_device_alloc", 0),
+            device_frees=stats.get("num_device_free", 0),
+            reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
+        )
+        print(f"allocator: {truth.facts}")
     del raw_model, teacher
     if pool is not None:
         pool.shutdown(cancel_futures=True)

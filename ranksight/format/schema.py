@@ -246,6 +246,10 @@ SAMPLE_NAMES: dict[str, str] = {
     "short_kernel_ratio": "Share of kernels whose GPU time is shorter than their CPU launch time.",
     "launch_delay_seconds": "Median delay between a kernel's launch call and its start on the GPU.",
     "trace_window_steps": "Steps covered by the sampled window that produced the ratios above.",
+    "trace_window_stop_seconds": "The training thread's time inside the profiler's stop at the window's end.",
+    "trace_window_cost_seconds": "What the window cost the training thread: its steps' time less as many "
+    "untraced steps (at least the profiler calls' own time); spaces the next window under the gpu option "
+    "trace_budget.",
     # CUDA caching allocator (torch.cuda.memory_stats / memory_snapshot), sampled.
     "memory_allocated_bytes": "Bytes held by live tensors.",
     "memory_reserved_bytes": "Bytes reserved by the caching allocator.",
