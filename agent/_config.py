@@ -44,7 +44,7 @@ class GpuOptions:
     (``trace_window_cost_seconds``) is at most this share of the time since, on top of the two floors. On
     one H200 a window cost the DDP tutorial 0.05-0.07 s and nanoGPT's 191M parameters 0.15-0.31 s (the
     profiler's stop 0.10-0.19 s of it; up to 0.76 s when the next window attaches a detached CUPTI again):
-    at 0.002 the latter's windows come every 110-380 s (benchmarks/results/gpu1_window_stop.json). None:
+    at 0.002 the latter's windows come every 75-380 s (benchmarks/results/gpu1_window_stop.json). None:
     the floors alone."""
     trace_first_step: int = 50
     """Step of the first window (after compilation and allocator warm-up)."""
