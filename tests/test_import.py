@@ -66,12 +66,22 @@ def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
         # (docs/import.md, "What a trace cannot tell").
         assert imported is not None and imported["rule"] in ("straggler", "host-slowed-rank"), imported
         assert imported["ranks"] == agent["ranks"]
-    elif imported is not None and imported["severity"] != "info":
+    elif imported is not None and imported["severity"] != "info" and not _near_a_band(imported):
         assert agent is not None and (agent["rule"], agent["ranks"]) == (imported["rule"], imported["ranks"]), (
             agent,
             imported,
         )
     assert r["max_diff_pp"] <= MAX_DIFF_PP, r["ranks"]
+
+
+def _near_a_band(finding) -> bool:
+    """Whether a finding's cost lies within the two sources' allowed phase difference of a cost band: the
+    trace and the agent agree on the phases to MAX_DIFF_PP, so there either may fall on the other side of
+    the level (one CI run: comm-latency at 12.2 % from the trace, below the 10 % band from the agent)."""
+    from ranksight.rules._load import COST_LEVELS
+
+    cost = finding.get("cost_share")
+    return cost is not None and any(abs(cost - level) * 100 <= MAX_DIFF_PP for _, level in COST_LEVELS)
 
 
 @pytest.fixture(scope="module")
