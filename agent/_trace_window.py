@@ -167,8 +167,9 @@ class TraceWindow:
     nanoGPT's four micro-steps of 191M parameters, of which the profiler's stop on the training thread is
     0.10-0.19 s, and up to 0.76 s when the next warm-up attaches a detached CUPTI again
     (benchmarks/results/gpu1_window_stop.json). So the window measures its own cost -- the time from its
-    warm-up step to the step after its stop, less as many of that step -- and, with ``budget``, the next one
-    waits until that cost is at most ``budget`` of the time since (0.3 s at 0.002: 150 s, not 60 s).
+    warm-up step to the step after its stop, less as many of that step, plus the agent thread's reduction,
+    which holds the GIL the training thread needs -- and, with ``budget``, the next one waits until that
+    cost is at most ``budget`` of the time since (0.3 s at 0.002: 150 s, not 60 s).
 
     ``begin``/``end`` run on the training thread only when ``due`` or busy (checked by the caller with
     two integer compares); everything heavy happens on the agent thread in :meth:`reduce`.
@@ -383,7 +384,15 @@ class TraceWindow:
         if self.trace_dir:
             os.makedirs(self.trace_dir, exist_ok=True)
             result.save(os.path.join(self.trace_dir, f"window_r{os.getpid()}_s{first:06d}.json"))
+        t0 = time.perf_counter_ns()
         red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
+        reduce_ns = time.perf_counter_ns() - t0
+        # This thread held the GIL through most of that: a training thread that releases it for every op
+        # gets it back only when this thread lets go, so it lost about as much (a 1.7-3.1 ms torch step ran
+        # 3.7-540x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
+        # It counts in the window's cost.
+        if self.budget:
+            self.next_ns = max(self.next_ns, time.perf_counter_ns() + int((cost_ns + reduce_ns) / self.budget))
         if red is None:
             return []
         if self.use_cuda and red.span_ns == 0:
@@ -397,6 +406,7 @@ class TraceWindow:
         rows = [{"time_ns": now, "step": first, "name": k, "value": float(v)} for k, v in red.samples.items()]
         rows.append({"time_ns": now, "step": last, "name": "trace_window_stop_seconds", "value": stop_ns / 1e9})
         rows.append({"time_ns": now, "step": last, "name": "trace_window_cost_seconds", "value": cost_ns / 1e9})
+        rows.append({"time_ns": now, "step": last, "name": "trace_window_reduce_seconds", "value": reduce_ns / 1e9})
         if red.cpu_ops_top and red.samples.get("cpu_op_ratio", 0.0) >= 0.01:
             ops = ", ".join(f"{n} {s * 1e3:.2f} ms/step" for n, s in red.cpu_ops_top)
             self._info("cpu_ops", f"steps {first}-{first + red.steps - 1}: ops on CPU tensors: {ops}")

@@ -221,6 +221,7 @@ def test_trace_window_state_machine_on_cpu(monitor):
     rows = {r["name"]: r["value"] for r in w.reduce(payloads[0])}
     assert rows["trace_window_steps"] == 2.0 and rows["host_syncs_per_step"] == 0.0
     assert rows["trace_window_cost_seconds"] == cost_ns / 1e9 and rows["trace_window_stop_seconds"] == stop_ns / 1e9
+    assert rows["trace_window_reduce_seconds"] > 0
     assert "kernel_busy_ratio" not in rows  # no GPU in the trace: absent, not zero
     assert "trace_window_no_gpu" not in monitor._reporter.reported  # a CPU model: nothing was expected
     w.use_cuda = True  # as if the model were on a GPU whose activity the profiler missed
@@ -278,6 +279,7 @@ def test_a_windows_measured_cost_spaces_the_next_one(monitor):
     and, under a budget, the next window waits until that cost is the budget's share of the time since;
     without a budget only the step and time floors space them."""
     torch = pytest.importorskip("torch")
+    from ranksight.agent._events import EV_GPU
     from ranksight.agent._trace_window import TraceWindow
 
     model = torch.nn.Linear(32, 32)
@@ -301,6 +303,13 @@ def test_a_windows_measured_cost_spaces_the_next_one(monitor):
     assert spaced.next_ns - time.perf_counter_ns() >= 0.9 * spaced.last_cost_ns / 0.01 - 1e9  # ~20 s away
     run(spaced, 12)
     assert spaced.windows_done == 1  # the step floor passed, the budget's wait did not
+    (payload,) = [e[2] for e in list(monitor._events) if e[0] == EV_GPU and e[2][0] == "w"]
+    waited_until = spaced.next_ns
+    rows = {r["name"]: r["value"] for r in spaced.reduce(payload)}
+    # the agent thread's reduction holds the GIL the training thread needs: it counts in the spacing too
+    reduce_ns = rows["trace_window_reduce_seconds"] * 1e9
+    assert reduce_ns > 0 and spaced.next_ns >= waited_until
+    assert spaced.next_ns - time.perf_counter_ns() >= 0.9 * (spaced.last_cost_ns + reduce_ns) / 0.01 - 1e9
 
     unspaced = TraceWindow(monitor, steps=2, every_steps=4, every_s=0, first_step=1, use_cuda=False)
     run(unspaced, 12)
