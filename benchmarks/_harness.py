@@ -1,8 +1,8 @@
 """What every benchmark repeats, in one place: arms taking turns in rounds with the machine's load at each
 (``in_rounds``), A-B / B-A blocks in one thread (``alternating``), a fresh process timed with its user and
-system CPU (``fresh_process``), the options every benchmark takes (``cli``), the docs' Markdown tables
-(``markdown``), NVLink multicast off for the GPU benchmarks (``device_env``), and a results file whose
-header says where, from which commit and with which command its figures were measured (``write_results``).
+system CPU (``fresh_process``), the options every benchmark takes (``cli``), NVLink multicast off for the GPU
+benchmarks (``device_env``), and a results file whose header says where, from which commit and with which
+command its figures were measured (``write_results``).
 
 Why: on a shared machine a figure means something only beside the load it was measured under and the code
 it measured; one implementation keeps every results file comparable with every other.
@@ -92,12 +92,6 @@ def spread(xs: list[float]) -> dict:
         q = statistics.quantiles(xs, n=4)
         out["p25"], out["p75"] = q[0], q[2]
     return out
-
-
-def markdown(header: list[str], rows: list[list]) -> str:
-    """A Markdown table, as the docs quote a benchmark's: the header, its rule, a line per row."""
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(str(cell).replace("|", "/") for cell in cells) + " |" for cells in lines)
 
 
 def median(values) -> float | None:

@@ -2,13 +2,16 @@
 
 A figure is one command away only while that command still works: a script renamed, merged or removed, or
 an option dropped, would leave a doc pointing at nothing. A command for a script that is gone names the
-commit it is at (``... at commit abc1234``, ``in a checkout of commit abc1234``).
+commit it is at (``... at commit abc1234``, ``in a checkout of commit abc1234``) or checks that commit out
+and runs the script from there (``git worktree add /tmp/rs abc1234 && python /tmp/rs/benchmarks/NAME.py ...``);
+the latter is checked against the commit where the clone has it.
 """
 
 from __future__ import annotations
 
 import re
 import runpy
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), BENCH / "REA
 COMMAND = re.compile(
     r"`((?:python3? (?:-P )?|torchrun [^`]*?)benchmarks/([a-z_]+)\.(?:py|sh)[^`]*"
     r"|python -m benchmarks ([a-z_]+)\b[^`]*|(?:\w+=(?:\"[^\"]*\"|\S+) )*bash benchmarks/([a-z_]+)\.sh[^`]*)`"
+)
+# A retired script run from the last commit that has it, checked out beside this one.
+RETIRED = re.compile(
+    r"`git worktree add (\S+) ([0-9a-f]{7,40}) && (?:python3? (?:-P )?|torchrun [^`]*?|bash )\1/benchmarks/"
+    r"([a-z_]+\.(?:py|sh))([^`]*)`"
 )
 AT_COMMIT = re.compile(r"^[^.;|]{0,60}?\b(?:at|checkout of) commit [0-9a-f]{7}")
 
@@ -42,6 +50,23 @@ def doc_commands() -> list[tuple[str, str, str]]:
     return out
 
 
+def retired_commands() -> list[tuple[str, str, str, str]]:
+    """(where, commit, script file name, its options) for every retired benchmark command in the docs."""
+    out = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in RETIRED.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            out.append((f"{path.relative_to(ROOT)}:{line}", match.group(2), match.group(3), match.group(4)))
+    return out
+
+
+def _at(commit: str, path: str) -> str | None:
+    """``path``'s text at ``commit``; None where this clone lacks the commit (a shallow clone) or the file."""
+    out = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
 def test_the_docs_give_benchmark_commands():
     assert len(doc_commands()) > 50
 
@@ -57,6 +82,19 @@ def test_a_doc_command_runs_a_script_that_takes_its_options(where, script, comma
         assert f'"{option}"' in source or f"'{option}'" in source, f"{where}: {script} takes no {option}"
 
 
+@pytest.mark.parametrize("where, commit, script, options", retired_commands(), ids=lambda v: v if ":" in str(v) else "")
+def test_a_retired_command_runs_a_script_its_commit_holds_with_its_options(where, commit, script, options):
+    if _at(commit, "README.md") is None:
+        pytest.skip(f"this clone does not have commit {commit}")
+    source = _at(commit, f"benchmarks/{script}")
+    assert source is not None, f"{where}: commit {commit} has no benchmarks/{script}"
+    assert not (BENCH / script).exists(), f"{where}: {script} is still here; name it as the other commands do"
+    if "cli(__doc__" in source:
+        source += _at(commit, "benchmarks/_harness.py") or ""
+    for option in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", options):
+        assert f'"{option}"' in source or f"'{option}'" in source, f"{where}: {script} at {commit} takes no {option}"
+
+
 def test_every_benchmark_is_listed_with_what_it_measures():
     listed = runpy.run_path(str(BENCH / "__main__.py"), run_name="benchmarks_list")["benchmarks"]()
     scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
@@ -70,6 +108,6 @@ def test_every_headline_figure_names_its_command_and_a_results_file_that_is_kept
     rows = [cells for cells in table if len(cells) == 3 and cells[0].startswith("| ") and "---" not in cells[0]][1:]
     assert len(rows) > 20
     for figure, command, files in rows:
-        assert COMMAND.search(command), f"{figure}: no benchmark command in {command!r}"
+        assert COMMAND.search(command) or RETIRED.search(command), f"{figure}: no benchmark command in {command!r}"
         for name in re.findall(r"`(\w[\w.-]*\.(?:json|txt|log|tgz))`", files):
             assert (BENCH / "results" / name).exists(), f"{figure}: {name} is not in benchmarks/results/"
