@@ -5,11 +5,13 @@ Why fresh processes: a CLI call or a new dashboard server pays the first call, w
 before; and on this VM the same first call takes 0.6 s in one hour and 1.2 s in another with the same code,
 so a figure is judged only against another measured in the same rounds.
 
-``RUN [--what diagnose|breakdown] [--processes 8]``
-    Wall, user and system (kernel page faults) seconds of the call, and of the reader's steps that vary most
-    (reading the digests' parts, merging the per-step part, the per-rank medians, the rules), and the bytes
-    in memory of each digest part it read. (The rules evaluated rank by rank against over the columns,
-    ``--rules both`` and ``--rules-only``, settled the columns' evaluator: at commit e9426fd.)
+``RUN [--what diagnose|breakdown] [--processes 8] [--site OLD]``
+    Wall, user and system (kernel page faults) seconds of the call, and of the reader's steps (``open_run``'s
+    views, the rank files, the breakdown with its wait for the digests' parts, reading and merging those parts
+    on their thread, the per-rank medians, the features, the context, the rules), and the bytes in memory of
+    each digest part it read; of an installed older commit with ``--site``. (The rules evaluated rank by rank
+    against over the columns, ``--rules both`` and ``--rules-only``, settled the columns' evaluator: at commit
+    e9426fd.)
 ``RUN --old-site OLD [--what breakdown,diagnose,rollup] [--rounds 5] [--repeats 3] [--write-old-digests]``
     Two versions on one run folder, each round running the older and this checkout's readers one after the
     other in fresh processes (the first call of each, and ``--repeats - 1`` later calls); medians compared.
@@ -50,7 +52,7 @@ if what == "rollup":
     from ranksight.dashboard import Rollup
 steps, part_bytes, digested = {}, {}, None
 if rules:  # where the call goes: the reader's steps that vary most, timed in place
-    from ranksight.collectors import _digest_fold, _digest_queries
+    from ranksight.collectors import _digest_fold, _digest_queries, _run
     from ranksight.rules import _diagnose
 
     def timed(module, name, label):
@@ -71,6 +73,11 @@ if rules:  # where the call goes: the reader's steps that vary most, timed in pl
 
         setattr(module, name, wrapper)
 
+    timed(_run, "open_views", "open_run's views (footer checks)")
+    timed(_run, "read_rank_meta", "rank files")
+    timed(_run, "step_breakdown", "breakdown (waits for the parts)")
+    timed(_run, "compute_features", "features")
+    timed(_run, "compute_context", "context")
     timed(_digest_fold, "read_digest_parts", "read digest parts")
     timed(_digest_fold, "_merged", "merge per-step part")
     timed(_digest_queries, "_all_medians", "per-rank medians")
@@ -127,23 +134,23 @@ def first_calls_s(run: str, what: str, processes: int) -> list[float]:
 
 def _medians(calls: list[dict]) -> dict:
     out = {k: statistics.median(c[k] for c in calls) for k in ("wall_s", "user_s", "system_s")}
-    for label in ("rules", "checklist"):
+    for label in sorted({label for c in calls for label in c["steps"]}):
         times = [c["steps"][label]["wall_s"] for c in calls if label in c["steps"]]
-        if times:
-            out[f"{label}_s"] = statistics.median(times)
+        out[f"{label}_s"] = statistics.median(times)
     return out
 
 
-def where_it_goes(run: str, what: str, processes: int) -> dict:
-    """``processes`` fresh first calls, each with its steps."""
-    calls = [{"load": machine_load(), **measure("", run, what, 1, "columns")} for _ in range(processes)]
+def where_it_goes(run: str, what: str, processes: int, site: str = "") -> dict:
+    """``processes`` fresh first calls, each with its steps; of this checkout, or of the installed copy ``site``."""
+    calls = [{"load": machine_load(), **measure(site, run, what, 1, "columns")} for _ in range(processes)]
+    assert all((site in c["module"]) if site else "site-packages" not in c["module"] for c in calls)
     for call in calls:
         parts = ", ".join(f"{k} {v['wall_s']:.3f} s ({v['system_s']:.3f} system)" for k, v in call["steps"].items())
         sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in call["part_bytes"].items())
         print(f"{call['wall_s']:.3f} s: user {call['user_s']:.3f}, system {call['system_s']:.3f}; {parts}; {sizes}")
     medians = _medians(calls)
     print("medians: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
-    return {"run": run, "what": what, "medians": medians, "calls": calls}
+    return {"run": run, "what": what, "site": site or None, "medians": medians, "calls": calls}
 
 
 # ------------------------------------------------------------------ two versions taking turns
@@ -262,6 +269,7 @@ def main() -> int:
     parser.add_argument("--what", default=None, help="diagnose (default), breakdown; with --old-site also rollup")
     parser.add_argument("--processes", "--rounds", dest="rounds", type=int, default=None)
     parser.add_argument("--old-site", default=None, help="pip install --target folder of an older commit")
+    parser.add_argument("--site", default="", help="where the call goes for that folder's commit instead")
     parser.add_argument("--repeats", type=int, default=3, help="--old-site: calls per process (the first is fresh)")
     parser.add_argument("--write-old-digests", action="store_true")
     args = parser.parse_args()
@@ -278,7 +286,7 @@ def main() -> int:
         if (args.what or "diagnose") not in ("diagnose", "breakdown"):
             parser.error("--what: diagnose or breakdown")
         rounds = args.rounds or 8
-        out, arms = where_it_goes(args.run, args.what or "diagnose", rounds), None
+        out, arms = where_it_goes(args.run, args.what or "diagnose", rounds, args.site), None
     if args.json:
         write_results(args.json, out, arms=arms, rounds=rounds)
     return 0

@@ -256,7 +256,10 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
         steps_last.setdefault(least, []).append(i)
     per_rank = {}
     for rank in ranks:  # one pass per rank over its own late steps, not over every step (1,024 x 10,000)
-        mine = last.get(rank, [])
+        mine = last.get(rank)
+        if mine is None:  # never the last to arrive: most ranks of a large job, their figures all nothing
+            per_rank[rank] = {"least_share": 0.0, "cost_share": 0.0, "cost_noise": 0.0, "work_explained": None}
+            continue
         late = [rows[i] for i in steps_last.get(rank, ())]
         waited = sum(gaps[i][0] for i in steps_last.get(rank, ()))
         extra_cpu = [r[8] for r in late]

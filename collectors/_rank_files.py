@@ -93,9 +93,7 @@ def _read_node_file(path: str) -> list[RankMeta]:
     """The ranks of one node's rank file (``{"node": ..., "ranks": [rank file, ...]}``), each checked like a
     ``rank-N.json``; a file that does not parse is left out with one warning line (it names no rank)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        mtime_ns = os.stat(path).st_mtime_ns
+        raw, mtime_ns = _read_whole(path)
         data = json.loads(raw.decode("utf-8"))
         ranks = data["ranks"]
         if not isinstance(ranks, list):
@@ -109,11 +107,29 @@ def _read_node_file(path: str) -> list[RankMeta]:
     return [m for m in metas if m is not None]
 
 
+def _read_whole(path: str) -> tuple[bytes, int]:
+    """(the file's bytes, its mtime in ns), from one opening. Why not ``open()`` and ``os.stat``: a 10,000-rank
+    run has 10,000 rank files, and Python's buffered file object plus a second lookup of the path cost twice
+    the system calls (0.10 s against 0.05 s for 10,000 small files, docs/scale.md "Scale v4"). The time is the
+    opened file's own, so it belongs to the bytes read even where the file was replaced meanwhile."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        want = st.st_size + 1  # one read of the whole file; a full one means it grew since: read on to its end
+        data = os.read(fd, want)
+        if len(data) == want:
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 16):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data, st.st_mtime_ns
+    finally:
+        os.close(fd)
+
+
 def _read_rank_file(path: str) -> RankMeta | None:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        mtime_ns = os.stat(path).st_mtime_ns
+        raw, mtime_ns = _read_whole(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
