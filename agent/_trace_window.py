@@ -389,7 +389,7 @@ class TraceWindow:
         reduce_ns = time.perf_counter_ns() - t0
         # This thread held the GIL through most of that: a training thread that releases it for every op
         # gets it back only when this thread lets go, so it lost about as much (a 1.7-3.1 ms torch step ran
-        # 3.7-540x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
+        # 6.5-550x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
         # It counts in the window's cost.
         if self.budget:
             self.next_ns = max(self.next_ns, time.perf_counter_ns() + int((cost_ns + reduce_ns) / self.budget))
