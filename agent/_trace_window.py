@@ -388,7 +388,7 @@ class TraceWindow:
         red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
         reduce_ns = time.perf_counter_ns() - t0
         # This thread held the GIL through most of that: a training thread that releases it for every op
-        # gets it back only when this thread lets go, so it lost about as much (a 1.7-3.1 ms torch step ran
+        # gets it back only when this thread lets go, so it lost about as much (a 1.8 ms torch step ran
         # 6.5-550x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
         # It counts in the window's cost.
         if self.budget:
