@@ -27,8 +27,25 @@ where a window costs more than 0.2 % of the time since); a 30-step run gets them
 demo`` does on a GPU (``ranksight.commands.demo_job.GPU_SAMPLING``)."""
 
 
-def add_corpus_options(parser: argparse.ArgumentParser, dist_backend: bool = True) -> None:
-    """The corpus options: device, size, straggler rank, ``--fix``, and the backend unless the framework picks it."""
+CORE_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+"""The faults every workload plants (each script adds its own GPU faults)."""
+
+
+def add_corpus_options(
+    parser: argparse.ArgumentParser,
+    job: str,
+    faults: tuple,
+    steps_help: str = "training steps",
+    dist_backend: bool = True,
+) -> None:
+    """The corpus options: the fault, steps, where the agent writes, device, size, straggler rank, ``--fix``,
+    and the backend unless the framework picks it."""
+    parser.add_argument("--fault", choices=faults, default="none")
+    parser.add_argument("--steps", type=int, default=30, help=steps_help)
+    parser.add_argument("--run-dir", default="ranksight-runs")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--job", default=job)
+    parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
     if dist_backend:

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _corpus_options import add_corpus_options, gpu_sampling
+from _corpus_options import CORE_FAULTS, add_corpus_options, gpu_sampling
 from _truth import Truth
 from torch import nn
 from torch.distributed import destroy_process_group, init_process_group
@@ -66,18 +66,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import ranksight
 
-FAULTS = (
-    "none",
-    "input",
-    "straggler",
-    "metric-collectives",
-    "exposed-allreduce",
-    "unused-params",
-    "graph-breaks",
-    "pageable",
-    "cpu-ops",
-    "host-sync",
-)
+FAULTS = (*CORE_FAULTS, "pageable", "cpu-ops", "host-sync")
 
 
 def ddp_setup(device="cpu", backend=None):
@@ -320,14 +309,8 @@ class Trainer:
 
 def main():
     parser = argparse.ArgumentParser(description="simple distributed training job")
-    parser.add_argument("--fault", choices=FAULTS, default="none")
-    parser.add_argument("--steps", type=int, default=30, help="training steps (batches)")
     parser.add_argument("--batch-size", type=int, default=512, help="input batch size on each rank")
-    parser.add_argument("--run-dir", default="ranksight-runs")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--job", default="ddp-tutorial")
-    parser.add_argument("--compile-backend", default="inductor")
-    add_corpus_options(parser)
+    add_corpus_options(parser, "ddp-tutorial", FAULTS, steps_help="training steps (batches)")
     args = parser.parse_args()
     fault, fix = args.fault, args.fix
     size = args.size or ("gpu" if args.device == "cuda" else "cpu")

@@ -77,26 +77,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from _corpus_options import add_corpus_options, gpu_sampling
+from _corpus_options import CORE_FAULTS, add_corpus_options, gpu_sampling
 from _truth import Truth
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ranksight
 
-FAULTS = (
-    "none",
-    "input",
-    "straggler",
-    "metric-collectives",
-    "exposed-allreduce",
-    "unused-params",
-    "graph-breaks",
-    "cpu-ops",
-    "host-sync",
-    "fragmentation",
-    "launch-bound",
-)
+FAULTS = (*CORE_FAULTS, "cpu-ops", "host-sync", "fragmentation", "launch-bound")
 
 
 # ----------------------------------------------------------------------------- model.py
@@ -256,15 +244,9 @@ class GPT(nn.Module):
 # ----------------------------------------------------------------------------- train.py
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fault", choices=FAULTS, default="none")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps (max_iters)")
-    parser.add_argument("--run-dir", default="ranksight-runs")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--job", default="gpt-trainer")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start on CPU)")
-    parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
-    add_corpus_options(parser)
+    add_corpus_options(parser, "gpt-trainer", FAULTS, steps_help="optimizer steps (max_iters)")
     args = parser.parse_args()
     fault, fix = args.fault, args.fix
     if fault == "fragmentation" and fix and args.device == "cuda":
@@ -389,14 +371,10 @@ def main() -> None:
         return x.to(device), y.to(device)
 
     # -------------------------------------------------------------- model init
-    model_args = dict(
-        n_layer=n_layer,
-        n_head=n_head,
-        n_embd=n_embd,
-        block_size=block_size,
-        bias=False,
+    # nanoGPT's own line, then what the planted faults add
+    model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=False, dropout=0.0)
+    model_args.update(
         vocab_size=vocab_size,
-        dropout=0.0,
         check_logits=fault == "graph-breaks" and not fix,
         sanitize_logits=fault == "graph-breaks" and fix,
         neftune_alpha=5.0 if fault == "cpu-ops" else 0.0,

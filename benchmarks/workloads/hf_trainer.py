@@ -48,14 +48,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import torch.distributed as dist
-from _corpus_options import add_corpus_options
+from _corpus_options import CORE_FAULTS, add_corpus_options
 from _truth import Truth
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import ranksight.integrations.transformers
 
-FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+FAULTS = CORE_FAULTS
 ALPHABET = string.ascii_lowercase + " .,"
 
 
@@ -151,13 +151,7 @@ class TruthCallback(TrainerCallback):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=FAULTS, default="none")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--run-dir", default="ranksight-runs")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--job", default="hf-trainer")
-    parser.add_argument("--compile-backend", default="inductor")
-    add_corpus_options(parser)
+    add_corpus_options(parser, "hf-trainer", FAULTS)
     args = parser.parse_args()
     fault = args.fault
     on_gpu = args.device == "cuda"

@@ -39,7 +39,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _corpus_options import add_corpus_options
+from _corpus_options import CORE_FAULTS, add_corpus_options
 from _truth import Truth
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from torch import nn
@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ranksight.integrations.lightning import RanksightCallback
 
-FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
+FAULTS = CORE_FAULTS
 MEAN = np.array([0.49, 0.48, 0.45], dtype=np.float32).reshape(3, 1, 1)
 STD = np.array([0.25, 0.24, 0.26], dtype=np.float32).reshape(3, 1, 1)
 
@@ -187,14 +187,8 @@ class TruthCallback(Callback):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=FAULTS, default="none")
-    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--run-dir", default="ranksight-runs")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--job", default="lightning-trainer")
-    parser.add_argument("--compile-backend", default="inductor")
-    add_corpus_options(parser, dist_backend=False)
+    add_corpus_options(parser, "lightning-trainer", FAULTS, dist_backend=False)
     args = parser.parse_args()
     fault = args.fault
     on_gpu = args.device == "cuda"
