@@ -40,30 +40,6 @@ PHASES = ("data_wait_s", "h2d_s", "compute_s", "comm_exposed_s", "optimizer_s", 
 WARMUP = 5  # the readers' warm-up: profiling starts right after it, so both runs judge the same steps
 
 
-def mlp(in_features: int, width: int, depth: int, slow: int = 1):
-    """The paired job's model: an MLP of ``depth`` hidden layers, each run ``slow`` times (a compute straggler;
-    the extra passes leave the result unchanged)."""
-    import torch
-    from torch import nn
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inp = nn.Linear(in_features, width)
-            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-            self.out = nn.Linear(width, 1)
-
-        def forward(self, x):
-            h = torch.relu(self.inp(x))
-            for layer in self.body:
-                h = torch.relu(layer(h))
-                for _ in range(slow - 1):
-                    h = h + 0.0 * torch.relu(layer(h))
-            return self.out(h)
-
-    return Net()
-
-
 def _rank_main(rank: int, cfg: dict, port: int) -> None:
     """One rank of the paired job: the agent and torch.profiler on the same loop."""
     os.environ.update(
@@ -79,6 +55,7 @@ def _rank_main(rank: int, cfg: dict, port: int) -> None:
     from torch import nn
 
     import ranksight
+    from ranksight.commands.demo_job import mlp
 
     torch.set_num_threads(1)
     cuda = cfg["device"] == "cuda"

@@ -135,6 +135,41 @@ class _Synthetic:
         return self.x[idx[0] : idx[-1] + 1], self.y[idx[0] : idx[-1] + 1]
 
 
+def mlp(in_features: int, width: int, depth: int, slow: int = 1, extra_rows: float = 0.0, fault: str = "none"):
+    """The demo's model: an MLP of ``depth`` hidden layers. A straggler runs each layer ``slow`` times, or
+    ``extra_rows`` of its rows once more (the extra passes leave the result unchanged); the ``cpu-op`` and
+    ``graph-break`` faults add their mistakes to ``forward``."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(in_features, width)
+            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            self.out = nn.Linear(width, 1)
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            for layer in self.body:
+                h = torch.relu(layer(h))
+                for _ in range(slow - 1):  # the straggler's extra work, same result
+                    h = h + 0.0 * torch.relu(layer(h))
+                if extra_rows:
+                    k = max(1, round(extra_rows * h.shape[0]))
+                    h = torch.cat([h[:k] + 0.0 * torch.relu(layer(h[:k])), h[k:]])
+            if fault == "cpu-op":
+                # The mistake: no device= here, so the noise is drawn on the CPU every step, then copied.
+                noise = torch.randn(h.shape[0], h.shape[1]) * 1e-3
+                noise = torch.tanh(noise) + noise.abs().sqrt() * 0.0
+                h = h + noise.to(h.device)
+            if fault == "graph-break" and h.abs().max() > 1e6:  # data-dependent branch: a graph break
+                h = h.clamp(-1e6, 1e6)
+            return self.out(h)
+
+    return Net()
+
+
 def _build(cfg: DemoConfig, rank: int, device):
     """Model, data and loader for the fault; returns (model, loader, loss_fn)."""
     import torch
@@ -164,35 +199,10 @@ def _build(cfg: DemoConfig, rank: int, device):
     # straggler30: this share of each batch's rows goes through every hidden layer once more (same result).
     extra_rows = 0.3 if cfg.fault == "straggler30" and rank == cfg.ranks - 1 else 0.0
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inp = nn.Linear(in_features, width)
-            self.body = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
-            self.out = nn.Linear(width, 1)
-
-        def forward(self, x):
-            h = torch.relu(self.inp(x))
-            for layer in self.body:
-                h = torch.relu(layer(h))
-                for _ in range(slow_factor - 1):  # the straggler's extra work, same result
-                    h = h + 0.0 * torch.relu(layer(h))
-                if extra_rows:
-                    k = max(1, round(extra_rows * h.shape[0]))
-                    h = torch.cat([h[:k] + 0.0 * torch.relu(layer(h[:k])), h[k:]])
-            if cfg.fault == "cpu-op":
-                # The mistake: no device= here, so the noise is drawn on the CPU every step, then copied.
-                noise = torch.randn(h.shape[0], h.shape[1]) * 1e-3
-                noise = torch.tanh(noise) + noise.abs().sqrt() * 0.0
-                h = h + noise.to(h.device)
-            if cfg.fault == "graph-break" and h.abs().max() > 1e6:  # data-dependent branch: a graph break
-                h = h.clamp(-1e6, 1e6)
-            return self.out(h)
-
     if cfg.fault in FSDP_FAULTS:
         model, in_features, batch, n_items = _fsdp_model(cfg, device)
     else:
-        model = Net().to(device)
+        model = mlp(in_features, width, depth, slow_factor, extra_rows, cfg.fault).to(device)
     sampler = torch.utils.data.BatchSampler(range(n_items), batch, drop_last=False)
     loader = torch.utils.data.DataLoader(
         _Synthetic(n_items, in_features, seed=rank, item_sleep_s=item_sleep_s),
