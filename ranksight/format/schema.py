@@ -250,8 +250,8 @@ SAMPLE_NAMES: dict[str, str] = {
     "trace_window_cost_seconds": "What the window cost the training thread: its steps' time less as many "
     "untraced steps (at least the profiler calls' own time); with trace_window_reduce_seconds, spaces the "
     "next window under the gpu option trace_budget.",
-    "trace_window_reduce_seconds": "The agent thread's time reading and reducing the window, holding the GIL "
-    "most of it: a training thread that releases the GIL for every op loses about as much.",
+    "trace_window_reduce_seconds": "The agent thread's CPU time reading and reducing the window, holding the "
+    "GIL most of it: a training thread that releases the GIL for every op loses about as much.",
     # CUDA caching allocator (torch.cuda.memory_stats / memory_snapshot), sampled.
     "memory_allocated_bytes": "Bytes held by live tensors.",
     "memory_reserved_bytes": "Bytes reserved by the caching allocator.",
