@@ -444,6 +444,10 @@ def main() -> None:
     # the fragmentation plant's pressure (a probe's knobs; the corpus runs the defaults)
     frag_left = float(os.environ.get("CORPUS_FRAG_LEFT", "0.5"))
     frag_empty_cache = os.environ.get("CORPUS_FRAG_EMPTY_CACHE") == "1"
+    # CORPUS_FRAG_KEEP=N (not yet run on a GPU): each micro-batch's logits kept on the GPU for the N after it
+    # (predictions kept for a metric), live blocks of every length between the freed ones
+    frag_keep = int(os.environ.get("CORPUS_FRAG_KEEP", "0")) if fault == "fragmentation" else 0
+    kept_logits: collections.deque = collections.deque(maxlen=max(1, frag_keep))
     while True:
         if fault == "fragmentation" and device_type == "cuda" and iter_num == 3 and teacher is None:
             # a second model's memory (a frozen teacher, an EMA copy) takes the GPU after warm-up, all but
@@ -476,6 +480,8 @@ def main() -> None:
                 with ctx:
                     logits, loss = model(X, Y)
                     loss = loss / gradient_accumulation_steps
+                if frag_keep:
+                    kept_logits.append(logits.detach())
                 if read_back and not fix:
                     with truth.fault():
                         running_loss += loss.item()  # .item(): the host waits for forward
@@ -536,6 +542,7 @@ def main() -> None:
         stats = torch.cuda.memory_stats()
         truth.facts.update(
             frag_left=frag_left,
+            frag_keep=frag_keep,
             alloc_retries=stats.get("num_alloc_retries", 0),
             device_allocs=stats.get("num_device_alloc", 0),
             device_frees=stats.get("num_device_free", 0),
