@@ -209,9 +209,9 @@ class TraceWindow:
         self.windows_done = 0
         self.last_stop_cost_ns = 0
         self.last_cost_ns = 0  # the last window's measured cost to the training thread
-        self._t_prepare = 0  # perf_counter_ns at the warm-up step's start, its step index
+        self._t_prepare = 0  # perf_counter_ns at the warm-up step's start
         self._prepare_step = 0
-        self._t_cooling = 0
+        self._t_cooling = 0  # perf_counter_ns at the start of the step after the stop
         self._calls_ns = 0  # time inside the profiler's prepare, enable and stop calls
         self._result: Any = None
         self._last = 0
@@ -332,9 +332,13 @@ class TraceWindow:
         span = self._t_cooling - self._t_prepare if self._t_cooling else 0
         cost = max(self._calls_ns, span - steps * (now - self._t_cooling)) if span > 0 else self._calls_ns
         self.last_cost_ns = cost
-        if self.budget:
-            self.next_ns = max(self.next_ns, now + int(cost / self.budget))
+        self._space_after(cost)
         self._hand_over(cost)
+
+    def _space_after(self, cost_ns: int) -> None:
+        """Under a budget, the next window waits until ``cost_ns`` is at most ``budget`` of the time since."""
+        if self.budget:
+            self.next_ns = max(self.next_ns, time.perf_counter_ns() + int(cost_ns / self.budget))
 
     def _hand_over(self, cost_ns: int) -> None:
         result, self._result, self._t_cooling = self._result, None, 0
@@ -391,8 +395,7 @@ class TraceWindow:
         # gets it back only when this thread lets go, so it lost about as much (a 1.8 ms torch step ran
         # 6.5-550x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
         # It counts in the window's cost.
-        if self.budget:
-            self.next_ns = max(self.next_ns, time.perf_counter_ns() + int((cost_ns + reduce_ns) / self.budget))
+        self._space_after(cost_ns + reduce_ns)
         if red is None:
             return []
         if self.use_cuda and red.span_ns == 0:

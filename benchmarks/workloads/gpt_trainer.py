@@ -456,12 +456,11 @@ def main() -> None:
             # again for each new length (benchmarks/results/gpu1_frag_probe.json: neither costs step time)
             if frag_empty_cache:
                 torch.cuda.empty_cache()
-            free, _ = torch.cuda.mem_get_info()
-            if frag_empty_cache:
-                need = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
-                taken = max(0, free - int(need * (1 + frag_left)))
+                keep_free = (torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()) * (1 + frag_left)
             else:
-                taken = max(0, free - int(torch.cuda.max_memory_reserved() * frag_left))
+                keep_free = torch.cuda.max_memory_reserved() * frag_left
+            free, _ = torch.cuda.mem_get_info()
+            taken = max(0, free - int(keep_free))
             teacher = torch.empty(taken, dtype=torch.uint8, device=device)
         lr = get_lr(iter_num)
         for param_group in optimizer.param_groups:
