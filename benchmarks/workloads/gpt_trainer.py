@@ -331,11 +331,17 @@ def main() -> None:
     length_rng = random.Random(1337 + seed_offset)  # the same lengths with and without the fix
     split_tokens = {"train": 200_000, "val": 20_000}
 
+    # CORPUS_FRAG_TOKENS=1 (a probe's knob): the variable lengths packed to the micro-batch's token count
+    # (rows x length held, as token-budget batching does), so shapes vary but the kernels' work does not
+    frag_tokens = os.environ.get("CORPUS_FRAG_TOKENS") == "1"
+
     def draw(split):
-        length = block_size
+        length, rows = block_size, batch_size
         if fault == "fragmentation":  # unpadded documents: every micro-batch its own length
             length = length_rng.choice(range(block_size // 4, block_size + 1, 64))
-        return torch.randint(split_tokens[split] - block_size, (batch_size,)), length
+            if frag_tokens:
+                rows = batch_size * block_size // length
+        return torch.randint(split_tokens[split] - block_size, (rows,)), length
 
     def read_batch(split, ix, length):
         # recreate np.memmap every batch to avoid a memory leak, as per nanoGPT
@@ -542,6 +548,7 @@ def main() -> None:
         truth.facts.update(
             frag_left=frag_left,
             frag_keep=frag_keep,
+            frag_tokens=frag_tokens,
             alloc_retries=stats.get("num_alloc_retries", 0),
             device_allocs=stats.get("num_device_alloc", 0),
             device_frees=stats.get("num_device_free", 0),
