@@ -181,7 +181,8 @@ def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
+    """The checkout's HEAD commit; None outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -204,7 +205,7 @@ def machine() -> dict:
 
 def header(arms: list | None = None, rounds: int | None = None) -> dict:
     """The common header of a results file: command line, commit, machine, arms and rounds."""
-    return {"command": [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]], "commit": _commit(),
+    return {"command": [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]], "commit": commit(),
             "machine": machine(), "arms": arms, "rounds": rounds}  # fmt: skip
 
 

@@ -57,6 +57,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -65,7 +66,7 @@ WORKLOADS = os.path.join(HERE, "workloads")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _harness import write_results  # noqa: E402
+from _harness import commit, write_results  # noqa: E402
 
 ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
 GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
@@ -96,26 +97,18 @@ class Script:
     file: str
     launcher: str  # "torchrun" or "python" (the script starts its own ranks: Lightning)
     faults: tuple
-    args: tuple = ()
 
 
 SCRIPTS = {
     s.name: s
     for s in (
-        Script(
-            "gpt_trainer",
-            "gpt_trainer.py",
-            "torchrun",
-            (*ALL_FAULTS, "cpu-ops", "host-sync", "fragmentation", "launch-bound"),
-        ),
+        # every GPU fault but pageable copies: nanoGPT's batches are tokens, nothing to pin
+        Script("gpt_trainer", "gpt_trainer.py", "torchrun", (*ALL_FAULTS, *GPU_FAULTS[1:])),
         Script("ddp_tutorial", "ddp_tutorial.py", "torchrun", (*ALL_FAULTS, "pageable", "cpu-ops", "host-sync")),
         Script("hf_trainer", "hf_trainer.py", "torchrun", ALL_FAULTS),
         Script("lightning_trainer", "lightning_trainer.py", "python", ALL_FAULTS),
-        # not in the default set: the nanoGPT loop without mon.data() marks (data wait not measured)
-        Script("gpt_trainer_nomarks", "gpt_trainer.py", "torchrun", ALL_FAULTS, ("--no-data-marks",)),
     )
 }
-DEFAULT_SCRIPTS = ("gpt_trainer", "ddp_tutorial", "hf_trainer", "lightning_trainer")
 DEVICE_FILE = "device.json"  # in --out: where the jobs ran, for --rediagnose's report
 RANKS = 2  # ranks of a CPU job (gloo); a GPU job has one rank per GPU (--gpus)
 WARMUP_STEPS = 5  # what the diagnosis leaves out; the truth share is taken over the same steps
@@ -199,39 +192,18 @@ def launch_command(
     steps: int,
     run_dir: str,
     run_id: str,
-    compile_backend: str = "eager",
     launch: Launch = Launch(),
     fixed: bool = False,
 ) -> list:
-    path = os.path.join(WORKLOADS, script.file)
-    script_args = [
-        path,
-        "--fault",
-        fault,
-        "--steps",
-        str(steps),
-        "--run-dir",
-        run_dir,
-        "--run-id",
-        run_id,
-        "--compile-backend",
-        compile_backend,
-        *script.args,
-        *launch.script_args(),
-        *(["--fix"] if fixed else []),
-    ]
+    script_args = [os.path.join(WORKLOADS, script.file), "--fault", fault, "--steps", str(steps), "--run-dir", run_dir]
+    # graph breaks are dynamo's, the same with any backend; inductor takes minutes a run on 2 CPU cores
+    script_args += ["--run-id", run_id, "--compile-backend", "eager", *launch.script_args()]
+    script_args += ["--fix"] if fixed else []
     if script.launcher == "torchrun":
         if launch.dist_backend:
             script_args += ["--dist-backend", launch.dist_backend]
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(launch.ranks),
-            *script_args,
-        ]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        return [*torchrun, "--nproc-per-node", str(launch.ranks), *script_args]
     if launch.ranks != RANKS:  # Lightning starts its own ranks, 2 unless told
         script_args += ["--devices", str(launch.ranks)]
     return [sys.executable, *script_args]
@@ -260,15 +232,8 @@ def run_job(cmd: list, env: dict, log_path: str, timeout: float) -> tuple:
     """Run one job to completion in its own session; (returncode or None on timeout, seconds)."""
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=WORKLOADS,
-            start_new_session=True,
-        )
+        io = {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+        proc = subprocess.Popen(cmd, env=env, cwd=WORKLOADS, start_new_session=True, **io)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -379,7 +344,6 @@ def run_one(
     steps: int,
     root: str,
     timeout: float = 300.0,
-    compile_backend: str = "eager",
     src: Optional[str] = None,
     launch: Launch = Launch(),
     diagnose: bool = True,
@@ -399,7 +363,7 @@ def run_one(
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
     res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault], fixed=fixed)
-    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend, launch, fixed)
+    cmd = launch_command(script, fault, steps, run_dir, run_id, launch, fixed)
     beside = None
     if ingest_every:
         done, found = threading.Event(), {}
@@ -459,24 +423,11 @@ def ingest_beside_summary(results: list) -> dict:
     }
 
 
+FINDING_KEYS = ("rule", "severity", "confidence", "ranks", "cost_share", "speedup", "cost_basis", "explained_by")
+
+
 def _fill_from_report(res: RunResult, report: dict) -> None:
-    res.findings = [
-        {
-            k: f.get(k)
-            for k in (
-                "rule",
-                "severity",
-                "confidence",
-                "ranks",
-                "cost_share",
-                "speedup",
-                "cost_basis",
-                "explained_by",
-                "evidence",
-            )
-        }
-        for f in report.get("findings", [])
-    ]
+    res.findings = [{k: f.get(k) for k in (*FINDING_KEYS, "evidence")} for f in report.get("findings", [])]
     res.breakdown = report.get("breakdown", {}).get("ranks", [])
     res.ranks_reporting = len(res.breakdown)
     res.steps_per_rank = {str(r.get("rank")): r.get("steps") for r in res.breakdown}
@@ -491,14 +442,8 @@ def _fill_from_report(res: RunResult, report: dict) -> None:
     res.hit = None if res.fixed else res.verdict == res.expected
 
 
-PACKAGE_DIRS = {
-    "ranksight": "ranksight",
-    "agent": "agent",
-    "collectors": "collectors",
-    "rules": "rules",
-    "dashboard": "dashboard",
-    "integrations": "integrations",
-}  # pyproject's package-dir
+PACKAGES = ("ranksight", "agent", "collectors", "rules", "dashboard", "integrations")
+"""pyproject's package-dir: ``ranksight`` from its folder, the others as its subpackages from theirs."""
 
 
 def snapshot_source(how: str, dest: str) -> tuple:
@@ -516,50 +461,40 @@ def snapshot_source(how: str, dest: str) -> tuple:
     pkg = os.path.join(dest, "ranksight")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(os.path.join(src_root, "ranksight"), pkg, ignore=ignore)
-    for sub, folder in PACKAGE_DIRS.items():
-        if sub != "ranksight":
-            shutil.copytree(os.path.join(src_root, folder), os.path.join(pkg, sub), ignore=ignore)
+    for sub in PACKAGES[1:]:
+        shutil.copytree(os.path.join(src_root, sub), os.path.join(pkg, sub), ignore=ignore)
     if how == "head":
         shutil.rmtree(src_root, ignore_errors=True)
-        return dest, f"HEAD {_git_commit()[:12]}"
+        return dest, f"HEAD {(commit() or '')[:12]}"
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *PACKAGE_DIRS.values()], capture_output=True, text=True, cwd=REPO
+        ["git", "status", "--porcelain", "--", *PACKAGES], capture_output=True, text=True, cwd=REPO
     ).stdout.count("\n")
-    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {_git_commit()[:12]} ({dirty} changed files)"
+    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {(commit() or '')[:12]} ({dirty} changed files)"
 
 
 # ------------------------------------------------------------------------------------------- scoring
+def _rate(n: int, of: int) -> Optional[float]:
+    return round(n / of, 3) if of else None
+
+
 def score(results: list) -> dict:
     results = [r for r in results if not r.fixed]  # --check-fix's reruns are judged by fix_check()
+    ok = [r for r in results if r.status == "ok"]
     by_fault: dict = {}
     for fault in dict.fromkeys(r.fault for r in results):
         rs = [r for r in results if r.fault == fault]
-        ok = [r for r in rs if r.status == "ok"]
-        hits = [r for r in ok if r.hit]
-        verdicts: dict = {}
-        for r in rs:
-            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
-        row = {
-            "expected": EXPECTED[fault],
-            "runs": len(rs),
-            "errors": len(rs) - len(ok),
-            "hits": len(hits),
-            "recall": round(len(hits) / len(ok), 3) if ok else None,
-            "verdicts": verdicts,
-        }
+        hits = [r for r in rs if r.status == "ok" and r.hit]
+        errors = sum(r.status != "ok" for r in rs)
+        by_fault[fault] = {"expected": EXPECTED[fault], "runs": len(rs), "errors": errors, "hits": len(hits)}
+        by_fault[fault].update(recall=_rate(len(hits), len(rs) - errors), verdicts=dict(Counter(r.verdict for r in rs)))
         if fault == "straggler":
-            row["named_rank_1"] = sum(1 for r in hits if r.ranks == [STRAGGLER_RANK])
-        by_fault[fault] = row
+            by_fault[fault]["named_rank_1"] = sum(1 for r in hits if r.ranks == [STRAGGLER_RANK])
     precision: dict = {}
-    for rule in dict.fromkeys(r.verdict for r in results if r.status == "ok"):
-        rs = [r for r in results if r.status == "ok" and r.verdict == rule]
-        right = [r for r in rs if EXPECTED[r.fault] == rule]
-        precision[rule] = {
-            "runs": len(rs),
-            "right": len(right),
-            "precision": round(len(right) / len(rs), 3),
-            "faults": sorted({r.fault for r in rs}),
-        }
+    for rule in dict.fromkeys(r.verdict for r in ok):
+        rs = [r for r in ok if r.verdict == rule]
+        right = sum(EXPECTED[r.fault] == rule for r in rs)
+        precision[rule] = {"runs": len(rs), "right": right, "precision": _rate(right, len(rs))}
+        precision[rule]["faults"] = sorted({r.fault for r in rs})
     groups: dict = {}
     for r in results:
         groups.setdefault((r.script, r.fault), []).append(r)
@@ -572,26 +507,20 @@ def score(results: list) -> dict:
             flips += len(set(vs)) > 1
     by_script: dict = {}
     for script in dict.fromkeys(r.script for r in results):
-        rs = [r for r in results if r.script == script and r.status == "ok"]
-        by_script[script] = {
-            "runs": len([r for r in results if r.script == script]),
-            "hits": sum(bool(r.hit) for r in rs),
-            "recall": round(sum(bool(r.hit) for r in rs) / len(rs), 3) if rs else None,
-        }
-    healthy = [r for r in results if r.fault == "none" and r.status == "ok"]
-    ok = [r for r in results if r.status == "ok"]
+        hits = sum(bool(r.hit) for r in ok if r.script == script)
+        runs = sum(r.script == script for r in results)
+        by_script[script] = {"runs": runs, "hits": hits, "recall": _rate(hits, sum(r.script == script for r in ok))}
+    healthy = [r for r in ok if r.fault == "none"]
     return {
         "by_script": by_script,
         "by_fault": by_fault,
         "precision": precision,
-        "healthy_silent_rate": round(sum(r.verdict == "silent" for r in healthy) / len(healthy), 3)
-        if healthy
-        else None,
-        "flip_rate": round(flips / judged, 3) if judged else None,
+        "healthy_silent_rate": _rate(sum(r.verdict == "silent" for r in healthy), len(healthy)),
+        "flip_rate": _rate(flips, judged),
         "flipped_groups": flips,
         "groups_judged": judged,
         "verdicts_by_group": per_group,
-        "overall_recall": round(sum(bool(r.hit) for r in ok) / len(ok), 3) if ok else None,
+        "overall_recall": _rate(sum(bool(r.hit) for r in ok), len(ok)),
         "runs": len(results),
         "errors": len(results) - len(ok),
     }
@@ -683,21 +612,8 @@ def fix_check_text(rows: list) -> list:
     """The fix check as table lines (empty without fixed runs)."""
     if not rows:
         return []
-    cols = (
-        "script",
-        "fault",
-        "named first",
-        "cost stated",
-        "speedup",
-        "step/sample before",
-        "after",
-        "gain",
-        "gain (mean step)",
-        "gain (ranksight clock)",
-        "stated - gain",
-        "within 5 pp",
-        "after the fix",
-    )
+    cols = ("script", "fault", "named first", "cost stated", "speedup", "step/sample before", "after", "gain")
+    cols += ("gain (mean step)", "gain (ranksight clock)", "stated - gain", "within 5 pp", "after the fix")
     out = []
     for row in rows:
         cost = row["cost_share"]
@@ -742,21 +658,12 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
     cols = ("script", "fault", "rep", "verdict", "severity", "conf", "ranks", "step ms", "fault share", "status", "s")
     rows = []
     for r in results:
-        rows.append(
-            (
-                r.script,
-                r.fault + (" (fixed)" if r.fixed else ""),
-                str(r.repeat),
-                r.verdict + ("" if r.hit or r.status != "ok" or r.fixed else " (miss)"),
-                _fmt(r.severity),
-                _fmt(r.confidence, ".2f"),
-                ",".join(map(str, r.ranks)) or "-",
-                _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f"),
-                _truth_cell(r),
-                r.status,
-                f"{r.elapsed_s:.0f}",
-            )
-        )
+        fault, verdict = r.fault + (" (fixed)" if r.fixed else ""), r.verdict
+        verdict += "" if r.hit or r.status != "ok" or r.fixed else " (miss)"
+        step_ms = _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f")
+        ranks = ",".join(map(str, r.ranks)) or "-"
+        rows.append((r.script, fault, str(r.repeat), verdict, _fmt(r.severity), _fmt(r.confidence, ".2f"), ranks))
+        rows[-1] += (step_ms, _truth_cell(r), r.status, f"{r.elapsed_s:.0f}")
     lines += _table(cols, rows)
     lines.append("")
     fixes = fix_check_text(fix_check(results))
@@ -768,18 +675,9 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
     for fault, row in summary["by_fault"].items():
         verdicts = ", ".join(f"{k} x{v}" for k, v in sorted(row["verdicts"].items(), key=lambda kv: -kv[1]))
         note = f"rank 1 named in {row['named_rank_1']}/{row['hits']}" if fault == "straggler" else ""
-        rows.append(
-            (
-                fault,
-                row["expected"],
-                str(row["runs"]),
-                str(row["errors"]),
-                f"{row['hits']}/{row['runs'] - row['errors']}"
-                + (f" ({row['recall']:.0%})" if row["recall"] is not None else ""),
-                verdicts,
-                note,
-            )
-        )
+        recall = f"{row['hits']}/{row['runs'] - row['errors']}"
+        recall += f" ({row['recall']:.0%})" if row["recall"] is not None else ""
+        rows.append((fault, row["expected"], str(row["runs"]), str(row["errors"]), recall, verdicts, note))
     lines += _table(cols, rows)
     lines.append("")
     faults = list(dict.fromkeys(r.fault for r in results))
@@ -844,18 +742,8 @@ def rediagnose(args) -> int:
         if os.path.isdir(truth_dir):  # read again: later figures (the mean step) from the script's own record
             r.truth = truth_summary(truth_dir) or r.truth
         if r.status in ("ok", "diagnose-error"):
-            fresh = RunResult(
-                r.script,
-                r.fault,
-                r.repeat,
-                r.run_id,
-                r.run_path,
-                expected=EXPECTED[r.fault],
-                returncode=r.returncode,
-                elapsed_s=r.elapsed_s,
-                truth=r.truth,
-                fixed=r.fixed,
-            )
+            fresh = RunResult(r.script, r.fault, r.repeat, r.run_id, r.run_path, expected=EXPECTED[r.fault])
+            fresh.returncode, fresh.elapsed_s, fresh.truth, fresh.fixed = r.returncode, r.elapsed_s, r.truth, r.fixed
             kept = os.path.join(root, "runs", os.path.basename(r.run_path))
             if not os.path.isdir(r.run_path) and os.path.isdir(kept):  # unpacked elsewhere (runs.tgz)
                 fresh.run_path = kept
@@ -884,7 +772,7 @@ def rediagnose(args) -> int:
                 "rediagnosed": root,
                 "device": device_record,
                 "ranksight_source": source,
-                "commit": _git_commit(),
+                "commit": commit() or "",
                 "expected": EXPECTED,
                 "summary": summary,
                 "fix_check": fix_check(results),
@@ -933,13 +821,13 @@ def source_digest(package_root: Optional[str] = None) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for sub, folder in sorted(PACKAGE_DIRS.items()):
+    for sub in sorted(PACKAGES):
         if package_root is None:
-            top = os.path.join(REPO, folder)
+            top = os.path.join(REPO, sub)
         else:
             top = package_root if sub == "ranksight" else os.path.join(package_root, sub)
         for dirpath, dirnames, filenames in os.walk(top):
-            skip = {"__pycache__", *PACKAGE_DIRS} if dirpath == top and sub == "ranksight" else {"__pycache__"}
+            skip = {"__pycache__", *PACKAGES} if dirpath == top and sub == "ranksight" else {"__pycache__"}
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for name in sorted(filenames):
                 if name.endswith((".py", ".yaml")):
@@ -948,13 +836,6 @@ def source_digest(package_root: Optional[str] = None) -> str:
                     with open(path, "rb") as fh:
                         h.update(hashlib.sha256(fh.read()).digest())
     return h.hexdigest()
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    except OSError:
-        return ""
 
 
 def build_plan(
@@ -997,7 +878,7 @@ def build_plan(
 
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_SCRIPTS), choices=sorted(SCRIPTS))
+    parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=sorted(SCRIPTS))
     parser.add_argument(
         "--faults",
         nargs="+",
@@ -1011,12 +892,6 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
     parser.add_argument("--json", default=None, help="write every run and the scores here")
     parser.add_argument("--text", default=None, help="write the printed report here too")
-    parser.add_argument(
-        "--compile-backend",
-        default="eager",
-        help="torch.compile backend of the graph-breaks runs (graph breaks are dynamo's: the same "
-        "with any backend; inductor takes minutes per run on 2 CPU cores)",
-    )
     parser.add_argument(
         "--snapshot",
         choices=("none", "tree", "head"),
@@ -1102,7 +977,7 @@ def main(argv: Optional[list] = None) -> int:
         json.dump({**device_record, "where": where}, fh)
     plan = build_plan(args.scripts, args.faults, args.repeats, args.repeats_of, args.check_fix, args.fix_repeats)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    commit = _git_commit()  # at the start: others may commit while the corpus runs
+    head = commit() or ""  # at the start: others may commit while the corpus runs
     src, source = None, f"installed package (live working tree {REPO})"
     if args.snapshot != "none":
         src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
@@ -1124,20 +999,8 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"budget of {args.budget_s:g} s: {len(left_out)} job(s) left out", flush=True)
                 break
             t_job = time.monotonic()
-            r = run_one(
-                s,
-                f,
-                rep,
-                args.steps,
-                root,
-                args.timeout,
-                args.compile_backend,
-                src,
-                launch,
-                not args.no_diagnose,
-                args.ingest_every,
-                fixed,
-            )
+            diagnose = not args.no_diagnose
+            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, diagnose, args.ingest_every, fixed)
             results.append(r)
             longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
@@ -1155,7 +1018,7 @@ def main(argv: Optional[list] = None) -> int:
         if args.ingest_every:
             summary["ingest_beside"] = ingest_beside_summary(results)
         header = (
-            f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, source {source_hash[:12]}, "
+            f"ranksight diagnosis corpus, {started}, commit {head[:12]}, source {source_hash[:12]}, "
             f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
             + (
@@ -1184,7 +1047,7 @@ def main(argv: Optional[list] = None) -> int:
                     ]
                 ),
                 "started": started,
-                "commit": commit,
+                "commit": head,
                 "source_digest": source_hash,
                 "ranksight_source": source,
                 "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},

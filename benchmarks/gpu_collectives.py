@@ -52,7 +52,7 @@ def run(args) -> int:
     else:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batches = make_batches(2, args.batch, args.t, args.d, True)
+    batches = make_batches(2, args.batch, args.t, args.d)
     mon = ranksight.init(
         run_dir=os.path.join(args.out, "runs"), job="gpu-collectives", run_id=args.scenario,
         flush_interval_s=0.5, gpu={"trace_window": False, "nccl_timing_every_s": 0},
@@ -69,7 +69,8 @@ def run(args) -> int:
                 with mon.data():
                     batch = batches[i % 2]
                 with mon.step():
-                    loss = train_step(model, opt, batch, "cuda", True)
+                    x, y = (v.to("cuda", non_blocking=True) for v in batch)
+                    loss = train_step(model, opt, x, y)
                     if args.scenario == "metrics":
                         logged = loss.detach().clone()
                         dist.all_reduce(logged)
