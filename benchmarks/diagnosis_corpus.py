@@ -878,81 +878,41 @@ def build_plan(
 
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=sorted(SCRIPTS))
-    parser.add_argument(
-        "--faults",
-        nargs="+",
-        default=None,
-        choices=(*ALL_FAULTS, *GPU_FAULTS),
-        help=f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}",
-    )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
-    parser.add_argument("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
-    parser.add_argument("--json", default=None, help="write every run and the scores here")
-    parser.add_argument("--text", default=None, help="write the printed report here too")
-    parser.add_argument(
-        "--snapshot",
-        choices=("none", "tree", "head"),
-        default="none",
-        help="run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at "
-        "start, or the committed HEAD (default: the installed package, live)",
-    )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
-    parser.add_argument("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
-    parser.add_argument(
-        "--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)"
-    )
-    parser.add_argument(
-        "--dist-backend",
-        default=None,
-        help="override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)",
-    )
-    parser.add_argument(
-        "--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)"
-    )
-    parser.add_argument(
-        "--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)"
-    )
-    parser.add_argument(
-        "--ingest-every",
-        type=float,
-        default=None,
-        metavar="S",
-        help="run `ranksight ingest RUN --every S --prune --prune-after 0` beside each job (a live run compacted "
-        "as it writes); the verdict then reads the store",
-    )
-    parser.add_argument(
-        "--repeats-of",
-        nargs="+",
-        default=[],
-        metavar="FAULT=N",
-        help="this many repeats of these faults instead of --repeats (e.g. pageable=3)",
-    )
-    parser.add_argument(
-        "--check-fix",
-        nargs="*",
-        default=None,
-        metavar="[SCRIPT/]FAULT",
-        help=f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
-        "names applied (the workloads' --fix), and compare the cost the finding stated with the step time gained; "
-        "with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)",
-    )
-    parser.add_argument("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
-    parser.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="start no job that would likely end past this many seconds from the start (the longest job so far "
-        "is the guess); the reports are written either way, the jobs left out listed",
-    )
-    parser.add_argument(
-        "--rediagnose",
-        default=None,
-        metavar="OUT_DIR",
-        help="run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)",
-    )
+    add = parser.add_argument
+    add("--scripts", nargs="+", default=list(SCRIPTS), choices=sorted(SCRIPTS))
+    faults = f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}"
+    add("--faults", nargs="+", default=None, choices=(*ALL_FAULTS, *GPU_FAULTS), help=faults)
+    add("--repeats", type=int, default=3)
+    add("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
+    add("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
+    add("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
+    add("--json", default=None, help="write every run and the scores here")
+    add("--text", default=None, help="write the printed report here too")
+    snapshot = "run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at start, or the "
+    snapshot += "committed HEAD (default: the installed package, live)"
+    add("--snapshot", choices=("none", "tree", "head"), default="none", help=snapshot)
+    add("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
+    add("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
+    add("--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)")
+    backend = "override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)"
+    add("--dist-backend", default=None, help=backend)
+    add("--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)")
+    add("--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)")
+    ingest = "run `ranksight ingest RUN --every S --prune --prune-after 0` beside each job (a live run compacted as "
+    ingest += "it writes); the verdict then reads the store"
+    add("--ingest-every", type=float, default=None, metavar="S", help=ingest)
+    repeats_of = "this many repeats of these faults instead of --repeats (e.g. pageable=3)"
+    add("--repeats-of", nargs="+", default=[], metavar="FAULT=N", help=repeats_of)
+    check_fix = f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
+    check_fix += "names applied (the workloads' --fix), and compare the cost the finding stated with the step time "
+    check_fix += "gained; with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)"
+    add("--check-fix", nargs="*", default=None, metavar="[SCRIPT/]FAULT", help=check_fix)
+    add("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
+    budget = "start no job that would likely end past this many seconds from the start (the longest job so far is "
+    budget += "the guess); the reports are written either way, the jobs left out listed"
+    add("--budget-s", type=float, default=None, help=budget)
+    again = "run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)"
+    add("--rediagnose", default=None, metavar="OUT_DIR", help=again)
     args = parser.parse_args(argv)
     if args.rediagnose:
         return rediagnose(args)
@@ -963,13 +923,8 @@ def main(argv: Optional[list] = None) -> int:
         print(f"GPU faults left out of a CPU corpus (no fault on a CPU job): {' '.join(skipped)}", flush=True)
         args.faults = [f for f in args.faults if f not in GPU_FAULTS]
 
-    launch = Launch(
-        device=args.device,
-        ranks=RANKS if args.device == "cpu" else args.gpus,
-        size=args.size,
-        dist_backend=args.dist_backend,
-        straggler_rank=args.straggler_rank,
-    )
+    ranks = RANKS if args.device == "cpu" else args.gpus
+    launch = Launch(args.device, ranks, args.size, args.dist_backend, args.straggler_rank)
     where, device_record = describe_device(launch)
     root = args.out or tempfile.mkdtemp(prefix="ranksight-corpus-")
     os.makedirs(root, exist_ok=True)
@@ -1005,9 +960,7 @@ def main(argv: Optional[list] = None) -> int:
             longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
                 fh.write(json.dumps(asdict(r), default=str) + "\n")
-            extra = (
-                f"  {r.error_tail.strip().splitlines()[-1] if r.error_tail.strip() else ''}" if r.status != "ok" else ""
-            )
+            extra = "" if r.status == "ok" else "  " + (r.error_tail.strip().splitlines() or [""])[-1]
             print(
                 f"[{i}/{len(plan)}] {s} / {f}{' (fixed)' if fixed else ''} / {rep}: {r.verdict} {r.severity} "
                 f"({r.status}, {r.elapsed_s:.0f} s){extra}",
@@ -1021,13 +974,10 @@ def main(argv: Optional[list] = None) -> int:
             f"ranksight diagnosis corpus, {started}, commit {head[:12]}, source {source_hash[:12]}, "
             f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
-            + (
-                f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
-                f"{summary['ingest_beside']}"
-                if args.ingest_every
-                else ""
-            )
         )
+        if args.ingest_every:
+            header += f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
+            header += f"{summary['ingest_beside']}"
         if left_out:
             header += "\nleft out by --budget-s: " + ", ".join(
                 f"{s}/{f}{' (fixed)' if fixed else ''}/{rep}" for s, f, rep, fixed in left_out
@@ -1039,13 +989,9 @@ def main(argv: Optional[list] = None) -> int:
             with open(args.text, "w") as fh:
                 fh.write(text + "\n")
         if args.json:
+            script = os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py"
             doc = {
-                "command": " ".join(
-                    [
-                        os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py",
-                        *(argv if argv is not None else sys.argv[1:]),
-                    ]
-                ),
+                "command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]),
                 "started": started,
                 "commit": head,
                 "source_digest": source_hash,
