@@ -727,9 +727,8 @@ def rediagnose(args) -> int:
     root = args.rediagnose
     with open(os.path.join(root, "results.jsonl")) as fh:
         old = [RunResult(**json.loads(line)) for line in fh if line.strip()]
-    src, source = None, f"installed package (live working tree {REPO})"
-    if args.snapshot != "none":
-        src, source = snapshot_source(args.snapshot, tempfile.mkdtemp(prefix="ranksight-src-"))
+    dest = tempfile.mkdtemp(prefix="ranksight-src-") if args.snapshot != "none" else ""
+    src, source = ranksight_source(args.snapshot, dest)
     device_record = {}
     try:  # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
         with open(os.path.join(root, DEVICE_FILE)) as fh:
@@ -753,33 +752,33 @@ def rediagnose(args) -> int:
                 fresh.status, fresh.verdict, fresh.error_tail = "diagnose-error", "error", str(exc)
             r = fresh
         results.append(r)
-    summary = score(results)
-    text = report_text(
-        results,
-        summary,
-        f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} "
-        f"from {root}{', jobs ran on ' + device_record['where'] if device_record.get('where') else ''}\n"
-        f"ranksight: {source}",
-    )
+    where = f", jobs ran on {device_record['where']}" if device_record.get("where") else ""
+    header = f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} from {root}{where}\n"
+    meta = {"rediagnosed": root, "device": device_record, "ranksight_source": source, "commit": commit() or ""}
+    write_reports(args, results, score(results), header + f"ranksight: {source}", meta)
+    return 0
+
+
+def ranksight_source(snapshot: str, dest: str) -> tuple:
+    """(folder to put ahead on PYTHONPATH or None, words): the installed package, or ``--snapshot``'s copy."""
+    if snapshot == "none":
+        return None, f"installed package (live working tree {REPO})"
+    return snapshot_source(snapshot, dest)
+
+
+def write_reports(args, results: list, summary: dict, header: str, meta: dict, left_out: Optional[list] = None) -> None:
+    """The report printed and written to ``--text``; ``meta``, then every run, the scores and the fix check, to
+    ``--json``."""
+    text = report_text(results, summary, header)
     print(text)
     if args.text:
         with open(args.text, "w") as fh:
             fh.write(text + "\n")
     if args.json:
-        write_results(
-            args.json,
-            {
-                "rediagnosed": root,
-                "device": device_record,
-                "ranksight_source": source,
-                "commit": commit() or "",
-                "expected": EXPECTED,
-                "summary": summary,
-                "fix_check": fix_check(results),
-                "runs": [asdict(r) for r in results],
-            },
-        )
-    return 0
+        doc = {**meta, "expected": EXPECTED, "summary": summary, "fix_check": fix_check(results)}
+        if left_out is not None:
+            doc["left_out"] = [list(job) for job in left_out]
+        write_results(args.json, {**doc, "runs": [asdict(r) for r in results]})
 
 
 def gpu_names() -> list:
@@ -933,9 +932,7 @@ def main(argv: Optional[list] = None) -> int:
     plan = build_plan(args.scripts, args.faults, args.repeats, args.repeats_of, args.check_fix, args.fix_repeats)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     head = commit() or ""  # at the start: others may commit while the corpus runs
-    src, source = None, f"installed package (live working tree {REPO})"
-    if args.snapshot != "none":
-        src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
+    src, source = ranksight_source(args.snapshot, os.path.join(root, "src"))
     source_hash = source_digest(os.path.join(src, "ranksight") if src else None)
     print(f"ranksight: {source}", flush=True)
     print(
@@ -982,30 +979,13 @@ def main(argv: Optional[list] = None) -> int:
             header += "\nleft out by --budget-s: " + ", ".join(
                 f"{s}/{f}{' (fixed)' if fixed else ''}/{rep}" for s, f, rep, fixed in left_out
             )
-        text = report_text(results, summary, header)
+        script = os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py"
+        meta = {"command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]), "started": started}
+        meta.update(commit=head, source_digest=source_hash, ranksight_source=source)
+        meta["host"] = {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+        meta.update(device=device_record, settings=vars(args))
         print()
-        print(text)
-        if args.text:
-            with open(args.text, "w") as fh:
-                fh.write(text + "\n")
-        if args.json:
-            script = os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py"
-            doc = {
-                "command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]),
-                "started": started,
-                "commit": head,
-                "source_digest": source_hash,
-                "ranksight_source": source,
-                "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
-                "device": device_record,
-                "settings": vars(args),
-                "expected": EXPECTED,
-                "summary": summary,
-                "fix_check": fix_check(results),
-                "left_out": [list(job) for job in left_out],
-                "runs": [asdict(r) for r in results],
-            }
-            write_results(args.json, doc)
+        write_reports(args, results, summary, header, meta, left_out)
         if not args.out:
             shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -847,7 +847,6 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_results(args.json, result, arms=arms, rounds=args.rounds)
     print(
         f"\n{calib.get('device_name', args.device)}, torch {calib.get('torch')}, {args.rounds} rounds, "

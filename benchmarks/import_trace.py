@@ -401,7 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         ok = True
     payload["out"] = out
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_results(args.json, payload)
     return 0 if ok else 1
 
