@@ -12,8 +12,8 @@ process, and then fixed for every arm). Each launch:
    ``mon.watch(model, optimizer=opt)`` + ``with mon.step():``; ``ranksight.init(enabled=False)`` with the
    same calls; TraceML's documented path for a script it does not launch (``traceml serve`` started
    beside the job, ``traceml.init(mode="auto")`` + ``with traceml.trace_step(model):``);
-   ``torch.profiler.profile(schedule=schedule(wait, warmup, active, repeat=0))`` left on, ``prof.step()``
-   every step (``--profiler-schedule``);
+   ``torch.profiler.profile(schedule=schedule(wait=20, warmup=5, active=5, repeat=0))`` left on,
+   ``prof.step()`` every step;
 2. warms up for the same number of steps in every arm (``--warmup-s`` at the calibrated step: past the
    agent's first flush, which opens the spool and NVML, and its first kernel window at step 50);
 3. times ``--timed-s`` worth of steps (about a whole number of the agent's 2-s flushes) in blocks
