@@ -983,7 +983,7 @@ def main(argv: Optional[list] = None) -> int:
         meta = {"command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]), "started": started}
         meta.update(commit=head, source_digest=source_hash, ranksight_source=source)
         meta["host"] = {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
-        meta.update(device=device_record, settings=vars(args))
+        meta.update(device=device_record, settings={**vars(args), "compile_backend": "eager"})
         print()
         write_reports(args, results, summary, header, meta, left_out)
         if not args.out:
