@@ -274,16 +274,23 @@ def verdict_of(report: dict) -> Optional[dict]:
     return None
 
 
+def _read_json(path: str, default=None):
+    """The JSON document in ``path``; ``default`` where it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
 def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
     """Per rank: steps seen, median and mean step interval, and the planted code's share of the step time."""
     ranks = {}
     if not os.path.isdir(truth_dir):
         return ranks
     for name in sorted(os.listdir(truth_dir)):
-        try:
-            with open(os.path.join(truth_dir, name)) as f:
-                t = json.load(f)
-        except (OSError, ValueError):
+        t = _read_json(os.path.join(truth_dir, name))
+        if t is None:
             continue
         ends, fault_s = t.get("step_ends", []), t.get("fault_s", [])
         intervals = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :])]
@@ -729,12 +736,8 @@ def rediagnose(args) -> int:
         old = [RunResult(**json.loads(line)) for line in fh if line.strip()]
     dest = tempfile.mkdtemp(prefix="ranksight-src-") if args.snapshot != "none" else ""
     src, source = ranksight_source(args.snapshot, dest)
-    device_record = {}
-    try:  # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
-        with open(os.path.join(root, DEVICE_FILE)) as fh:
-            device_record = json.load(fh)
-    except (OSError, ValueError):
-        pass
+    # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
+    device_record = _read_json(os.path.join(root, DEVICE_FILE), {})
     results = []
     for r in old:
         truth_dir = os.path.join(root, "truth", r.run_id)
