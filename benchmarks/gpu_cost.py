@@ -633,17 +633,18 @@ def summarize(runs: list[dict], calib: dict) -> dict:
             a: dict = {"runs": len(ok), "errors": errs}
             if ok:
 
-                def med(key, ok=ok):
-                    return median(r.get(key) for r in ok)
+                def med(key, scale=1.0, ok=ok):
+                    m = median(r.get(key) for r in ok)
+                    return None if m is None else m * scale
 
                 a.update(
                     mean_step_ms=[round(r["mean_step_s"] * 1e3, 4) for r in ok],
-                    step_ms=1e3 * med("mean_step_s"),
+                    step_ms=med("mean_step_s", 1e3),
                     ratio=spread(ratios.get(arm, [])) if arm != "none" else {"median": 1.0},
                     process_cpu_ratio=spread(cpu_ratios.get(arm, [])) if arm != "none" else {"median": 1.0},
                     gpu_util=med("gpu_util"),
-                    host_enqueue_ms=None if med("host_enqueue_s") is None else 1e3 * med("host_enqueue_s"),
-                    gpu_step_ms=None if med("gpu_step_s") is None else 1e3 * med("gpu_step_s"),
+                    host_enqueue_ms=med("host_enqueue_s", 1e3),
+                    gpu_step_ms=med("gpu_step_s", 1e3),
                     main_thread_cpu_us=med("main_thread_cpu_us_per_step"),
                     process_cpu_us=med("process_cpu_us_per_step"),
                     tool_thread_cpu_us=statistics.median(
@@ -681,6 +682,11 @@ def _f(x, fmt="{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
+def _spread(s: dict, digits: int = 3) -> str:
+    """A ``spread``'s median (min-max); "–" without one."""
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})" if s else "–"
+
+
 def table(summary: dict) -> str:
     head = (
         "| size | arm | runs | mean step ms (median) | ratio to none, median (min-max) | process CPU ratio | "
@@ -695,17 +701,12 @@ def table(summary: dict) -> str:
                 err = (a["errors"] or ["?"])[0] or "?"
                 lines.append(f"| {label} | {arm} | 0 | not run: {err[:80]} |" + " |" * 9)
                 continue
-            r = a["ratio"]
-            ratio = "1" if arm == "none" else f"{r['median']:.4f} ({r['min']:.4f}-{r['max']:.4f})" if r else "–"
-            cr = a["process_cpu_ratio"]
-            cpu_ratio = "1" if arm == "none" else _f(cr.get("median"))
+            ratio = "1" if arm == "none" else _spread(a["ratio"], 4)
+            cpu_ratio = "1" if arm == "none" else _f(a["process_cpu_ratio"].get("median"))
             lead = f"{_f(a['host_enqueue_ms'], '{:.2f}')} / {_f(a['gpu_step_ms'], '{:.2f}')}"
             if a.get("bound"):
                 lead += f" ({a['bound']}-bound)"
-            we = a["warmup_extra_s"]
-            warm = "–" if not we else f"{we['median']:.3f} ({we['min']:.3f}-{we['max']:.3f})"
-            wo = a.get("window_one_off_s")
-            win = "–" if not wo else f"{wo['median']:.3f} ({wo['min']:.3f}-{wo['max']:.3f})"
+            warm, win = _spread(a["warmup_extra_s"]), _spread(a.get("window_one_off_s"))
             lines.append(
                 f"| {label} | {arm} | {a['runs']} | {a['step_ms']:.3f} | {ratio} | {cpu_ratio} | "
                 f"{_f(a['gpu_util'], '{:.0f}')} | {lead} | {_f(a['main_thread_cpu_us'], '{:.0f}')} | "
