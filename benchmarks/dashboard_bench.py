@@ -248,9 +248,6 @@ def time_first_render(run_path: str) -> dict[str, float]:
         for i, (path, marker) in enumerate(visits):
             seconds = time_visit(page, f"http://127.0.0.1:{port}/{path}", marker)
             out["verdict, again" if i == len(visits) - 1 else (path or "verdict")] = seconds
-        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-signals.png"), full_page=True)
-        time_visit(page, f"http://127.0.0.1:{port}/heatmaps", "compute score")
-        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-heatmaps.png"), full_page=True)
     return out
 
 
