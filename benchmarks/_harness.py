@@ -1,8 +1,8 @@
 """What every benchmark repeats, in one place: arms taking turns in rounds with the machine's load at each
-(``in_rounds``), A-B / B-A blocks in one thread (``alternating``), a fresh process timed with its user and
-system CPU (``fresh_process``), the options every benchmark takes (``cli``), NVLink multicast off for the GPU
-benchmarks (``device_env``), and a results file whose header says where, from which commit and with which
-command its figures were measured (``write_results``).
+(``in_rounds``), a fresh process timed with its user and system CPU (``fresh_process``), the options every
+benchmark takes (``cli``), NVLink multicast off for the GPU benchmarks (``device_env``), and a results file
+whose header says where, from which commit and with which command its figures were measured
+(``write_results``).
 
 Why: on a shared machine a figure means something only beside the load it was measured under and the code
 it measured; one implementation keeps every results file comparable with every other.
@@ -45,30 +45,6 @@ def in_rounds(arms, rounds: int, measure, show=None) -> dict[str, list[dict]]:
     return out
 
 
-def alternating(a, b, blocks: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
-    """``blocks`` calls of ``a`` and of ``b`` in one thread, A-B then B-A (machine drift falls on both alike):
-    each block's ((wall, thread CPU) seconds of ``a``, the same of ``b``). The thread's CPU time does not grow
-    while another process holds the core, so it resolves what wall time on shared cores cannot."""
-    out = []
-    for i in range(blocks):
-        timed = {}
-        for side in "ab" if i % 2 == 0 else "ba":
-            fn = a if side == "a" else b
-            t0, c0 = time.perf_counter(), time.thread_time()
-            fn()
-            timed[side] = (time.perf_counter() - t0, time.thread_time() - c0)
-        out.append((timed["a"], timed["b"]))
-    return out
-
-
-def loop_us(fn, calls: int) -> float:
-    """Microseconds per call of ``fn()`` called ``calls`` times in a tight loop."""
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter_ns() - t0) / calls / 1000
-
-
 def timed(fn, repeats: int = 3, each: list | None = None) -> tuple[float, object]:
     """(median seconds of ``repeats`` calls of ``fn()``, the last call's result); each call's seconds are
     appended to ``each`` where given."""
@@ -108,12 +84,6 @@ def read_rows(run_path: str, kind: str) -> list[dict]:
     folder = os.path.join(run_path, kind)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet")) if os.path.isdir(folder) else []
     return [row for name in names for row in pq.read_table(os.path.join(folder, name)).to_pylist()]
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` by rank (no interpolation): a value that was measured."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def free_port() -> int:
@@ -181,7 +151,8 @@ def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
+    """The checkout's HEAD commit; None outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -204,13 +175,14 @@ def machine() -> dict:
 
 def header(arms: list | None = None, rounds: int | None = None) -> dict:
     """The common header of a results file: command line, commit, machine, arms and rounds."""
-    return {"command": [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]], "commit": _commit(),
+    return {"command": [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]], "commit": commit(),
             "machine": machine(), "arms": arms, "rounds": rounds}  # fmt: skip
 
 
 def write_results(path: str, figures: dict, arms: list | None = None, rounds: int | None = None) -> None:
     """Write ``figures`` to ``path`` as JSON, the common ``header`` first (its keys beside the figures'
-    own, which stay where readers of the file look for them)."""
+    own, which stay where readers of the file look for them); its folder is made where missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"header": header(arms, rounds), **figures}, f, indent=1, default=_plain)
 

@@ -37,17 +37,8 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
     t0 = 1_780_000_000 * 10**9
     now = time.time_ns()
     for r in range(ranks):
-        meta = {
-            "rank": r,
-            "job": "bench",
-            "run": run,
-            "world_size": ranks,
-            "status": "finished",
-            "started_ns": now,
-            "heartbeat_ns": now + int(steps * STEP_S * 1e9),
-            "steps": steps,
-            "flush_interval_s": 2.0,
-        }
+        meta = {"rank": r, "job": "bench", "run": run, "world_size": ranks, "status": "finished", "started_ns": now}
+        meta.update(heartbeat_ns=now + int(steps * STEP_S * 1e9), steps=steps, flush_interval_s=2.0)
         with open(os.path.join(run_path, "ranks", f"rank-{r:05d}.json"), "w") as f:
             json.dump(meta, f)
     rng = np.random.default_rng(0)
@@ -101,36 +92,17 @@ def make_store(run_path: str, ranks: int, steps: int, files: int = 8) -> None:
         per_rank = int(steps * STEP_S / SAMPLE_EVERY_S)
         srk = np.repeat(np.arange(lo, min(ranks, lo + per_file), dtype=np.int32), per_rank)
         k = np.tile(np.arange(per_rank, dtype=np.int64), len(srk) // per_rank)
-        parts = []
+        m, frames = len(srk), []
         for name in SAMPLE_SERIES:
-            m = len(srk)
             if name.endswith("_bytes"):
                 value = 40e9 + 1e9 * rng.uniform(0, 1, m)
             else:
                 value = np.clip(rng.normal(0.8, 0.05, m) * np.where(srk == straggler, 1.0, 0.75), 0, 1)
-            parts.append({"rank": srk, "k": k, "name": name, "value": value})
-        sschema = arrow_schema("samples")
-        frames = []
-        for p in parts:
-            m = len(p["rank"])
-            frames.append(
-                pa.table(
-                    {
-                        "job": pa.array(["bench"] * m),
-                        "run": pa.array([run] * m),
-                        "node": pa.array(["node"] * m),
-                        "rank": p["rank"],
-                        "local_rank": p["rank"] % 8,
-                        "world_size": np.full(m, ranks, np.int32),
-                        "pid": 1000 + p["rank"],
-                        "time_ns": t0 + (p["k"] * SAMPLE_EVERY_S * 1e9).astype(np.int64),
-                        "step": (p["k"] * SAMPLE_EVERY_S / STEP_S).astype(np.int64),
-                        "name": pa.array([p["name"]] * m),
-                        "value": p["value"],
-                    },
-                    schema=sschema,
-                )
-            )
+            cols = {"job": pa.array(["bench"] * m), "run": pa.array([run] * m), "node": pa.array(["node"] * m)}
+            cols.update(rank=srk, local_rank=srk % 8, world_size=np.full(m, ranks, np.int32), pid=1000 + srk)
+            cols.update(time_ns=t0 + (k * SAMPLE_EVERY_S * 1e9).astype(np.int64))
+            cols.update(step=(k * SAMPLE_EVERY_S / STEP_S).astype(np.int64), name=pa.array([name] * m), value=value)
+            frames.append(pa.table(cols, schema=arrow_schema("samples")))
         pq.write_table(pa.concat_tables(frames), os.path.join(run_path, "samples", f"bench_{i:03d}.parquet"))
 
 
@@ -149,14 +121,11 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
     t = time.perf_counter()
     rollup.refresh()
     out["rollup: refresh, nothing new"] = (time.perf_counter() - t) * 1000
-    try:
-        from ranksight.rules import diagnose
-    except ImportError:
-        diagnose = None
-    if diagnose is not None:  # the Verdict page's one call: the rules' own pass over the run
-        t = time.perf_counter()
-        diagnose(run_path)
-        out["rules: diagnose() for the Verdict page"] = (time.perf_counter() - t) * 1000
+    from ranksight.rules import diagnose
+
+    t = time.perf_counter()
+    diagnose(run_path)  # the Verdict page's one call: the rules' own pass over the run
+    out["rules: diagnose() for the Verdict page"] = (time.perf_counter() - t) * 1000
     con = rollup.cursor()
     order = q.rank_order(con)
     panels = {
@@ -177,15 +146,8 @@ def time_queries(run_path: str, repeat: int = 3) -> dict[str, float]:
     return out
 
 
-CHROMIUM_ARGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-)
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking")
+CHROMIUM_ARGS += ("--disable-component-update", "--disable-sync", "--no-first-run")
 #: Page URL -> text that shows its content has been drawn.
 RENDER_PAGES = {
     "": "Where step time goes",  # Verdict, the landing page: rules over the raw steps + rollup
@@ -286,9 +248,6 @@ def time_first_render(run_path: str) -> dict[str, float]:
         for i, (path, marker) in enumerate(visits):
             seconds = time_visit(page, f"http://127.0.0.1:{port}/{path}", marker)
             out["verdict, again" if i == len(visits) - 1 else (path or "verdict")] = seconds
-        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-signals.png"), full_page=True)
-        time_visit(page, f"http://127.0.0.1:{port}/heatmaps", "compute score")
-        page.screenshot(path=os.path.join(os.path.dirname(run_path), "bench-heatmaps.png"), full_page=True)
     return out
 
 

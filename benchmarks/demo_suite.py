@@ -62,14 +62,8 @@ def run(args) -> int:
         args.faults = list(GPU_DEFAULT if torch.cuda.is_available() else CPU_DEFAULT)
     for fault in args.faults:
         name = f"{args.prefix}-{fault}-r{args.ranks}"
-        cfg = DemoConfig(
-            fault=fault,
-            ranks=args.ranks,
-            steps=args.steps,
-            run_dir=os.path.join(args.out, "runs"),
-            job="demo-suite",
-            run_id=name,
-        )
+        runs = os.path.join(args.out, "runs")
+        cfg = DemoConfig(fault=fault, ranks=args.ranks, steps=args.steps, run_dir=runs, job="demo-suite", run_id=name)
         t0 = time.perf_counter()
         try:
             path = run_demo(cfg)
@@ -112,25 +106,14 @@ def report(args) -> int:
         if fault in ("straggler", "straggler30") and first:  # the demo slows the last rank down
             right &= first["ranks"] == [ranks - 1]
         ok &= right
+        row = {"run": name, "fault": fault, "first": got}
+        row.update({k: first[k] if first else None for k in ("severity", "confidence", "ranks", "evidence")})
         table.append(
-            {
-                "run": name,
-                "fault": fault,
-                "first": got,
-                "severity": first["severity"] if first else None,
-                "confidence": first["confidence"] if first else None,
-                "ranks": first["ranks"] if first else None,
-                "evidence": first["evidence"] if first else None,
-                "others": [f["rule"] for f in serious[1:]],
-                "right": right,
-                "breakdown": result["breakdown"],
-            }
+            {**row, "others": [f["rule"] for f in serious[1:]], "right": right, "breakdown": result["breakdown"]}
         )
-        shown = (
-            f"{got[0]} / {got[1]} ({first['severity']}, {first['confidence']:.2f}, ranks {first['ranks']})"
-            if first
-            else "no warning"
-        )
+        shown = "no warning"
+        if first:
+            shown = f"{got[0]} / {got[1]} ({first['severity']}, {first['confidence']:.2f}, ranks {first['ranks']})"
         print(f"{name:28s} {shown:55s} {'right' if right else 'WRONG'}")
     write_results(os.path.join(args.dir, "demo_diagnosis.json"), {"runs": table})
     return 0 if ok else 1

@@ -57,6 +57,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -65,7 +66,7 @@ WORKLOADS = os.path.join(HERE, "workloads")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _harness import write_results  # noqa: E402
+from _harness import commit, write_results  # noqa: E402
 
 ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
 GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
@@ -96,26 +97,18 @@ class Script:
     file: str
     launcher: str  # "torchrun" or "python" (the script starts its own ranks: Lightning)
     faults: tuple
-    args: tuple = ()
 
 
 SCRIPTS = {
     s.name: s
     for s in (
-        Script(
-            "gpt_trainer",
-            "gpt_trainer.py",
-            "torchrun",
-            (*ALL_FAULTS, "cpu-ops", "host-sync", "fragmentation", "launch-bound"),
-        ),
+        # every GPU fault but pageable copies: nanoGPT's batches are tokens, nothing to pin
+        Script("gpt_trainer", "gpt_trainer.py", "torchrun", (*ALL_FAULTS, *GPU_FAULTS[1:])),
         Script("ddp_tutorial", "ddp_tutorial.py", "torchrun", (*ALL_FAULTS, "pageable", "cpu-ops", "host-sync")),
         Script("hf_trainer", "hf_trainer.py", "torchrun", ALL_FAULTS),
         Script("lightning_trainer", "lightning_trainer.py", "python", ALL_FAULTS),
-        # not in the default set: the nanoGPT loop without mon.data() marks (data wait not measured)
-        Script("gpt_trainer_nomarks", "gpt_trainer.py", "torchrun", ALL_FAULTS, ("--no-data-marks",)),
     )
 }
-DEFAULT_SCRIPTS = ("gpt_trainer", "ddp_tutorial", "hf_trainer", "lightning_trainer")
 DEVICE_FILE = "device.json"  # in --out: where the jobs ran, for --rediagnose's report
 RANKS = 2  # ranks of a CPU job (gloo); a GPU job has one rank per GPU (--gpus)
 WARMUP_STEPS = 5  # what the diagnosis leaves out; the truth share is taken over the same steps
@@ -199,39 +192,18 @@ def launch_command(
     steps: int,
     run_dir: str,
     run_id: str,
-    compile_backend: str = "eager",
     launch: Launch = Launch(),
     fixed: bool = False,
 ) -> list:
-    path = os.path.join(WORKLOADS, script.file)
-    script_args = [
-        path,
-        "--fault",
-        fault,
-        "--steps",
-        str(steps),
-        "--run-dir",
-        run_dir,
-        "--run-id",
-        run_id,
-        "--compile-backend",
-        compile_backend,
-        *script.args,
-        *launch.script_args(),
-        *(["--fix"] if fixed else []),
-    ]
+    script_args = [os.path.join(WORKLOADS, script.file), "--fault", fault, "--steps", str(steps), "--run-dir", run_dir]
+    # graph breaks are dynamo's, the same with any backend; inductor takes minutes a run on 2 CPU cores
+    script_args += ["--run-id", run_id, "--compile-backend", "eager", *launch.script_args()]
+    script_args += ["--fix"] if fixed else []
     if script.launcher == "torchrun":
         if launch.dist_backend:
             script_args += ["--dist-backend", launch.dist_backend]
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(launch.ranks),
-            *script_args,
-        ]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        return [*torchrun, "--nproc-per-node", str(launch.ranks), *script_args]
     if launch.ranks != RANKS:  # Lightning starts its own ranks, 2 unless told
         script_args += ["--devices", str(launch.ranks)]
     return [sys.executable, *script_args]
@@ -260,15 +232,8 @@ def run_job(cmd: list, env: dict, log_path: str, timeout: float) -> tuple:
     """Run one job to completion in its own session; (returncode or None on timeout, seconds)."""
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=WORKLOADS,
-            start_new_session=True,
-        )
+        io = {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+        proc = subprocess.Popen(cmd, env=env, cwd=WORKLOADS, start_new_session=True, **io)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -309,16 +274,23 @@ def verdict_of(report: dict) -> Optional[dict]:
     return None
 
 
+def _read_json(path: str, default=None):
+    """The JSON document in ``path``; ``default`` where it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
 def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
     """Per rank: steps seen, median and mean step interval, and the planted code's share of the step time."""
     ranks = {}
     if not os.path.isdir(truth_dir):
         return ranks
     for name in sorted(os.listdir(truth_dir)):
-        try:
-            with open(os.path.join(truth_dir, name)) as f:
-                t = json.load(f)
-        except (OSError, ValueError):
+        t = _read_json(os.path.join(truth_dir, name))
+        if t is None:
             continue
         ends, fault_s = t.get("step_ends", []), t.get("fault_s", [])
         intervals = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :])]
@@ -379,7 +351,6 @@ def run_one(
     steps: int,
     root: str,
     timeout: float = 300.0,
-    compile_backend: str = "eager",
     src: Optional[str] = None,
     launch: Launch = Launch(),
     diagnose: bool = True,
@@ -399,7 +370,7 @@ def run_one(
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
     res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault], fixed=fixed)
-    cmd = launch_command(script, fault, steps, run_dir, run_id, compile_backend, launch, fixed)
+    cmd = launch_command(script, fault, steps, run_dir, run_id, launch, fixed)
     beside = None
     if ingest_every:
         done, found = threading.Event(), {}
@@ -459,24 +430,11 @@ def ingest_beside_summary(results: list) -> dict:
     }
 
 
+FINDING_KEYS = ("rule", "severity", "confidence", "ranks", "cost_share", "speedup", "cost_basis", "explained_by")
+
+
 def _fill_from_report(res: RunResult, report: dict) -> None:
-    res.findings = [
-        {
-            k: f.get(k)
-            for k in (
-                "rule",
-                "severity",
-                "confidence",
-                "ranks",
-                "cost_share",
-                "speedup",
-                "cost_basis",
-                "explained_by",
-                "evidence",
-            )
-        }
-        for f in report.get("findings", [])
-    ]
+    res.findings = [{k: f.get(k) for k in (*FINDING_KEYS, "evidence")} for f in report.get("findings", [])]
     res.breakdown = report.get("breakdown", {}).get("ranks", [])
     res.ranks_reporting = len(res.breakdown)
     res.steps_per_rank = {str(r.get("rank")): r.get("steps") for r in res.breakdown}
@@ -491,14 +449,8 @@ def _fill_from_report(res: RunResult, report: dict) -> None:
     res.hit = None if res.fixed else res.verdict == res.expected
 
 
-PACKAGE_DIRS = {
-    "ranksight": "ranksight",
-    "agent": "agent",
-    "collectors": "collectors",
-    "rules": "rules",
-    "dashboard": "dashboard",
-    "integrations": "integrations",
-}  # pyproject's package-dir
+PACKAGES = ("ranksight", "agent", "collectors", "rules", "dashboard", "integrations")
+"""pyproject's package-dir: ``ranksight`` from its folder, the others as its subpackages from theirs."""
 
 
 def snapshot_source(how: str, dest: str) -> tuple:
@@ -516,50 +468,40 @@ def snapshot_source(how: str, dest: str) -> tuple:
     pkg = os.path.join(dest, "ranksight")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(os.path.join(src_root, "ranksight"), pkg, ignore=ignore)
-    for sub, folder in PACKAGE_DIRS.items():
-        if sub != "ranksight":
-            shutil.copytree(os.path.join(src_root, folder), os.path.join(pkg, sub), ignore=ignore)
+    for sub in PACKAGES[1:]:
+        shutil.copytree(os.path.join(src_root, sub), os.path.join(pkg, sub), ignore=ignore)
     if how == "head":
         shutil.rmtree(src_root, ignore_errors=True)
-        return dest, f"HEAD {_git_commit()[:12]}"
+        return dest, f"HEAD {(commit() or '')[:12]}"
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *PACKAGE_DIRS.values()], capture_output=True, text=True, cwd=REPO
+        ["git", "status", "--porcelain", "--", *PACKAGES], capture_output=True, text=True, cwd=REPO
     ).stdout.count("\n")
-    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {_git_commit()[:12]} ({dirty} changed files)"
+    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {(commit() or '')[:12]} ({dirty} changed files)"
 
 
 # ------------------------------------------------------------------------------------------- scoring
+def _rate(n: int, of: int) -> Optional[float]:
+    return round(n / of, 3) if of else None
+
+
 def score(results: list) -> dict:
     results = [r for r in results if not r.fixed]  # --check-fix's reruns are judged by fix_check()
+    ok = [r for r in results if r.status == "ok"]
     by_fault: dict = {}
     for fault in dict.fromkeys(r.fault for r in results):
         rs = [r for r in results if r.fault == fault]
-        ok = [r for r in rs if r.status == "ok"]
-        hits = [r for r in ok if r.hit]
-        verdicts: dict = {}
-        for r in rs:
-            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
-        row = {
-            "expected": EXPECTED[fault],
-            "runs": len(rs),
-            "errors": len(rs) - len(ok),
-            "hits": len(hits),
-            "recall": round(len(hits) / len(ok), 3) if ok else None,
-            "verdicts": verdicts,
-        }
+        hits = [r for r in rs if r.status == "ok" and r.hit]
+        errors = sum(r.status != "ok" for r in rs)
+        by_fault[fault] = {"expected": EXPECTED[fault], "runs": len(rs), "errors": errors, "hits": len(hits)}
+        by_fault[fault].update(recall=_rate(len(hits), len(rs) - errors), verdicts=dict(Counter(r.verdict for r in rs)))
         if fault == "straggler":
-            row["named_rank_1"] = sum(1 for r in hits if r.ranks == [STRAGGLER_RANK])
-        by_fault[fault] = row
+            by_fault[fault]["named_rank_1"] = sum(1 for r in hits if r.ranks == [STRAGGLER_RANK])
     precision: dict = {}
-    for rule in dict.fromkeys(r.verdict for r in results if r.status == "ok"):
-        rs = [r for r in results if r.status == "ok" and r.verdict == rule]
-        right = [r for r in rs if EXPECTED[r.fault] == rule]
-        precision[rule] = {
-            "runs": len(rs),
-            "right": len(right),
-            "precision": round(len(right) / len(rs), 3),
-            "faults": sorted({r.fault for r in rs}),
-        }
+    for rule in dict.fromkeys(r.verdict for r in ok):
+        rs = [r for r in ok if r.verdict == rule]
+        right = sum(EXPECTED[r.fault] == rule for r in rs)
+        precision[rule] = {"runs": len(rs), "right": right, "precision": _rate(right, len(rs))}
+        precision[rule]["faults"] = sorted({r.fault for r in rs})
     groups: dict = {}
     for r in results:
         groups.setdefault((r.script, r.fault), []).append(r)
@@ -572,26 +514,20 @@ def score(results: list) -> dict:
             flips += len(set(vs)) > 1
     by_script: dict = {}
     for script in dict.fromkeys(r.script for r in results):
-        rs = [r for r in results if r.script == script and r.status == "ok"]
-        by_script[script] = {
-            "runs": len([r for r in results if r.script == script]),
-            "hits": sum(bool(r.hit) for r in rs),
-            "recall": round(sum(bool(r.hit) for r in rs) / len(rs), 3) if rs else None,
-        }
-    healthy = [r for r in results if r.fault == "none" and r.status == "ok"]
-    ok = [r for r in results if r.status == "ok"]
+        hits = sum(bool(r.hit) for r in ok if r.script == script)
+        runs = sum(r.script == script for r in results)
+        by_script[script] = {"runs": runs, "hits": hits, "recall": _rate(hits, sum(r.script == script for r in ok))}
+    healthy = [r for r in ok if r.fault == "none"]
     return {
         "by_script": by_script,
         "by_fault": by_fault,
         "precision": precision,
-        "healthy_silent_rate": round(sum(r.verdict == "silent" for r in healthy) / len(healthy), 3)
-        if healthy
-        else None,
-        "flip_rate": round(flips / judged, 3) if judged else None,
+        "healthy_silent_rate": _rate(sum(r.verdict == "silent" for r in healthy), len(healthy)),
+        "flip_rate": _rate(flips, judged),
         "flipped_groups": flips,
         "groups_judged": judged,
         "verdicts_by_group": per_group,
-        "overall_recall": round(sum(bool(r.hit) for r in ok) / len(ok), 3) if ok else None,
+        "overall_recall": _rate(sum(bool(r.hit) for r in ok), len(ok)),
         "runs": len(results),
         "errors": len(results) - len(ok),
     }
@@ -683,21 +619,8 @@ def fix_check_text(rows: list) -> list:
     """The fix check as table lines (empty without fixed runs)."""
     if not rows:
         return []
-    cols = (
-        "script",
-        "fault",
-        "named first",
-        "cost stated",
-        "speedup",
-        "step/sample before",
-        "after",
-        "gain",
-        "gain (mean step)",
-        "gain (ranksight clock)",
-        "stated - gain",
-        "within 5 pp",
-        "after the fix",
-    )
+    cols = ("script", "fault", "named first", "cost stated", "speedup", "step/sample before", "after", "gain")
+    cols += ("gain (mean step)", "gain (ranksight clock)", "stated - gain", "within 5 pp", "after the fix")
     out = []
     for row in rows:
         cost = row["cost_share"]
@@ -742,21 +665,12 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
     cols = ("script", "fault", "rep", "verdict", "severity", "conf", "ranks", "step ms", "fault share", "status", "s")
     rows = []
     for r in results:
-        rows.append(
-            (
-                r.script,
-                r.fault + (" (fixed)" if r.fixed else ""),
-                str(r.repeat),
-                r.verdict + ("" if r.hit or r.status != "ok" or r.fixed else " (miss)"),
-                _fmt(r.severity),
-                _fmt(r.confidence, ".2f"),
-                ",".join(map(str, r.ranks)) or "-",
-                _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f"),
-                _truth_cell(r),
-                r.status,
-                f"{r.elapsed_s:.0f}",
-            )
-        )
+        fault, verdict = r.fault + (" (fixed)" if r.fixed else ""), r.verdict
+        verdict += "" if r.hit or r.status != "ok" or r.fixed else " (miss)"
+        step_ms = _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f")
+        ranks = ",".join(map(str, r.ranks)) or "-"
+        rows.append((r.script, fault, str(r.repeat), verdict, _fmt(r.severity), _fmt(r.confidence, ".2f"), ranks))
+        rows[-1] += (step_ms, _truth_cell(r), r.status, f"{r.elapsed_s:.0f}")
     lines += _table(cols, rows)
     lines.append("")
     fixes = fix_check_text(fix_check(results))
@@ -768,18 +682,9 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
     for fault, row in summary["by_fault"].items():
         verdicts = ", ".join(f"{k} x{v}" for k, v in sorted(row["verdicts"].items(), key=lambda kv: -kv[1]))
         note = f"rank 1 named in {row['named_rank_1']}/{row['hits']}" if fault == "straggler" else ""
-        rows.append(
-            (
-                fault,
-                row["expected"],
-                str(row["runs"]),
-                str(row["errors"]),
-                f"{row['hits']}/{row['runs'] - row['errors']}"
-                + (f" ({row['recall']:.0%})" if row["recall"] is not None else ""),
-                verdicts,
-                note,
-            )
-        )
+        recall = f"{row['hits']}/{row['runs'] - row['errors']}"
+        recall += f" ({row['recall']:.0%})" if row["recall"] is not None else ""
+        rows.append((fault, row["expected"], str(row["runs"]), str(row["errors"]), recall, verdicts, note))
     lines += _table(cols, rows)
     lines.append("")
     faults = list(dict.fromkeys(r.fault for r in results))
@@ -829,33 +734,18 @@ def rediagnose(args) -> int:
     root = args.rediagnose
     with open(os.path.join(root, "results.jsonl")) as fh:
         old = [RunResult(**json.loads(line)) for line in fh if line.strip()]
-    src, source = None, f"installed package (live working tree {REPO})"
-    if args.snapshot != "none":
-        src, source = snapshot_source(args.snapshot, tempfile.mkdtemp(prefix="ranksight-src-"))
-    device_record = {}
-    try:  # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
-        with open(os.path.join(root, DEVICE_FILE)) as fh:
-            device_record = json.load(fh)
-    except (OSError, ValueError):
-        pass
+    dest = tempfile.mkdtemp(prefix="ranksight-src-") if args.snapshot != "none" else ""
+    src, source = ranksight_source(args.snapshot, dest)
+    # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
+    device_record = _read_json(os.path.join(root, DEVICE_FILE), {})
     results = []
     for r in old:
         truth_dir = os.path.join(root, "truth", r.run_id)
         if os.path.isdir(truth_dir):  # read again: later figures (the mean step) from the script's own record
             r.truth = truth_summary(truth_dir) or r.truth
         if r.status in ("ok", "diagnose-error"):
-            fresh = RunResult(
-                r.script,
-                r.fault,
-                r.repeat,
-                r.run_id,
-                r.run_path,
-                expected=EXPECTED[r.fault],
-                returncode=r.returncode,
-                elapsed_s=r.elapsed_s,
-                truth=r.truth,
-                fixed=r.fixed,
-            )
+            fresh = RunResult(r.script, r.fault, r.repeat, r.run_id, r.run_path, expected=EXPECTED[r.fault])
+            fresh.returncode, fresh.elapsed_s, fresh.truth, fresh.fixed = r.returncode, r.elapsed_s, r.truth, r.fixed
             kept = os.path.join(root, "runs", os.path.basename(r.run_path))
             if not os.path.isdir(r.run_path) and os.path.isdir(kept):  # unpacked elsewhere (runs.tgz)
                 fresh.run_path = kept
@@ -865,33 +755,33 @@ def rediagnose(args) -> int:
                 fresh.status, fresh.verdict, fresh.error_tail = "diagnose-error", "error", str(exc)
             r = fresh
         results.append(r)
-    summary = score(results)
-    text = report_text(
-        results,
-        summary,
-        f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} "
-        f"from {root}{', jobs ran on ' + device_record['where'] if device_record.get('where') else ''}\n"
-        f"ranksight: {source}",
-    )
+    where = f", jobs ran on {device_record['where']}" if device_record.get("where") else ""
+    header = f"ranksight diagnosis corpus, re-diagnosed {time.strftime('%Y-%m-%d %H:%M:%S')} from {root}{where}\n"
+    meta = {"rediagnosed": root, "device": device_record, "ranksight_source": source, "commit": commit() or ""}
+    write_reports(args, results, score(results), header + f"ranksight: {source}", meta)
+    return 0
+
+
+def ranksight_source(snapshot: str, dest: str) -> tuple:
+    """(folder to put ahead on PYTHONPATH or None, words): the installed package, or ``--snapshot``'s copy."""
+    if snapshot == "none":
+        return None, f"installed package (live working tree {REPO})"
+    return snapshot_source(snapshot, dest)
+
+
+def write_reports(args, results: list, summary: dict, header: str, meta: dict, left_out: Optional[list] = None) -> None:
+    """The report printed and written to ``--text``; ``meta``, then every run, the scores and the fix check, to
+    ``--json``."""
+    text = report_text(results, summary, header)
     print(text)
     if args.text:
         with open(args.text, "w") as fh:
             fh.write(text + "\n")
     if args.json:
-        write_results(
-            args.json,
-            {
-                "rediagnosed": root,
-                "device": device_record,
-                "ranksight_source": source,
-                "commit": _git_commit(),
-                "expected": EXPECTED,
-                "summary": summary,
-                "fix_check": fix_check(results),
-                "runs": [asdict(r) for r in results],
-            },
-        )
-    return 0
+        doc = {**meta, "expected": EXPECTED, "summary": summary, "fix_check": fix_check(results)}
+        if left_out is not None:
+            doc["left_out"] = [list(job) for job in left_out]
+        write_results(args.json, {**doc, "runs": [asdict(r) for r in results]})
 
 
 def gpu_names() -> list:
@@ -933,13 +823,13 @@ def source_digest(package_root: Optional[str] = None) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for sub, folder in sorted(PACKAGE_DIRS.items()):
+    for sub in sorted(PACKAGES):
         if package_root is None:
-            top = os.path.join(REPO, folder)
+            top = os.path.join(REPO, sub)
         else:
             top = package_root if sub == "ranksight" else os.path.join(package_root, sub)
         for dirpath, dirnames, filenames in os.walk(top):
-            skip = {"__pycache__", *PACKAGE_DIRS} if dirpath == top and sub == "ranksight" else {"__pycache__"}
+            skip = {"__pycache__", *PACKAGES} if dirpath == top and sub == "ranksight" else {"__pycache__"}
             dirnames[:] = sorted(d for d in dirnames if d not in skip)
             for name in sorted(filenames):
                 if name.endswith((".py", ".yaml")):
@@ -948,13 +838,6 @@ def source_digest(package_root: Optional[str] = None) -> str:
                     with open(path, "rb") as fh:
                         h.update(hashlib.sha256(fh.read()).digest())
     return h.hexdigest()
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    except OSError:
-        return ""
 
 
 def build_plan(
@@ -997,87 +880,41 @@ def build_plan(
 
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_SCRIPTS), choices=sorted(SCRIPTS))
-    parser.add_argument(
-        "--faults",
-        nargs="+",
-        default=None,
-        choices=(*ALL_FAULTS, *GPU_FAULTS),
-        help=f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}",
-    )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
-    parser.add_argument("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
-    parser.add_argument("--json", default=None, help="write every run and the scores here")
-    parser.add_argument("--text", default=None, help="write the printed report here too")
-    parser.add_argument(
-        "--compile-backend",
-        default="eager",
-        help="torch.compile backend of the graph-breaks runs (graph breaks are dynamo's: the same "
-        "with any backend; inductor takes minutes per run on 2 CPU cores)",
-    )
-    parser.add_argument(
-        "--snapshot",
-        choices=("none", "tree", "head"),
-        default="none",
-        help="run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at "
-        "start, or the committed HEAD (default: the installed package, live)",
-    )
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
-    parser.add_argument("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
-    parser.add_argument(
-        "--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)"
-    )
-    parser.add_argument(
-        "--dist-backend",
-        default=None,
-        help="override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)",
-    )
-    parser.add_argument(
-        "--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)"
-    )
-    parser.add_argument(
-        "--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)"
-    )
-    parser.add_argument(
-        "--ingest-every",
-        type=float,
-        default=None,
-        metavar="S",
-        help="run `ranksight ingest RUN --every S --prune --prune-after 0` beside each job (a live run compacted "
-        "as it writes); the verdict then reads the store",
-    )
-    parser.add_argument(
-        "--repeats-of",
-        nargs="+",
-        default=[],
-        metavar="FAULT=N",
-        help="this many repeats of these faults instead of --repeats (e.g. pageable=3)",
-    )
-    parser.add_argument(
-        "--check-fix",
-        nargs="*",
-        default=None,
-        metavar="[SCRIPT/]FAULT",
-        help=f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
-        "names applied (the workloads' --fix), and compare the cost the finding stated with the step time gained; "
-        "with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)",
-    )
-    parser.add_argument("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
-    parser.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="start no job that would likely end past this many seconds from the start (the longest job so far "
-        "is the guess); the reports are written either way, the jobs left out listed",
-    )
-    parser.add_argument(
-        "--rediagnose",
-        default=None,
-        metavar="OUT_DIR",
-        help="run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)",
-    )
+    add = parser.add_argument
+    add("--scripts", nargs="+", default=list(SCRIPTS), choices=sorted(SCRIPTS))
+    faults = f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}"
+    add("--faults", nargs="+", default=None, choices=(*ALL_FAULTS, *GPU_FAULTS), help=faults)
+    add("--repeats", type=int, default=3)
+    add("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
+    add("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
+    add("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
+    add("--json", default=None, help="write every run and the scores here")
+    add("--text", default=None, help="write the printed report here too")
+    snapshot = "run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at start, or the "
+    snapshot += "committed HEAD (default: the installed package, live)"
+    add("--snapshot", choices=("none", "tree", "head"), default="none", help=snapshot)
+    add("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
+    add("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
+    add("--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)")
+    backend = "override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)"
+    add("--dist-backend", default=None, help=backend)
+    add("--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)")
+    add("--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)")
+    ingest = "run `ranksight ingest RUN --every S --prune --prune-after 0` beside each job (a live run compacted as "
+    ingest += "it writes); the verdict then reads the store"
+    add("--ingest-every", type=float, default=None, metavar="S", help=ingest)
+    repeats_of = "this many repeats of these faults instead of --repeats (e.g. pageable=3)"
+    add("--repeats-of", nargs="+", default=[], metavar="FAULT=N", help=repeats_of)
+    check_fix = f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
+    check_fix += "names applied (the workloads' --fix), and compare the cost the finding stated with the step time "
+    check_fix += "gained; with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)"
+    add("--check-fix", nargs="*", default=None, metavar="[SCRIPT/]FAULT", help=check_fix)
+    add("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
+    budget = "start no job that would likely end past this many seconds from the start (the longest job so far is "
+    budget += "the guess); the reports are written either way, the jobs left out listed"
+    add("--budget-s", type=float, default=None, help=budget)
+    again = "run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)"
+    add("--rediagnose", default=None, metavar="OUT_DIR", help=again)
     args = parser.parse_args(argv)
     if args.rediagnose:
         return rediagnose(args)
@@ -1088,13 +925,8 @@ def main(argv: Optional[list] = None) -> int:
         print(f"GPU faults left out of a CPU corpus (no fault on a CPU job): {' '.join(skipped)}", flush=True)
         args.faults = [f for f in args.faults if f not in GPU_FAULTS]
 
-    launch = Launch(
-        device=args.device,
-        ranks=RANKS if args.device == "cpu" else args.gpus,
-        size=args.size,
-        dist_backend=args.dist_backend,
-        straggler_rank=args.straggler_rank,
-    )
+    ranks = RANKS if args.device == "cpu" else args.gpus
+    launch = Launch(args.device, ranks, args.size, args.dist_backend, args.straggler_rank)
     where, device_record = describe_device(launch)
     root = args.out or tempfile.mkdtemp(prefix="ranksight-corpus-")
     os.makedirs(root, exist_ok=True)
@@ -1102,10 +934,8 @@ def main(argv: Optional[list] = None) -> int:
         json.dump({**device_record, "where": where}, fh)
     plan = build_plan(args.scripts, args.faults, args.repeats, args.repeats_of, args.check_fix, args.fix_repeats)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    commit = _git_commit()  # at the start: others may commit while the corpus runs
-    src, source = None, f"installed package (live working tree {REPO})"
-    if args.snapshot != "none":
-        src, source = snapshot_source(args.snapshot, os.path.join(root, "src"))
+    head = commit() or ""  # at the start: others may commit while the corpus runs
+    src, source = ranksight_source(args.snapshot, os.path.join(root, "src"))
     source_hash = source_digest(os.path.join(src, "ranksight") if src else None)
     print(f"ranksight: {source}", flush=True)
     print(
@@ -1124,27 +954,13 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"budget of {args.budget_s:g} s: {len(left_out)} job(s) left out", flush=True)
                 break
             t_job = time.monotonic()
-            r = run_one(
-                s,
-                f,
-                rep,
-                args.steps,
-                root,
-                args.timeout,
-                args.compile_backend,
-                src,
-                launch,
-                not args.no_diagnose,
-                args.ingest_every,
-                fixed,
-            )
+            diagnose = not args.no_diagnose
+            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, diagnose, args.ingest_every, fixed)
             results.append(r)
             longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
                 fh.write(json.dumps(asdict(r), default=str) + "\n")
-            extra = (
-                f"  {r.error_tail.strip().splitlines()[-1] if r.error_tail.strip() else ''}" if r.status != "ok" else ""
-            )
+            extra = "" if r.status == "ok" else "  " + (r.error_tail.strip().splitlines() or [""])[-1]
             print(
                 f"[{i}/{len(plan)}] {s} / {f}{' (fixed)' if fixed else ''} / {rep}: {r.verdict} {r.severity} "
                 f"({r.status}, {r.elapsed_s:.0f} s){extra}",
@@ -1155,48 +971,24 @@ def main(argv: Optional[list] = None) -> int:
         if args.ingest_every:
             summary["ingest_beside"] = ingest_beside_summary(results)
         header = (
-            f"ranksight diagnosis corpus, {started}, commit {commit[:12]}, source {source_hash[:12]}, "
+            f"ranksight diagnosis corpus, {started}, commit {head[:12]}, source {source_hash[:12]}, "
             f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
-            + (
-                f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
-                f"{summary['ingest_beside']}"
-                if args.ingest_every
-                else ""
-            )
         )
+        if args.ingest_every:
+            header += f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
+            header += f"{summary['ingest_beside']}"
         if left_out:
             header += "\nleft out by --budget-s: " + ", ".join(
                 f"{s}/{f}{' (fixed)' if fixed else ''}/{rep}" for s, f, rep, fixed in left_out
             )
-        text = report_text(results, summary, header)
+        script = os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py"
+        meta = {"command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]), "started": started}
+        meta.update(commit=head, source_digest=source_hash, ranksight_source=source)
+        meta["host"] = {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+        meta.update(device=device_record, settings={**vars(args), "compile_backend": "eager"})
         print()
-        print(text)
-        if args.text:
-            with open(args.text, "w") as fh:
-                fh.write(text + "\n")
-        if args.json:
-            doc = {
-                "command": " ".join(
-                    [
-                        os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py",
-                        *(argv if argv is not None else sys.argv[1:]),
-                    ]
-                ),
-                "started": started,
-                "commit": commit,
-                "source_digest": source_hash,
-                "ranksight_source": source,
-                "host": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
-                "device": device_record,
-                "settings": vars(args),
-                "expected": EXPECTED,
-                "summary": summary,
-                "fix_check": fix_check(results),
-                "left_out": [list(job) for job in left_out],
-                "runs": [asdict(r) for r in results],
-            }
-            write_results(args.json, doc)
+        write_reports(args, results, summary, header, meta, left_out)
         if not args.out:
             shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -194,16 +194,10 @@ def compare(run: str, workdir: str, store: bool = False, grow: bool = False) -> 
 def main() -> int:
     parser = cli(__doc__)
     parser.add_argument("roots", nargs="+", help="diagnosis_corpus.py --out folders, or run folders")
-    parser.add_argument(
-        "--store",
-        action="store_true",
-        help="ingest half of each copy's step segments first (a live run's store beside pending files)",
-    )
-    parser.add_argument(
-        "--grow",
-        action="store_true",
-        help="diagnose each copy with half its step segments first, then all (a live process)",
-    )
+    store = "ingest half of each copy's step segments first (a live run's store beside pending files)"
+    parser.add_argument("--store", action="store_true", help=store)
+    grow = "diagnose each copy with half its step segments first, then all (a live process)"
+    parser.add_argument("--grow", action="store_true", help=grow)
     args = parser.parse_args()
     runs = run_folders(args.roots)
     if not runs:

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # as well under ``python -P``, as gpu_round.sh runs it
 
-from _harness import device_env, write_results  # noqa: E402
+from _harness import device_env, median, write_results  # noqa: E402
 
 TRACED = range(25, 30)
 
@@ -52,7 +51,7 @@ def run(args) -> int:
     else:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batches = make_batches(2, args.batch, args.t, args.d, True)
+    batches = make_batches(2, args.batch, args.t, args.d)
     mon = ranksight.init(
         run_dir=os.path.join(args.out, "runs"), job="gpu-collectives", run_id=args.scenario,
         flush_interval_s=0.5, gpu={"trace_window": False, "nccl_timing_every_s": 0},
@@ -69,7 +68,8 @@ def run(args) -> int:
                 with mon.data():
                     batch = batches[i % 2]
                 with mon.step():
-                    loss = train_step(model, opt, batch, "cuda", True)
+                    x, y = (v.to("cuda", non_blocking=True) for v in batch)
+                    loss = train_step(model, opt, x, y)
                     if args.scenario == "metrics":
                         logged = loss.detach().clone()
                         dist.all_reduce(logged)
@@ -141,19 +141,13 @@ def _trace_steps(path: str) -> dict[int, dict]:
     return out
 
 
-_KIND_OF_OP = {
-    "all_reduce": "AllReduce",
-    "barrier": "AllReduce",
-    "all_gather_into_tensor": "AllGather",
-    "all_gather": "AllGather",
-    "all_gather_single": "AllGather",
-    "all_gather_forward": "AllGather",
-    "all_gather_backward": "AllGather",
-    "reduce_scatter_tensor": "ReduceScatter",
-    "reduce_scatter": "ReduceScatter",
-    "reduce_scatter_single": "ReduceScatter",
-    "broadcast": "Broadcast",
+_OPS_OF_KIND = {
+    "AllReduce": "all_reduce barrier",
+    "AllGather": "all_gather_into_tensor all_gather all_gather_single all_gather_forward all_gather_backward",
+    "ReduceScatter": "reduce_scatter_tensor reduce_scatter reduce_scatter_single",
+    "Broadcast": "broadcast",
 }
+_KIND_OF_OP = {op: kind for kind, ops in _OPS_OF_KIND.items() for op in ops.split()}
 
 
 def _agreement(con, rank: int, prof: dict) -> list[dict]:
@@ -173,17 +167,8 @@ def _agreement(con, rank: int, prof: dict) -> list[dict]:
     out = []
     for (step, kind), (n, gpu_s) in sorted(agent.items()):
         trace_n, trace_s = prof.get(step, {}).get("nccl_by_kind", {}).get(kind, [0, 0.0])
-        out.append(
-            {
-                "step": step,
-                "kind": kind,
-                "agent_count": n,
-                "trace_kernels": trace_n,
-                "agent_gpu_s": gpu_s,
-                "trace_kernel_s": trace_s,
-                "rel_diff": (gpu_s - trace_s) / trace_s if trace_s else None,
-            }
-        )
+        row = {"step": step, "kind": kind, "agent_count": n, "trace_kernels": trace_n, "agent_gpu_s": gpu_s}
+        out.append({**row, "trace_kernel_s": trace_s, "rel_diff": (gpu_s - trace_s) / trace_s if trace_s else None})
     return out
 
 
@@ -230,17 +215,11 @@ def report(out_dir: str) -> int:
                     "host_blocked_s": host_blocked, "collectives": n,
                 })  # fmt: skip
             result[f"{scenario}_r{rank}"] = per_step
-            for key in (
-                "agent_grad_exposed_s",
-                "trace_grad_exposed_s",
-                "trace_until_optimizer_s",
-                "agent_other_collectives_gpu_s",
-                "trace_user_nccl_s",
-                "trace_grad_nccl_s",
-                "host_blocked_s",
-            ):
-                vals = [r[key] for r in per_step if r[key] is not None]
-                med = statistics.median(vals) * 1e3 if vals else None
+            keys = ("agent_grad_exposed_s", "trace_grad_exposed_s", "trace_until_optimizer_s")
+            keys += ("agent_other_collectives_gpu_s", "trace_user_nccl_s", "trace_grad_nccl_s", "host_blocked_s")
+            for key in keys:
+                med = median(r[key] for r in per_step)
+                med = med * 1e3 if med is not None else None
                 print(f"{scenario} rank {rank} {key:32s} median {med if med is None else round(med, 3)} ms")
         ops = con.execute(
             "SELECT op, origin, sum(count), sum(bytes), round(sum(blocked_s), 4), round(sum(gpu_s), 4), "

@@ -12,8 +12,8 @@ process, and then fixed for every arm). Each launch:
    ``mon.watch(model, optimizer=opt)`` + ``with mon.step():``; ``ranksight.init(enabled=False)`` with the
    same calls; TraceML's documented path for a script it does not launch (``traceml serve`` started
    beside the job, ``traceml.init(mode="auto")`` + ``with traceml.trace_step(model):``);
-   ``torch.profiler.profile(schedule=schedule(wait, warmup, active, repeat=0))`` left on, ``prof.step()``
-   every step (``--profiler-schedule``);
+   ``torch.profiler.profile(schedule=schedule(wait=20, warmup=5, active=5, repeat=0))`` left on,
+   ``prof.step()`` every step;
 2. warms up for the same number of steps in every arm (``--warmup-s`` at the calibrated step: past the
    agent's first flush, which opens the spool and NVML, and its first kernel window at step 50);
 3. times ``--timed-s`` worth of steps (about a whole number of the agent's 2-s flushes) in blocks
@@ -32,15 +32,13 @@ flush and first window), and the agent's flush time. Every process gets the same
 (``--cpus``). Launches are forked from a parent that imported torch but never touched CUDA
 (``--start fork``, ~1 s per launch instead of ~6), or started as new interpreters (``--start spawn``).
 
-Extra ranksight arms with other options: ``--extra-arm 'ranksight_k1={"gpu": {"events_every_steps": 1}}'``;
-``--agent-opts JSON`` applies to every ranksight arm. An arm that cannot run (TraceML not installed, an
-error) is reported as not run; the others go on. ``--ddp`` wraps the model in DDP (world size 1, NCCL).
+Extra ranksight arms with other options: ``--extra-arm 'ranksight_k1={"gpu": {"events_every_steps": 1}}'``.
+An arm that cannot run (TraceML not installed, an error) is reported as not run; the others go on.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.util
 import json
 import math
@@ -57,23 +55,20 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _harness import free_port, rotated, spread, write_results  # noqa: E402
+from _harness import free_port, median, rotated, spread, write_results  # noqa: E402
 
 BASE_ARMS = ["none", "ranksight", "ranksight_disabled", "traceml", "profiler"]
 TRACEML_DEPS = ["traceml_ai", "msgspec", "rich", "yaml", "psutil", "numpy", "pynvml"]
 WINDOW_ARM = "ranksight"
 GOALS = {3.0: 1.01, 10.0: 1.005}  # target step ms -> ranksight's largest allowed ratio to no tool
+MAX_BATCH = 256  # the calibration's largest batch
+LEAD_STEPS = 30  # steps run one at a time between syncs: the host's lead over the GPU
+WINDOW_REPS = 1  # spans with a forced kernel window against spans without (arm ``ranksight``)
+PROFILER_SCHEDULE = (20, 5, 5)  # torch.profiler's wait, warmup, active (repeat=0: left on)
+LAUNCH_TIMEOUT_S = 120.0
 
 
 # ---------------------------------------------------------------- pure helpers (tested)
-def deep_merge(a: dict, b: dict) -> dict:
-    """``b`` over ``a``, merging nested dicts (``{"gpu": {...}}`` options add to each other)."""
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
 def parse_extra_arm(text: str) -> tuple[str, dict]:
     """``NAME=JSON`` -> (name, ranksight.init options). The name must start with ``ranksight``."""
     name, sep, opts = text.partition("=")
@@ -193,32 +188,17 @@ def _thread_group(name: str) -> str:
     return "other"
 
 
-def one_step(model, opt, x, y, cuda: bool) -> None:
-    """One training step of the benchmark's job: forward (bf16 autocast on a GPU), MSE backward, AdamW."""
-    import torch
-    import torch.nn.functional as F
-
-    if cuda:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(x)
-    else:
-        out = model(x)
-    F.mse_loss(out.float(), y).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 def child_main(cfg: dict) -> dict:
     """One launch: build the job, attach the arm, warm up, time, measure; returns the result dict."""
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
         os.environ.setdefault(k, v)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = "127.0.0.1"  # a world of one, where a tool looks for it
     os.environ["MASTER_PORT"] = str(cfg.get("master_port", 29500))
     t_launch = time.perf_counter()
     import torch
 
     sys.path.insert(0, HERE)
-    from gpu_workload import make_model
+    from gpu_workload import make_model, train_step
 
     arm, dev = cfg["arm"], cfg["device"]
     cuda = dev.startswith("cuda")
@@ -242,19 +222,13 @@ def child_main(cfg: dict) -> dict:
             on_missing_aggregator="raise",
         )
     model = make_model(cfg["d"], cfg["layers"], device=dev)
-    if cfg.get("ddp"):
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
     g = torch.Generator(device="cpu").manual_seed(1)
     shape = (cfg["batch"], cfg["t"], cfg["d"])
     batches = [(torch.randn(shape, generator=g).to(dev), torch.randn(shape, generator=g).to(dev)) for _ in range(2)]
 
-    def train_step(i: int) -> None:
-        x, y = batches[i & 1]
-        one_step(model, opt, x, y, cuda)
+    def one(i: int) -> None:
+        train_step(model, opt, *batches[i & 1])
 
     t_attach = time.perf_counter()
     mon = prof = None
@@ -271,7 +245,7 @@ def child_main(cfg: dict) -> dict:
     elif arm == "profiler":
         from torch.profiler import ProfilerActivity, profile, schedule
 
-        wait, warmup, active = cfg["profiler_schedule"]
+        wait, warmup, active = PROFILER_SCHEDULE
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         prof = profile(activities=acts, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=0))
         prof.start()
@@ -281,19 +255,19 @@ def child_main(cfg: dict) -> dict:
 
         def step(i: int) -> None:
             with trace_step(model):
-                train_step(i)
+                one(i)
     elif mon is not None:
 
         def step(i: int) -> None:
             with mon.step():
-                train_step(i)
+                one(i)
     elif prof is not None:
 
         def step(i: int) -> None:
-            train_step(i)
+            one(i)
             prof.step()
     else:
-        step = train_step
+        step = one
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     counter = [0]
@@ -353,7 +327,7 @@ def child_main(cfg: dict) -> dict:
         res["agent_ms_per_flush"] = 1e3 * res["agent_flush_s_timed"] / nf if nf else None
     # 4. the host's lead over the GPU: one step at a time between syncs
     host, gpu = [], []
-    for _ in range(cfg["lead_steps"]):
+    for _ in range(LEAD_STEPS):
         sync()
         if cuda:
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -372,7 +346,7 @@ def child_main(cfg: dict) -> dict:
     if cfg.get("window") and window is not None and worker is not None:
         span = steps_for(cfg["flush_s"] + 0.5, res["mean_step_s"], block)
         reps = []
-        for _ in range(cfg["window_reps"]):
+        for _ in range(WINDOW_REPS):
             f0 = worker.flush_seconds_total
             plain = sum(blocks(span, block))
             f1 = worker.flush_seconds_total
@@ -405,20 +379,20 @@ def child_main(cfg: dict) -> dict:
     if mon is not None:
         mon.close()
     res["close_s"] = time.perf_counter() - t_close
-    if cfg.get("ddp"):
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
     return res
 
 
-def _child_entry(cfg: dict, out_path: str) -> None:
-    """Run a launch and write its result (or its error) to ``out_path``; never returns normally under fork."""
-    try:
-        res = child_main(cfg)
-    except BaseException as exc:  # reported as a row, the benchmark goes on
-        res = {"arm": cfg["arm"], "size": cfg.get("size"), "round": cfg.get("round"), "error": repr(exc)}
-        res["traceback"] = traceback.format_exc()[-3000:]
+def _child_entry(func_name: str, cfg: dict, out_path: str) -> None:
+    """Run a launch (``child``) or the calibration and write its result to ``out_path``; a launch's error is
+    its result, reported as a row while the benchmark goes on."""
+    if func_name == "calibrate":
+        res = calibrate_main(cfg)
+    else:
+        try:
+            res = child_main(cfg)
+        except BaseException as exc:
+            res = {"arm": cfg["arm"], "size": cfg.get("size"), "round": cfg.get("round"), "error": repr(exc)}
+            res["traceback"] = traceback.format_exc()[-3000:]
     with open(out_path, "w") as f:
         json.dump(res, f)
 
@@ -432,7 +406,7 @@ def calibrate_main(cfg: dict) -> dict:
     import torch
 
     sys.path.insert(0, HERE)
-    from gpu_workload import make_model
+    from gpu_workload import make_model, train_step
 
     dev = cfg["device"]
     cuda = dev.startswith("cuda")
@@ -451,7 +425,7 @@ def calibrate_main(cfg: dict) -> dict:
         y = torch.randn(b, cfg["t"], cfg["d"], device=dev)
 
         def one():
-            one_step(model, opt, x, y, cuda)
+            train_step(model, opt, x, y)
 
         for _ in range(8):
             one()
@@ -465,7 +439,7 @@ def calibrate_main(cfg: dict) -> dict:
             best = min(best, (time.perf_counter() - t0) / 15)
         return best
 
-    share = cfg.get("host_share", 0.75)
+    share = cfg["host_share"]
     for size, target_ms in cfg["sizes"].items():
         target = target_ms / 1e3
         layers, b = cfg["layers"], 1
@@ -475,7 +449,7 @@ def calibrate_main(cfg: dict) -> dict:
             s = time_step(layers, 1)
         floor = s
         trials = [(1, s)]
-        while s < target and b < cfg["max_batch"]:
+        while s < target and b < MAX_BATCH:
             b *= 2
             s = time_step(layers, b)
             trials.append((b, s))
@@ -517,11 +491,7 @@ def _launch(func_name: str, cfg: dict, args, timeout_s: float) -> dict:
                 fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(fd, 1)  # the child's output (the profiler's and TraceML's chatter) goes to its log
                 os.dup2(fd, 2)
-                if func_name == "child":
-                    _child_entry(cfg, out_path)
-                else:
-                    with open(out_path, "w") as f:
-                        json.dump(calibrate_main(cfg), f)
+                _child_entry(func_name, cfg, out_path)
             except BaseException:
                 traceback.print_exc()
                 code = 1
@@ -663,18 +633,18 @@ def summarize(runs: list[dict], calib: dict) -> dict:
             a: dict = {"runs": len(ok), "errors": errs}
             if ok:
 
-                def med(key, ok=ok):
-                    vals = [r[key] for r in ok if r.get(key) is not None]
-                    return statistics.median(vals) if vals else None
+                def med(key, scale=1.0, ok=ok):
+                    m = median(r.get(key) for r in ok)
+                    return None if m is None else m * scale
 
                 a.update(
                     mean_step_ms=[round(r["mean_step_s"] * 1e3, 4) for r in ok],
-                    step_ms=1e3 * med("mean_step_s"),
+                    step_ms=med("mean_step_s", 1e3),
                     ratio=spread(ratios.get(arm, [])) if arm != "none" else {"median": 1.0},
                     process_cpu_ratio=spread(cpu_ratios.get(arm, [])) if arm != "none" else {"median": 1.0},
                     gpu_util=med("gpu_util"),
-                    host_enqueue_ms=None if med("host_enqueue_s") is None else 1e3 * med("host_enqueue_s"),
-                    gpu_step_ms=None if med("gpu_step_s") is None else 1e3 * med("gpu_step_s"),
+                    host_enqueue_ms=med("host_enqueue_s", 1e3),
+                    gpu_step_ms=med("gpu_step_s", 1e3),
                     main_thread_cpu_us=med("main_thread_cpu_us_per_step"),
                     process_cpu_us=med("process_cpu_us_per_step"),
                     tool_thread_cpu_us=statistics.median(
@@ -712,6 +682,11 @@ def _f(x, fmt="{:.3f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
+def _spread(s: dict, digits: int = 3) -> str:
+    """A ``spread``'s median (min-max); "–" without one."""
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})" if s else "–"
+
+
 def table(summary: dict) -> str:
     head = (
         "| size | arm | runs | mean step ms (median) | ratio to none, median (min-max) | process CPU ratio | "
@@ -726,17 +701,12 @@ def table(summary: dict) -> str:
                 err = (a["errors"] or ["?"])[0] or "?"
                 lines.append(f"| {label} | {arm} | 0 | not run: {err[:80]} |" + " |" * 9)
                 continue
-            r = a["ratio"]
-            ratio = "1" if arm == "none" else f"{r['median']:.4f} ({r['min']:.4f}-{r['max']:.4f})" if r else "–"
-            cr = a["process_cpu_ratio"]
-            cpu_ratio = "1" if arm == "none" else _f(cr.get("median"))
+            ratio = "1" if arm == "none" else _spread(a["ratio"], 4)
+            cpu_ratio = "1" if arm == "none" else _f(a["process_cpu_ratio"].get("median"))
             lead = f"{_f(a['host_enqueue_ms'], '{:.2f}')} / {_f(a['gpu_step_ms'], '{:.2f}')}"
             if a.get("bound"):
                 lead += f" ({a['bound']}-bound)"
-            we = a["warmup_extra_s"]
-            warm = "–" if not we else f"{we['median']:.3f} ({we['min']:.3f}-{we['max']:.3f})"
-            wo = a.get("window_one_off_s")
-            win = "–" if not wo else f"{wo['median']:.3f} ({wo['min']:.3f}-{wo['max']:.3f})"
+            warm, win = _spread(a["warmup_extra_s"]), _spread(a.get("window_one_off_s"))
             lines.append(
                 f"| {label} | {arm} | {a['runs']} | {a['step_ms']:.3f} | {ratio} | {cpu_ratio} | "
                 f"{_f(a['gpu_util'], '{:.0f}')} | {lead} | {_f(a['main_thread_cpu_us'], '{:.0f}')} | "
@@ -748,12 +718,7 @@ def table(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("_child", "_calibrate"):  # --start spawn: a new interpreter runs one launch
-        cfg, out_path = json.loads(argv[1]), argv[2]
-        if argv[0] == "_child":
-            _child_entry(cfg, out_path)
-        else:
-            with open(out_path, "w") as f:
-                json.dump(calibrate_main(cfg), f)
+        _child_entry(argv[0][1:], json.loads(argv[1]), argv[2])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the raw runs and the summary here")
@@ -763,24 +728,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--arms", default=",".join(BASE_ARMS))
     ap.add_argument("--extra-arm", action="append", default=[], help="ranksight_NAME=JSON of ranksight.init options")
-    ap.add_argument(
-        "--agent-opts", default=os.environ.get("GPU_COST_AGENT_OPTS", "{}"), help="JSON, every ranksight arm"
-    )
     ap.add_argument("--d", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--t", type=int, default=512)
-    ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--host-share", type=float, default=0.75, help="most of the target step the host's floor may take")
     ap.add_argument("--warmup-s", type=float, default=3.0, help="past the agent's first flush (2 s) and window")
     ap.add_argument("--timed-s", type=float, default=4.0, help="about a whole number of 2-s flushes")
-    ap.add_argument("--lead-steps", type=int, default=30)
-    ap.add_argument("--window-reps", type=int, default=1)
-    ap.add_argument("--profiler-schedule", default="20,5,5", help="wait,warmup,active (repeat=0: left on)")
     ap.add_argument("--cpus", default="", help="CPU affinity of every process, e.g. 2-9 (default: 8 cores from 2)")
     ap.add_argument("--start", choices=["fork", "spawn"], default="fork")
-    ap.add_argument("--ddp", action="store_true", help="wrap the model in DDP (world size 1)")
     ap.add_argument("--work", default="", help="run folders (default: a new temporary folder)")
-    ap.add_argument("--launch-timeout-s", type=float, default=120.0)
     args = ap.parse_args(argv)
     if args.smoke:
         args.d, args.layers, args.t = 64, 2, 32
@@ -796,13 +752,12 @@ def main(argv: list[str] | None = None) -> int:
         cpus = parse_cpus(args.cpus) if args.cpus else default_cpus(sorted(os.sched_getaffinity(0)))
         os.sched_setaffinity(0, cpus)  # every child, the aggregator and the poller inherit it
         print(f"CPU affinity {cpus}", flush=True)
-    base_opts = json.loads(args.agent_opts)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    arm_opts = {a: base_opts for a in arms if a.startswith("ranksight") and a != "ranksight_disabled"}
+    arm_opts = {a: {} for a in arms if a.startswith("ranksight") and a != "ranksight_disabled"}
     for text in args.extra_arm:
         name, opts = parse_extra_arm(text)
         arms.append(name)
-        arm_opts[name] = deep_merge(base_opts, opts)
+        arm_opts[name] = opts
     if "none" not in arms:
         arms.insert(0, "none")
     sizes = {f"{float(x):g}ms": float(x) for x in args.sizes.split(",")}
@@ -819,14 +774,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.start == "fork":
         import torch  # noqa: F401  (imported once here, shared by every forked launch; CUDA stays untouched)
 
-    cal_cfg = {"device": args.device, "d": args.d, "layers": args.layers, "t": args.t, "sizes": sizes}
-    cal_cfg["max_batch"] = args.max_batch
-    cal_cfg["host_share"] = args.host_share
-    calib = _launch("calibrate", cal_cfg, args, 300)
+    job = {"device": args.device, "d": args.d, "t": args.t}
+    calib = _launch(
+        "calibrate", {**job, "layers": args.layers, "sizes": sizes, "host_share": args.host_share}, args, 300
+    )
     if "error" in calib or any(s not in calib for s in sizes):
         print(f"calibration failed: {calib}", file=sys.stderr)
         return 1
-    flush_s = float(base_opts.get("flush_interval_s", 2.0))
+    flush_s = 2.0  # the agent's flush interval at its defaults
     est = 0.0
     plans = {}
     for size in sizes:
@@ -837,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_steps": steps_for(args.warmup_s, c["step_s"], blk),
             "timed_steps": steps_for(args.timed_s, c["step_s"], blk),
         }
-        est += len(arms) * (args.warmup_s + args.timed_s + 2.0) + 2 * (flush_s + 0.5) * args.window_reps
+        est += len(arms) * (args.warmup_s + args.timed_s + 2.0) + 2 * (flush_s + 0.5) * WINDOW_REPS
         est += 3.0 if "traceml" in arms else 0.0  # its aggregator's start and final summary
     print(f"plan {plans}; about {est * args.rounds:.0f} s of launches", flush=True)
     poller = None
@@ -850,26 +805,9 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             for arm in rotated(arms, r + list(sizes).index(size)):
                 k += 1
-                cfg = {
-                    "arm": arm,
-                    "size": size,
-                    "round": r,
-                    "device": args.device,
-                    "d": args.d,
-                    "t": args.t,
-                    "layers": calib[size]["layers"],
-                    "batch": calib[size]["batch"],
-                    "lead_steps": args.lead_steps,
-                    "window": arm == WINDOW_ARM,
-                    "window_reps": args.window_reps,
-                    "flush_s": flush_s,
-                    "profiler_schedule": [int(x) for x in args.profiler_schedule.split(",")],
-                    "ddp": args.ddp,
-                    "master_port": free_port(),
-                    "run_dir": os.path.join(args.work, "runs"),
-                    "opts": arm_opts.get(arm, {}),
-                    **plans[size],
-                }
+                cfg = {**job, **plans[size], "arm": arm, "size": size, "round": r, "window": arm == WINDOW_ARM}
+                cfg.update(layers=calib[size]["layers"], batch=calib[size]["batch"], flush_s=flush_s)
+                cfg.update(master_port=free_port(), run_dir=os.path.join(args.work, "runs"), opts=arm_opts.get(arm, {}))
                 if arm in unavailable:
                     runs.append({"arm": arm, "size": size, "round": r, "error": unavailable[arm]})
                     continue
@@ -879,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
                     cfg["traceml_session"] = f"traceml-{size}-r{r}"
                     cfg["traceml_logs"] = os.path.join(args.work, "traceml-logs")
                     agg = _start_traceml(args, cfg)
-                res = _launch("child", cfg, args, args.launch_timeout_s)
+                res = _launch("child", cfg, args, LAUNCH_TIMEOUT_S)
                 if agg is not None:
                     res["traceml_serve_stop_s"] = _stop_traceml(agg)
                 res.update(arm=arm, size=size, round=r)
@@ -898,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     nvml_err = poller.close() if poller is not None else ""
     summary = summarize(runs, calib)
     result = {
-        "args": vars(args),
+        "args": {**vars(args), "max_batch": MAX_BATCH, "lead_steps": LEAD_STEPS, "window_reps": WINDOW_REPS},
         "calibration": calib,
         "plans": plans,
         "arm_options": arm_opts,
@@ -910,7 +848,6 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_results(args.json, result, arms=arms, rounds=args.rounds)
     print(
         f"\n{calib.get('device_name', args.device)}, torch {calib.get('torch')}, {args.rounds} rounds, "

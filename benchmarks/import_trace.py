@@ -42,14 +42,8 @@ WARMUP = 5  # the readers' warm-up: profiling starts right after it, so both run
 
 def _rank_main(rank: int, cfg: dict, port: int) -> None:
     """One rank of the paired job: the agent and torch.profiler on the same loop."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(cfg["ranks"]),
-        RANKSIGHT_RUN_ID=cfg["run_id"],
-    )
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(WORLD_SIZE=str(cfg["ranks"]), RANKSIGHT_RUN_ID=cfg["run_id"])
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -181,13 +175,14 @@ def compare_runs(agent_run: str, imported_run: str, steps: list[int]) -> dict:
             rows[p] = {"agent": va, "import": vb, "diff_pp": diff}
         ranks[rank] = rows
     fa, fb = first_finding(agent_run), first_finding(imported_run)
+    same = (fa or {}).get("rule") == (fb or {}).get("rule")
     return {
         "steps": steps,
         "ranks": ranks,
         "max_diff_pp": worst,
         "agent_first": fa,
         "import_first": fb,
-        "same_first": (fa or {}).get("rule") == (fb or {}).get("rule"),
+        "same_first": same,
     }
 
 
@@ -197,16 +192,9 @@ def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:
 
     ranks = 1 if device == "cuda" else 2
     first = WARMUP if device == "cpu" else WARMUP + 6  # on a GPU, after the agent's own sampled window
-    cfg = {
-        "scenario": scenario,
-        "device": device,
-        "ranks": ranks,
-        "run_dir": os.path.join(out, "agent"),
-        "run_id": f"agent-{scenario}",
-        "trace_dir": os.path.join(out, f"traces-{scenario}"),
-        "first_profiled": first,
-        "active": active,
-    }
+    cfg = {"scenario": scenario, "device": device, "ranks": ranks, "run_dir": os.path.join(out, "agent")}
+    cfg.update(run_id=f"agent-{scenario}", trace_dir=os.path.join(out, f"traces-{scenario}"))
+    cfg.update(first_profiled=first, active=active)
     t0 = time.perf_counter()
     run_job(cfg)
     job_s = time.perf_counter() - t0
@@ -350,24 +338,13 @@ def large(device: str, source: str, target_mb: float, out: str, seed: str | None
     size = _trace_size(trace)
     # From the output folder: a checkout's root as the current directory would shadow the installed
     # package with its bare ranksight/ folder.
-    proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_CHILD, os.path.abspath(trace), os.path.abspath(os.path.join(out, "runs"))],
-        capture_output=True,
-        text=True,
-        cwd=out,
-    )
+    cmd = [sys.executable, "-c", _IMPORT_CHILD, os.path.abspath(trace), os.path.abspath(os.path.join(out, "runs"))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
     if proc.returncode != 0:
         raise SystemExit(f"the import failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
-    result = {
-        "device": device if seed is None else f"the seed's ({os.path.basename(seed)})",
-        "source": source,
-        "seed": seed,
-        "trace_mb": size / 1e6,
-        "make_s": make_s,
-        **measured,
-        "mb_per_s": size / 1e6 / measured["import_s"],
-    }
+    result = {"device": device if seed is None else f"the seed's ({os.path.basename(seed)})", "source": source}
+    result.update(seed=seed, trace_mb=size / 1e6, make_s=make_s, **measured, mb_per_s=size / 1e6 / measured["import_s"])
     print(
         f"{source} trace from {result['device']}: {result['trace_mb']:.0f} MB ({result['events']:,} events, "
         f"{result['steps']} steps): "
@@ -424,7 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         ok = True
     payload["out"] = out
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_results(args.json, payload)
     return 0 if ok else 1
 

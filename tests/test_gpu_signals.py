@@ -1,6 +1,6 @@
 """CPU-testable parts of the GPU signals, on real traces and an allocator snapshot recorded on an H200.
 
-Fixtures (tests/data/gpu/, recorded by benchmarks/gpu_validate.py on the H200 with torch 2.11 / CUDA 13):
+Fixtures (tests/data/gpu/, recorded by benchmarks/gpu_validate.py at d0882b6 on the H200, torch 2.11 / CUDA 13):
 ``window_{baseline,pageable,cpu_layernorm,item}.json.gz`` are the agent's sampled windows (2 steps of a
 small GPT-like model, bf16) with one fault planted each; ``snapshot_fragmented.json.gz`` is a trimmed
 ``torch.cuda.memory_snapshot()`` after a fragmenting allocation pattern, with the allocator's counters.
