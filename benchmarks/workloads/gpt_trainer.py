@@ -46,9 +46,9 @@ GPU faults (``--device cuda`` only: on a CPU job they are not faults):
 - ``host-sync``: per-micro-step logging that reads the GPU back: the loss with ``.item()`` right after
   forward, the valid tokens counted with ``nonzero()``, the grad norm kept with ``.cpu()`` for a
   spike check.
-- ``fragmentation``: variable-length micro-batches (128-512 tokens, as with unpadded documents) on a
-  GPU that is nearly full: after warm-up a second model's worth of memory (a frozen teacher, an EMA
-  copy) takes all but half the job's own peak.
+- ``fragmentation``: variable-length micro-batches (128-512 tokens, as with unpadded documents, packed
+  to the same token count: 24 rows of 128 or 6 of 512) on a GPU that is nearly full: after warm-up a
+  second model's worth of memory (a frozen teacher, an EMA copy) takes all but half the job's own peak.
 - ``launch-bound``: the CPU size's tiny model (4 x 128, 8 x 64 tokens) on the GPU: hundreds of kernels
   a micro-step, each shorter than its launch.
 
@@ -331,9 +331,10 @@ def main() -> None:
     length_rng = random.Random(1337 + seed_offset)  # the same lengths with and without the fix
     split_tokens = {"train": 200_000, "val": 20_000}
 
-    # CORPUS_FRAG_TOKENS=1 (a probe's knob): the variable lengths packed to the micro-batch's token count
-    # (rows x length held, as token-budget batching does), so shapes vary but the kernels' work does not
-    frag_tokens = os.environ.get("CORPUS_FRAG_TOKENS") == "1"
+    # the variable lengths packed to the micro-batch's token count (rows x length held, as token-budget
+    # batching does), so shapes vary but the kernels' work does not. CORPUS_FRAG_TOKENS=0 (a probe's knob):
+    # fixed rows, the plant before (its 128-token micro-batches were launch-bound: gpu1_frag_probe.json)
+    frag_tokens = os.environ.get("CORPUS_FRAG_TOKENS", "1") == "1"
 
     def draw(split):
         length, rows = block_size, batch_size
@@ -450,7 +451,7 @@ def main() -> None:
     # the fragmentation plant's pressure (a probe's knobs; the corpus runs the defaults)
     frag_left = float(os.environ.get("CORPUS_FRAG_LEFT", "0.5"))
     frag_empty_cache = os.environ.get("CORPUS_FRAG_EMPTY_CACHE") == "1"
-    # CORPUS_FRAG_KEEP=N (not yet run on a GPU): each micro-batch's logits kept on the GPU for the N after it
+    # CORPUS_FRAG_KEEP=N: each micro-batch's logits kept on the GPU for the N after it (gpu1_fragkeep.tar)
     # (predictions kept for a metric), live blocks of every length between the freed ones
     frag_keep = int(os.environ.get("CORPUS_FRAG_KEEP", "0")) if fault == "fragmentation" else 0
     kept_logits: collections.deque = collections.deque(maxlen=max(1, frag_keep))
