@@ -152,12 +152,17 @@ def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
 
 
 def commit() -> str | None:
-    """The checkout's HEAD commit; None outside a git checkout."""
+    """The checkout's HEAD commit, with ``-dirty`` where tracked files differ from it; None outside a git
+    checkout. Why the suffix: a device machine's copy of the working tree can carry a ``.git`` older than
+    its files, and a results file must not name a commit it was not measured on."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                 text=True, cwd=REPO, timeout=30)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None
+    sha = head.stdout.strip()
+    return (sha + "-dirty" if changed.stdout.strip() else sha) if sha else None
 
 
 def machine() -> dict:
