@@ -228,6 +228,20 @@ def test_gpu_faults_fire_their_rules_when_the_signals_exist(ruleset):
     relaxed = {**gpu, "memory_fragmentation_ratio": 0.5, "memory_alloc_retries_total": 0.0}
     relaxed["memory_headroom_ratio"] = 0.99
     assert "fragmentation" not in rules_of(evaluate(ruleset.rules, frame(r0=relaxed)))
+    # Under pressure, free space between live blocks is lost only where freed blocks were split: the fix's
+    # expandable segments split none (nanoGPT's fixed runs on an H200 read 0.12-0.56 with 0 bytes split).
+    pressed = {
+        **gpu,
+        "memory_fragmentation_ratio": 0.45,
+        "memory_headroom_ratio": 0.01,
+        "memory_alloc_retries_total": 0.0,
+    }
+    by_split = {
+        split: "fragmentation"
+        in rules_of(evaluate(ruleset.rules, frame(r0={**pressed, "memory_inactive_split_bytes": split})))
+        for split in (0.0, 1.2e9, None)  # None: a torch that does not report it
+    }
+    assert by_split == {0.0: False, 1.2e9: True, None: True}
     # The trace-based cause outranks the step-level symptom it explains.
     both = {**gpu, **cases["pageable-copies"], **cases["h2d-bound"]}
     assert rules_of(evaluate(ruleset.rules, frame(r0=both)))[:2] == ["pageable-copies", "h2d-bound"]
