@@ -12,6 +12,12 @@ time per sample before and after the fix on the script's own clock (and on ranks
 
 Several files are pooled by (script, fault): the faulty runs of one device call with the fixed runs of
 another compare across machines (noisier); each row says how many runs of each it used.
+
+A finding the plant did not mean to cause (``--co-finding RULE``) is checked the same way where a changed
+plant applied its fix: ``--after`` names the runs of that plant, whose steps do ``--work-ratio`` times the
+work, and the gain is ``1 - (after / ratio) / before`` on the script's clock (medians over runs).
+
+    python benchmarks/fix_check.py before.json --co-finding launch-bound --after after.json --work-ratio 1.56
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 from dataclasses import fields
 
@@ -51,8 +58,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="diagnosis_corpus.py --json files (or their --rediagnose)")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--co-finding", default=None, help="a rule the plant did not mean: its cost against --after")
+    parser.add_argument("--after", nargs="+", default=[], help="runs of the plant with that rule's fix applied")
+    parser.add_argument("--work-ratio", type=float, default=1.0, help="work of an --after step over a step before")
     args = parser.parse_args(argv)
     corpus = _corpus()
+    if args.co_finding:
+        return co_finding(args, corpus)
     rows = corpus.fix_check(load_runs(args.results, corpus))
     if not rows:
         print("no (script, fault) has both faulty and fixed runs (run the corpus with --check-fix)")
@@ -62,6 +74,35 @@ def main(argv=None) -> int:
     print(f"\nwithin {corpus.FIX_TOLERANCE:.0%} of the step: {within}/{len(rows)}")
     if args.json:
         write_results(args.json, {"sources": args.results, "tolerance": corpus.FIX_TOLERANCE, "rows": rows})
+    return 0
+
+
+def co_finding(args, corpus) -> int:
+    """The co-finding's stated cost (median over the faulty runs that named it) against the step time the
+    changed plant gave back per unit of work."""
+
+    def steps(runs):
+        return [t["step_median_s"] for r in runs if not r.fixed for t in r.truth.values() if t.get("step_median_s")]
+
+    before_runs, after_runs = load_runs(args.results, corpus), load_runs(args.after, corpus)
+    costs = [
+        f["cost_share"] for r in before_runs if not r.fixed for f in r.findings if f.get("rule") == args.co_finding
+    ]
+    before, after = steps(before_runs), steps(after_runs)
+    if not costs or not before or not after:
+        print(f"no {args.co_finding} finding in the runs before, or no step times on either side")
+        return 1
+    row = {"rule": args.co_finding, "named_in": len(costs), "runs_before": len(before), "runs_after": len(after),
+           "cost_stated": statistics.median(costs), "costs": sorted(costs), "work_ratio": args.work_ratio,
+           "step_before_s": statistics.median(before), "step_after_s": statistics.median(after)}  # fmt: skip
+    row["gain"] = round(1 - row["step_after_s"] / args.work_ratio / row["step_before_s"], 4)
+    row["diff_pp"] = round(100 * (row["cost_stated"] - row["gain"]), 1)
+    print(f"{args.co_finding}: named in {len(costs)} of {len(before)} runs, stated {row['cost_stated']:.1%} "
+          f"({min(costs):.1%}-{max(costs):.1%}); step {row['step_before_s'] * 1e3:.1f} ms before, "
+          f"{row['step_after_s'] * 1e3:.1f} ms after for {args.work_ratio}x the work: gain {row['gain']:.1%}, "
+          f"stated - gain {row['diff_pp']:+.1f} pp")  # fmt: skip
+    if args.json:
+        write_results(args.json, {"sources": args.results, "after": args.after, "co_finding": row})
     return 0
 
 
