@@ -42,7 +42,10 @@ def _merges(part: str, kept: KeptPart | None) -> bool:
     at 1,024 ranks 1.28 M rows become 10,000. The small parts only when adding files to a kept build: a
     first build keeps the files' rows as read (merging them would be one more pass over all of them, and
     readers group them anyway); later files then merge into one row per key, so what is kept stops growing
-    with the files."""
+    with the files. Never ``medians``: its rows are each file's own, and whether two files hold one (rank,
+    figure) is what its reader asks (a row per rank and figure of each file: small)."""
+    if part == "medians":
+        return False
     return part == "steps" or kept is not None
 
 
@@ -72,7 +75,11 @@ def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict[str, Kep
                     out[part] = fold
                     continue
                 rows = read[part] if fold is None else [fold.table, read[part]]
-                out[part] = KeptPart(signatures, _merged(con, part, rows) if _merges(part, fold) else rows)
+                if _merges(part, fold):
+                    rows = _merged(con, part, rows)
+                elif isinstance(rows, list):
+                    rows = _concat(rows)
+                out[part] = KeptPart(signatures, rows)
         for part in parts:  # only once every part read: a file that does not read keeps nothing of the call
             _folds[(folder, part)] = out[part]
             _folds.move_to_end((folder, part))
@@ -126,6 +133,12 @@ def _reusable(fold: KeptPart | None, signatures: dict) -> KeptPart | None:
     if fold is None or any(signatures.get(p) != s for p, s in fold.files.items()):
         return None
     return fold
+
+
+def _concat(tables: list):
+    import pyarrow as pa
+
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def _merged(con, part: str, tables):

@@ -14,6 +14,7 @@ import os
 from ranksight.format.digest import COLUMNS, chunk_of_key, digest_keys, digest_paths
 from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.phases import SAMPLED_SQL
+from ranksight.format.verdict_digest import MEDIANS
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
@@ -93,7 +94,7 @@ def digests_may_serve(warmup_steps: int, since_ns: int | None) -> bool:
 
 
 VERDICT_PARTS = ("sums", "hist", "steps")
-"""The verdict's digest parts the features read."""
+"""The verdict's digest parts the features read (``hist`` read as the files' ``medians`` where they serve)."""
 
 
 def expect_verdict(con) -> None:
@@ -162,7 +163,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     try:
         # The files are read on a thread of their own while DuckDB counts the view's rows here, where the
         # footers cannot (both mostly outside the GIL: one core each).
-        ahead = prefetch(con, noted.paths, tuple(missing)) if missing and noted.paths else None
+        in_files = tuple(_file_part(p, noted) for p in missing)
+        ahead = prefetch(con, noted.paths, in_files) if missing and noted.paths else None
         if missing and not _footers_count(noted):
             _step_rows(con)  # counted here while the files are read (the footers' count needs no scan)
         read, missing = _read_parts(con, noted, missing, wanted, ahead)
@@ -170,6 +172,11 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         for part in missing:
             name = f"{_REGISTERED}_{part}"
             sources = []
+            if part == "hist" and "medians" in read:
+                if _medians_from_part(noted, read["medians"]):
+                    noted.verdict[part] = ""  # every median kept: no histogram to read (``medians`` asks none)
+                    continue
+                read["hist"] = folded_parts(con, noted.paths, ("hist",))["hist"]  # a rank in several files
             if part in read:
                 register_arrow(con, f"{name}_spool", read[part].table)
                 sources.append(f"SELECT * FROM {name}_spool")
@@ -194,18 +201,51 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     return dict(noted.verdict)
 
 
+def _file_part(part: str, noted: _Noted) -> str:
+    """The part of the digest files read for the verdict's ``part``: the medians per file (``medians``) for the
+    histograms where no store's histograms join the files' (``_medians_from_part`` says whether they serve)."""
+    return "medians" if part == "hist" and not noted.store else part
+
+
+def _medians_from_part(noted: _Noted, kept) -> bool:
+    """Keep every per-rank median from the files' ``medians`` part (the ``KeptPart``) when each (rank, figure)
+    is in one file's part alone: then it is the median ``medians_of`` finds from all the files' histograms
+    (``ranksight.format.verdict_digest.medians_part``). False where a rank's rows after warm-up are in several
+    files (a long run's node files cut by time): the histograms are read then."""
+    import numpy as np
+
+    derived = kept.derived
+    if "one_file_each" not in derived:
+        table = kept.table
+        rank = table.column("rank").to_numpy().astype(np.int64)
+        figure = table.column("figure").to_numpy().astype(np.int64)
+        derived["one_file_each"] = len(np.unique(rank * 256 + figure)) == len(rank)
+    if not derived["one_file_each"]:
+        return False
+    _share_medians(noted, derived)
+    if noted.median_figures != set(MEDIANS):
+        names = list(MEDIANS)
+        table = kept.table
+        for rank, figure, median in zip(
+            table.column("rank").to_pylist(), table.column("figure").to_pylist(), table.column("median").to_pylist()
+        ):
+            noted.medians.setdefault(rank, {})[names[figure - 1]] = median
+        noted.median_figures.update(names)
+    return True
+
+
 def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], ahead) -> tuple[dict, list[str]]:
-    """({part: ``KeptPart``} of the pending files' parts, the parts read): ``missing``, each file opened once,
-    as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where the parts only expected (not ``wanted``
-    yet) make a file fail to read, the wanted ones are read alone, as without the expectation: a part cut
-    short sends only its own figures to the rows."""
+    """({file part: ``KeptPart``} of the pending files' parts (``_file_part``), the verdict's parts read):
+    ``missing``, each file opened once, as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where a
+    file fails to read, the wanted parts are read alone, as without the expectation, and the histograms
+    themselves: a part cut short sends only its own figures to the rows."""
     if ahead is None:
         return {}, missing
     try:
         return ahead.result(), missing
     except DigestError:
         needed = [p for p in missing if p == "sums" or p in wanted]
-        if needed == missing:
+        if needed == missing and "hist" not in needed:
             raise
         noted.expected = ()
         return folded_parts(con, noted.paths, tuple(needed)), needed
