@@ -64,7 +64,8 @@ if rules:  # where the call goes: the reader's steps that vary most, timed in pl
             try:
                 out = inner(*args, **kwargs)
                 if name == "read_digest_parts":  # bytes in memory of each part (the per-step part: its largest)
-                    part_bytes.update({part: table.nbytes for part, table in out.items()})
+                    for part, table in out.items():  # added up over the batches of one reading
+                        part_bytes[part] = part_bytes.get(part, 0) + table.nbytes
                 return out
             finally:
                 after = resource.getrusage(resource.RUSAGE_SELF)

@@ -173,7 +173,7 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
             name = f"{_REGISTERED}_{part}"
             sources = []
             if part == "hist" and "medians" in read:
-                if _medians_from_part(noted, read["medians"]):
+                if _medians_from_part(con, noted, read["medians"]):
                     noted.verdict[part] = ""  # every median kept: no histogram to read (``medians`` asks none)
                     continue
                 read["hist"] = folded_parts(con, noted.paths, ("hist",))["hist"]  # a rank in several files
@@ -207,7 +207,7 @@ def _file_part(part: str, noted: _Noted) -> str:
     return "medians" if part == "hist" and not noted.store else part
 
 
-def _medians_from_part(noted: _Noted, kept) -> bool:
+def _medians_from_part(con, noted: _Noted, kept) -> bool:
     """Keep every per-rank median from the files' ``medians`` part (the ``KeptPart``) when each (rank, figure)
     is in one file's part alone: then it is the median ``medians_of`` finds from all the files' histograms
     (``ranksight.format.verdict_digest.medians_part``). False where a rank's rows after warm-up are in several
@@ -216,19 +216,22 @@ def _medians_from_part(noted: _Noted, kept) -> bool:
 
     derived = kept.derived
     if "one_file_each" not in derived:
-        table = kept.table
-        rank = table.column("rank").to_numpy().astype(np.int64)
-        figure = table.column("figure").to_numpy().astype(np.int64)
+        # Through DuckDB: pyarrow's own ``to_numpy`` of a chunked column imports pandas (0.2 s of a fresh reader).
+        cur = con.cursor()
+        try:
+            cur.register("_ranksight_medians", kept.table)
+            rows = cur.execute("SELECT rank, figure, median FROM _ranksight_medians").fetchnumpy()
+        finally:
+            cur.close()
+        rank, figure = rows["rank"].astype(np.int64), rows["figure"].astype(np.int64)
         derived["one_file_each"] = len(np.unique(rank * 256 + figure)) == len(rank)
+        derived["rows"] = (rank.tolist(), figure.tolist(), rows["median"].tolist())
     if not derived["one_file_each"]:
         return False
     _share_medians(noted, derived)
     if noted.median_figures != set(MEDIANS):
         names = list(MEDIANS)
-        table = kept.table
-        for rank, figure, median in zip(
-            table.column("rank").to_pylist(), table.column("figure").to_pylist(), table.column("median").to_pylist()
-        ):
+        for rank, figure, median in zip(*derived.pop("rows")):
             noted.medians.setdefault(rank, {})[names[figure - 1]] = median
         noted.median_figures.update(names)
     return True

@@ -118,9 +118,10 @@ _SCANNED_WHOLE = 2048
 is 2,048 rows)."""
 
 
-def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
+def read_digest_parts(paths: list[str], parts, with_file: bool = False, threads: bool = True) -> dict:
     """{part: one pyarrow table of that part's rows in every file of ``paths``} (see ``read_digests``),
-    each file opened once. Raises ``DigestError`` naming the first file that does not read."""
+    each file opened once; on ``_READERS`` threads unless not ``threads``. Raises ``DigestError`` naming the
+    first file that does not read."""
     import pyarrow as pa
 
     schema = digest_schema()
@@ -138,7 +139,7 @@ def read_digest_parts(paths: list[str], parts, with_file: bool = False) -> dict:
 
     # Threads only for the LZ4 parts, whose decompression lets go of the GIL: the rollup's plain part is read
     # by Python alone, where handing 1,250 small files between threads cost more than reading them in turn.
-    for found in _in_path_order(read_one, paths, threads=any(part != "chunks" for part in parts)):
+    for found in _in_path_order(read_one, paths, threads=threads and any(part != "chunks" for part in parts)):
         for part, table in found.items():
             tables[part].append(table)
             rows_per_file[part].append(table.num_rows)
