@@ -88,8 +88,9 @@ def folded_parts(con, paths: list[str], parts: tuple[str, ...]) -> dict[str, Kep
     return out
 
 
-MERGE_BATCH = 64
-"""Files whose ``steps`` part is read and merged per step at a time (``_read_merging``)."""
+MERGE_BATCH = 128
+"""Files whose ``steps`` part is read and merged per step at a time (``_read_merging``): 11 MB at a time at
+10,000 ranks x 1,000 steps."""
 
 
 def _read_merging(con, paths: list[str], parts: tuple[str, ...]) -> dict:

@@ -44,6 +44,7 @@ class _Noted:
         self.source: str | None = None
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
+        self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
         self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
         self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
         self.median_figures: set[str] = set()  # the figures found so far
@@ -161,12 +162,12 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        # The files are read on a thread of their own while DuckDB counts the view's rows here, where the
-        # footers cannot (both mostly outside the GIL: one core each).
+        # The files are read on a thread of their own while DuckDB counts the view's rows here (it lets go of
+        # the GIL: one core each).
         in_files = tuple(_file_part(p, noted) for p in missing)
         ahead = prefetch(con, noted.paths, in_files) if missing and noted.paths else None
-        if missing and not _footers_count(noted):
-            _step_rows(con)  # counted here while the files are read (the footers' count needs no scan)
+        if missing:
+            _footer_count(con, noted) if _footers_count(noted) else _step_rows(con)
         read, missing = _read_parts(con, noted, missing, wanted, ahead)
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
@@ -240,15 +241,16 @@ def _medians_from_part(con, noted: _Noted, kept) -> bool:
 def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], ahead) -> tuple[dict, list[str]]:
     """({file part: ``KeptPart``} of the pending files' parts (``_file_part``), the verdict's parts read):
     ``missing``, each file opened once, as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where a
-    file fails to read, the wanted parts are read alone, as without the expectation, and the histograms
-    themselves: a part cut short sends only its own figures to the rows."""
+    file fails to read, the wanted parts are read alone (the parts only expected are left to the rows), and
+    the histograms themselves instead of the files' medians: a part cut short sends only its own figures to
+    the rows."""
     if ahead is None:
         return {}, missing
     try:
         return ahead.result(), missing
     except DigestError:
         needed = [p for p in missing if p == "sums" or p in wanted]
-        if needed == missing and "hist" not in needed:
+        if needed == missing and ("hist" not in needed or noted.store):
             raise
         noted.expected = ()
         return folded_parts(con, noted.paths, tuple(needed)), needed
@@ -269,10 +271,17 @@ def _holds_every_row(con, held) -> bool:
         return False
     noted = _noted(con)
     if noted is not None and noted.rows is None and _footers_count(noted) and noted.view_files:
-        if _footer_rows(con, noted.view_files) == held:
+        if _footer_count(con, noted) == held:
             noted.rows = held
             return True
     return held == _step_rows(con)
+
+
+def _footer_count(con, noted: _Noted) -> int | None:
+    """``_footer_rows`` of the view's files, counted once per noted connection."""
+    if noted.footer_rows is None and noted.view_files:
+        noted.footer_rows = _footer_rows(con, noted.view_files)
+    return noted.footer_rows
 
 
 def _footer_rows(con, files: list[str]) -> int | None:
