@@ -29,7 +29,8 @@ from .warmup import WARM_SQL, WARMUP_STEPS
 FILE_FORMAT = "parts-3"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
 naming its parts, then each part an Arrow IPC file (``digest_file.pack_parts``); the ``steps`` part without the
-columns that are NULL on every one of its rows (``SPARSE_PARTS``); a ``medians`` part (``parts-3``)."""
+columns that are NULL on every one of its rows (``SPARSE_PARTS``); since ``parts-3`` a ``medians`` part, and only
+the histograms LZ4-compressed."""
 PARTS = ("chunks", "sums", "hist", "medians", "steps")
 """The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``verdict_digest``); ``medians``
 is made from ``hist`` (``verdict_digest.medians_part``)."""
