@@ -20,6 +20,7 @@ from ranksight.format.warmup import WARMUP_STEPS
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
 from ._run_state import state_of
+from ._rundir import first_line, warn_once
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -248,7 +249,9 @@ def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...],
         return {}, missing
     try:
         return ahead.result(), missing
-    except DigestError:
+    except DigestError as exc:
+        # One line naming the file (``DigestError`` does); its figures come from the rows, so none is lost.
+        warn_once(f"ranksight: step digest parts do not read ({first_line(exc)}); reading those figures from the rows")
         needed = [p for p in missing if p == "sums" or p in wanted]
         if needed == missing and ("hist" not in needed or noted.store):
             raise
