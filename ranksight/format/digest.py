@@ -31,9 +31,10 @@ FILE_FORMAT = "parts-3"
 naming its parts, then each part an Arrow IPC file (``digest_file.pack_parts``); the ``steps`` part without the
 columns that are NULL on every one of its rows (``SPARSE_PARTS``); since ``parts-3`` a ``medians`` part, and only
 the histograms LZ4-compressed."""
-PARTS = ("chunks", "sums", "hist", "medians", "steps")
-"""The tables of a digest: the rollup's ``chunks`` (``COLUMNS``) and the verdict's (``verdict_digest``); ``medians``
-is made from ``hist`` (``verdict_digest.medians_part``)."""
+PARTS = ("chunks", "hist", "sums", "medians", "steps")
+"""The tables of a digest, in the file's order: the rollup's ``chunks`` (``COLUMNS``) and the verdict's
+(``verdict_digest``); ``medians`` is made from ``hist`` (``verdict_digest.medians_part``). The parts every
+verdict reads (``sums``, ``medians``, ``steps``) lie together at the end: one read of that span."""
 SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEPS_COLUMNS))}
 """Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
 figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
