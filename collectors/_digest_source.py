@@ -217,7 +217,7 @@ def _medians_from_part(con, noted: _Noted, kept) -> bool:
     import numpy as np
 
     derived = kept.derived
-    if "one_file_each" not in derived:
+    if "one_file_each" not in derived:  # found once per kept part; readers on threads may find it twice alike
         # Through DuckDB: pyarrow's own ``to_numpy`` of a chunked column imports pandas (0.2 s of a fresh reader).
         cur = con.cursor()
         try:
@@ -226,16 +226,17 @@ def _medians_from_part(con, noted: _Noted, kept) -> bool:
         finally:
             cur.close()
         rank, figure = rows["rank"].astype(np.int64), rows["figure"].astype(np.int64)
-        derived["one_file_each"] = len(np.unique(rank * 256 + figure)) == len(rank)
-        derived["rows"] = (rank.tolist(), figure.tolist(), rows["median"].tolist())
+        one_file_each = len(np.unique(rank * 256 + figure)) == len(rank)
+        medians: dict[int, dict] = {}
+        if one_file_each:
+            names = list(MEDIANS)
+            for r, f, m in zip(rank.tolist(), figure.tolist(), rows["median"].tolist()):
+                medians.setdefault(r, {})[names[f - 1]] = m
+        derived.update(medians=medians, median_figures=set(MEDIANS) if one_file_each else set())
+        derived["one_file_each"] = one_file_each  # last: a reader that sees it finds the medians complete
     if not derived["one_file_each"]:
         return False
     _share_medians(noted, derived)
-    if noted.median_figures != set(MEDIANS):
-        names = list(MEDIANS)
-        for rank, figure, median in zip(*derived.pop("rows")):
-            noted.medians.setdefault(rank, {})[names[figure - 1]] = median
-        noted.median_figures.update(names)
     return True
 
 
