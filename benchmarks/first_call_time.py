@@ -64,7 +64,8 @@ if rules:  # where the call goes: the reader's steps that vary most, timed in pl
             try:
                 out = inner(*args, **kwargs)
                 if name == "read_digest_parts":  # bytes in memory of each part (the per-step part: its largest)
-                    part_bytes.update({part: table.nbytes for part, table in out.items()})
+                    for part, table in out.items():  # added up over the batches of one reading
+                        part_bytes[part] = part_bytes.get(part, 0) + table.nbytes
                 return out
             finally:
                 after = resource.getrusage(resource.RUSAGE_SELF)
@@ -114,6 +115,27 @@ sys.path[:0] = [sys.argv[1], sys.argv[3]]  # the older version first, then this 
 from digest_verdict_corpus import digest_every_segment  # the publisher's digest beside every step segment
 digest_every_segment(sys.argv[2])
 """
+
+
+_OLD_DIGESTS_READY = r"""
+import os, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+sys.path.insert(0, sys.argv[1])
+from ranksight.format.digest import chunk_steps_for, digest_paths
+steps, ranks = os.path.join(sys.argv[2], "steps"), int(sys.argv[3])
+names = [n for n in os.listdir(steps) if n.endswith(".parquet") and not n.startswith(".")]
+print(len(digest_paths(steps, chunk_steps_for(ranks), names)) == len(names))
+"""
+
+
+def with_old_digests(run: str, old_site: str, ranks: int) -> None:
+    """Write the older version's digests beside ``run``'s files unless they are there: a digest is read only
+    under its own definition's key, so an older reader would read the rows of a spool this code built."""
+    ready = subprocess.run(
+        [sys.executable, "-c", _OLD_DIGESTS_READY, old_site, run, str(ranks)], check=True, capture_output=True
+    )
+    if ready.stdout.strip() != b"True":
+        subprocess.run([sys.executable, "-c", _WRITE_DIGESTS, old_site, run, HERE], check=True)
 
 
 def measure(old_site: str, run: str, what: str, repeats: int = 1, rules: str = "") -> dict:
@@ -250,6 +272,7 @@ def first_call_figures(
              "diagnose_first_s": lambda: measure("", run_path, "diagnose"),
              "breakdown_first_s": lambda: measure("", run_path, "breakdown")}  # fmt: skip
     if old_site:
+        with_old_digests(run_path, old_site, ranks)
         calls["diagnose_first_before_s"] = lambda: measure(old_site, run_path, "diagnose")
     runs = in_rounds(calls, rounds, lambda arm, _: calls[arm](), lambda _, x: " ".join(f"{t:.3f}" for t in x["times"]))
     floors = [r["times"] for r in runs.pop("duckdb_groupby_files")]

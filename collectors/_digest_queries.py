@@ -11,11 +11,10 @@ would (a rank with no more rows than the warm-up, other ranks asked for): the ca
 
 from __future__ import annotations
 
-from ranksight.format.verdict_digest import MEDIANS, medians_of, merge_steps_sql
+from ranksight.format.verdict_digest import MEDIANS, figure_rows_sql, medians_of, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
 from ._digest_source import keep_medians, noted_medians, rank_rows
-from ._tables import sql_literal
 
 
 def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
@@ -50,11 +49,7 @@ def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[int, dict]:
     ``list_position``) and counts as BIGINT: strings and DuckDB's 128-bit sums would reach numpy as
     Python objects. The rows are kept by the CASE, not by ``figure IN (...)``: DuckDB joins a list of seven
     and hands the rows back out of order, and ``medians_of`` then sorts 2 M rows at 10,000 ranks."""
-    position = "CASE figure " + " ".join(f"WHEN {sql_literal(f)} THEN {i}" for i, f in enumerate(figures, 1)) + " END"
-    rows = con.execute(
-        f"""SELECT rank, CAST({position} AS TINYINT) AS figure, bucket, n::BIGINT AS n, lo, hi
-            FROM {parts["hist"]} WHERE NOT warm AND ({position}) IS NOT NULL"""
-    ).fetchnumpy()
+    rows = con.execute(figure_rows_sql(parts["hist"], figures)).fetchnumpy()  # the publisher's own for its medians
     out: dict[int, dict] = {}
     for (rank, position), median in medians_of(rows).items():
         out.setdefault(rank, {})[figures[position - 1]] = median

@@ -14,11 +14,13 @@ import os
 from ranksight.format.digest import COLUMNS, chunk_of_key, digest_keys, digest_paths
 from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.phases import SAMPLED_SQL
+from ranksight.format.verdict_digest import MEDIANS
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
 from ._run_state import state_of
+from ._rundir import first_line, warn_once
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -43,6 +45,7 @@ class _Noted:
         self.source: str | None = None
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
+        self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
         self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
         self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
         self.median_figures: set[str] = set()  # the figures found so far
@@ -93,7 +96,7 @@ def digests_may_serve(warmup_steps: int, since_ns: int | None) -> bool:
 
 
 VERDICT_PARTS = ("sums", "hist", "steps")
-"""The verdict's digest parts the features read."""
+"""The verdict's digest parts the features read (``hist`` read as the files' ``medians`` where they serve)."""
 
 
 def expect_verdict(con) -> None:
@@ -160,16 +163,22 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        # The files are read on a thread of their own while DuckDB counts the view's rows here, where the
-        # footers cannot (both mostly outside the GIL: one core each).
-        ahead = prefetch(con, noted.paths, tuple(missing)) if missing and noted.paths else None
-        if missing and not _footers_count(noted):
-            _step_rows(con)  # counted here while the files are read (the footers' count needs no scan)
+        # The files are read on a thread of their own while DuckDB counts the view's rows here (it lets go of
+        # the GIL: one core each).
+        in_files = tuple(_file_part(p, noted) for p in missing)
+        ahead = prefetch(con, noted.paths, in_files) if missing and noted.paths else None
+        if missing:
+            _footer_count(con, noted) if _footers_count(noted) else _step_rows(con)
         read, missing = _read_parts(con, noted, missing, wanted, ahead)
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
             name = f"{_REGISTERED}_{part}"
             sources = []
+            if part == "hist" and "medians" in read:
+                if _medians_from_part(con, noted, read["medians"]):
+                    noted.verdict[part] = ""  # every median kept: no histogram to read (``medians`` asks none)
+                    continue
+                read["hist"] = folded_parts(con, noted.paths, ("hist",))["hist"]  # a rank in several files
             if part in read:
                 register_arrow(con, f"{name}_spool", read[part].table)
                 sources.append(f"SELECT * FROM {name}_spool")
@@ -194,18 +203,58 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     return dict(noted.verdict)
 
 
+def _file_part(part: str, noted: _Noted) -> str:
+    """The part of the digest files read for the verdict's ``part``: the medians per file (``medians``) for the
+    histograms where no store's histograms join the files' (``_medians_from_part`` says whether they serve)."""
+    return "medians" if part == "hist" and not noted.store else part
+
+
+def _medians_from_part(con, noted: _Noted, kept) -> bool:
+    """Keep every per-rank median from the files' ``medians`` part (the ``KeptPart``) when each (rank, figure)
+    is in one file's part alone: then it is the median ``medians_of`` finds from all the files' histograms
+    (``ranksight.format.verdict_digest.medians_part``). False where a rank's rows after warm-up are in several
+    files (a long run's node files cut by time): the histograms are read then."""
+    import numpy as np
+
+    derived = kept.derived
+    if "one_file_each" not in derived:  # found once per kept part; readers on threads may find it twice alike
+        # Through DuckDB: pyarrow's own ``to_numpy`` of a chunked column imports pandas (0.2 s of a fresh reader).
+        cur = con.cursor()
+        try:
+            cur.register("_ranksight_medians", kept.table)
+            rows = cur.execute("SELECT rank, figure, median FROM _ranksight_medians").fetchnumpy()
+        finally:
+            cur.close()
+        rank, figure = rows["rank"].astype(np.int64), rows["figure"].astype(np.int64)
+        one_file_each = len(np.unique(rank * 256 + figure)) == len(rank)
+        medians: dict[int, dict] = {}
+        if one_file_each:
+            names = list(MEDIANS)
+            for r, f, m in zip(rank.tolist(), figure.tolist(), rows["median"].tolist()):
+                medians.setdefault(r, {})[names[f - 1]] = m
+        derived.update(medians=medians, median_figures=set(MEDIANS) if one_file_each else set())
+        derived["one_file_each"] = one_file_each  # last: a reader that sees it finds the medians complete
+    if not derived["one_file_each"]:
+        return False
+    _share_medians(noted, derived)
+    return True
+
+
 def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], ahead) -> tuple[dict, list[str]]:
-    """({part: ``KeptPart``} of the pending files' parts, the parts read): ``missing``, each file opened once,
-    as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where the parts only expected (not ``wanted``
-    yet) make a file fail to read, the wanted ones are read alone, as without the expectation: a part cut
-    short sends only its own figures to the rows."""
+    """({file part: ``KeptPart``} of the pending files' parts (``_file_part``), the verdict's parts read):
+    ``missing``, each file opened once, as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where a
+    file fails to read, the wanted parts are read alone (the parts only expected are left to the rows), and
+    the histograms themselves instead of the files' medians: a part cut short sends only its own figures to
+    the rows."""
     if ahead is None:
         return {}, missing
     try:
         return ahead.result(), missing
-    except DigestError:
+    except DigestError as exc:
+        # One line naming the file (``DigestError`` does); its figures come from the rows, so none is lost.
+        warn_once(f"ranksight: step digest parts do not read ({first_line(exc)}); reading those figures from the rows")
         needed = [p for p in missing if p == "sums" or p in wanted]
-        if needed == missing:
+        if needed == missing and ("hist" not in needed or noted.store):
             raise
         noted.expected = ()
         return folded_parts(con, noted.paths, tuple(needed)), needed
@@ -226,10 +275,17 @@ def _holds_every_row(con, held) -> bool:
         return False
     noted = _noted(con)
     if noted is not None and noted.rows is None and _footers_count(noted) and noted.view_files:
-        if _footer_rows(con, noted.view_files) == held:
+        if _footer_count(con, noted) == held:
             noted.rows = held
             return True
     return held == _step_rows(con)
+
+
+def _footer_count(con, noted: _Noted) -> int | None:
+    """``_footer_rows`` of the view's files, counted once per noted connection."""
+    if noted.footer_rows is None and noted.view_files:
+        noted.footer_rows = _footer_rows(con, noted.view_files)
+    return noted.footer_rows
 
 
 def _footer_rows(con, files: list[str]) -> int | None:

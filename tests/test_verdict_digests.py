@@ -446,7 +446,8 @@ def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_t
     monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
     merged = _features_reading_no_row(run, monkeypatch)
     assert read and all(names == added for names, _ in read)  # the kept parts took in the new file alone
-    assert {p for _, parts in read for p in parts} == {"sums", "hist", "steps"}
+    # the files' medians first; a rank in several files sends the medians to the histograms
+    assert {p for _, parts in read for p in parts} == {"sums", "medians", "hist", "steps"}
     assert merged != first
     _assert_same_features(merged, _features_from_rows(run))
     _digest_fold.forget()
@@ -573,7 +574,8 @@ def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(
 def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tmp_path, monkeypatch):
     """``compute_features`` without a breakdown reads it first, with every part the features read: one read
     of the three parts, each file once, and one pass over the histograms for all seven medians -- also in
-    ``diagnose()``, whose breakdown asks for two."""
+    ``diagnose()``, whose breakdown asks for two. Here every rank is in three files (a node's publishes), so
+    the files' own medians do not serve and the histograms are read after them."""
     from ranksight.collectors import _digest_fold, _digest_queries
 
     run = _published_run(tmp_path)
@@ -594,13 +596,16 @@ def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tm
     monkeypatch.setattr(_digest_queries, "_all_medians", found)
     _digest_fold.forget()
     features = run_features(run)
-    assert [(sorted(names), set(parts)) for names, parts in reads] == [(sorted(files), {"sums", "hist", "steps"})]
+    assert [(sorted(names), set(parts)) for names, parts in reads] == [
+        (sorted(files), {"sums", "medians", "steps"}),
+        (sorted(files), {"hist"}),
+    ]
     assert [set(figures) for figures in passes] == [set(MEDIANS)]
     _digest_fold.forget()
     reads.clear()
     passes.clear()
     verdict = diagnose(run)
-    assert {p for _, parts in reads for p in parts} == {"sums", "hist", "steps"}
+    assert {p for _, parts in reads for p in parts} == {"sums", "medians", "hist", "steps"}
     assert [set(figures) for figures in passes] == [set(MEDIANS)]
     monkeypatch.undo()
     _assert_same_features(features, _features_from_rows(run))
