@@ -102,8 +102,13 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
         target = _endpoint(str(tmp_path))
         run_path = os.path.join(str(tmp_path), "r1")
         _wait(lambda: _spooled_steps(run_path) == 40)
-        time.sleep(0.5)  # the sampler has run at least once more after the last step flushed
-        text = _scrape(target)
+
+        def latest_sample_served():  # the sampler runs on the agent thread's clock: a loaded machine is slower
+            text = _scrape(target)
+            gauge = _families(text).get("ranksight_gpu_utilization_ratio")
+            return text if gauge and gauge.samples[0].value == 0.75 else None
+
+        text = _wait(latest_sample_served)  # the third sample (0.25, 0.5, then 0.75 on): the latest wins
     finally:
         mon.close()
 
@@ -123,7 +128,7 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
     buckets = [s for s in fams["ranksight_step_seconds"].samples if s.name.endswith("_bucket")]
     assert [float(b.labels["le"]) for b in buckets][:2] == [0.001, 0.0025] and buckets[-1].labels["le"] == "+Inf"
     assert buckets[-1].value == 40
-    assert fams["ranksight_gpu_utilization_ratio"].samples[0].value == 0.75  # the latest sample wins
+    assert [s.value for s in fams["ranksight_gpu_utilization_ratio"].samples] == [0.75]  # one series, the latest
     wait_ratio = fams["ranksight_data_wait_ratio"].samples[0].value
     assert 0 <= wait_ratio < 0.5  # range() yields instantly: the step body dominates
 
