@@ -18,7 +18,13 @@ STEP_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 
 #: Sample names (``ranksight.format.schema.SAMPLE_NAMES``) exported as gauges, absent until one arrives.
-GAUGE_SAMPLES: tuple[str, ...] = ("gpu_utilization_ratio", "h2d_copy_ratio", "memory_fragmentation_ratio")
+GAUGE_SAMPLES: tuple[str, ...] = (
+    "gpu_utilization_ratio",
+    "h2d_copy_ratio",
+    "memory_fragmentation_ratio",
+    "memory_headroom_ratio",
+    "memory_inactive_split_bytes",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("ranksight_h2d_copy_ratio", "gauge", "1", "Host-to-device copy time over the sampled window span."),
     MetricDef("ranksight_gpu_utilization_ratio", "gauge", "1", "NVML utilization: share of time a kernel ran."),
     MetricDef("ranksight_memory_fragmentation_ratio", "gauge", "1", "1 - largest free block / total free bytes."),
+    # the fragmentation rule's conditions, so that its alert fires where the diagnosis does
+    MetricDef("ranksight_memory_headroom_ratio", "gauge", "1", "Free device memory over total device memory."),
+    MetricDef("ranksight_memory_inactive_split_bytes", "gauge", "By", "Bytes of split cached blocks no tensor uses."),
     MetricDef("ranksight_graph_breaks_total", "counter", "{break}", "torch.compile graph breaks seen on this rank."),
     MetricDef("ranksight_recompiles_total", "counter", "{recompile}", "torch.compile recompilations on this rank."),
     MetricDef("ranksight_agent_errors_total", "counter", "{error}", "Errors caught inside the ranksight agent."),

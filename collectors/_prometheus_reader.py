@@ -20,6 +20,8 @@ RANK_SERIES: tuple[str, ...] = (
     "ranksight_h2d_copy_ratio",
     "ranksight_gpu_utilization_ratio",
     "ranksight_memory_fragmentation_ratio",
+    "ranksight_memory_headroom_ratio",
+    "ranksight_memory_inactive_split_bytes",
     "ranksight_allreduce_seconds_total",
     "ranksight_graph_breaks_total",
     "ranksight_recompiles_total",

@@ -27,12 +27,20 @@ CONTRACT = {
     "ranksight_h2d_copy_ratio",
     "ranksight_gpu_utilization_ratio",
     "ranksight_memory_fragmentation_ratio",
+    "ranksight_memory_headroom_ratio",
+    "ranksight_memory_inactive_split_bytes",
     "ranksight_graph_breaks",
     "ranksight_recompiles",
     "ranksight_agent_errors",
     "ranksight_records_dropped",
 }
-GPU_GAUGES = {"ranksight_h2d_copy_ratio", "ranksight_gpu_utilization_ratio", "ranksight_memory_fragmentation_ratio"}
+GPU_GAUGES = {
+    "ranksight_h2d_copy_ratio",
+    "ranksight_gpu_utilization_ratio",
+    "ranksight_memory_fragmentation_ratio",
+    "ranksight_memory_headroom_ratio",
+    "ranksight_memory_inactive_split_bytes",
+}
 
 
 @pytest.fixture
@@ -93,7 +101,8 @@ def test_scrape_has_every_contract_series_with_identity_labels_only(tmp_path, ra
 
     def fake_gpu_sampler():  # a real agent-thread sampler, as the GPU signals register theirs
         v = next(samples, 0.75)
-        names = ("gpu_utilization_ratio", "h2d_copy_ratio", "memory_fragmentation_ratio", "kernels_per_step")
+        names = ("gpu_utilization_ratio", "h2d_copy_ratio", "memory_fragmentation_ratio", "memory_headroom_ratio",
+                 "memory_inactive_split_bytes", "kernels_per_step")  # fmt: skip
         return [{"time_ns": time.time_ns(), "step": 0, "name": n, "value": v} for n in names]
 
     mon.add_sampler(fake_gpu_sampler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -62,7 +63,8 @@ def test_exported_thresholds_are_the_ones_the_diagnosis_uses():
     for alert in doc["groups"][0]["rules"]:
         rule = rules[alert["labels"]["rule"]]
         levels = dict(rule.prometheus.get("levels") or rule.levels)
-        threshold = float(alert["expr"].rsplit(">=", 1)[1])
+        # the level compared with ">=" (an alert may add the rule's own conditions after it with "and")
+        threshold = float(re.search(r">=\s*([-+0-9.eE]+)", alert["expr"]).group(1))
         assert threshold == levels[alert["labels"]["severity"]], alert["alert"]
     assert dict(rules["input-bound"].levels) == {"info": 0.03, "warning": 0.10, "critical": 0.25}
 
@@ -105,6 +107,52 @@ def test_alerts_fire_on_the_right_rank_in_promtools_rule_tests(exported, tmp_pat
                         ],
                     },
                     {"eval_time": "15m", "alertname": "RanksightExposedAllreduceWarning", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "tests.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_fragmentation_alerts_only_where_the_rule_would_fire(exported, tmp_path):
+    """The alert carries the rule's conditions: rank 0 fragmented under pressure with split blocks pages;
+    rank 1 as fragmented but with its blocks unsplit (expandable segments, the fix) and rank 2 with room to
+    grow do not (nanoGPT's fixed runs on an H200 read 0.12-0.56 with no block split)."""
+
+    def series(name: str, rank: int, values: str) -> dict:
+        return {"series": f"ranksight_{name}{{{LABELS.format(rank=rank)}}}", "values": values}
+
+    input_series = []
+    for rank, headroom, split in ((0, "0.02", "1e9"), (1, "0.02", "0"), (2, "0.9", "1e9")):
+        input_series += [
+            series("memory_fragmentation_ratio", rank, "0.45x30"),
+            series("memory_headroom_ratio", rank, f"{headroom}x30"),
+            series("memory_inactive_split_bytes", rank, f"{split}x30"),
+        ]
+    labels = {"severity": "warning", "axis": "parallelism", "rule": "fragmentation", "job": "train", "run": "r1",
+              "node": "n0", "rank": "0", "local_rank": "0"}  # fmt: skip
+    annotations = {
+        "summary": "GPU memory fragmentation (run r1, rank 0, value 0.45)",
+        "description": _exported_description(exported, "RanksightFragmentationWarning"),
+    }
+    tests = {
+        "rule_files": [str(exported)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": input_series,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "25m",
+                        "alertname": "RanksightFragmentationWarning",
+                        "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
+                    },
+                    {"eval_time": "25m", "alertname": "RanksightFragmentationCritical", "exp_alerts": []},
                 ],
             }
         ],
