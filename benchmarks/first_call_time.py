@@ -23,6 +23,9 @@ so a figure is judged only against another measured in the same rounds.
     RUN needs the step digests of both versions' definitions where their keys differ (a digest is read only
     under its own key): ``--write-old-digests`` writes the older one's first.
 
+``RUN --publishes N --into DIR [...]`` times a copy of RUN whose node step files are cut into N publishes each
+(a live job's node publishes about once a minute).
+
 ``scale.py --sections first`` runs ``first_call_figures``: these first calls at 10,000 ranks taking turns with
 DuckDB's GROUP BY over the same files.
 """
@@ -286,6 +289,31 @@ def first_call_figures(
     return figures
 
 
+def as_publishes(run: str, into: str, publishes: int) -> str:
+    """A copy of ``run`` at ``into`` whose node step files are each cut by step into ``publishes`` files, with
+    this checkout's digests; its path. Why: the benchmark spools hold one publish per node, but a live job's
+    node publishes about once a minute, so its ranks' rows lie in several files."""
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from digest_verdict_corpus import digest_every_segment
+
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(run, into, ignore=shutil.ignore_patterns(".digests"))
+    steps = os.path.join(into, "steps")
+    for name in sorted(n for n in os.listdir(steps) if n.endswith(".parquet")):
+        table = pq.read_table(os.path.join(steps, name))
+        lo, hi = pc.min(table["step"]).as_py(), pc.max(table["step"]).as_py() + 1
+        os.remove(os.path.join(steps, name))
+        for k in range(publishes):
+            a, b = lo + (hi - lo) * k // publishes, lo + (hi - lo) * (k + 1) // publishes
+            part = table.filter(pc.and_(pc.greater_equal(table["step"], a), pc.less(table["step"], b)))
+            pq.write_table(part, os.path.join(steps, f"{name.split('_m')[0]}_m{k + 1:020d}-a{k:05d}.parquet"))
+    digest_every_segment(into)
+    return into
+
+
 def main() -> int:
     parser = cli(__doc__)
     parser.add_argument("run")
@@ -295,7 +323,13 @@ def main() -> int:
     parser.add_argument("--site", default="", help="where the call goes for that folder's commit instead")
     parser.add_argument("--repeats", type=int, default=3, help="--old-site: calls per process (the first is fresh)")
     parser.add_argument("--write-old-digests", action="store_true")
+    parser.add_argument("--publishes", type=int, default=None, help="time a copy of RUN cut into N publishes a node")
+    parser.add_argument("--into", default=None, help="--publishes: where the copy is made (replaced)")
     args = parser.parse_args()
+    if args.publishes:
+        if not args.into:
+            parser.error("--publishes needs --into DIR")
+        args.run = as_publishes(args.run, args.into, args.publishes)
     if args.old_site:
         whats = (args.what or "breakdown,diagnose").split(",")
         if not set(whats) <= {"breakdown", "diagnose", "rollup"}:
