@@ -299,6 +299,8 @@ def as_publishes(run: str, into: str, publishes: int) -> str:
     import pyarrow.parquet as pq
     from digest_verdict_corpus import digest_every_segment
 
+    from ranksight.agent._node_spool import published_name
+
     shutil.rmtree(into, ignore_errors=True)
     shutil.copytree(run, into, ignore=shutil.ignore_patterns(".digests"))
     steps = os.path.join(into, "steps")
@@ -309,7 +311,7 @@ def as_publishes(run: str, into: str, publishes: int) -> str:
         for k in range(publishes):
             a, b = lo + (hi - lo) * k // publishes, lo + (hi - lo) * (k + 1) // publishes
             part = table.filter(pc.and_(pc.greater_equal(table["step"], a), pc.less(table["step"], b)))
-            pq.write_table(part, os.path.join(steps, f"{name.split('_m')[0]}_m{k + 1:020d}-a{k:05d}.parquet"))
+            pq.write_table(part, os.path.join(steps, published_name(name.split("_m")[0], f"{k + 1:020d}-a{k:05d}")))
     digest_every_segment(into)
     return into
 

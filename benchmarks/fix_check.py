@@ -15,7 +15,7 @@ another compare across machines (noisier); each row says how many runs of each i
 
 A finding the plant did not mean to cause (``--co-finding RULE``) is checked the same way where a changed
 plant applied its fix: ``--after`` names the runs of that plant, whose steps do ``--work-ratio`` times the
-work, and the gain is ``1 - (after / ratio) / before`` on the script's clock (medians over runs).
+work, and the gain is ``1 - (after / ratio) / before`` per sample on the script's clock (medians over runs).
 
     python benchmarks/fix_check.py before.json --co-finding launch-bound --after after.json --work-ratio 1.56
 """
@@ -81,25 +81,25 @@ def co_finding(args, corpus) -> int:
     """The co-finding's stated cost (median over the faulty runs that named it) against the step time the
     changed plant gave back per unit of work."""
 
-    def steps(runs):
-        return [t["step_median_s"] for r in runs if not r.fixed for t in r.truth.values() if t.get("step_median_s")]
+    def per_sample(runs):  # the fix check's own clock (the script's median step over its samples)
+        return [s for r in runs if not r.fixed and (s := corpus._per_sample_s(r)) is not None]
 
     before_runs, after_runs = load_runs(args.results, corpus), load_runs(args.after, corpus)
     costs = [
         f["cost_share"] for r in before_runs if not r.fixed for f in r.findings if f.get("rule") == args.co_finding
     ]
-    before, after = steps(before_runs), steps(after_runs)
+    before, after = per_sample(before_runs), per_sample(after_runs)
     if not costs or not before or not after:
         print(f"no {args.co_finding} finding in the runs before, or no step times on either side")
         return 1
     row = {"rule": args.co_finding, "named_in": len(costs), "runs_before": len(before), "runs_after": len(after),
            "cost_stated": statistics.median(costs), "costs": sorted(costs), "work_ratio": args.work_ratio,
-           "step_before_s": statistics.median(before), "step_after_s": statistics.median(after)}  # fmt: skip
-    row["gain"] = round(1 - row["step_after_s"] / args.work_ratio / row["step_before_s"], 4)
+           "sample_before_s": statistics.median(before), "sample_after_s": statistics.median(after)}  # fmt: skip
+    row["gain"] = round(1 - row["sample_after_s"] / args.work_ratio / row["sample_before_s"], 4)
     row["diff_pp"] = round(100 * (row["cost_stated"] - row["gain"]), 1)
     print(f"{args.co_finding}: named in {len(costs)} of {len(before)} runs, stated {row['cost_stated']:.1%} "
-          f"({min(costs):.1%}-{max(costs):.1%}); step {row['step_before_s'] * 1e3:.1f} ms before, "
-          f"{row['step_after_s'] * 1e3:.1f} ms after for {args.work_ratio}x the work: gain {row['gain']:.1%}, "
+          f"({min(costs):.1%}-{max(costs):.1%}); {row['sample_before_s'] * 1e3:.3f} ms a sample before, "
+          f"{row['sample_after_s'] * 1e3:.3f} ms after for {args.work_ratio}x the work: gain {row['gain']:.1%}, "
           f"stated - gain {row['diff_pp']:+.1f} pp")  # fmt: skip
     if args.json:
         write_results(args.json, {"sources": args.results, "after": args.after, "co_finding": row})
