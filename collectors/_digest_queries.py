@@ -70,19 +70,20 @@ def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
         FROM {parts["sums"]} WHERE NOT warm GROUP BY rank
     """
     cur = con.execute(sql)
-    names = [d[0] for d in cur.description]
+    names = [d[0] for d in cur.description][:-3]  # the data share's count, sum and squares make its noise
     rows = cur.fetchall()  # before the next query on ``con`` replaces this result
     found = (
         medians(con, parts, warmup_steps, ("buckets", "bucket_bytes", "gpu_compute", "collectives", "collective_bytes"))
         or {}
     )
     out = {}
+    nothing: dict = {}
     for row in rows:
         r = dict(zip(names, row))
-        n, total, squares = r.pop("data_n") or 0, r.pop("data_sum"), r.pop("data_sq")
+        n, total, squares = row[-3] or 0, row[-2], row[-1]
         # stddev_samp over sqrt(count), as the rows' query gives it: from the count, sum and sum of squares
         r["data_noise"] = (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
-        m = found.get(r["rank"], {})
+        m = found.get(r["rank"], nothing)
         r["buckets_per_step"] = m.get("buckets")
         r["grad_bytes_per_step"] = m.get("bucket_bytes")
         r["gpu_compute_median_s"] = m.get("gpu_compute")

@@ -81,17 +81,16 @@ _RS_OPS = "('reduce_scatter', 'reduce_scatter_single', 'reduce_scatter_tensor', 
 _BITS = {"float32": 32, "float64": 64, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
 
 
+_NONE: dict = {}
+
+
 def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int = 5, since_ns: int | None = None,
                   transports: dict | None = None) -> None:  # fmt: skip
-    """Add the FSDP features (``FSDP_FEATURES``) to each rank's dict in ``feats``, in place; all None for a
-    job that is not FSDP2."""
-    names = set(FSDP_FEATURES)
-    for f in feats.values():
-        if not names <= f.keys():  # compute_features starts every rank with them: a set comparison, not 30 calls
-            for name in FSDP_FEATURES:
-                f.setdefault(name, None)
+    """Set the FSDP features (``FSDP_FEATURES``) of the FSDP2 ranks in ``feats``, in place. Every rank's dict
+    already holds each name (``compute_features`` starts them all from ``FEATURES``, None for a job that is
+    not FSDP2)."""
     meta_by_rank = {m.rank: m.data for m in metas}
-    fsdp_ranks = [r for r in feats if (meta_by_rank.get(r) or {}).get("parallelism") == "fsdp2"]
+    fsdp_ranks = [r for r in feats if (meta_by_rank.get(r) or _NONE).get("parallelism") == "fsdp2"]
     if not fsdp_ranks:
         return
     for r in fsdp_ranks:
