@@ -239,8 +239,10 @@ def fresh_floor_s(glob: str) -> list[float]:
 
 def _spool_ready(run_path: str, ranks: int) -> bool:
     """Whether ``run_path`` holds a node spool of ``ranks`` that ``build_spool`` wrote with this code's digests
-    (a file per node of 8 and a digest for each), so that a kept ``--dir`` is read again instead of rebuilt."""
+    (a file per node of 8 and a digest for each, with its file's card), so that a kept ``--dir`` is read again
+    instead of rebuilt."""
     from ranksight.format.digest import chunk_steps_for, digest_paths
+    from ranksight.format.digest_file import read_card
 
     steps_dir = os.path.join(run_path, "steps")
     try:
@@ -248,7 +250,8 @@ def _spool_ready(run_path: str, ranks: int) -> bool:
     except OSError:
         return False
     nodes = -(-ranks // 8)
-    return len(names) == nodes and len(digest_paths(steps_dir, chunk_steps_for(ranks), names)) == nodes
+    found = digest_paths(steps_dir, chunk_steps_for(ranks), names)
+    return len(names) == nodes and len(found) == nodes and read_card(next(iter(found.values()))) is not None
 
 
 def node_spool(base: str, ranks: int, steps: int, build_spool) -> str:

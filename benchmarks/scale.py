@@ -367,10 +367,9 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     last rank is 1.3x slower in compute. Returns (files, rows)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from ranksight.agent._node_spool import _write_durably
-    from ranksight.format.digest_file import write_digest
+    from ranksight.format.digest_file import parquet_bytes, write_digest
     from ranksight.format.schema import arrow_schema
 
     schema = arrow_schema("steps")
@@ -413,9 +412,11 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
             else f"{node}_r{first:05d}_p{1000 + first}_000000.parquet"
         )
         table = pa.Table.from_arrays(arrays, schema=schema)
-        if digests and per_node:  # as the node spool's publisher writes it, before the file
-            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
-        pq.write_table(table, os.path.join(run_path, "steps", name), compression="zstd")
+        data = parquet_bytes(table)
+        if digests and per_node:  # as the node spool's publisher writes it, before the file, with its card
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+        with open(os.path.join(run_path, "steps", name), "wb") as f:
+            f.write(data)
         files += 1
         for r in members:
             meta = {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}

@@ -19,6 +19,7 @@ from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
+from ._file_cards import card_rows
 from ._run_state import state_of
 from ._rundir import first_line, warn_once
 from ._tables import (
@@ -289,9 +290,14 @@ def _footer_count(con, noted: _Noted) -> int | None:
 
 
 def _footer_rows(con, files: list[str]) -> int | None:
-    """The rows the footers of ``files`` hold (DuckDB's Parquet metadata, kept by the reading connection)."""
+    """The rows the footers of ``files`` hold: as their cards say where cards vouched for every one of them
+    (``_file_cards``: 0.07 s of DuckDB reading 1,250 footers again at 10,000 ranks), else DuckDB's Parquet
+    metadata, kept by the reading connection."""
     import duckdb
 
+    carded = card_rows(files)
+    if carded is not None:
+        return carded
     cur = con.cursor()
     try:
         return cur.execute("SELECT sum(num_rows) FROM parquet_file_metadata($files)", {"files": files}).fetchall()[0][0]

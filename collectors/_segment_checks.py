@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ranksight.format.schema import IDENTITY, KINDS
 
+from ._file_cards import vouched
 from ._footers import judge_by_schema
 from ._rundir import SkippedFile, first_line, is_listed, warn_skipped
 
@@ -185,7 +186,8 @@ class _SegmentVerdicts:
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        for name, verdict in _judge_all(folder, kind, to_judge, con).items():
+        judged = _judge_all(folder, kind, to_judge, con, {n: listed[n][:2] for n in to_judge})
+        for name, verdict in judged.items():
             if verdict is not None:
                 verdicts[name] = (*listed[name][:2], *verdict)
         with self._lock:  # keep what is known of the files left unread: another caller may want them
@@ -249,10 +251,13 @@ def _listing(folder: str) -> dict[str, tuple[int, int, str]]:
 _BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas pays off
 
 
-def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
+def _judge_all(
+    folder: str, kind: str, names: list[str], con=None, listed: dict[str, tuple[int, int]] | None = None
+) -> dict[str, tuple[str | None, frozenset] | None]:
     """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
     (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
-    schema (``_footers``), each file's framing still checked on its own."""
+    schema: step files that their digests' cards vouch for (``_file_cards``; ``listed``: name -> (size,
+    mtime_ns)), the others each with its framing checked and one footer per schema read (``_footers``)."""
 
     def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
@@ -263,17 +268,6 @@ def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, 
     if len(names) < _BATCH_FROM:
         return {name: judge(name) for name in names}
     out: dict[str, tuple[str | None, frozenset] | None] = {}
-    framed = []
-    for name in names:
-        try:
-            framing = _checked_framing(os.path.join(folder, name))
-        except FileNotFoundError:
-            out[name] = None
-            continue
-        if framing:
-            out[name] = (framing, _NO_COLUMNS)
-        else:
-            framed.append(name)
     scopes: dict[str, bool] = {}
 
     def judge_schema(name: str) -> tuple[str | None, frozenset] | None:
@@ -283,6 +277,23 @@ def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, 
             return None
         return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
 
+    if kind == "steps" and listed is not None:
+        out.update(vouched(folder, listed, judge_schema, lambda name: scopes.get(name, True)))
+    framed = []
+    for name in names:
+        if name in out:
+            continue
+        try:
+            framing = _checked_framing(os.path.join(folder, name))
+        except FileNotFoundError:
+            out[name] = None
+            continue
+        if framing:
+            out[name] = (framing, _NO_COLUMNS)
+        else:
+            framed.append(name)
+    if not framed:
+        return out
     batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
     if batch is None:
         batch = {name: judge(name) for name in framed}

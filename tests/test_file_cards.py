@@ -1,0 +1,154 @@
+"""Step files' cards: the node spool's publisher records each step file's size, last bytes, rows and columns in
+the file's digest, and a fresh reader judges the files their cards vouch for without DuckDB reading every
+footer (``ranksight.collectors._file_cards``). The verdict, the files read and the files left out are those of
+the footers; a file that is not the one its card describes, or a card that lies, is judged from its footer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from ranksight.collectors import _digest_fold, _digest_source, _file_cards, _segment_checks, open_run
+from ranksight.format.digest import chunk_steps_for, digest_paths
+from ranksight.format.digest_file import CARD_KEY, footer_hash, read_card
+from ranksight.rules import diagnose
+
+from .test_digests import RANKS, WORLD, _published_run, _step_files
+
+
+@pytest.fixture
+def fresh_reader(monkeypatch):
+    """A reader process that has judged no footer yet, judging step files as a 10,000-rank spool's are (one
+    footer per schema once 64 files are new; here from 2)."""
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    monkeypatch.setattr(_segment_checks, "_BATCH_FROM", 2)
+    monkeypatch.setattr(_file_cards, "_rows", {})
+    _digest_fold.forget()
+
+
+def _digests(run: str) -> dict[str, str]:
+    return digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run))
+
+
+def _footer_readings(monkeypatch) -> list[str]:
+    """Each time DuckDB is asked to read many footers (the schemas' check, the rows' count)."""
+    calls: list[str] = []
+    judge, count = _segment_checks.judge_by_schema, _digest_source._footer_rows
+
+    def judged(folder, names, *args, **kwargs):
+        calls.append(f"schemas of {len(names)}")
+        return judge(folder, names, *args, **kwargs)
+
+    def counted(con, files):
+        if _file_cards.card_rows(files) is None:
+            calls.append(f"rows of {len(files)}")
+        return count(con, files)
+
+    monkeypatch.setattr(_segment_checks, "judge_by_schema", judged)
+    monkeypatch.setattr(_digest_source, "_footer_rows", counted)
+    return calls
+
+
+def _without_cards(run: str, monkeypatch) -> dict:
+    """The verdict of a fresh reader that finds no card (as of a spool an older agent published)."""
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    monkeypatch.setattr(_file_cards, "_rows", {})
+    _digest_fold.forget()
+    with monkeypatch.context() as m:
+        m.setattr(_file_cards, "read_card", lambda path: None)
+        return diagnose(run)
+
+
+def _rewrite_card(digest: str, change) -> None:
+    """The digest at ``digest`` with its header's card changed by ``change(card)`` (the parts as they were)."""
+    with open(digest, "rb") as f:
+        data = f.read()
+    magic, length = data[:8], int.from_bytes(data[8:12], "little")
+    header = json.loads(data[12 : 12 + length])
+    header[CARD_KEY] = change(header[CARD_KEY])
+    body = json.dumps(header).encode()
+    with open(digest, "wb") as f:
+        f.write(magic + len(body).to_bytes(4, "little") + body + data[12 + length :])
+
+
+def test_a_published_step_file_carries_its_card(tmp_path):
+    run = _published_run(tmp_path, publishes=2)
+    for name, digest in _digests(run).items():
+        path = os.path.join(run, "steps", name)
+        card = read_card(digest)
+        with open(path, "rb") as f:
+            data = f.read()
+        parquet = pq.ParquetFile(path)
+        assert card["size"] == len(data) == os.path.getsize(path)
+        footer = int.from_bytes(data[-8:-4], "little") + 8
+        assert card["footer"] == [footer, footer_hash(data[-footer:])]
+        assert card["rows"] == parquet.metadata.num_rows == 40 * len(RANKS)
+        assert card["columns"] == [[f.name, str(f.type), f.nullable] for f in parquet.schema_arrow]
+
+
+def test_a_fresh_reader_of_carded_files_reads_no_footer_with_duckdb_and_gives_the_same_verdict(
+    tmp_path, monkeypatch, fresh_reader
+):
+    run = _published_run(tmp_path, publishes=4)
+    before = _without_cards(run, monkeypatch)
+    calls = _footer_readings(monkeypatch)
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    _digest_fold.forget()
+    verdict = diagnose(run)
+    assert calls == []  # every step file vouched for by its card, its rows counted from it
+    assert verdict == before
+    assert _file_cards.card_rows([os.path.join(run, "steps", n) for n in _step_files(run)]) == 4 * 40 * len(RANKS)
+
+
+def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer(tmp_path, monkeypatch, fresh_reader):
+    run = _published_run(tmp_path, publishes=4)
+    names = _step_files(run)
+    grown, edited = (os.path.join(run, "steps", n) for n in names[:2])
+    with open(grown, "ab") as f:  # bytes after the footer: not its card's size, and no longer Parquet's framing
+        f.write(b"x" * 10)
+    with open(edited, "r+b") as f:  # the writer's name in the footer changed: same size, another footer
+        data = f.read()
+        at = data.rindex(b"parquet-cpp")
+        f.seek(at)
+        f.write(b"PARQUET-CPP")
+    before = _without_cards(run, monkeypatch)
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    _digest_fold.forget()
+    calls = _footer_readings(monkeypatch)
+    with open_run(run, follow_spool=False) as reading:
+        skipped = [(os.path.basename(s.path), s.reason) for s in reading.skipped]
+    assert skipped == [(names[0], "truncated: no Parquet footer at the end of its 33,000 bytes".replace(
+        "33,000", f"{os.path.getsize(grown):,}"))]
+    assert calls == ["schemas of 1"]  # the edited file alone: the grown one failed its framing first
+    assert edited not in _file_cards._rows and grown not in _file_cards._rows
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    _digest_fold.forget()
+    assert diagnose(run) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda card: {**card, "columns": card["columns"][:-1]},  # a column the file has, left out
+        lambda card: {**card, "columns": [[n, t, not nullable] for n, t, nullable in card["columns"]]},
+        lambda card: {**card, "rows": "many"},
+        lambda card: {**card, "footer": [card["footer"][0], "0" * 32]},
+        lambda card: ["not", "a", "card"],
+    ],
+    ids=["missing-column", "nullability", "rows-not-a-number", "another-footer", "not-an-object"],
+)
+def test_a_card_that_does_not_say_what_the_footer_says_vouches_for_nothing(tmp_path, monkeypatch, fresh_reader, change):
+    run = _published_run(tmp_path, publishes=4)
+    for digest in _digests(run).values():
+        _rewrite_card(digest, change)
+    before = _without_cards(run, monkeypatch)
+    monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
+    _digest_fold.forget()
+    calls = _footer_readings(monkeypatch)
+    verdict = diagnose(run)
+    assert verdict == before
+    assert _file_cards._rows == {}
+    assert calls[-1] == "rows of 4"  # counted from the footers, as without cards
