@@ -47,7 +47,8 @@ def _write_durably(directory: str, name: str, write) -> None:
 
 
 def digest_every_segment(run: str) -> int:
-    """Write the node spool's digest beside every step segment of ``run``; the segments digested."""
+    """Write the node spool's digest, with the file's card, beside every step segment of ``run``; the segments
+    digested."""
     import pyarrow.parquet as pq
 
     from ranksight.collectors import segment_files
@@ -56,7 +57,9 @@ def digest_every_segment(run: str) -> int:
     steps = os.path.join(run, "steps")
     files = segment_files(run, "steps")
     for path in files:
-        write_digest(pq.read_table(path), steps, os.path.basename(path), _write_durably)
+        with open(path, "rb") as f:
+            data = f.read()
+        write_digest(pq.read_table(path), steps, os.path.basename(path), _write_durably, data)
     return len(files)
 
 

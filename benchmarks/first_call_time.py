@@ -239,8 +239,8 @@ def fresh_floor_s(glob: str) -> list[float]:
 
 def _spool_ready(run_path: str, ranks: int) -> bool:
     """Whether ``run_path`` holds a node spool of ``ranks`` that ``build_spool`` wrote with this code's digests
-    (a file per node of 8 and a digest for each, with its file's card), so that a kept ``--dir`` is read again
-    instead of rebuilt."""
+    (a file per node of 8 and a digest for each, with its file's card; a rank file per node), so that a kept
+    ``--dir`` is read again instead of rebuilt."""
     from ranksight.format.digest import chunk_steps_for, digest_paths
     from ranksight.format.digest_file import read_card
 
@@ -251,7 +251,13 @@ def _spool_ready(run_path: str, ranks: int) -> bool:
         return False
     nodes = -(-ranks // 8)
     found = digest_paths(steps_dir, chunk_steps_for(ranks), names)
-    return len(names) == nodes and len(found) == nodes and read_card(next(iter(found.values()))) is not None
+    node_rank_file = os.path.join(run_path, "ranks", "node-node0000.json")
+    return (
+        len(names) == nodes
+        and len(found) == nodes
+        and read_card(next(iter(found.values()))) is not None
+        and os.path.exists(node_rank_file)
+    )
 
 
 def node_spool(base: str, ranks: int, steps: int, build_spool) -> str:

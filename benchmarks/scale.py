@@ -363,8 +363,8 @@ def prometheus_series() -> dict:
 
 def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: bool = True) -> tuple[int, int]:
     """Write ``ranks`` x ``steps`` step rows as real spool files (the agent's Arrow schema, zstd Parquet): one
-    segment per rank, or one file per node of 8 ranks with its digest, as the node spool publishes them; the
-    last rank is 1.3x slower in compute. Returns (files, rows)."""
+    segment and rank file per rank, or one file per node of 8 ranks with its digest and one rank file per node,
+    as the node spool publishes them; the last rank is 1.3x slower in compute. Returns (files, rows)."""
     import numpy as np
     import pyarrow as pa
 
@@ -418,10 +418,16 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
         files += 1
-        for r in members:
-            meta = {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}
-            with open(os.path.join(run_path, "ranks", f"rank-{r:05d}.json"), "w") as f:
-                json.dump(meta, f)
+        metas = [
+            {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}
+            for r in members
+        ]
+        if per_node:  # the node spool's publisher writes one rank file per node
+            with open(os.path.join(run_path, "ranks", f"node-{node}.json"), "w") as f:
+                json.dump({"node": node, "ranks": metas}, f)
+            continue
+        with open(os.path.join(run_path, "ranks", f"rank-{first:05d}.json"), "w") as f:
+            json.dump(metas[0], f)
     return files, ranks * steps
 
 

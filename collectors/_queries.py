@@ -114,13 +114,16 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
     """
     params = [warmup_steps] if found is not None else [warmup_steps, warmup_steps, warmup_steps]
     names, rows = query(con, sql, params)
-    out = []
+    if found is None:
+        at = [names.index(k) for k in _BREAKDOWN_ORDER]
+        return [dict(zip(_BREAKDOWN_ORDER, [row[i] for i in at])) for row in rows]
+    at = [names.index(k) if k in names else None for k in _BREAKDOWN_ORDER]
+    out, nothing = [], {}
     for row in rows:
-        r = dict(zip(names, row))
-        if found is not None:
-            m = found.get(r["rank"], {})
-            r["step_median_s"], r["compute_median_s"] = m.get("period"), m.get("compute")
-        out.append({k: r[k] for k in _BREAKDOWN_ORDER})
+        r = dict(zip(_BREAKDOWN_ORDER, [None if i is None else row[i] for i in at]))
+        m = found.get(r["rank"], nothing)
+        r["step_median_s"], r["compute_median_s"] = m.get("period"), m.get("compute")
+        out.append(r)
     return out
 
 
