@@ -4,7 +4,7 @@ Why: a fresh reader checks every segment's footer before DuckDB reads it (``_seg
 verdict counts the view's rows from the footers (``_digest_source``). At 10,000 ranks that is 1,250 node
 files whose footers DuckDB parses twice, 0.13 s and 0.07 s: a fifth of a first verdict (docs/scale.md,
 "Scale v6"). The publisher holds the file's bytes when it writes the file's digest, so it records in the
-digest's header the file's size, a hash of its footer's bytes, its rows and its columns
+digest's header the file's size, a hash of its footer's bytes, its rows and a hash of its columns
 (``digest_file.file_card``). A file of its card's size whose footer hashes as the card says holds the very
 footer the card was made from (one read of the footer, where DuckDB parsed it), so it says what the card
 says.
@@ -22,7 +22,7 @@ import threading
 from typing import Callable
 
 from ranksight.format.digest import digest_keys
-from ranksight.format.digest_file import footer_hash, read_card
+from ranksight.format.digest_file import footer_hash, read_card, schema_hash
 
 Verdict = tuple  # (problem or None, (name, Arrow type) columns) as ``_segment_checks`` keeps it
 
@@ -43,15 +43,15 @@ def vouched(
     cards = _matching_cards(folder, {name: size for name, (size, _) in listed.items()})
     groups: dict[tuple, list[str]] = {}
     for name, card in cards.items():
-        groups.setdefault(_card_columns(card["columns"]), []).append(name)
+        groups.setdefault(card["schema"], []).append(name)
     out: dict[str, Verdict | None] = {}
     counted: list[str] = []
-    for columns, members in groups.items():
+    for schema, members in groups.items():
         first = members[0]
         out[first] = verdict = judge(first)
         if verdict is None or verdict[0] is not None or needs_each(first):
             continue
-        if _real_columns(os.path.join(folder, first)) != columns:
+        if _real_schema(os.path.join(folder, first)) != schema:
             continue  # its footer does not say what its card says: the others are judged from theirs
         out.update((name, verdict) for name in members[1:])
         counted += members
@@ -110,8 +110,7 @@ def _well_formed(card) -> bool:
         and type(footer[0]) is int
         and 12 <= footer[0] <= card["size"]
         and isinstance(footer[1], str)
-        and isinstance(card.get("columns"), list)
-        and all(isinstance(c, list) and len(c) == 3 for c in card["columns"])
+        and isinstance(card.get("schema"), str)
     )
 
 
@@ -134,18 +133,13 @@ def _holds_its_footer(folder: str, name: str, card: dict) -> bool:
 _MAGIC = b"PAR1"
 
 
-def _card_columns(columns) -> tuple:
-    """Columns (name, type, nullable) in one order: the key files of one schema share."""
-    return tuple(sorted((str(n), str(t), bool(nullable)) for n, t, nullable in columns))
-
-
-def _real_columns(path: str) -> tuple | None:
-    """The columns of the file's own footer, as a card lists them; None where it does not read."""
+def _real_schema(path: str) -> str | None:
+    """The hash of the columns of the file's own footer, as its card would give it; None where it does not read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         with pq.ParquetFile(path) as parquet:
-            return _card_columns([f.name, str(f.type), f.nullable] for f in parquet.schema_arrow)
+            return schema_hash(parquet.schema_arrow)
     except (OSError, pa.ArrowException, ValueError):
         return None

@@ -13,7 +13,7 @@ import pytest
 
 from ranksight.collectors import _digest_fold, _digest_source, _file_cards, _segment_checks, open_run
 from ranksight.format.digest import chunk_steps_for, digest_paths
-from ranksight.format.digest_file import CARD_KEY, footer_hash, read_card
+from ranksight.format.digest_file import CARD_KEY, footer_hash, read_card, schema_hash
 from ranksight.rules import diagnose
 
 from .test_digests import RANKS, WORLD, _published_run, _step_files
@@ -62,6 +62,16 @@ def _without_cards(run: str, monkeypatch) -> dict:
         return diagnose(run)
 
 
+def _steps_schema(nullable: bool = False):
+    """The step files' Arrow schema as pyarrow reads it, its identity columns NULL-able with ``nullable``."""
+    import pyarrow as pa
+
+    from ranksight.format.schema import arrow_schema
+
+    schema = arrow_schema("steps")
+    return pa.schema([f.with_nullable(True) for f in schema]) if nullable else schema
+
+
 def _rewrite_card(digest: str, change) -> None:
     """The digest at ``digest`` with its header's card changed by ``change(card)`` (the parts as they were)."""
     with open(digest, "rb") as f:
@@ -86,7 +96,7 @@ def test_a_published_step_file_carries_its_card(tmp_path):
         footer = int.from_bytes(data[-8:-4], "little") + 8
         assert card["footer"] == [footer, footer_hash(data[-footer:])]
         assert card["rows"] == parquet.metadata.num_rows == 40 * len(RANKS)
-        assert card["columns"] == [[f.name, str(f.type), f.nullable] for f in parquet.schema_arrow]
+        assert card["schema"] == schema_hash(parquet.schema_arrow)
 
 
 def test_a_fresh_reader_of_carded_files_reads_no_footer_with_duckdb_and_gives_the_same_verdict(
@@ -132,13 +142,13 @@ def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer
 @pytest.mark.parametrize(
     "change",
     [
-        lambda card: {**card, "columns": card["columns"][:-1]},  # a column the file has, left out
-        lambda card: {**card, "columns": [[n, t, not nullable] for n, t, nullable in card["columns"]]},
+        lambda card: {**card, "schema": schema_hash(_steps_schema().remove(0))},  # a column the file has, left out
+        lambda card: {**card, "schema": schema_hash(_steps_schema(nullable=True))},  # rank may be NULL
         lambda card: {**card, "rows": "many"},
         lambda card: {**card, "footer": [card["footer"][0], "0" * 32]},
         lambda card: ["not", "a", "card"],
     ],
-    ids=["missing-column", "nullability", "rows-not-a-number", "another-footer", "not-an-object"],
+    ids=["missing-column", "nullable-identity", "rows-not-a-number", "another-footer", "not-an-object"],
 )
 def test_a_card_that_does_not_say_what_the_footer_says_vouches_for_nothing(tmp_path, monkeypatch, fresh_reader, change):
     run = _published_run(tmp_path, publishes=4)

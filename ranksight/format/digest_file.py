@@ -143,8 +143,8 @@ def parquet_bytes(table) -> bytes:
 
 def file_card(data: bytes) -> dict:
     """What a reader would learn from the step file of bytes ``data`` by reading its footer: its size, its
-    footer (the bytes from the footer's start to the end: their length and hash), rows, and columns as
-    pyarrow reads them (name, type, nullable). A file of the card's size whose footer bytes hash as the
+    footer (the bytes from the footer's start to the end: their length and hash), rows, and the hash of its
+    columns as pyarrow reads them (``schema_hash``). A file of the card's size whose footer bytes hash as the
     card's holds the very footer the card was made from (``ranksight.collectors._file_cards``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -156,7 +156,7 @@ def file_card(data: bytes) -> dict:
         "size": len(data),
         "footer": [footer, footer_hash(data[-footer:])],
         "rows": rows,
-        "columns": [[f.name, str(f.type), f.nullable] for f in schema],
+        "schema": schema_hash(schema),
     }
 
 
@@ -165,6 +165,16 @@ def footer_hash(footer: bytes) -> str:
     import hashlib
 
     return hashlib.blake2b(footer, digest_size=16).hexdigest()
+
+
+def schema_hash(schema) -> str:
+    """The hash a card keeps of the columns pyarrow reads from a step file (name, type, nullable, in any
+    order): files with the same hash are judged as one schema."""
+    import hashlib
+    import json
+
+    columns = sorted([f.name, str(f.type), f.nullable] for f in schema)
+    return hashlib.blake2b(json.dumps(columns).encode(), digest_size=16).hexdigest()
 
 
 def read_card(path: str) -> dict | None:
