@@ -8,10 +8,17 @@ then by what fixing them gives back, then confidence; and a root cause before wh
 rank that waits for data, or computes slower, makes the others wait at collectives).
 
 The ranks a rule can fire on are found over all ranks at once (``_vector``: its ``when``, and for a rule
-with levels its value past the lowest level, as numpy arrays over the features' columns); the per-rank
-code below then judges those ranks alone, so at 10,000 ranks it runs for the few ranks and rules that
-fire, not for every pair. ``per_rank=True`` judges every rank, as this evaluator did before; a rule whose
-expressions the columns cannot evaluate exactly is judged that way too (``Frame.fallbacks`` names it).
+with levels its value past the lowest level, as numpy arrays over the features' columns), and so are the
+figures of those ranks that choose the finding's worst rank: value, noise, severity, margin, cost and
+confidence, with the same float operations as ``_fire`` so they are the same bits. What stays per rank is
+what a finding reports: the worst rank is judged again by ``_fire``, whose value keeps its Python type (an
+int stays an int in the evidence) and whose key must be the one the columns chose (else the rule is judged
+rank by rank), and each reported figure is rounded by Python's ``round``, never numpy's (they differ on
+some halves). At 10,000 ranks a rule that fires everywhere costs a few array passes, not 10,000 walks of
+its expressions. ``per_rank=True`` judges every rank, as this evaluator did before; a rule whose
+expressions the columns cannot evaluate exactly -- a string or an integer beyond 2**53 in a column, a bool
+where ``_fire`` wants a number, a NaN value (Python's tuples compare it by identity) -- is judged that way
+too (``Frame.fallbacks`` names it).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 from ranksight.collectors import CONTEXT_DEFAULTS
 
 from . import _vector
+from ._expr import Expr
 from ._expr import evaluate as eval_expr
 from ._load import SEVERITIES, ChecklistItem, Rule, format_spec_problem
 from ._vector import Frame, NotVectorised
@@ -42,6 +50,17 @@ class _Hit:
     value: float | None
     cost: float | None
     env: dict
+
+
+@dataclass(frozen=True)
+class _Fired:
+    """What a rule's finding reads from its hits: their ranks (ascending), the highest (rounded) confidence,
+    the worst hit (``max`` by ``_badness``) and the rules this one explains on them (``explained_here``)."""
+
+    ranks: list[int]
+    confidence: float
+    worst: _Hit
+    explains: tuple
 
 
 def evaluate(
@@ -62,25 +81,57 @@ def evaluate(
     frame = features if isinstance(features, Frame) else Frame(features)
     findings, explains = [], {}
     for rule in rules:
-        ranks = frame.ranks if per_rank else candidates(rule, frame)
-        hits = [hit for rank in ranks if (hit := _fire(rule, frame.features[rank])) is not None]
-        if hits:
-            findings.append(_finding(rule, hits, frame.n, context))
-            explains[rule.id] = explained_here(rule, [h.env for h in hits])
+        fired = _fired_by_rank(rule, frame, frame.ranks) if per_rank else _fired(rule, frame)
+        if fired is not None:
+            findings.append(_finding(rule, fired, frame.n, context))
+            explains[rule.id] = fired.explains
     return rank_findings(findings, {r.id: r for r in rules}, explains)
+
+
+def _fired(rule: Rule, frame: Frame) -> _Fired | None:
+    """The rule's hits judged over the columns; rank by rank (named in ``frame.fallbacks``) where the
+    columns cannot say exactly, on the candidate ranks when those were found."""
+    try:
+        at = _candidate_positions(rule, frame)
+    except NotVectorised:
+        frame.fallbacks.append(rule.id)
+        return _fired_by_rank(rule, frame, frame.ranks)
+    if not at.size:
+        return None
+    try:
+        return _fired_by_columns(rule, frame, at)
+    except NotVectorised:
+        frame.fallbacks.append(rule.id)
+        return _fired_by_rank(rule, frame, [frame.ranks[i] for i in at.tolist()])
+
+
+def _fired_by_rank(rule: Rule, frame: Frame, ranks: list[int]) -> _Fired | None:
+    """The specification: ``_fire`` on each of ``ranks``, the worst hit by Python's ``max`` (the first of equals)."""
+    hits = [hit for rank in ranks if (hit := _fire(rule, frame.features[rank])) is not None]
+    if not hits:
+        return None
+    worst = max(hits, key=lambda hit: _badness(rule, hit))
+    confidence = max(h.confidence for h in hits)
+    return _Fired([h.env["rank"] for h in hits], confidence, worst, explained_here(rule, [h.env for h in hits]))
 
 
 def candidates(rule: Rule, frame: Frame) -> list[int]:
     """The ranks (ascending) on which ``rule`` may fire: its ``when`` holds and, with levels, its value is
     known and reaches the lowest level after the noise; every rank where the columns cannot say exactly."""
     try:
-        mask = _vector.when_mask(rule.when, frame)
-        if rule.levels and mask.any():
-            mask = mask & _levels_reached(rule, frame)
+        at = _candidate_positions(rule, frame)
     except NotVectorised:
         frame.fallbacks.append(rule.id)
         return frame.ranks
-    return [frame.ranks[i] for i in np.flatnonzero(mask)]
+    return [frame.ranks[i] for i in at.tolist()]
+
+
+def _candidate_positions(rule: Rule, frame: Frame) -> np.ndarray:
+    """``candidates`` as positions in ``frame.ranks``; raises NotVectorised where the columns cannot say."""
+    mask = _vector.when_mask(rule.when, frame)
+    if rule.levels and mask.any():
+        mask = mask & _levels_reached(rule, frame)
+    return np.flatnonzero(mask)
 
 
 def _levels_reached(rule: Rule, frame: Frame) -> np.ndarray:
@@ -103,6 +154,161 @@ def _levels_reached(rule: Rule, frame: Frame) -> np.ndarray:
     for _, threshold in rule.levels:
         reached = reached | (judged >= threshold if rule.compare == ">=" else judged <= threshold)
     return np.broadcast_to(_vector.known(value) & reached, (frame.n,))
+
+
+def _fired_by_columns(rule: Rule, frame: Frame, at: np.ndarray) -> _Fired:
+    """``_fired_by_rank`` over the candidate positions ``at``, every hit's figures as arrays. The worst hit is
+    judged again by ``_fire`` (its value keeps its Python type); raises NotVectorised where the columns
+    cannot say exactly, or where that hit's key is not the one the columns chose."""
+    figures = _Figures(rule, frame, at)
+    if not figures.at.size:
+        raise NotVectorised(f"{rule.id}: the columns reach no level on the ranks they found")
+    worst = _worst(figures)
+    hit = _fire(rule, frame.rows[figures.at[worst]])
+    if hit is None or _badness(rule, hit) != figures.key(worst):
+        raise NotVectorised(f"{rule.id}: the columns chose a hit _fire does not give")
+    ranks = [frame.rows[i]["rank"] for i in figures.at.tolist()]
+    confidence = round(float(figures.confidence.max()), 2)  # round is monotone: the max of the rounded
+    return _Fired(ranks, confidence, hit, _explained_by_columns(rule, frame, figures.at))
+
+
+class _Figures:
+    """What ``_fire`` computes on each hit, as arrays over the hits' positions ``at`` (the candidates that
+    reach a level): severity (index in SEVERITIES), cost (``_COST_UNKNOWN`` where None, as ``_badness`` keys
+    it), extreme value (``_badness``'s) and unrounded confidence, each with ``_fire``'s float operations."""
+
+    def __init__(self, rule: Rule, frame: Frame, at: np.ndarray):
+        value, value_ok, ints = _numbers(rule.value, frame, at)
+        if rule.levels:
+            judged, known = _judged(rule, frame, at, value, value_ok, ints)
+            severity, threshold = _levels_of(rule, judged)
+            keep = known & (severity >= 0)
+            at, value, severity = at[keep], value[keep], severity[keep]
+            margin = _margins(judged[keep], threshold[keep], rule.compare)
+            extreme = value if rule.compare == ">=" else -value
+        else:
+            if np.isnan(value[value_ok]).any():
+                raise NotVectorised("a NaN value: Python's tuples compare it by identity, not as a number")
+            severity = np.full(at.size, SEVERITIES.index(rule.severity))
+            margin = 1.0
+            extreme = np.where(value_ok, value if rule.compare == ">=" else -value, 0.0)
+        cost, cost_known, _ = _numbers(rule.cost, frame, at)
+        self.at, self.severity, self.extreme = at, severity, extreme
+        self.cost = np.where(cost_known, _clamp(cost, 0.0, _MAX_COST), _COST_UNKNOWN)
+        # _fire's expression, in its order: the same IEEE operations give the same bits.
+        self.confidence = rule.confidence * (0.5 + 0.3 * margin + 0.15 * _settled(frame, at))
+
+    def key(self, i: int) -> tuple:
+        """``_badness`` of hit ``i``, its confidence rounded by Python (numpy's rounding may differ)."""
+        return (int(self.severity[i]), float(self.cost[i]), float(self.extreme[i]), round(float(self.confidence[i]), 2))
+
+
+_COST_UNKNOWN = -1.0  # how _badness keys a hit without a cost: below every clamped cost
+
+
+def _worst(figures: _Figures) -> int:
+    """The hit ``max(hits, key=_badness)`` picks: the first (in rank order) of the greatest keys. The first
+    three keys are compared over arrays; Python rounds the confidences of the hits tied on them, in order,
+    until one reaches the greatest (``round`` is monotone, so that is the max's rounding)."""
+    tied = np.arange(figures.at.size)
+    for column in (figures.severity, figures.cost, figures.extreme):
+        values = column[tied]
+        tied = tied[values == values.max()]
+    confidences = figures.confidence[tied].tolist()
+    top = round(max(confidences), 2)
+    return next(int(i) for i, c in zip(tied.tolist(), confidences) if round(c, 2) == top)
+
+
+def _numbers(expr: Expr | None, frame: Frame, at: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The expression's values at positions ``at`` (NaN where it has none), where its evaluation ended OK,
+    and whether they may be Python ints; raises NotVectorised for a bool (a number to numpy, not to
+    ``_known``)."""
+    if expr is None:
+        return np.full(at.size, np.nan), np.zeros(at.size, dtype=bool), False
+    v = _vector.evaluate(expr, frame)
+    if v.bools:
+        raise NotVectorised(f"{expr.text}: may be a bool")
+    ok = np.ones(1, dtype=bool) if v.st is None else v.st == _vector.OK
+    return _take(v.val, at, frame.n), _take(ok, at, frame.n), v.ints
+
+
+def _take(column: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    return np.broadcast_to(column, (n,))[at]
+
+
+def _judged(rule: Rule, frame: Frame, at: np.ndarray, value: np.ndarray, ok: np.ndarray, ints: bool):
+    """``_fire``'s value after the noise at ``at``, and where the value is known (a finite number)."""
+    noise, noise_ok, noise_ints = _numbers(rule.noise, frame, at)
+    with np.errstate(all="ignore"):
+        noise = np.where(noise_ok & np.isfinite(noise) & (noise > 0), noise, 0.0)
+        judged = value - noise if rule.compare == ">=" else value + noise
+        beyond = np.abs(judged) > _vector._EXACT_INT
+    if ints and noise_ints and beyond.any():
+        raise NotVectorised("int minus int beyond 2**53: exact in Python, rounded in float64")
+    return judged, ok & np.isfinite(value)
+
+
+def _levels_of(rule: Rule, judged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per hit, the last level ``_fire`` finds reached (its index in SEVERITIES; -1 for none) and that
+    severity's threshold as ``_fire`` reads it (``dict(rule.levels)``)."""
+    thresholds = dict(rule.levels)
+    severity, threshold = np.full(judged.size, -1), np.zeros(judged.size)
+    for name, t in rule.levels:
+        if isinstance(thresholds[name], int) and abs(thresholds[name]) > _vector._EXACT_INT:
+            raise NotVectorised("a threshold beyond 2**53")
+        reached = _beyond(judged, t, rule.compare)
+        severity = np.where(reached, SEVERITIES.index(name), severity)
+        threshold = np.where(reached, float(thresholds[name]), threshold)
+    return severity, threshold
+
+
+def _margins(judged: np.ndarray, threshold: np.ndarray, compare: str) -> np.ndarray:
+    """``_margin`` over arrays, each branch's operations as there."""
+    with np.errstate(all="ignore"):
+        if compare == ">=":
+            positive = threshold > 0
+            at_most = np.where(judged > threshold, 2.0, 1.0)
+            ratio = np.where(positive, judged / np.where(positive, threshold, 1.0), at_most)
+        else:
+            positive = judged > 0
+            ratio = np.where(positive, threshold / np.where(positive, judged, 1.0), 2.0)
+    return _clamp(ratio - 1.0, 0.0, 1.0)
+
+
+def _clamp(x: np.ndarray, low: float, high: float) -> np.ndarray:
+    """``max(low, min(high, x))`` as Python computes it: each keeps its first argument unless the other is
+    strictly past it (so a NaN gives ``high``, and -0.0 gives ``low``)."""
+    x = np.where(x < high, x, high)
+    return np.where(x > low, x, low)
+
+
+def _settled(frame: Frame, at: np.ndarray) -> np.ndarray:
+    """``_fire``'s settled figure at ``at``: 0.5 where steps is None, else ``min(1, steps / _SAMPLE_STEPS)``."""
+    steps = frame.column("steps")
+    with np.errstate(all="ignore"):
+        settled = _take(steps.val, at, frame.n) / _SAMPLE_STEPS
+    settled = np.where(settled < 1.0, settled, 1.0)  # min(1.0, x): a NaN gives 1.0
+    if steps.st is None:
+        return settled
+    return np.where(_take(steps.st, at, frame.n) == _vector.UNKNOWN, 0.5, settled)
+
+
+def _explained_by_columns(rule: Rule, frame: Frame, at: np.ndarray) -> tuple:
+    """``explained_here`` on the hits at ``at``: each condition over the columns, rank by rank where they
+    cannot say exactly (named in ``frame.fallbacks``)."""
+    out = []
+    for other in rule.explains:
+        condition = rule.explains_when.get(other)
+        if condition is not None:
+            try:
+                holds = bool(_vector.when_mask(condition, frame)[at].any())
+            except NotVectorised:
+                frame.fallbacks.append(f"{rule.id}: explains {other}")
+                holds = any(eval_expr(condition, frame.rows[i]) for i in at.tolist())
+            if not holds:
+                continue
+        out.append(other)
+    return tuple(out)
 
 
 def explained_here(rule: Rule, envs: list[dict]) -> tuple:
@@ -170,14 +376,15 @@ def _margin(value: float, threshold: float, compare: str) -> float:
     return max(0.0, min(1.0, ratio - 1.0))
 
 
-def _finding(rule: Rule, hits: list[_Hit], total: int, context: dict[int, dict]) -> dict:
-    def badness(hit: _Hit):
-        extreme = 0.0 if hit.value is None else (hit.value if rule.compare == ">=" else -hit.value)
-        return (SEVERITIES.index(hit.severity), -1.0 if hit.cost is None else hit.cost, extreme, hit.confidence)
+def _badness(rule: Rule, hit: _Hit) -> tuple:
+    """How bad a hit is, for the finding's worst rank: severity, cost, extreme value, confidence."""
+    extreme = 0.0 if hit.value is None else (hit.value if rule.compare == ">=" else -hit.value)
+    return (SEVERITIES.index(hit.severity), _COST_UNKNOWN if hit.cost is None else hit.cost, extreme, hit.confidence)
 
-    worst = max(hits, key=badness)
+
+def _finding(rule: Rule, fired: _Fired, total: int, context: dict[int, dict]) -> dict:
+    worst, ranks = fired.worst, fired.ranks
     env = worst.env
-    ranks = [h.env["rank"] for h in hits]
     evidence = {name: _round(env.get(name)) for name in rule.evidence}
     if worst.value is not None and rule.value is not None and rule.value.text not in evidence:
         evidence["value"] = _round(worst.value)
@@ -194,7 +401,7 @@ def _finding(rule: Rule, hits: list[_Hit], total: int, context: dict[int, dict])
         "axis": rule.axis,
         "rule": rule.id,
         "severity": worst.severity,
-        "confidence": max(h.confidence for h in hits),
+        "confidence": fired.confidence,
         "ranks": ranks,
         "cost_share": _round(worst.cost),
         "speedup": speedup(worst.cost),

@@ -3,9 +3,10 @@
 The per-rank evaluator (``_expr.evaluate`` over one rank's dict) stays the specification. This module
 finds, per rule, the ranks on which it can fire -- its ``when`` true and, for a rule with levels, its value
 known and past its lowest level after the noise -- with one pass of numpy operations per expression node
-instead of one walk of the expression per rank. ``_evaluate`` then runs the per-rank code on those ranks
-only, so every figure of a finding (severity, confidence, cost, evidence, summary) comes from the same
-code as before; at 10,000 ranks most checks are false and most read only job-level features.
+instead of one walk of the expression per rank. ``_evaluate`` then computes those ranks' figures (value,
+severity, cost, confidence) over the same columns to choose the worst rank, and runs the per-rank code on
+that rank alone for what the finding reports; at 10,000 ranks most checks are false and most read only
+job-level features.
 
 A feature that holds one value on every rank (a job-level figure, or absent everywhere) is kept as a
 one-element array, so an expression over job-level names is evaluated once and broadcast, and an ``and``

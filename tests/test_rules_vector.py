@@ -315,3 +315,181 @@ def test_the_cpu_corpus_features_as_rank_by_rank():
         fired |= {f["rule"] for f in expected}
     # The corpus plants these, and the rows named them: the comparison covers firing rules, not silence alone.
     assert {"input-bound", "straggler", "graph-breaks", "unused-parameter-scan", "exposed-allreduce"} <= fired, fired
+
+
+# The hits' figures over the columns: the worst rank must be the one Python's ``max`` picks over ``_fire``'s hits.
+_HIT_RULES = """
+rules:
+  - id: levelled
+    axis: data_pipeline
+    title: t
+    value: data_wait_share
+    noise: data_wait_share_noise
+    levels: {info: 0.05, warning: 0.1, critical: 0.3}
+    cost: data_wait_share - data_wait_host_share
+    confidence: 0.9
+    evidence: [step_median_s]
+    summary: "{value} on {ranks}, {cost_share}"
+    fix: {text: f}
+  - id: below
+    axis: sync
+    title: t
+    value: compute_vs_median
+    compare: "<="
+    levels: {warning: 0.9, critical: 0.5}
+    evidence: [step_median_s]
+    summary: "{value} on {ranks}"
+    fix: {text: f}
+  - id: counted
+    axis: sync
+    title: t
+    value: graph_breaks
+    levels: {warning: 1, critical: 4}
+    evidence: [step_median_s]
+    summary: "{value} breaks on {ranks}"
+    fix: {text: f}
+  - id: cause
+    axis: data_pipeline
+    title: t
+    when: data_wait_share > 0.05
+    severity: warning
+    explains: [{effect: host_cpu_contended > 0}]
+    summary: "s {ranks}"
+    fix: {text: f}
+  - id: effect
+    axis: sync
+    title: t
+    when: step_median_s > 0
+    severity: warning
+    summary: "s {ranks}"
+    fix: {text: f}
+"""
+HIT_RULES = parse_rules(_HIT_RULES)
+
+
+def _hits_frame(rows: list[dict]) -> dict[int, dict]:
+    """Ranks 0..n-1 with ``rows``' features, every other feature absent, 40 steps unless given."""
+    feats = {}
+    for rank, row in enumerate(rows):
+        f = dict.fromkeys(FEATURES)
+        f.update(rank=rank, steps=40, step_median_s=0.1 + rank / 1000)
+        f.update(row)
+        feats[rank] = f
+    return feats
+
+
+def _findings_by_columns(feats: dict[int, dict]) -> dict[str, dict]:
+    """The findings, the same both ways, with no rule judged rank by rank."""
+    frame = Frame(feats)
+    findings = evaluate(HIT_RULES.rules, frame)
+    assert findings == evaluate(HIT_RULES.rules, feats, per_rank=True)
+    assert frame.fallbacks == []
+    return {f["rule"]: f for f in findings}
+
+
+def test_the_first_of_equally_bad_ranks_is_the_worst():
+    """1,000 ranks alike on every key: Python's ``max`` keeps the first, whose own features are the evidence."""
+    feats = _hits_frame([{"data_wait_share": 0.2, "data_wait_host_share": 0.0}] * 1000)
+    feats[0]["data_wait_share"] = 0.1  # a lower level: rank 1 is the first of the worst
+    found = _findings_by_columns(feats)["levelled"]
+    assert found["ranks"] == list(range(1000)) and found["evidence"]["step_median_s"] == 0.101
+    below = _hits_frame([{"compute_vs_median": 0.8 if rank % 7 else 0.4} for rank in range(700)])
+    found = _findings_by_columns(below)["below"]  # compare <=: the lowest value is the worst; ranks 0, 7, ...
+    assert found["severity"] == "critical" and found["evidence"] == {"step_median_s": 0.1, "value": 0.4}
+
+
+def test_ranks_equal_but_for_their_steps_are_told_apart_by_the_rounded_confidence():
+    """Same severity, cost and value; the confidence (its settled part) decides, rounded as reported: a later
+    rank with more steps wins, and ranks whose confidences round alike leave the first one the worst."""
+    rows = [{"data_wait_share": 0.2, "data_wait_host_share": 0.0, "steps": steps} for steps in (4, None, 20, 40, 19)]
+    found = _findings_by_columns(_hits_frame(rows))["levelled"]
+    assert found["evidence"]["step_median_s"] == 0.102 and found["confidence"] == 0.86  # rank 2, the first settled
+    rows = [{"data_wait_share": 0.2, "data_wait_host_share": 0.0, "steps": steps} for steps in (10, 10.2, 4)]
+    feats = _hits_frame(rows)  # 0.7875 and 0.78885: rank 1's is higher, both read 0.79
+    assert _fire(HIT_RULES.rules[0], feats[0]).confidence == _fire(HIT_RULES.rules[0], feats[1]).confidence == 0.79
+    assert _findings_by_columns(feats)["levelled"]["evidence"]["step_median_s"] == 0.1  # rank 0: rounds alike
+
+
+def test_an_int_value_stays_an_int_in_the_finding():
+    feats = _hits_frame([{"graph_breaks": n} for n in (0, 2, 5, 5, 3)])
+    found = _findings_by_columns(feats)["counted"]
+    assert found["ranks"] == [1, 2, 3, 4] and found["severity"] == "critical"
+    assert type(found["evidence"]["value"]) is int and found["summary"].startswith("5 breaks on ranks 1, 2, 3, 4")
+
+
+def test_a_cost_unknown_on_some_hits_ranks_below_every_known_one():
+    """No host share on the worse ranks: their cost is unknown (keyed -1), so a known cost, even 0, is worse."""
+    rows = [
+        {"data_wait_share": 0.4, "data_wait_host_share": None},
+        {"data_wait_share": 0.35, "data_wait_host_share": 0.35},
+        {"data_wait_share": 0.36, "data_wait_host_share": 0.2},
+        {"data_wait_share": 0.5, "data_wait_host_share": None},
+    ]
+    found = _findings_by_columns(_hits_frame(rows))["levelled"]
+    assert found["cost_share"] == 0.16 and found["evidence"]["value"] == 0.36
+    found = _findings_by_columns(_hits_frame(rows[:2] + rows[3:]))["levelled"]
+    assert found["cost_share"] == 0.0 and found["evidence"]["value"] == 0.35  # a cost of 0 beats an unknown one
+    found = _findings_by_columns(_hits_frame([{**row, "data_wait_host_share": None} for row in rows]))["levelled"]
+    assert found["cost_share"] is None and found["evidence"]["value"] == 0.5
+
+
+def test_a_condition_of_explains_counts_on_the_hit_ranks_only():
+    rows = [{"data_wait_share": 0.2 if rank < 50 else 0.0, "host_cpu_contended": 0} for rank in range(100)]
+    rows[37]["host_cpu_contended"] = 1  # one hit rank: cause explains effect
+    assert _findings_by_columns(_hits_frame(rows))["effect"]["explained_by"] == "cause"
+    rows[37]["host_cpu_contended"], rows[80]["host_cpu_contended"] = 0, 1  # a rank cause did not fire on
+    assert _findings_by_columns(_hits_frame(rows))["effect"]["explained_by"] is None
+
+
+def test_drawn_hits_with_many_ties_as_rank_by_rank():
+    """Values, noise, costs and steps drawn from a few each, so ranks tie on every key in every way."""
+    rng = random.Random(11)
+    shares = [None, 0.0, 0.05, 0.1, 0.1000001, 0.2, 0.3, 0.5, 1.0, 2]
+    for _ in range(40):
+        rows = [
+            {
+                "data_wait_share": rng.choice(shares),
+                "data_wait_share_noise": rng.choice([None, 0.0, 0.01, -1, 1e-9]),
+                "data_wait_host_share": rng.choice([None, 0.0, 0.1, 0.5]),
+                "compute_vs_median": rng.choice([None, 0.3, 0.5, 0.5000001, 0.7, 0.9, 1, 0]),
+                "graph_breaks": rng.choice([None, 0, 1, 4, 9]),
+                "host_cpu_contended": int(rng.random() < 0.02),
+                "steps": rng.choice([None, 0, 4, 19, 19.99, 20, 40]),
+            }
+            for _ in range(rng.choice([1, 2, 30, 400]))
+        ]
+        _findings_by_columns(_hits_frame(rows))
+
+
+def test_hit_figures_the_columns_cannot_give_exactly_are_judged_rank_by_rank():
+    """A bool value (not a number to ``_known``), a NaN value (Python's tuples compare it by identity), a
+    string in a condition of ``explains``: the same findings, the rule (or its condition) named."""
+    text = """
+rules:
+  - id: flagged
+    axis: sync
+    title: t
+    when: data_wait_share > 0
+    value: data_wait_share > 0.1
+    severity: warning
+    summary: "s {ranks} {value}"
+    fix: {text: f}
+  - id: nan-valued
+    axis: sync
+    title: t
+    when: steps > 0
+    value: compute_vs_median
+    severity: info
+    explains: [{flagged: loader_num_workers > 0}]
+    summary: "s {ranks} {value}"
+    fix: {text: f}
+"""
+    rules = parse_rules(text)
+    rows = [{"data_wait_share": 0.05 * r, "compute_vs_median": 1.0 + r / 10, "loader_num_workers": 0} for r in range(6)]
+    rows[2]["loader_num_workers"] = "2"  # "2" > 0 is a TypeError per rank: unknown, so it does not hold
+    findings, frame = _same_as_per_rank(_hits_frame(rows), rules)
+    assert frame.fallbacks == ["flagged", "nan-valued: explains flagged"]
+    assert findings[0]["evidence"] == {"value": True}
+    rows[3]["compute_vs_median"] = math.nan
+    findings, frame = _same_as_per_rank(_hits_frame(rows), rules)
+    assert frame.fallbacks == ["flagged", "nan-valued"]
