@@ -643,26 +643,27 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
 
 def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats: dict[int, dict]) -> None:
     """Figures that compare ranks: who waits for whom at collectives, compute scores, memory spread."""
-    for f in feats.values():
-        f.pop("_model_class", None)
     reporting = [r for r, f in feats.items() if f["steps"]]
     nodes = {stats[r].get("node") for r in reporting if stats.get(r, _NOTHING).get("node")}
     measured = sum(1 for r in reporting if feats[r]["data_measured"])
-    counts = {"ranks_reporting": len(reporting), "nodes": len(nodes) or None, "ranks_data_measured": measured}
-    _copy_to_all(feats, counts)
-    _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting)
-    _wait_figures(con, warmup_steps, since_ns, feats, reporting)
+    shared = {"ranks_reporting": len(reporting), "nodes": len(nodes) or None, "ranks_data_measured": measured}
+    shared.update(_compute_scores(con, warmup_steps, since_ns, feats, stats, reporting))
+    shared.update(_wait_figures(con, warmup_steps, since_ns, feats, reporting))
     reserved = {r: f["memory_reserved_bytes"] for r, f in feats.items() if f.get("memory_reserved_bytes")}
     if len(reserved) >= 2:
         median, high = statistics.median(reserved.values()), max(reserved.values())
-        spread = (high - min(reserved.values())) / high
-        for r, f in feats.items():
-            f["memory_reserved_spread"] = spread
-            if r in reserved:
-                f["memory_reserved_excess"] = reserved[r] / median - 1.0
+        shared["memory_reserved_spread"] = (high - min(reserved.values())) / high
+        for r, value in reserved.items():
+            feats[r]["memory_reserved_excess"] = value / median - 1.0
+    # Job-level figures into every rank's dict (the rules stay per rank): one pass over the ranks, not one
+    # per figure (10,000 ranks).
+    for f in feats.values():
+        f.pop("_model_class", None)
+        f.update(shared)
 
 
-def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> None:
+def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> dict:
+    """Each reporting rank's compute against the others' (into its dict); the job-level figures returned."""
     # GPU compute when every reporting rank has it (host time includes launch queueing), else host compute.
     use_gpu = bool(reporting) and all(stats.get(r, {}).get("gpu_compute_median_s") for r in reporting)
     compute = {}
@@ -681,17 +682,19 @@ def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> Non
         for r, value in compute.items():
             feats[r]["straggler_score"] = fastest / value
             feats[r]["compute_vs_median"] = value / median
-        _copy_to_all(feats, {"slowest_rank": slowest})
+        return {"slowest_rank": slowest}
+    return {}
 
 
-def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> None:
+def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:
     """Who waits for whom: per step, the rank that waits least at collectives is the one the others wait
-    for; what the all-reduce costs by itself is that rank's wait (see ``wait_asymmetry``)."""
+    for; what the all-reduce costs by itself is that rank's wait (see ``wait_asymmetry``). Each rank's
+    figures into its dict; the job-level ones returned."""
     if not reporting:
-        return
+        return {}
     w = wait_asymmetry(con, warmup_steps, since_ns, sorted(reporting))
     if w is None:
-        return
+        return {}
     compute_shares = [feats[r]["compute_share"] for r in reporting if feats[r]["compute_share"]]
     median_compute = statistics.median(compute_shares) if compute_shares else None
     shared = {
@@ -714,15 +717,8 @@ def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> None:
             f["straggler_cost_share_noise"] = per["cost_noise"]
             f["straggler_work_explained"] = per.get("work_explained")
         shared["least_wait_top_share"] = max(feats[r]["least_wait_step_share"] for r in reporting)
-    _copy_to_all(feats, shared)
+    return shared
 
 
 _NEVER_LAST = {"least_share": 0.0, "cost_share": 0.0, "cost_noise": 0.0}
 """The wait figures of a rank no step names as the last to arrive."""
-
-
-def _copy_to_all(feats: dict[int, dict], shared: dict) -> None:
-    """Job-level figures into every rank's dict (the rules stay per rank): one ``update`` per rank, not one
-    pass over 10,000 ranks per figure."""
-    for f in feats.values():
-        f.update(shared)
