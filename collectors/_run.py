@@ -10,6 +10,7 @@ path -- stored answers, digests or rows -- in one place (``Run.path_for``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import duckdb_columns
@@ -186,7 +187,7 @@ class Run:
 
         return self._once(("features", warmup_steps, since), make)
 
-    def context(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict:
+    def context(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> Mapping[int, dict]:
         """Per rank, the context strings fix templates are fitted to (``CONTEXT``)."""
         since = self.since_ns(window)
         features = self.features(warmup_steps=warmup_steps, window=window)
