@@ -19,9 +19,9 @@ from ranksight.format.warmup import WARMUP_STEPS
 
 from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
-from ._file_cards import card_rows
 from ._run_state import state_of
 from ._rundir import first_line, warn_once
+from ._segment_checks import segment_rows
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -295,7 +295,7 @@ def _footer_rows(con, files: list[str]) -> int | None:
     metadata, kept by the reading connection."""
     import duckdb
 
-    carded = card_rows(files)
+    carded = segment_rows(files)
     if carded is not None:
         return carded
     cur = con.cursor()

@@ -18,7 +18,6 @@ its footer as before. Nothing here reads the parts of a digest: only its header.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Callable
 
 from ranksight.format.digest import digest_keys
@@ -26,26 +25,23 @@ from ranksight.format.digest_file import footer_hash, read_card, schema_hash
 
 Verdict = tuple  # (problem or None, (name, Arrow type) columns) as ``_segment_checks`` keeps it
 
-_lock = threading.Lock()
-_rows: dict[str, tuple[int, int, int]] = {}  # step file path -> (size, mtime_ns, rows) of a file its card vouched for
-
-
 def vouched(
     folder: str,
     listed: dict[str, tuple[int, int]],
     judge: Callable[[str], Verdict | None],
     needs_each: Callable[[str], bool],
-) -> dict[str, Verdict | None]:
-    """Verdicts of the files of ``listed`` (name -> (size, mtime_ns) in the listing) in the step folder
-    ``folder`` that their cards vouch for, each the verdict of a file with the same card judged from its
-    footer (``judge(name)``; ``needs_each(name)``: whether that verdict read its data, so it holds for that
-    file alone). The files left out are for the caller to judge from their footers."""
+) -> tuple[dict[str, Verdict | None], dict[str, int]]:
+    """(verdicts, rows) of the files of ``listed`` (name -> (size, mtime_ns) in the listing) in the step
+    folder ``folder`` that their cards vouch for: each the verdict of a file with the same card judged from
+    its footer (``judge(name)``; ``needs_each(name)``: whether that verdict read its data, so it holds for
+    that file alone), and the rows each such file holds by its card. The files left out are for the caller
+    to judge from their footers."""
     cards = _matching_cards(folder, {name: size for name, (size, _) in listed.items()})
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[str, list[str]] = {}
     for name, card in cards.items():
         groups.setdefault(card["schema"], []).append(name)
     out: dict[str, Verdict | None] = {}
-    counted: list[str] = []
+    rows: dict[str, int] = {}
     for schema, members in groups.items():
         first = members[0]
         out[first] = verdict = judge(first)
@@ -54,30 +50,8 @@ def vouched(
         if _real_schema(os.path.join(folder, first)) != schema:
             continue  # its footer does not say what its card says: the others are judged from theirs
         out.update((name, verdict) for name in members[1:])
-        counted += members
-    with _lock:
-        for name in listed:
-            _rows.pop(os.path.join(folder, name), None)
-        for name in counted:
-            _rows[os.path.join(folder, name)] = (*listed[name], cards[name]["rows"])
-    return out
-
-
-def card_rows(paths: list[str]) -> int | None:
-    """The rows of the step files ``paths`` as the cards that vouched for them say; None when one was not
-    vouched for in this process, or is not the file it was then: count from the footers instead."""
-    with _lock:
-        held = [_rows.get(path) for path in paths]
-    if any(h is None for h in held):
-        return None
-    for path, (size, mtime_ns, _) in zip(paths, held):
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-            return None
-    return sum(rows for _, _, rows in held)
+        rows.update((name, cards[name]["rows"]) for name in members)
+    return out, rows
 
 
 def _matching_cards(folder: str, sizes: dict[str, int]) -> dict[str, dict]:

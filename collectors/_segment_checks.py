@@ -165,31 +165,33 @@ class _SegmentVerdicts:
 
     Segments are written once and renamed into place, so a file with the same size and mtime has the
     same footer; entries of files no longer listed are dropped at each scan (memory follows the spool).
+    A step file its card vouched for (``_file_cards``) also keeps the rows the card says it holds.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # name -> (size, mtime_ns, problem or None, column names of a readable file)
-        self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset]]] = {}
+        # name -> (size, mtime_ns, problem or None, column names of a readable file, rows by its card or None)
+        self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset, int | None]]] = {}
 
     def scan(self, folder: str, kind: str, unread: frozenset, con=None) -> tuple[list[str], list[SkippedFile]]:
         listed = {n: sig for n, sig in _listing(folder).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
-        verdicts: dict[str, tuple[int, int, str | None, frozenset]] = {}
+        verdicts: dict[str, tuple[int, int, str | None, frozenset, int | None]] = {}
         to_judge = []
         for name, (size, mtime_ns, reason) in listed.items():
             seen = known.get(name)
             if reason != _NOT_JUDGED:
-                verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS)
+                verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS, None)
             elif seen is not None and seen[:2] == (size, mtime_ns):
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        judged = _judge_all(folder, kind, to_judge, con, {n: listed[n][:2] for n in to_judge})
+        rows: dict[str, int] = {}
+        judged = _judge_all(folder, kind, to_judge, con, {n: listed[n][:2] for n in to_judge}, rows)
         for name, verdict in judged.items():
             if verdict is not None:
-                verdicts[name] = (*listed[name][:2], *verdict)
+                verdicts[name] = (*listed[name][:2], *verdict, rows.get(name))
         with self._lock:  # keep what is known of the files left unread: another caller may want them
             kept = {n: v for n, v in known.items() if n in unread and os.path.lexists(os.path.join(folder, n))}
             self._by_folder[folder] = {**kept, **verdicts}
@@ -210,6 +212,15 @@ class _SegmentVerdicts:
         if any(c is None or c[2] is not None or not c[3] for c in cols):
             return None
         return frozenset(name for pairs in {c[3] for c in cols} for name, _ in pairs)
+
+    def rows(self, folder: str, names: list[str]) -> int | None:
+        """The rows the named files hold as their cards say; None when one has none kept."""
+        with self._lock:
+            known = self._by_folder.get(folder, {})
+            held = [known.get(name) for name in names]
+        if any(h is None or h[4] is None for h in held):
+            return None
+        return sum(h[4] for h in held)
 
     def one_schema(self, folder: str, names: list[str]) -> bool:
         """Whether the named files were all judged readable with the same columns of the same types."""
@@ -252,12 +263,18 @@ _BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas p
 
 
 def _judge_all(
-    folder: str, kind: str, names: list[str], con=None, listed: dict[str, tuple[int, int]] | None = None
+    folder: str,
+    kind: str,
+    names: list[str],
+    con=None,
+    listed: dict[str, tuple[int, int]] | None = None,
+    rows: dict[str, int] | None = None,
 ) -> dict[str, tuple[str | None, frozenset] | None]:
     """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
     (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
     schema: step files that their digests' cards vouch for (``_file_cards``; ``listed``: name -> (size,
-    mtime_ns)), the others each with its framing checked and one footer per schema read (``_footers``)."""
+    mtime_ns); their rows by the cards into ``rows``), the others each with its framing checked and one
+    footer per schema read (``_footers``)."""
 
     def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
@@ -278,7 +295,10 @@ def _judge_all(
         return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
 
     if kind == "steps" and listed is not None:
-        out.update(vouched(folder, listed, judge_schema, lambda name: scopes.get(name, True)))
+        carded, counted = vouched(folder, listed, judge_schema, lambda name: scopes.get(name, True))
+        out.update(carded)
+        if rows is not None:
+            rows.update(counted)
     framed = []
     for name in names:
         if name in out:
@@ -331,6 +351,23 @@ def segment_columns(paths: list[str]) -> frozenset | None:
             return None
         out |= cols
     return out
+
+
+def segment_rows(paths: list[str]) -> int | None:
+    """The rows the given step segments hold as their cards say (``_file_cards``; no file opened), where every
+    one was vouched for by its card when this process last listed its folder; None otherwise (count them
+    from the footers then)."""
+    by_folder: dict[str, list[str]] = {}
+    for path in paths:
+        folder, name = os.path.split(path)
+        by_folder.setdefault(folder, []).append(name)
+    total = 0
+    for folder, names in by_folder.items():
+        rows = _verdicts.rows(folder, names)
+        if rows is None:
+            return None
+        total += rows
+    return total
 
 
 def one_schema(paths: list[str]) -> bool:

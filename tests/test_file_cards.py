@@ -25,7 +25,6 @@ def fresh_reader(monkeypatch):
     footer per schema once 64 files are new; here from 2)."""
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
     monkeypatch.setattr(_segment_checks, "_BATCH_FROM", 2)
-    monkeypatch.setattr(_file_cards, "_rows", {})
     _digest_fold.forget()
 
 
@@ -43,7 +42,7 @@ def _footer_readings(monkeypatch) -> list[str]:
         return judge(folder, names, *args, **kwargs)
 
     def counted(con, files):
-        if _file_cards.card_rows(files) is None:
+        if _segment_checks.segment_rows(files) is None:
             calls.append(f"rows of {len(files)}")
         return count(con, files)
 
@@ -55,7 +54,6 @@ def _footer_readings(monkeypatch) -> list[str]:
 def _without_cards(run: str, monkeypatch) -> dict:
     """The verdict of a fresh reader that finds no card (as of a spool an older agent published)."""
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    monkeypatch.setattr(_file_cards, "_rows", {})
     _digest_fold.forget()
     with monkeypatch.context() as m:
         m.setattr(_file_cards, "read_card", lambda path: None)
@@ -110,7 +108,8 @@ def test_a_fresh_reader_of_carded_files_reads_no_footer_with_duckdb_and_gives_th
     verdict = diagnose(run)
     assert calls == []  # every step file vouched for by its card, its rows counted from it
     assert verdict == before
-    assert _file_cards.card_rows([os.path.join(run, "steps", n) for n in _step_files(run)]) == 4 * 40 * len(RANKS)
+    paths = [os.path.join(run, "steps", n) for n in _step_files(run)]
+    assert _segment_checks.segment_rows(paths) == 4 * 40 * len(RANKS)
 
 
 def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer(tmp_path, monkeypatch, fresh_reader):
@@ -133,7 +132,9 @@ def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer
     assert skipped == [(names[0], "truncated: no Parquet footer at the end of its 33,000 bytes".replace(
         "33,000", f"{os.path.getsize(grown):,}"))]
     assert calls == ["schemas of 1"]  # the edited file alone: the grown one failed its framing first
-    assert edited not in _file_cards._rows and grown not in _file_cards._rows
+    assert _segment_checks.segment_rows([edited]) is None and _segment_checks.segment_rows([grown]) is None
+    others = [os.path.join(run, "steps", n) for n in names[2:]]
+    assert _segment_checks.segment_rows(others) == len(others) * 40 * len(RANKS)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
     _digest_fold.forget()
     assert diagnose(run) == before
@@ -160,5 +161,5 @@ def test_a_card_that_does_not_say_what_the_footer_says_vouches_for_nothing(tmp_p
     calls = _footer_readings(monkeypatch)
     verdict = diagnose(run)
     assert verdict == before
-    assert _file_cards._rows == {}
+    assert _segment_checks.segment_rows([os.path.join(run, "steps", n) for n in _step_files(run)]) is None
     assert calls[-1] == "rows of 4"  # counted from the footers, as without cards
