@@ -287,7 +287,7 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
         return created + 1, table.num_rows
     from ranksight.format.digest_file import parquet_bytes
 
-    data = parquet_bytes(table)  # in memory first: the digest carries the file's card (its size, end, columns)
+    data = parquet_bytes(table)  # in memory first: the digest carries the file's card (size, footer, rows, columns)
     created += _write_digest(table, target_dir, final, data)  # first: a published file then has its digest
     _write_durably(target_dir, final, lambda f: f.write(data))
     return created + 1, table.num_rows
