@@ -21,6 +21,7 @@ COMMANDS = {
     "dashboard": "dashboard",
     "demo": "demo",
     "diagnose": "diagnose",
+    "digest": "digest",
     "export": "export",
     "import": "import_cmd",
     "ingest": "ingest",
@@ -37,6 +38,7 @@ COMMANDS = {
 RUN_ARGUMENTS = {
     "compare": ("run_a", "run_b"),
     "diagnose": ("run_dir",),
+    "digest": ("run_dir",),
     "export": ("run_dir",),
     "ingest": ("run_dir",),
     "summary": ("run_dir",),

@@ -177,6 +177,21 @@ def schema_hash(schema) -> str:
     return hashlib.blake2b(json.dumps(columns).encode(), digest_size=16).hexdigest()
 
 
+def with_card(digest: bytes, card: dict) -> bytes:
+    """The digest file of bytes ``digest`` with ``card`` in its header, its parts byte for byte as they were
+    (offsets in the header count from the parts' start). ValueError for bytes that are not a digest."""
+    import json
+
+    if len(digest) < len(_MAGIC) + 4 or digest[: len(_MAGIC)] != _MAGIC:
+        raise ValueError("not a ranksight digest")
+    start = len(_MAGIC) + 4 + int.from_bytes(digest[len(_MAGIC) : len(_MAGIC) + 4], "little")
+    header = json.loads(digest[len(_MAGIC) + 4 : start])
+    if not isinstance(header, dict):
+        raise ValueError("its header is not an object")
+    body = json.dumps({**header, CARD_KEY: card}).encode()
+    return _MAGIC + len(body).to_bytes(4, "little") + body + digest[start:]
+
+
 def read_card(path: str) -> dict | None:
     """The card in the header of the digest at ``path``; None where it has none, or does not read."""
     try:
