@@ -90,7 +90,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
     ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no
     more rows than that keeps them all, as the rows' query does (its row count comes from the digests too,
     which saves the medians' query a scan of every row)."""
-    found = _digest_queries.medians(con, parts, warmup_steps, ("period", "compute")) if parts else None
+    found = _digest_queries.medians(con, parts, warmup_steps) if parts else None
     step_sum = "period_sum" if parts else "step_sum"
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum({step_sum}), 0) AS {p[:-2]}_share" for p in PHASES)
     medians = ""

@@ -102,7 +102,7 @@ def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
     run = _published_run(tmp_path)
     con = open_run(run, follow_spool=False)
     parts = verdict_digests(con, "hist", "steps")
-    assert parts is not None and medians(con, parts, 3, ("period",)) is None
+    assert parts is not None and medians(con, parts, 3) is None
     con.close()
     from_digests = run_features(run, warmup_steps=3)
     assert from_digests[0]["steps"] == 117
@@ -120,7 +120,7 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_row
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
     con = open_run(run, follow_spool=False)
     parts = verdict_digests(con, "hist")
-    assert parts is not None and medians(con, parts, 5, ("period",)) is None
+    assert parts is not None and medians(con, parts, 5) is None
     con.close()
     from_digests = run_features(run)
     assert from_digests[7]["steps"] == 3
@@ -194,7 +194,7 @@ def _medians_of(values_by_rank: dict[int, list]) -> dict[int, float]:
     con.register("rows", table)
     con.execute(f"CREATE TABLE hist AS {hist_sql('rows')}", {"warm": 5})
     con.execute(f"CREATE TABLE sums AS {sums_sql('rows')}", {"warm": 5})
-    found = medians(con, {"hist": "hist", "sums": "sums"}, 5, ("compute",))
+    found = medians(con, {"hist": "hist", "sums": "sums"}, 5)
     return {rank: m["compute"] for rank, m in found.items()}
 
 
