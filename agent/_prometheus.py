@@ -21,8 +21,9 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from ranksight.format.files import atomic_write_bytes
+
 from ._rollup import LABELS, METRICS, STEP_BUCKETS_S, Rollup
-from ._spool import atomic_write_bytes
 
 if TYPE_CHECKING:
     from ._identity import Identity

@@ -16,6 +16,7 @@ from ._run import Run, open_run, open_segments
 from ._rundir import RunDirError, SkippedFile, StoreError, spool_signature, store_path
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
 from ._segment_checks import segment_files
+from ._spool_digests import SpoolDigests, digest_spool
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, keep_answers, prune
 from ._trace_import import ImportResult, find_trace_files, import_traces
 
@@ -51,6 +52,8 @@ __all__ = [
     "ingest",
     "keep_answers",
     "prune",
+    "SpoolDigests",
+    "digest_spool",
     "store_path",
     # torch.profiler traces -> a run (ranksight import)
     "ImportResult",

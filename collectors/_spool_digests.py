@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ranksight.format.digest import DIGEST_DIR, digest_keys, digest_of
 from ranksight.format.digest_file import file_card, pack_parts, read_card, with_card, write_digest
+from ranksight.format.files import atomic_write_bytes
 
 from ._rundir import SkippedFile, check_run_dir
 from ._segment_checks import scan_segments
@@ -41,8 +42,6 @@ def digest_spool(run_path: str) -> SpoolDigests:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ranksight.agent._spool import atomic_write_bytes
-
     check_run_dir(run_path)
     steps_dir = os.path.join(run_path, "steps")
     files, skipped = scan_segments(run_path, "steps")
@@ -57,7 +56,7 @@ def digest_spool(run_path: str) -> SpoolDigests:
         with open(path, "rb") as f:
             data = f.read()
         if not digests:
-            write_digest(pq.read_table(pa.BufferReader(data)), steps_dir, name, _durably(atomic_write_bytes), data)
+            write_digest(pq.read_table(pa.BufferReader(data)), steps_dir, name, _write_durably, data)
             out.written += 1
             continue
         card = file_card(data)
@@ -73,12 +72,8 @@ def digest_spool(run_path: str) -> SpoolDigests:
     return out
 
 
-def _durably(atomic_write_bytes):
-    """``write_digest``'s writer (``write(file)``) over ``atomic_write_bytes``: the digest in place whole or not."""
-
-    def write_durably(directory: str, name: str, write) -> None:
-        buffer = io.BytesIO()
-        write(buffer)
-        atomic_write_bytes(os.path.join(directory, name), buffer.getvalue())
-
-    return write_durably
+def _write_durably(directory: str, name: str, write) -> None:
+    """``write_digest``'s writer (``write(file)``): the digest in place whole or not at all."""
+    buffer = io.BytesIO()
+    write(buffer)
+    atomic_write_bytes(os.path.join(directory, name), buffer.getvalue())

@@ -22,8 +22,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ranksight.collectors import RunDirError
-    from ranksight.collectors._spool_digests import digest_spool
+    from ranksight.collectors import RunDirError, digest_spool
 
     start = time.perf_counter()
     try:
