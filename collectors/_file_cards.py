@@ -64,7 +64,7 @@ def _matching_cards(folder: str, sizes: dict[str, int]) -> dict[str, dict]:
             present = set(os.listdir(digests))
         except OSError:
             continue
-        for name in sizes.keys() & present - found.keys():
+        for name in (sizes.keys() & present) - found.keys():
             card = read_card(os.path.join(digests, name))
             if _well_formed(card) and card["size"] == sizes[name] and _holds_its_footer(folder, name, card):
                 found[name] = card
