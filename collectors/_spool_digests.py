@@ -15,8 +15,8 @@ import io
 import os
 from dataclasses import dataclass, field
 
-from ranksight.format.digest import DIGEST_DIR, digest_keys, digest_of
-from ranksight.format.digest_file import file_card, pack_parts, read_card, with_card, write_digest
+from ranksight.format.digest import DIGEST_DIR, digest_keys
+from ranksight.format.digest_file import file_card, read_card, with_card, write_digest
 from ranksight.format.files import atomic_write_bytes
 
 from ._rundir import SkippedFile, check_run_dir
@@ -66,8 +66,8 @@ def digest_spool(run_path: str) -> SpoolDigests:
                     held = f.read()
                 try:
                     atomic_write_bytes(digest, with_card(held, card))
-                except ValueError:  # a digest that does not read: made again from the file's rows
-                    atomic_write_bytes(digest, pack_parts(digest_of(pq.read_table(pa.BufferReader(data)))[1], card))
+                except ValueError:  # a digest that does not read: made again from the file's rows, as a publisher does
+                    write_digest(pq.read_table(pa.BufferReader(data)), steps_dir, name, _write_durably, data)
         out.carded += 1
     return out
 

@@ -110,18 +110,30 @@ two thousand)."""
 
 def _read_header(fd: int) -> tuple[dict, int]:
     """(the header of the digest open as ``fd``, where its parts start); ValueError for a file that is not one."""
-    import json
-
     head = os.pread(fd, _HEAD_READ, 0)
-    if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
-        raise ValueError("not a ranksight digest")
-    start = len(_MAGIC) + 4 + int.from_bytes(head[len(_MAGIC) : len(_MAGIC) + 4], "little")
+    start = _parts_start(head)
     if start > len(head):
         head = os.pread(fd, start, 0)
+    return _header_of(head, start), start
+
+
+def _parts_start(head: bytes) -> int:
+    """Where the parts of the digest whose first bytes are ``head`` start (after the magic, the header's
+    length and the header); ValueError for bytes that are not a digest."""
+    if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
+        raise ValueError("not a ranksight digest")
+    return len(_MAGIC) + 4 + int.from_bytes(head[len(_MAGIC) : len(_MAGIC) + 4], "little")
+
+
+def _header_of(head: bytes, start: int) -> dict:
+    """The JSON header in ``head`` (the digest's bytes up to ``start`` at least); ValueError where it is not an
+    object (or cut short)."""
+    import json
+
     header = json.loads(head[len(_MAGIC) + 4 : start])
     if not isinstance(header, dict):
         raise ValueError("its header is not an object")
-    return header, start
+    return header
 
 
 CARD_KEY = "file"
@@ -182,13 +194,8 @@ def with_card(digest: bytes, card: dict) -> bytes:
     (offsets in the header count from the parts' start). ValueError for bytes that are not a digest."""
     import json
 
-    if len(digest) < len(_MAGIC) + 4 or digest[: len(_MAGIC)] != _MAGIC:
-        raise ValueError("not a ranksight digest")
-    start = len(_MAGIC) + 4 + int.from_bytes(digest[len(_MAGIC) : len(_MAGIC) + 4], "little")
-    header = json.loads(digest[len(_MAGIC) + 4 : start])
-    if not isinstance(header, dict):
-        raise ValueError("its header is not an object")
-    body = json.dumps({**header, CARD_KEY: card}).encode()
+    start = _parts_start(digest)
+    body = json.dumps({**_header_of(digest, start), CARD_KEY: card}).encode()
     return _MAGIC + len(body).to_bytes(4, "little") + body + digest[start:]
 
 
