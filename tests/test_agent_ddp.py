@@ -119,9 +119,13 @@ def test_large_model_with_tiny_compute_makes_allreduce_dominate(baseline, tmp_pa
     def mean(shares, key):
         return sum(r[key] for r in shares.values()) / len(shares)
 
+    # Per rank the share moves with CPU contention: the rank that computes longer waits less in the
+    # all-reduce (0.46-0.60 on a quiet 2-core machine; one CI run read 0.25 for one rank), so each rank's
+    # share has a floor and the job's mean carries the "dominates".
     for rank in (0, 1):
-        assert sync[rank]["allreduce_share"] > 0.3
+        assert sync[rank]["allreduce_share"] > 0.15
         assert sync[rank]["comm_exposed_share"] > sync[rank]["data_wait_share"]
+    assert mean(sync, "allreduce_share") > 0.3
 
     # Ranks skew under CPU contention (one computes while the other waits), so compare job-wide means. On
     # 2 cores a 64 MB gloo all-reduce and the backward that writes those 64 MB take about as long (either
