@@ -22,7 +22,8 @@ Every figure of docs/scale.md comes from one run of this script (``--json`` keep
     the store, each beside DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP
     BY over the store, the same GROUP BY over the files); and the dashboard's Verdict page in headless
     Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it answers, then the page once
-    more (``--no-browser`` leaves it out).
+    more, taking turns ``PAGE_ROUNDS`` times with a one-line Streamlit page on a fresh server (``--no-browser``
+    leaves it out).
 ``dashboard``
     The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
     a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
@@ -82,8 +83,8 @@ FLOORS = {
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "ingest_rows_per_s_without_answers": "duckdb_arrow_insert_rows_per_s",
     "ingest_and_answers_rows_per_s": "duckdb_arrow_insert_rows_per_s",
-    "verdict_first_render_live_s": "streamlit_floor_first_s",
-    "verdict_first_render_store_s": "streamlit_floor_first_s",
+    "verdict_first_render_live_s": "streamlit_floor_first_live_s",
+    "verdict_first_render_store_s": "streamlit_floor_first_store_s",
     "verdict_render_again_live_s": "streamlit_floor_again_s",
     "verdict_render_again_store_s": "streamlit_floor_again_s",
     "rollup_first_build_s": "duckdb_groupby_files_s",
@@ -508,6 +509,31 @@ def verdict_render_s(run_path: str | None) -> dict[str, float]:
     return out
 
 
+PAGE_ROUNDS = 3
+"""Rounds of the Verdict page against the one-line page, taking turns on fresh servers: one visit varies by
+a fifth here, and a ratio of two single visits made minutes apart by more."""
+
+
+def page_rounds(run_path: str, rounds: int = PAGE_ROUNDS) -> dict:
+    """``verdict_render_s`` of ``run_path`` and of the one-line page, taking turns ``rounds`` times: each
+    visit's figures, the medians, and the first render over the one-line page's in each round."""
+    from statistics import median
+
+    pages, floors = [], []
+    for _ in range(rounds):
+        pages.append(verdict_render_s(run_path))
+        floors.append(verdict_render_s(None))
+    ratios = [p["first"] / f["first"] for p, f in zip(pages, floors)]
+    return {
+        "page": pages,
+        "floor": floors,
+        **{key: median(p[key] for p in pages) for key in pages[0]},
+        **{f"floor_{key}": median(f[key] for f in floors) for key in floors[0]},
+        "first_over_floor_round_ratios": ratios,
+        "first_over_floor_median": median(ratios),
+    }
+
+
 @contextlib.contextmanager
 def digests_aside(run_path: str):
     """The step files' digests moved aside while the block runs (as for files published without them)."""
@@ -638,7 +664,7 @@ def store_figures(
                 math.isclose(a[k], b[k], rel_tol=tolerance.get(k, 1e-9)) if isinstance(a[k], float) else a[k] == b[k]
                 for k in a
             ), (a, b)
-    verdict_live = verdict_render_s(run_path) if browser else {}
+    verdict_live = page_rounds(run_path) if browser else {}
     # DuckDB's floor for the breakdown: one GROUP BY over the same files.
     con = duckdb.connect()
     floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
@@ -654,8 +680,7 @@ def store_figures(
     store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
-    verdict_store = verdict_render_s(run_path) if browser else {}
-    floor_page = verdict_render_s(None) if browser else {}
+    verdict_store = page_rounds(run_path) if browser else {}
     # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
     for path in (floor_db, floor_db + ".wal"):
@@ -732,9 +757,15 @@ def store_figures(
         "verdict_again_drawn_live_s": verdict_live.get("again_drawn"),
         "verdict_first_drawn_store_s": verdict_store.get("first_drawn"),
         "verdict_again_drawn_store_s": verdict_store.get("again_drawn"),
-        # the floor under those: a Streamlit page of one line, same flags, same fresh browser
-        "streamlit_floor_first_s": floor_page.get("first"),
-        "streamlit_floor_again_s": floor_page.get("again"),
+        # the floor under those: a Streamlit page of one line, same flags, same fresh browser, taking turns
+        # with each page (``page_rounds``: the figures above and these are medians of its rounds)
+        "streamlit_floor_first_live_s": verdict_live.get("floor_first"),
+        "streamlit_floor_first_store_s": verdict_store.get("floor_first"),
+        "streamlit_floor_again_s": verdict_store.get("floor_again"),
+        "verdict_first_over_floor_live": verdict_live.get("first_over_floor_median"),
+        "verdict_first_over_floor_store": verdict_store.get("first_over_floor_median"),
+        "verdict_page_rounds_live": verdict_live,
+        "verdict_page_rounds_store": verdict_store,
     }
 
 

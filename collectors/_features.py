@@ -237,12 +237,11 @@ def compute_features(
         f = blank.copy()
         f["rank"] = rank
         meta = meta_by_rank.get(rank, _NOTHING)
-        if meta:
-            _meta_into(f, meta)
+        backend, model_class = _meta_into(f, meta) if meta else (None, None)
         row = row_by_rank.get(rank)
         if row is not None:
             _steps_into(f, row, stats.get(rank, _NOTHING))
-        _compile_into(f, compile_counts.get(rank, _NOTHING))
+        _compile_into(f, compile_counts.get(rank, _NOTHING), model_class)
         if rank in sampled:
             f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         _host_into(f, meta, samples, rank, local_sizes.get(rank))
@@ -254,7 +253,7 @@ def compute_features(
             busy = f["gpu_utilization_ratio"]
         f["gpu_busy_ratio"] = busy
         f["h2d_gap_share"] = h2d_gap_share(f) if f["h2d_copy_ratio"] is not None else None
-        if f.pop("_backend", None) == "nccl":
+        if backend == "nccl":
             # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
             f["allreduce_share"] = f["comm_overlap"] = f["allreduce_bytes_per_s"] = None
@@ -517,26 +516,33 @@ _NOTHING: dict = {}
 """A rank's absent record (metadata, stats, compile counts): read, never written."""
 
 
-def _meta_into(f: dict, meta: dict) -> None:
-    """The rank file's figures into ``f``: model, GPU, optimizer, DDP, loader."""
-    f["world_size"] = meta.get("world_size")
-    counters = meta.get("counters") or _NOTHING
-    f["records_dropped_total"] = counters.get("records_dropped_total")
-    f["agent_errors_total"] = counters.get("agent_errors_total")
-    model = meta.get("model") or _NOTHING
+def _meta_into(f: dict, meta: dict) -> tuple[str | None, str | None]:
+    """The rank file's figures into ``f``: model, GPU, optimizer, DDP, loader; returns (DDP's backend, the model's
+    class), which decide features beyond these. ``f`` starts as the blank (every feature None): a section the
+    rank file lacks leaves its features so, without a lookup each (10,000 ranks)."""
+    get = meta.get
+    f["world_size"] = get("world_size")
+    counters = get("counters")
+    if counters:
+        f["records_dropped_total"] = counters.get("records_dropped_total")
+        f["agent_errors_total"] = counters.get("agent_errors_total")
+    model = get("model") or _NOTHING
     if model:
         f["parameter_bytes"] = model.get("parameter_bytes")
         devices = model.get("devices") or ()
         f["model_on_gpu"] = int(any(str(d).startswith("cuda") for d in devices))
-    f["device_memory_bytes"] = (meta.get("gpu_device") or _NOTHING).get("total_memory_bytes")
-    states = (meta.get("optimizer") or _NOTHING).get("states_per_param")
+    gpu_device = get("gpu_device")
+    if gpu_device:
+        f["device_memory_bytes"] = gpu_device.get("total_memory_bytes")
+    optimizer = get("optimizer")
+    states = optimizer.get("states_per_param") if optimizer else None
     if isinstance(states, int) and isinstance(f["parameter_bytes"], (int, float)):
         f["model_state_bytes"] = f["parameter_bytes"] * (2 + states)
         if f["device_memory_bytes"]:
             f["model_state_share"] = f["model_state_bytes"] / f["device_memory_bytes"]
-    ddp = meta.get("ddp")
+    ddp = get("ddp")
     f["ddp"] = int(bool(ddp))
-    f["fsdp"] = int(meta.get("parallelism") == "fsdp2")
+    f["fsdp"] = int(get("parallelism") == "fsdp2")
     if ddp:
         f["find_unused_parameters"] = int(bool(ddp.get("find_unused_parameters")))
         f["static_graph"] = _flag(ddp.get("static_graph"))
@@ -544,16 +550,19 @@ def _meta_into(f: dict, meta: dict) -> None:
         f["bucket_cap_bytes"] = _number(ddp.get("bucket_cap_bytes"))
         if f["bucket_cap_bytes"]:
             f["bucket_cap_mb"] = f["bucket_cap_bytes"] / 2**20
-        f["_backend"] = ddp.get("backend")
-        f["ddp_backend_gloo"] = int(ddp.get("backend") == "gloo")
-    logging_data = meta.get("ddp_logging") or _NOTHING
-    iteration = logging_data.get("iteration")
-    f["ddp_stats_iteration"] = iteration if isinstance(iteration, (int, float)) else None
-    unused = logging_data.get("unused_parameter_size")
-    # DDP only fills this once it has sampled a runtime iteration (iteration > 0).
-    if isinstance(unused, (int, float)) and iteration:
-        f["unused_parameter_size"] = unused
-    loader = meta.get("loader") or _NOTHING
+        backend = ddp.get("backend")
+        f["ddp_backend_gloo"] = int(backend == "gloo")
+    else:
+        backend = None
+    logging_data = get("ddp_logging")
+    if logging_data:
+        iteration = logging_data.get("iteration")
+        f["ddp_stats_iteration"] = iteration if isinstance(iteration, (int, float)) else None
+        unused = logging_data.get("unused_parameter_size")
+        # DDP only fills this once it has sampled a runtime iteration (iteration > 0).
+        if isinstance(unused, (int, float)) and iteration:
+            f["unused_parameter_size"] = unused
+    loader = get("loader")
     f["loader_wrapped"] = int(bool(loader))
     if loader:
         f["loader_num_workers"] = _number(loader.get("num_workers"))
@@ -561,7 +570,7 @@ def _meta_into(f: dict, meta: dict) -> None:
         f["loader_prefetch_factor"] = _number(loader.get("prefetch_factor"))
         f["loader_persistent_workers"] = _flag(loader.get("persistent_workers"))
         f["loader_batch_size"] = _number(loader.get("batch_size"))
-    f["_model_class"] = model.get("class")
+    return backend, model.get("class")
 
 
 def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int | None) -> None:
@@ -616,6 +625,8 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
     f["data_wait_share_noise"] = stats.get("data_noise")
     f["collectives_per_step"] = stats.get("collectives_per_step")
     f["collective_bytes_per_step"] = stats.get("collective_bytes_per_step")
+    f["buckets_per_step"] = stats.get("buckets_per_step")
+    f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
     if f["compute_share"] and grad is not None:
         f["comm_to_compute"] = grad / f["compute_share"]
     allreduce_sum, exposed_sum = stats.get("allreduce_sum"), stats.get("exposed_sum")
@@ -623,18 +634,20 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
         f["comm_overlap"] = max(0.0, 1.0 - (exposed_sum or 0.0) / allreduce_sum)
         if stats.get("bytes_sum"):
             f["allreduce_bytes_per_s"] = stats["bytes_sum"] / allreduce_sum
-    f["buckets_per_step"] = stats.get("buckets_per_step")
-    f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
     if stats.get("world_size"):
         f["world_size"] = int(stats["world_size"])
 
 
-def _compile_into(f: dict, counts: dict) -> None:
+def _compile_into(f: dict, counts: dict, model_class: str | None) -> None:
     """torch.compile's graph breaks and recompiles on this rank into ``f`` (a compiled model without any)."""
+    if not counts:
+        f["graph_breaks"] = f["recompiles"] = f["recompiles_after_warmup"] = 0
+        f["compiled"] = int(model_class == "OptimizedModule")
+        return
     breaks, _ = counts.get("graph_break", (0, 0))
     recompiles, late = counts.get("recompile", (0, 0))
     f["graph_breaks"], f["recompiles"], f["recompiles_after_warmup"] = breaks, recompiles, late
-    f["compiled"] = int(bool(counts) or f.get("_model_class") == "OptimizedModule")
+    f["compiled"] = 1
 
 
 def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: bool) -> dict[int, float]:
@@ -665,7 +678,7 @@ def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_
 def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats: dict[int, dict]) -> None:
     """Figures that compare ranks: who waits for whom at collectives, compute scores, memory spread."""
     reporting = [r for r, f in feats.items() if f["steps"]]
-    nodes = {stats[r].get("node") for r in reporting if stats.get(r, _NOTHING).get("node")}
+    nodes = {node for r in reporting if (node := stats.get(r, _NOTHING).get("node"))}
     measured = sum(1 for r in reporting if feats[r]["data_measured"])
     shared = {"ranks_reporting": len(reporting), "nodes": len(nodes) or None, "ranks_data_measured": measured}
     shared.update(_compute_scores(con, warmup_steps, since_ns, feats, stats, reporting))
@@ -679,7 +692,6 @@ def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats:
     # Job-level figures into every rank's dict (the rules stay per rank): one pass over the ranks, not one
     # per figure (10,000 ranks).
     for f in feats.values():
-        f.pop("_model_class", None)
         f.update(shared)
 
 
