@@ -625,8 +625,6 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
     f["data_wait_share_noise"] = stats.get("data_noise")
     f["collectives_per_step"] = stats.get("collectives_per_step")
     f["collective_bytes_per_step"] = stats.get("collective_bytes_per_step")
-    f["buckets_per_step"] = stats.get("buckets_per_step")
-    f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
     if f["compute_share"] and grad is not None:
         f["comm_to_compute"] = grad / f["compute_share"]
     allreduce_sum, exposed_sum = stats.get("allreduce_sum"), stats.get("exposed_sum")
@@ -634,6 +632,8 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
         f["comm_overlap"] = max(0.0, 1.0 - (exposed_sum or 0.0) / allreduce_sum)
         if stats.get("bytes_sum"):
             f["allreduce_bytes_per_s"] = stats["bytes_sum"] / allreduce_sum
+    f["buckets_per_step"] = stats.get("buckets_per_step")
+    f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
     if stats.get("world_size"):
         f["world_size"] = int(stats["world_size"])
 

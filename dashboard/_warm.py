@@ -92,22 +92,17 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         job.diagnosis = None
     finally:
         job.done.set()
-    # The landing page's import next (pandas, for its tables: most of a second on 2 busy cores), before the rollup,
-    # which the landing page does not need: the first view should not wait for it behind a scan of every
-    # step row. Altair (the other pages' charts; the landing page draws SVG) once the landing page is drawn.
-    try:
-        import pandas  # noqa: F401
-    except Exception:
-        pass
     # After the diagnosis, not beside it, and once the landing page is drawn: on a small machine the two
     # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows (1.3 s)
     # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.2-0.3 s,
-    # docs/scale.md); see release().
+    # docs/scale.md); see release(). The other pages' imports first: pandas (their tables: most of a second
+    # on 2 busy cores) and altair (their charts); the landing page needs neither (markdown tables, SVG).
     job.released.wait(HOLD_S)
-    try:
-        import altair  # noqa: F401
-    except Exception:
-        pass
+    for module in ("pandas", "altair"):
+        try:
+            __import__(module)
+        except Exception:
+            pass
     try:
         if with_rollup and not _stopping.is_set():
             from ranksight.collectors import open_run

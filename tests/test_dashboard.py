@@ -293,7 +293,8 @@ def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monke
 
 
 def test_the_landing_page_draws_without_importing_altair_and_the_others_with_it(tmp_path):
-    """The Verdict page's chart is SVG: its first render does not wait for altair's import (docs/scale.md)."""
+    """The Verdict page's chart is SVG and its tables markdown: its first render waits for neither altair's
+    import nor pandas' (docs/scale.md)."""
     run = write_run(str(tmp_path / "runs" / "r"), 2, 8)
     code = (
         "import os, sys; os.environ['RANKSIGHT_DASHBOARD_PATH'] = sys.argv[1]\n"
@@ -301,14 +302,14 @@ def test_the_landing_page_draws_without_importing_altair_and_the_others_with_it(
         f"at = AppTest.from_file({APP_PATH!r}, default_timeout=60).run()\n"
         "assert not at.exception, at.exception\n"
         "assert any(\"data-chart='stacked-shares'\" in m.value for m in at.markdown)\n"
-        "print('verdict', 'altair' in sys.modules)\n"
+        "print('verdict', 'altair' in sys.modules, 'pandas' in sys.modules)\n"
         "at.switch_page('_pages/breakdown.py').run()\n"
         "assert not at.exception, at.exception\n"
         "print('breakdown', 'altair' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code, run], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "verdict False" in out.stdout and "breakdown True" in out.stdout, out.stdout
+    assert "verdict False False" in out.stdout and "breakdown True" in out.stdout, out.stdout
 
 
 def test_resolve_takes_a_run_or_a_root(tmp_path):
@@ -371,7 +372,17 @@ def test_verdict_shows_the_planted_fault_first(demo_run, monkeypatch):
     assert findings and findings[0]["rule"] == "input-bound", findings  # the root cause comes first
     headers = [m.value for m in at.markdown if m.value.startswith("####")]
     assert headers and "input\\-bound" in headers[0]
-    assert at.code and at.code[0].value.strip() == findings[0]["fix"]["snippet"].strip()  # the copyable fix, as written
+    # The fix's code as written, in a preformatted block (st.html: no syntax highlighter for the browser to load).
+    codes = [_code_of(h.value) for h in at.html if h.value.startswith("<pre")]
+    assert codes and codes[0].strip() == findings[0]["fix"]["snippet"].strip()
+    assert not at.code and not at.table  # the landing page loads neither element's JavaScript
+
+
+def _code_of(block: str) -> str:
+    """The text of a ``<pre><code>`` block as the browser shows it."""
+    import html
+
+    return html.unescape(re.search(r"<code>(.*)</code>", block, re.S).group(1))
 
 
 def test_verdict_draws_each_ranks_breakdown_beside_the_first_finding_with_its_cost(demo_run, monkeypatch):

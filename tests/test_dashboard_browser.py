@@ -96,9 +96,9 @@ def test_verdict_page_in_chromium(served, browser):
     page.get_by_text("Where step time goes").wait_for(timeout=60000)
     body = page.locator("section.main, [data-testid='stMain']").first
     page.get_by_text("input-bound").first.wait_for(timeout=60000)
-    # The evidence is a real, accessible table (st.table), not a canvas.
+    # The evidence is a real, accessible table (markdown's), not a canvas.
     page.get_by_role("cell", name="data_wait_share").first.wait_for(timeout=30000)
-    # The first finding's fix is shown as copyable code, as the rules wrote it (the fix depends on the machine).
+    # The first finding's fix is shown as selectable code, as the rules wrote it (the fix depends on the machine).
     from ranksight.rules import diagnose
 
     snippet = diagnose(served["demo"])["findings"][0]["fix"]["snippet"]

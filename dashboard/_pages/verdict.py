@@ -8,10 +8,12 @@ import streamlit as st
 from ranksight.dashboard import _data
 from ranksight.dashboard._queries import fix_gain_text
 from ranksight.dashboard._view import (
+    code_html,
     context,
     guard,
     live_panel,
     md_escape,
+    md_table,
     require_run,
     share_sentence,
     stacked_by_rank_svg,
@@ -44,23 +46,23 @@ def verdict(path: str) -> None:
             with chart:
                 st.markdown("**Step time per rank** (share of each phase, after warm-up)")
                 named = [r for f in findings for r in (f.get("ranks") or [])]
+                # markdown's raw HTML: st.html's sanitiser keeps no SVG
                 st.markdown(stacked_by_rank_svg(rows, named), unsafe_allow_html=True)
         for i, f in enumerate(findings[1:], start=1):
             _finding(i, f)
         checklist = diag.get("checklist", [])
         if checklist:
             st.subheader("Checklist")
-            st.table(
-                [
-                    {
-                        "status": c.get("status"),
-                        "item": c.get("item"),
-                        "group": c.get("group"),
-                        "value": _fmt(c.get("value"), c.get("unit")),
-                    }
-                    for c in checklist
-                ]
-            )
+            items = [
+                {
+                    "status": c.get("status"),
+                    "item": c.get("item"),
+                    "group": c.get("group"),
+                    "value": _fmt(c.get("value"), c.get("unit")),
+                }
+                for c in checklist
+            ]
+            st.markdown(md_table(items))
 
 
 def _finding(i: int, f: dict) -> None:
@@ -79,12 +81,12 @@ def _finding(i: int, f: dict) -> None:
         st.text(f.get("summary", ""))
         evidence = f.get("evidence") or {}
         if evidence:
-            st.table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()])
+            st.markdown(md_table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()]))
         fix = f.get("fix") or {}
         if fix.get("text"):
             st.markdown(f"**Fix:** {md_escape(fix['text'])}")
         if fix.get("snippet"):
-            st.code(fix["snippet"], language="python")
+            st.html(code_html(fix["snippet"]))
 
 
 def _ranks(ranks: list) -> str:
