@@ -33,9 +33,14 @@ def md_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     names = list(rows[0])
-    lines = ["| " + " | ".join(md_escape(n) for n in names) + " |", "|" + " --- |" * len(names)]
-    lines += ["| " + " | ".join(md_escape(row.get(n, "")) for n in names) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(_cell, names)) + " |", "|" + " --- |" * len(names)]
+    lines += ["| " + " | ".join(_cell(row.get(n)) for n in names) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    """One table cell: escaped, on one line, empty for None."""
+    return "" if value is None else md_escape(" ".join(str(value).splitlines()))
 
 
 def code_html(code: str) -> str:

@@ -378,6 +378,21 @@ def test_verdict_shows_the_planted_fault_first(demo_run, monkeypatch):
     assert not at.code and not at.table  # the landing page loads neither element's JavaScript
 
 
+def test_landing_page_tables_and_code_show_their_text_literally():
+    """``md_table`` and ``code_html`` (the landing page's tables and fix snippet): markdown and HTML in a run's
+    text stay text, a cell stays on its line, a missing value is an empty cell."""
+    from ranksight.dashboard._view import code_html, md_table
+
+    table = md_table([{"item": "a|b *c*", "value": None}, {"item": "two\nlines", "value": 3}])
+    lines = table.split("\n")
+    assert len(lines) == 4 and lines[1] == "| --- | --- |"
+    assert lines[2] == "| a\\|b \\*c\\* |  |" and lines[3] == "| two lines | 3 |"
+    assert md_table([]) == ""
+    snippet = "loader = DataLoader(ds, pin_memory=True)  # <script>alert(1)</script> & more\n    x = a < b"
+    block = code_html(snippet)
+    assert "<script>" not in block and block.startswith("<pre") and _code_of(block) == snippet
+
+
 def _code_of(block: str) -> str:
     """The text of a ``<pre><code>`` block as the browser shows it."""
     import html
