@@ -91,6 +91,8 @@ def test_server_listens_on_loopback_only(served):
 
 def test_verdict_page_in_chromium(served, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    scripts: list[str] = []  # the element code the page has the browser fetch
+    page.on("response", lambda r: scripts.append(r.url.rsplit("/", 1)[-1]) if r.url.endswith(".js") else None)
     page.goto(f"{served['base']}/?run=demo-input")
     page.get_by_role("heading", name="Verdict").wait_for(timeout=60000)
     page.get_by_text("Where step time goes").wait_for(timeout=60000)
@@ -111,6 +113,9 @@ def test_verdict_page_in_chromium(served, browser):
     titles = segments.locator("title").all_text_contents()
     assert any(t.startswith("0 · data wait ") for t in titles) and any(t.startswith("1 · compute ") for t in titles)
     assert page.locator("[data-testid='stVegaLiteChart']").count() == 0
+    # Neither st.code's syntax highlighter (1.5 MB) nor st.table's Arrow code (1 MB) is loaded for the landing
+    # page (docs/scale.md "The Verdict page").
+    assert scripts and not [s for s in scripts if s.startswith(("StreamlitSyntaxHighlighter", "arrowFormatUtils"))]
     assert "Traceback" not in body.inner_text()
     os.makedirs(ARTIFACTS, exist_ok=True)
     shot = os.path.join(ARTIFACTS, "dashboard-verdict.png")
