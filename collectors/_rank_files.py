@@ -6,9 +6,9 @@ its fields checked, so a file that does not parse or holds a field of the wrong 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 from ranksight.format.schema import RANKS_DIR
@@ -206,8 +206,13 @@ def _checked_numbers(key: str, obj: dict) -> tuple[dict, list[str]]:
     return clean, problems
 
 
+_FLOAT_MAX = sys.float_info.max
+
+
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, not a bool. An integer beyond a float's range is not one: readers compute with
+    these numbers in floats (a JSON writer may emit any number of digits)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and -_FLOAT_MAX <= value <= _FLOAT_MAX
 
 
 def _fit(value, kind: str):

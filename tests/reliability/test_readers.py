@@ -163,6 +163,8 @@ RANK_FILE_DAMAGES = {
     "heartbeat infinite": {"heartbeat_ns": float("inf"), "status": "running"},
     "steps a list": {"steps": [1, 2]},
     "counter a string": {"counters": {"agent_errors_total": "many"}},
+    "counter beyond a float": {"counters": {"agent_errors_total": 10**400}},
+    "steps beyond a float": {"steps": 10**400},
 }
 
 
