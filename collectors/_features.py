@@ -640,14 +640,10 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
 
 def _compile_into(f: dict, counts: dict, model_class: str | None) -> None:
     """torch.compile's graph breaks and recompiles on this rank into ``f`` (a compiled model without any)."""
-    if not counts:
-        f["graph_breaks"] = f["recompiles"] = f["recompiles_after_warmup"] = 0
-        f["compiled"] = int(model_class == "OptimizedModule")
-        return
     breaks, _ = counts.get("graph_break", (0, 0))
     recompiles, late = counts.get("recompile", (0, 0))
     f["graph_breaks"], f["recompiles"], f["recompiles_after_warmup"] = breaks, recompiles, late
-    f["compiled"] = 1
+    f["compiled"] = int(bool(counts) or model_class == "OptimizedModule")
 
 
 def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: bool) -> dict[int, float]:

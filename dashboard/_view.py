@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from ranksight.format.markdown import markdown_table
+
 from . import _data
 from ._queries import PHASE_LABELS, rank_bars
 from ._source import Source
@@ -27,15 +29,14 @@ def md_escape(text: object) -> str:
 
 
 def md_table(rows: list[dict]) -> str:
-    """A markdown table of ``rows`` (dicts with the first row's keys), every cell escaped. Why not ``st.table``:
-    the landing page draws it with the markdown element it loads anyway, where ``st.table`` has the browser
-    fetch and compile Arrow's table code (1 MB of JavaScript; docs/scale.md "The Verdict page")."""
+    """A markdown table of ``rows`` (dicts with the first row's keys as headers: the page's own names), every
+    cell escaped (``markdown_table``). Why not ``st.table``: the landing page draws it with the markdown
+    element it loads anyway, where ``st.table`` has the browser fetch and compile Arrow's table code (1 MB of
+    JavaScript; docs/scale.md "The Verdict page")."""
     if not rows:
         return ""
     names = list(rows[0])
-    lines = ["| " + " | ".join(map(_cell, names)) + " |", "|" + " --- |" * len(names)]
-    lines += ["| " + " | ".join(_cell(row.get(n)) for n in names) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(names, ([row.get(n) for n in names] for row in rows), cell=_cell)
 
 
 def _cell(value: object) -> str:

@@ -385,7 +385,7 @@ def test_landing_page_tables_and_code_show_their_text_literally():
 
     table = md_table([{"item": "a|b *c*", "value": None}, {"item": "two\nlines", "value": 3}])
     lines = table.split("\n")
-    assert len(lines) == 4 and lines[1] == "| --- | --- |"
+    assert len(lines) == 4 and lines[0] == "| item | value |" and lines[1] == "|---|---|"
     assert lines[2] == "| a\\|b \\*c\\* |  |" and lines[3] == "| two lines | 3 |"
     assert md_table([]) == ""
     snippet = "loader = DataLoader(ds, pin_memory=True)  # <script>alert(1)</script> & more\n    x = a < b"

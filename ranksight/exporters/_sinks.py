@@ -14,8 +14,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from ranksight.format.markdown import markdown_table
+
 from ._points import METRICS, Point
-from ._verdict import BREAKDOWN_COLUMNS, FINDING_COLUMNS, breakdown_rows, finding_rows, markdown_table, verdict_summary
+from ._verdict import BREAKDOWN_COLUMNS, FINDING_COLUMNS, breakdown_rows, finding_rows, verdict_summary
 
 PREFIX = "ranksight"
 STEP_KEY = f"{PREFIX}/step"

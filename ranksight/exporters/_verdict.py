@@ -66,19 +66,6 @@ def breakdown_rows(result: dict) -> list[list]:
     return [[r.get(c) for c in BREAKDOWN_COLUMNS] for r in result.get("breakdown", {}).get("ranks", [])]
 
 
-def markdown_table(columns, rows) -> str:
-    """A Markdown table (TensorBoard's text plugin renders it)."""
-
-    def cell(v) -> str:
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        return "–" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def report_files(result: dict, run_path: str) -> dict[str, str]:
     """``report.json`` (the diagnosis object, docs/diagnosis.md) and ``report.txt`` (what ``ranksight diagnose``
     prints): the same report wherever the run is read."""
