@@ -533,6 +533,45 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
                 assert (a == b).all(), (part, column)
 
 
+def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_in_full():
+    """``_digest_fold._merged`` leaves the per-step columns that every file left out out of the merge (NULL),
+    and gives what the full merge gives: here two files of one rank each hold no second-least wait of their
+    own, yet two files' least waits make one, and neither has CPU-timed or GPU figures."""
+    from ranksight.collectors._digest_fold import _merged
+    from ranksight.format.digest import digest_of
+    from ranksight.format.digest_file import concat_part
+    from ranksight.format.verdict_digest import merge_part_sql
+
+    rng = np.random.default_rng(11)
+    step, rank, grid = _step_grid(30, 8)
+    n = len(step)
+    table = pa.table(
+        {
+            **grid,
+            "world_size": np.full(n, 8),
+            "step_s": rng.uniform(0.02, 0.05, n),
+            "compute_s": rng.uniform(0.01, 0.03, n),
+            "comm_exposed_s": rng.uniform(0, 0.004, n),
+            "allreduce_s": rng.uniform(0, 0.01, n),
+        }
+    )
+    parts = [digest_of(table.filter(rank == r))[1]["steps"] for r in (6, 7)]
+    assert not any("second" in p.column_names or "least_cpu" in p.column_names for p in parts)
+    files = concat_part("steps", parts)
+    absent = {f.name for f in files.schema if pa.types.is_null(f.type)}
+    assert {"second", "least_cpu", "cpu_key_rank", "gpu_compute_rank"} <= absent
+    assert "cpu_key_rank" in merge_part_sql("steps", "f") and "cpu_key_rank':" not in merge_part_sql(
+        "steps", "f", frozenset(absent)
+    )
+    con = duckdb.connect()
+    con.register("files", files)
+    order = [("step", "ascending"), ("warm", "ascending")]
+    full = con.sql(merge_part_sql("steps", "files")).to_arrow_table().sort_by(order)
+    fast = _merged(con, "steps", files).sort_by(order)
+    assert fast.schema == full.schema and fast.equals(full)
+    assert fast["second"].null_count == 0  # one rank's least wait is the other's second
+
+
 def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(tmp_path):
     """The dashboard diagnoses on several threads (its warm-up, each browser session's script) while the spool
     grows: readers that meet in ``_digest_fold`` at once each get the verdict of the files they listed."""

@@ -21,6 +21,7 @@ the readers): the publisher is part of the agent."""
 from __future__ import annotations
 
 import math
+import re
 
 from .phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 from .warmup import WARM_SQL
@@ -281,11 +282,22 @@ per-step comparisons do with the files' rows (``collectors._digest_queries``), s
 one more file's."""
 
 
-def merge_steps_sql(source: str, columns=None) -> str:
+_MERGE_READS: dict[str, frozenset[str]] = {
+    c: frozenset(name for name, _, _ in STEPS_COLUMNS if re.search(rf"\b{name}\b", MERGED_STEPS[c]))
+    for c, _, _ in STEPS_COLUMNS
+}
+"""The ``steps`` columns each merged column's SQL reads (``least`` also names the function: read as a column)."""
+
+
+def merge_steps_sql(source: str, columns=None, absent=frozenset()) -> str:
     """SELECT of one ``steps`` row per (step, warm) standing for all the rows of ``source`` (``MERGED_STEPS``):
-    every column, or those named in ``columns``."""
+    every column, or those named in ``columns``. A column whose SQL reads only columns in ``absent`` (NULL on
+    every row of ``source``) is NULL without being merged: a CPU job's digests hold no GPU figure, a GPU job's
+    no CPU-timed one, and their six aggregates were a quarter of a merge of 128 files' per-step parts."""
     cols = ", ".join(
-        f"CAST({MERGED_STEPS[c]} AS {t}) AS {c}" for c, t, _ in STEPS_COLUMNS if columns is None or c in columns
+        f"CAST({'NULL' if _MERGE_READS[c] <= absent else MERGED_STEPS[c]} AS {t}) AS {c}"
+        for c, t, _ in STEPS_COLUMNS
+        if columns is None or c in columns
     )
     return f"SELECT step, warm, {cols} FROM {source} GROUP BY step, warm"
 
@@ -307,11 +319,12 @@ MERGED_HIST: tuple[tuple[str, str, str], ...] = (
 """How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket): column, SQL, type."""
 
 
-def merge_part_sql(part: str, source: str) -> str:
+def merge_part_sql(part: str, source: str, absent=frozenset()) -> str:
     """SELECT of the rows of verdict part ``part`` in ``source`` merged into one per key, with the part's own
-    column types: the rows of many files read like those of one."""
+    column types: the rows of many files read like those of one. ``absent``: ``steps`` columns NULL on every
+    row of ``source`` (``merge_steps_sql``)."""
     if part == "steps":
-        return merge_steps_sql(source)
+        return merge_steps_sql(source, absent=absent)
     if part == "sums":
         cols = ", ".join(f"CAST({MERGED_SUMS[c]} AS {t}) AS {c}" for c, t, _ in SUMS_COLUMNS)
         return f"SELECT rank, warm, {cols} FROM {source} GROUP BY rank, warm"
