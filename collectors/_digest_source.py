@@ -47,7 +47,7 @@ class _Noted:
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
-        self.medians: dict[int, dict] = {}  # rank -> {figure: median} from the hist part
+        self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median} from the hist part
         self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
@@ -228,11 +228,12 @@ def _medians_from_part(con, noted: _Noted, kept) -> bool:
             cur.close()
         rank, figure = rows["rank"].astype(np.int64), rows["figure"].astype(np.int64)
         one_file_each = len(np.unique(rank * 256 + figure)) == len(rank)
-        medians: dict[int, dict] = {}
-        if one_file_each:
-            names = list(MEDIANS)
-            for r, f, m in zip(rank.tolist(), figure.tolist(), rows["median"].tolist()):
-                medians.setdefault(r, {})[names[f - 1]] = m
+        medians: dict[str, dict[int, float]] = {}
+        if one_file_each:  # a dict per figure from its rows' arrays: a loop over every (rank, figure) took 0.02 s
+            for position, name in enumerate(MEDIANS, 1):
+                at = figure == position
+                if at.any():
+                    medians[name] = dict(zip(rank[at].tolist(), rows["median"][at].tolist()))
         derived.update(medians=medians, median_figures=set(MEDIANS) if one_file_each else set())
         derived["one_file_each"] = one_file_each  # last: a reader that sees it finds the medians complete
     if not derived["one_file_each"]:
@@ -338,19 +339,21 @@ def rank_rows(con, sums: str) -> list[tuple[int, int]]:
     return rows
 
 
-def noted_medians(con) -> tuple[dict[int, dict], set[str]]:
-    """The per-rank medians ``keep_medians`` kept for ``con``, and the figures they hold."""
+def noted_medians(con) -> tuple[dict[str, dict[int, float]], set[str]]:
+    """The per-rank medians ``keep_medians`` kept for ``con`` ({figure: {rank: median}}), and the figures
+    they hold."""
     noted = _noted(con)
     return (noted.medians, noted.median_figures) if noted is not None else ({}, set())
 
 
-def keep_medians(con, medians: dict[int, dict], figures) -> dict[int, dict]:
-    """Add the per-rank medians of ``figures`` read from ``con``'s digests (they do not change with the
-    views) to those kept; returns all kept. One set: the digests serve one warm-up, their own."""
+def keep_medians(con, medians: dict[str, dict[int, float]], figures) -> dict[str, dict[int, float]]:
+    """Add the per-rank medians of ``figures`` ({figure: {rank: median}}) read from ``con``'s digests (they do
+    not change with the views) to those kept; returns all kept. One set: the digests serve one warm-up, their
+    own."""
     noted = _noted(con)
     if noted is None:
         return medians
-    for rank, found in medians.items():
-        noted.medians.setdefault(rank, {}).update(found)
+    for figure, by_rank in medians.items():
+        noted.medians.setdefault(figure, {}).update(by_rank)
     noted.median_figures.update(figures)
     return noted.medians

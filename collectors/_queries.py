@@ -119,10 +119,11 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
         return [dict(zip(_BREAKDOWN_ORDER, [row[i] for i in at])) for row in rows]
     at = [names.index(k) if k in names else None for k in _BREAKDOWN_ORDER]
     out, nothing = [], {}
+    period, compute = found.get("period", nothing), found.get("compute", nothing)
     for row in rows:
         r = dict(zip(_BREAKDOWN_ORDER, [None if i is None else row[i] for i in at]))
-        m = found.get(r["rank"], nothing)
-        r["step_median_s"], r["compute_median_s"] = m.get("period"), m.get("compute")
+        rank = r["rank"]
+        r["step_median_s"], r["compute_median_s"] = period.get(rank), compute.get(rank)
         out.append(r)
     return out
 

@@ -250,6 +250,7 @@ class _Checker:
 
     def __init__(self, path: str, errors: list[str], out: RuleSet) -> None:
         self.path, self.errors, self.out = path, errors, out
+        self._constructor: yaml.SafeLoader | None = None  # one per file: making one per value was a third of it
 
     def err(self, node, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -273,8 +274,10 @@ class _Checker:
         if not isinstance(node, yaml.ScalarNode):
             self.err(node, f"{what} must be a single value")
             return None
+        if self._constructor is None:
+            self._constructor = yaml.SafeLoader("")
         try:
-            value = yaml.SafeLoader("").construct_object(node, deep=True)
+            value = self._constructor.construct_object(node, deep=True)
         except yaml.YAMLError:
             value = None
         if isinstance(value, bool) and bool not in kinds:

@@ -89,9 +89,19 @@ class Frame:
             values = list(map(operator.itemgetter(name), self.rows))  # compute_features gives every name
         except KeyError:
             values = [row.get(name) for row in self.rows]
+        n = self.n
+        # Absent on every rank (a GPU figure of a CPU job) or one value on every rank (a job-level figure,
+        # the same object in each rank's dict): told apart by list.count, without an array of every rank.
+        if n and values.count(None) == n:
+            return _V(np.array([np.nan]), np.array([UNKNOWN], np.int8))
         kinds = set(map(type, values))
         if not kinds <= _NUMBER_TYPES:
             return None  # a string, a numpy scalar...: the per-rank evaluator's arithmetic is Python's
+        first = values[0] if n else None
+        if first is not None and values.count(first) == n:  # equal as Python compares: as float64 compares too
+            if int in kinds and abs(first) > _EXACT_INT:
+                return None  # Python's integers are exact beyond float64's
+            return _V(np.array([first], dtype=np.float64), None, int in kinds, bool in kinds)
         try:
             val = np.array(values, dtype=np.float64)  # None reads NaN; absent is kept in the status
         except (OverflowError, TypeError, ValueError):

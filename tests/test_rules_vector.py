@@ -210,6 +210,13 @@ rules:
     findings, frame = _same_as_per_rank(feats, rules)
     assert frame.fallbacks == ["big-int"]
     assert findings[0]["rule"] == "big-int" and findings[0]["ranks"] == [0, 2, 3]  # "1" + 1 is unknown
+    # One value on every rank (a job-level figure) is held as one element: exactly where float64 holds it.
+    feats = {r: {"rank": r, "steps": 3, "parameter_bytes": 2**60} for r in range(4)}
+    findings, frame = _same_as_per_rank(feats, rules)
+    assert frame.fallbacks == ["big-int"] and findings[0]["ranks"] == [0, 1, 2, 3]
+    feats = {r: {"rank": r, "steps": 3, "parameter_bytes": [1, 1.0, True, 1][r]} for r in range(4)}
+    findings, frame = _same_as_per_rank(feats, rules)
+    assert frame.fallbacks == [] and frame.column("parameter_bytes").val.shape == (1,)
 
 
 def _planted_frame(seed: int, ranks: int = 10_000) -> dict[int, dict]:
