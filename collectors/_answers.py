@@ -20,6 +20,7 @@ import json
 import math
 
 from ._run_state import state_of
+from ._tables import fetch_rows
 
 ANSWERS_TABLE = "_answers"
 """Store table: ``key`` (a hash of a query's SQL and parameters) -> ``answer`` (its column names and rows, JSON)."""
@@ -41,7 +42,7 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
             return names, [tuple(r) for r in rows]
     cur = con.execute(sql, list(params))
     names = [d[0] for d in cur.description]
-    rows = cur.fetchall()
+    rows = fetch_rows(cur)
     kept = state.recording if state is not None else None
     if kept is not None:
         text = _encode(names, rows)

@@ -15,6 +15,7 @@ from ranksight.format.verdict_digest import MEDIANS, figure_rows_sql, medians_of
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
 from ._digest_source import keep_medians, noted_medians, rank_rows
+from ._tables import fetch_rows
 
 
 def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
@@ -66,15 +67,16 @@ def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
     sql = f"""
         SELECT rank, any_value(node) AS node, sum(period_sum) AS run_time_s,
                sum(exposed_sum) AS exposed_sum, sum(allreduce_sum) AS allreduce_sum, sum(bytes_sum) AS bytes_sum,
-               sum(gpu_rows) AS gpu_rows, max(world_size) AS world_size,
+               CAST(sum(gpu_rows) AS BIGINT) AS gpu_rows, max(world_size) AS world_size,
                sum(grad_comm_sum) / nullif(sum(period_sum), 0) AS grad_comm_share,
                sum(blocked_sum) / nullif(sum(period_sum), 0) AS blocked_share,
-               sum(data_share_n) AS data_n, sum(data_share_sum) AS data_sum, sum(data_share_sq) AS data_sq
+               CAST(sum(data_share_n) AS BIGINT) AS data_n, sum(data_share_sum) AS data_sum,
+               sum(data_share_sq) AS data_sq
         FROM {parts["sums"]} WHERE NOT warm GROUP BY rank
     """
     cur = con.execute(sql)
     names = [d[0] for d in cur.description][:-3]  # the data share's count, sum and squares make its noise
-    rows = cur.fetchall()  # before the next query on ``con`` replaces this result
+    rows = fetch_rows(cur)  # before the next query on ``con`` replaces this result; counts as BIGINT for it
     found = medians(con, parts, warmup_steps) or {}
     nothing: dict = {}
     taken = [(key, found.get(figure, nothing)) for key, figure in _RANK_MEDIANS]

@@ -27,6 +27,7 @@ from ._tables import (
     SEGMENT_COLUMN,
     STORE_ALIAS,
     VERDICT_PART_TABLES,
+    fetch_rows,
     register_arrow,
     sql_literal,
     store_tables,
@@ -333,7 +334,7 @@ def rank_rows(con, sums: str) -> list[tuple[int, int]]:
     noted = _noted(con)
     if noted is not None and sums in noted.rank_rows:
         return noted.rank_rows[sums]
-    rows = con.execute(f"SELECT rank, sum(n) FROM {sums} GROUP BY rank").fetchall()
+    rows = fetch_rows(con.execute(f"SELECT rank, CAST(sum(n) AS BIGINT) FROM {sums} GROUP BY rank"))
     if noted is not None:
         noted.rank_rows[sums] = rows
     return rows

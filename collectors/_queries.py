@@ -103,7 +103,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
     sql = f"""
         WITH d AS (SELECT * FROM {digests}),
              total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
-             sums AS (SELECT rank, any_value(node) AS node, sum(d.n) AS steps,
+             sums AS (SELECT rank, any_value(node) AS node, CAST(sum(d.n) AS BIGINT) AS steps,
                              sum({step_sum}) / sum(d.n) AS step_mean_s,
                              coalesce(sum(allreduce_sum), 0) / nullif(sum({step_sum}), 0) AS allreduce_share,
                              sum(data_wait_host_sum) / nullif(sum({step_sum}), 0) AS data_wait_host_share,

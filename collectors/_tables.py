@@ -34,6 +34,25 @@ def quiet_connection():
     return con
 
 
+_EXACT_IN_NUMPY = frozenset(
+    {"BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+    | {"FLOAT", "DOUBLE", "VARCHAR"}
+)
+"""DuckDB result types whose values numpy carries unchanged to Python (``fetch_rows``): not HUGEINT (a sum of
+BIGINTs, float64 in numpy), DECIMAL, temporal or nested types."""
+
+
+def fetch_rows(cur) -> list[tuple]:
+    """The rows of ``cur``'s result as ``fetchall`` gives them (Python values, None for NULL), fetched column by
+    column where every column's type is one numpy carries unchanged (``_EXACT_IN_NUMPY``). Why: ``fetchall``
+    makes each value on its own; 10,000 ranks' rows of 13 columns took 0.023 s, numpy's columns and their
+    ``tolist`` 0.005 s."""
+    names = [d[0] for d in cur.description]
+    if len(set(names)) < len(names) or not all(str(d[1]) in _EXACT_IN_NUMPY for d in cur.description):
+        return cur.fetchall()  # numpy's columns come back by name: two of one name would be one
+    return list(zip(*(column.tolist() for column in cur.fetchnumpy().values())))
+
+
 def store_select(con, catalog: str, kind: str) -> str:
     """The SELECT a reader's view of ``kind`` makes over a store attached as ``catalog``: the schema's
     columns (an older store may lack newer ones: NULL for those), without the store's own ``_segment``."""
