@@ -14,7 +14,7 @@ from __future__ import annotations
 from ranksight.format.verdict_digest import MEDIANS, figure_rows_sql, medians_of, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
-from ._digest_source import keep_medians, noted_medians, rank_rows
+from ._digest_source import keep_medians, noted_medians, rank_summary
 from ._tables import fetch_rows
 
 
@@ -23,10 +23,10 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
     has more rows than it (so warm rows are left out everywhere, as the rows' ``kept`` does); else None."""
     if warmup_steps != WARMUP_STEPS:
         return None
-    rows = rank_rows(con, parts["sums"])
-    if not rows or any(is_short(n, warmup_steps) for _, n in rows):
+    ranks, fewest = rank_summary(con, parts["sums"])
+    if not ranks or is_short(fewest, warmup_steps):
         return None
-    return sorted(r for r, _ in rows)
+    return ranks
 
 
 def medians(con, parts: dict, warmup_steps: int) -> dict[str, dict[int, float]] | None:
@@ -142,7 +142,7 @@ def slowest_shares(con, parts: dict, warmup_steps: int, ranks: list[int], use_gp
     from the ``steps`` part; None (read the rows) unless ``ranks`` are exactly the digests' ranks."""
     if warmup_steps != WARMUP_STEPS:
         return None
-    if sorted(r for r, _ in rank_rows(con, parts["sums"])) != sorted(ranks):
+    if rank_summary(con, parts["sums"])[0] != sorted(ranks):
         return None
     col = "gpu_compute" if use_gpu else "compute"
     # the run is the group here: its warm steps stay when no step came after them (as the rows' query does)

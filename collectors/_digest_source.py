@@ -49,7 +49,7 @@ class _Noted:
         self.rows: int | None = None  # of the steps view
         self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
         self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median} from the hist part
-        self.rank_rows: dict[str, list] = {}  # sums part -> [(rank, rows)], asked by every figure (``rank_rows``)
+        self.rank_rows: dict = {}  # sums part -> [(rank, rows)] (``rank_rows``), and its ``rank_summary``
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
 
@@ -338,6 +338,21 @@ def rank_rows(con, sums: str) -> list[tuple[int, int]]:
     if noted is not None:
         noted.rank_rows[sums] = rows
     return rows
+
+
+def rank_summary(con, sums: str) -> tuple[list[int], int | None]:
+    """(the ranks of the ``sums`` part, sorted; the fewest step rows any of them has), found once per reading
+    from ``rank_rows``: each figure from the digests asks whether a rank is short of the warm-up (10,000
+    ranks checked one by one, four times per verdict)."""
+    noted = _noted(con)
+    key = ("summary", sums)
+    if noted is not None and key in noted.rank_rows:
+        return noted.rank_rows[key]
+    rows = rank_rows(con, sums)
+    summary = (sorted(r for r, _ in rows), min((n for _, n in rows), default=None))
+    if noted is not None:
+        noted.rank_rows[key] = summary
+    return summary
 
 
 def noted_medians(con) -> tuple[dict[str, dict[int, float]], set[str]]:

@@ -110,22 +110,26 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
                              {shares}
                       FROM d JOIN total USING (rank) WHERE {kept_sql("warm", short_sql("total.n"))} GROUP BY rank)
              {"" if found is not None else ", " + medians}
-        SELECT * FROM sums {"" if found is not None else "JOIN medians USING (rank)"} ORDER BY rank
+        SELECT {_breakdown_columns(found is None)}
+        FROM sums {"" if found is not None else "JOIN medians USING (rank)"} ORDER BY rank
     """
     params = [warmup_steps] if found is not None else [warmup_steps, warmup_steps, warmup_steps]
-    names, rows = query(con, sql, params)
-    if found is None:
-        at = [names.index(k) for k in _BREAKDOWN_ORDER]
-        return [dict(zip(_BREAKDOWN_ORDER, [row[i] for i in at])) for row in rows]
-    at = [names.index(k) if k in names else None for k in _BREAKDOWN_ORDER]
-    out, nothing = [], {}
-    period, compute = found.get("period", nothing), found.get("compute", nothing)
-    for row in rows:
-        r = dict(zip(_BREAKDOWN_ORDER, [None if i is None else row[i] for i in at]))
-        rank = r["rank"]
-        r["step_median_s"], r["compute_median_s"] = period.get(rank), compute.get(rank)
-        out.append(r)
+    rows = query(con, sql, params)[1]
+    out = [dict(zip(_BREAKDOWN_ORDER, row)) for row in rows]  # selected in its order: no reordering per row
+    if found is not None:
+        nothing: dict = {}
+        period, compute = found.get("period", nothing), found.get("compute", nothing)
+        for r in out:
+            rank = r["rank"]
+            r["step_median_s"], r["compute_median_s"] = period.get(rank), compute.get(rank)
     return out
+
+
+def _breakdown_columns(with_medians: bool) -> str:
+    """The SELECT list of ``_breakdown_from_digests`` in ``_BREAKDOWN_ORDER``: the medians NULL where the
+    histograms' are filled in after."""
+    later = () if with_medians else ("step_median_s", "compute_median_s")
+    return ", ".join(f"CAST(NULL AS DOUBLE) AS {k}" if k in later else k for k in _BREAKDOWN_ORDER)
 
 
 _BREAKDOWN_ORDER = (
