@@ -185,6 +185,14 @@ def _checked_fields(data: dict) -> tuple[dict, list[str]]:
             continue
         if value is None:
             continue
+        # What most fields are, taken as ``_fit`` takes them without its calls (10,000 ranks' files): a string
+        # where one is expected, an int (not a bool) within a float's range where an integer is.
+        kind_of = type(value)
+        if (kind_of is str and kind is _TEXT) or (
+            kind_of is int and kind is _INT and -_FLOAT_MAX <= value <= _FLOAT_MAX
+        ):
+            clean[key] = value
+            continue
         fitted = _fit(value, kind)
         if fitted is None:
             problems.append(f"{key} is {_shown(value)}, expected {kind}")
