@@ -412,6 +412,7 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
     no longer fit the tables (another definition) are left out with one warning line, and the verdict reads
     the rows."""
     import duckdb
+    import pyarrow as pa
 
     con.execute("BEGIN TRANSACTION")
     try:
@@ -420,7 +421,8 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
             try:
                 rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
                 if part == "steps":  # a row per step for the batch, not per step and file: merged as readers merge
-                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)")
+                    absent = frozenset(f.name for f in table.schema if pa.types.is_null(f.type))  # no file has them
+                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)", absent=absent)
                     rows = f"SELECT ?::VARCHAR AS key, NULL::VARCHAR AS {SEGMENT_COLUMN}, * FROM ({merged})"
                 con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
                 _add_new_columns(con, VERDICT_PART_TABLES[part], "_digest_part")
