@@ -509,7 +509,7 @@ def verdict_render_s(run_path: str | None) -> dict[str, float]:
     return out
 
 
-PAGE_ROUNDS = 3
+PAGE_ROUNDS = 5
 """Rounds of the Verdict page against the one-line page, taking turns on fresh servers: one visit varies by
 a fifth here, and a ratio of two single visits made minutes apart by more."""
 

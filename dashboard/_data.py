@@ -71,8 +71,9 @@ def pull(run_path: str, fn: Callable[..., Any], *args):
 
 
 def landing_drawn(run_path: str) -> None:
-    """The Verdict page is drawn: background work held back for it may start."""
-    _warm.release(run_path)
+    """The Verdict page's script has run: background work held back for it may start once the browser has
+    drawn it (``_warm.LANDING_GRACE_S``)."""
+    _warm.release(run_path, after_s=_warm.LANDING_GRACE_S)
 
 
 def skipped(run_path: str) -> list[str]:

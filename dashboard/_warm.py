@@ -36,6 +36,7 @@ class _Job:
     rollup: Any = None
     rollup_done: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    release_timer: Optional[threading.Timer] = None
 
 
 EXIT_WAIT_S = 8.0
@@ -131,11 +132,28 @@ def take_diagnosis(run_path: str, signature: tuple) -> Optional[dict]:
     return result
 
 
-def release(run_path: str) -> None:
-    """Let the warm-up build the rollup now: the landing page is drawn, or a page needs the rollup."""
+LANDING_GRACE_S = 2.0
+"""How long after the landing page's script has run the warm-up still holds back its other work (pandas' and
+altair's imports, the rollup): the browser draws what the script sent after the script ends, and on 2 cores
+that work beside it made the first render of a 1,024-rank store's Verdict page 1.5-1.8 s instead of 1.3-1.7
+s (docs/scale.md, "Scale v8"). A page that needs the rollup releases it at once (``release`` without a
+delay)."""
+
+
+def release(run_path: str, after_s: float = 0.0) -> None:
+    """Let the warm-up build the rollup: now (a page needs it), or ``after_s`` from now (the landing page's
+    script has run: ``LANDING_GRACE_S``)."""
     job = _jobs.get(run_path)
-    if job is not None:
+    if job is None or job.released.is_set():
+        return
+    if after_s <= 0:
         job.released.set()
+        return
+    with _lock:
+        if job.release_timer is None:  # the first drawing starts the wait; a redraw does not restart it
+            job.release_timer = threading.Timer(after_s, job.released.set)
+            job.release_timer.daemon = True
+            job.release_timer.start()
 
 
 def wait_released(run_path: str, timeout: float = HOLD_S) -> None:

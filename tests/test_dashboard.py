@@ -283,10 +283,20 @@ def test_server_warm_up_hands_over_the_diagnosis_and_rollup_once(demo_run, monke
         fresh["breakdown"]["ranks"][0]["data_wait_share"], rel=1e-9
     )
     assert _warm.take_diagnosis(demo_run, signature) is None  # handed over once
-    # The rollup (a scan of every step row) waits for the landing page to be drawn, or for a page needing it.
+    # The rollup (a scan of every step row) waits for the landing page to be drawn and a grace for the browser
+    # to draw it (a redraw does not restart the wait), or for a page needing it.
     time.sleep(1.0)
-    assert not _warm._jobs[demo_run].rollup_done.is_set()
+    job = _warm._jobs[demo_run]
+    assert not job.rollup_done.is_set()
+    _warm.release(demo_run, after_s=30.0)
+    timer = job.release_timer
+    _warm.release(demo_run, after_s=0.5)
+    assert job.release_timer is timer and not job.released.is_set()
+    time.sleep(1.0)
+    assert not job.released.is_set() and not job.rollup_done.is_set()
     _warm.release(demo_run)
+    assert job.released.is_set()
+    timer.cancel()
     rollup = _warm.take_rollup(demo_run)  # waits for it
     assert rollup is not None and rollup.version >= 1
     assert _warm.take_rollup(demo_run) is None
