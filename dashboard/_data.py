@@ -51,11 +51,12 @@ def prefetch(run_path: str) -> None:
     def build() -> None:
         try:
             _warm.wait_released(run_path)  # not while the landing page draws (see _warm.release)
-            _rollup(run_path)
+            if not _warm.stopping():  # released by the server's exit: nothing to build for
+                _rollup(run_path)
         except Exception:  # the page that needs it reports the problem in one line
             pass
 
-    threading.Thread(target=build, name="ranksight-rollup-prefetch", daemon=True).start()
+    _warm.background(build, (), "ranksight-rollup-prefetch")
 
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=256, show_spinner=False)

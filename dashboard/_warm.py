@@ -53,12 +53,24 @@ def start(run_path: str, with_rollup: bool = True) -> None:
     with _lock:
         if run_path in _jobs:
             return
-        job = _jobs[run_path] = _Job()
+        _jobs[run_path] = job = _Job()
+    background(_work, (run_path, job, with_rollup), "ranksight-warm")
+
+
+def background(target, args: tuple, name: str) -> None:
+    """Run ``target(*args)`` on a daemon thread that the interpreter's exit waits for while it is in a query
+    (``_leave_duckdb_before_exit``): the dashboard's work that no page waits for."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    with _lock:
         if not _threads:
             atexit.register(_leave_duckdb_before_exit)
-        thread = threading.Thread(target=_work, args=(run_path, job, with_rollup), name="ranksight-warm", daemon=True)
         _threads.append(thread)
     thread.start()
+
+
+def stopping() -> bool:
+    """Whether the interpreter is exiting: background work not started yet is not started."""
+    return _stopping.is_set()
 
 
 def _leave_duckdb_before_exit() -> None:

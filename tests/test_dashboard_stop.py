@@ -31,6 +31,22 @@ sys.exit(0)
 """
 
 
+EXIT_DURING_BACKGROUND_BUILD = """
+import sys, time
+from ranksight.collectors import open_run
+from ranksight.dashboard import _warm
+building = []
+def build():
+    building.append(1)
+    open_run(sys.argv[1]).rollup()  # every row folded: no digests here
+    open(sys.argv[2], "w").close()  # the build ended
+_warm.background(build, (), "ranksight-rollup-prefetch")  # as the dashboard prefetches a run's rollup
+time.sleep(0.4)
+print("building" if building == [1] else "not building", flush=True)
+sys.exit(0)
+"""
+
+
 def _big_run(root) -> str:
     """1 M step rows in node files: a diagnosis that takes a second or more on 2 cores."""
     run = os.path.join(str(root), "big")
@@ -74,3 +90,17 @@ def test_a_server_exiting_while_its_warm_up_queries_exits_cleanly(tmp_path):
     assert proc.returncode == 0, proc.stderr[-800:]
     assert "terminate called" not in proc.stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_server_exiting_while_a_background_rollup_builds_exits_cleanly(tmp_path):
+    """The rollup a page prefetches is built on a background thread (``_warm.background``) that the exit waits
+    for too: the landing page releases it two seconds after its script has run, when a server may be stopping.
+    An untracked daemon thread here was stopped inside the build at exit and aborted the process (SIGABRT)."""
+    run = _big_run(tmp_path)
+    ended = tmp_path / "ended"
+    command = [sys.executable, "-c", EXIT_DURING_BACKGROUND_BUILD, run, str(ended)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "building"  # the exit came while the rollup was being built
+    assert ended.exists()  # and waited for it, rather than stopping the thread wherever it was
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert "terminate called" not in proc.stderr
