@@ -131,6 +131,7 @@ _schemas: dict[bytes, object] = {}
 """A part's schema message -> its schema (None: one with dictionaries), for ``_one_batch``: a few per digest
 definition (its parts, and the columns each file leaves out)."""
 _KEPT_SCHEMAS = 64
+_UNSEEN = object()
 
 
 def _one_batch(body):
@@ -147,13 +148,15 @@ def _one_batch(body):
         return None
     length = int.from_bytes(head[4:], "little")
     key = body.slice(_STREAM_AT + 8, length).to_pybytes()
-    if key not in _schemas:
+    schema = _schemas.get(key, _UNSEEN)
+    if schema is _UNSEEN:
         schema = pa.ipc.read_schema(body.slice(_STREAM_AT))
+        # A schema with dictionaries has their batches before the record batch: read as an IPC file.
+        if any(pa.types.is_dictionary(f.type) for f in schema):
+            schema = None
         if len(_schemas) >= _KEPT_SCHEMAS:
             _schemas.clear()
-        # A schema with dictionaries has their batches before the record batch: read as an IPC file.
-        _schemas[key] = None if any(pa.types.is_dictionary(f.type) for f in schema) else schema
-    schema = _schemas[key]
+        _schemas[key] = schema
     if schema is None:
         return None
     at = _STREAM_AT + 8 + length
