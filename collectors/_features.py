@@ -13,6 +13,7 @@ Warm-up steps (compilation, allocator growth, DDP bucket rebuild) are left out o
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Iterator, Mapping
 
@@ -230,7 +231,9 @@ def compute_features(
     row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
     sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
-    blank = dict.fromkeys(FEATURES)  # copied per rank: a tenth of building each from the names (10,000 ranks)
+    # Copied per rank: a tenth of building each from the names (10,000 ranks). It holds what a rank with no
+    # compile record and nothing sampled has, so only the ranks that have them are written (``_compile_into``).
+    blank = {**dict.fromkeys(FEATURES), **_NOT_COMPILED}
     # Each rank's figures are written into its copy by the ``_*_into`` helpers, not returned as a dict per
     # helper and merged with ``update``: 10,000 ranks x four dicts (docs/scale.md "Scale v6").
     for rank in ranks:
@@ -241,18 +244,23 @@ def compute_features(
         row = row_by_rank.get(rank)
         if row is not None:
             _steps_into(f, row, stats.get(rank, _NOTHING))
-        _compile_into(f, compile_counts.get(rank, _NOTHING), model_class)
+        counts = compile_counts.get(rank)
+        if counts or model_class == "OptimizedModule":
+            _compile_into(f, counts or _NOTHING, model_class)
         if rank in sampled:
             f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         _host_into(f, meta, samples, rank, local_sizes.get(rank))
-        f["recompile_excess_share"] = excess.get(rank) if f["recompiles_after_warmup"] else None
+        if f["recompiles_after_warmup"]:
+            f["recompile_excess_share"] = excess.get(rank)
         busy = _untraced_shares(f, windows[rank]) if rank in windows else f["kernel_busy_ratio"]
         if f["gpu_utilization_ratio"] is not None:
             f["gpu_utilization_samples"] = steady.get((rank, "gpu_utilization_ratio"), 0)
         if busy is None and steady and steady.get((rank, "gpu_utilization_ratio"), 0) >= NVML_STEADY_SAMPLES:
             busy = f["gpu_utilization_ratio"]
-        f["gpu_busy_ratio"] = busy
-        f["h2d_gap_share"] = h2d_gap_share(f) if f["h2d_copy_ratio"] is not None else None
+        if busy is not None:
+            f["gpu_busy_ratio"] = busy
+        if f["h2d_copy_ratio"] is not None:
+            f["h2d_gap_share"] = h2d_gap_share(f)
         if backend == "nccl":
             # NCCL completes its futures when the collective is enqueued: host all-reduce times say nothing
             # (exposed comm comes from the GPU's clock instead, see PHASE_SQL).
@@ -609,22 +617,37 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
 
 _PHASE_SHARES = tuple(f"{p[:-2]}_share" for p in PHASES)
 """The breakdown's share columns, named once (not per rank)."""
+_ROW_FEATURES = (
+    "steps",
+    "step_median_s",
+    "step_mean_s",
+    "compute_median_s",
+    "allreduce_share",
+    "data_wait_host_share",
+    *_PHASE_SHARES,
+)
+"""The features a rank's breakdown row gives as they are (the row's keys of the same names)."""
+_row_values = operator.itemgetter(*_ROW_FEATURES)
+_STATS_FEATURES = (
+    ("run_time_s", "run_time_s"),
+    ("grad_comm_share", "grad_comm_share"),
+    ("comm_blocked_share", "blocked_share"),
+    ("data_wait_share_noise", "data_noise"),
+    ("collectives_per_step", "collectives_per_step"),
+    ("collective_bytes_per_step", "collective_bytes_per_step"),
+)
+"""The features a rank's step statistics give as they are: (feature, the statistics' key)."""
 
 
 def _steps_into(f: dict, row: dict, stats: dict) -> None:
-    """The rank's breakdown row and step statistics into ``f``."""
-    f["steps"], f["step_median_s"], f["step_mean_s"] = row["steps"], row["step_median_s"], row["step_mean_s"]
-    f["compute_median_s"], f["allreduce_share"] = row["compute_median_s"], row["allreduce_share"]
-    f["data_wait_host_share"] = row["data_wait_host_share"]
-    for name in _PHASE_SHARES:
-        f[name] = row[name]
+    """The rank's breakdown row and step statistics into ``f``; the row's figures taken in one call (10,000
+    ranks: a lookup and a store each took twice as long)."""
+    f.update(zip(_ROW_FEATURES, _row_values(row)))
     f["data_measured"] = int(f["data_wait_share"] is not None)
-    f["run_time_s"] = stats.get("run_time_s")
-    f["grad_comm_share"] = grad = stats.get("grad_comm_share")
-    f["comm_blocked_share"] = stats.get("blocked_share")
-    f["data_wait_share_noise"] = stats.get("data_noise")
-    f["collectives_per_step"] = stats.get("collectives_per_step")
-    f["collective_bytes_per_step"] = stats.get("collective_bytes_per_step")
+    get = stats.get
+    for name, key in _STATS_FEATURES:
+        f[name] = get(key)
+    grad = f["grad_comm_share"]
     if f["compute_share"] and grad is not None:
         f["comm_to_compute"] = grad / f["compute_share"]
     allreduce_sum, exposed_sum = stats.get("allreduce_sum"), stats.get("exposed_sum")
@@ -636,6 +659,10 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
     f["grad_bytes_per_step"] = stats.get("grad_bytes_per_step")
     if stats.get("world_size"):
         f["world_size"] = int(stats["world_size"])
+
+
+_NOT_COMPILED = {"graph_breaks": 0, "recompiles": 0, "recompiles_after_warmup": 0, "compiled": 0}
+"""``_compile_into``'s figures for a rank with no compile record whose model is not an ``OptimizedModule``."""
 
 
 def _compile_into(f: dict, counts: dict, model_class: str | None) -> None:
@@ -737,17 +764,17 @@ def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:
     if median_compute and w["grad_floor_share"] is not None:
         shared["comm_floor_to_compute"] = w["grad_floor_share"] / median_compute
     if len(reporting) >= 2:
-        per_rank = w["per_rank"]
+        per_rank = w["per_rank"]  # the ranks that arrived last at some step: most of a large job's never did
         for r in reporting:
-            per = per_rank.get(r, _NEVER_LAST)
+            per = per_rank.get(r)
             f = feats[r]
+            if per is None:  # no late step: nothing its lateness costs (work_explained stays unknown)
+                f["least_wait_step_share"] = f["straggler_cost_share"] = f["straggler_cost_share_noise"] = 0.0
+                continue
             f["least_wait_step_share"] = per["least_share"]
             f["straggler_cost_share"] = per["cost_share"]
             f["straggler_cost_share_noise"] = per["cost_noise"]
-            f["straggler_work_explained"] = per.get("work_explained")
+            f["straggler_work_explained"] = per["work_explained"]
         shared["least_wait_top_share"] = max(feats[r]["least_wait_step_share"] for r in reporting)
     return shared
 
-
-_NEVER_LAST = {"least_share": 0.0, "cost_share": 0.0, "cost_noise": 0.0}
-"""The wait figures of a rank no step names as the last to arrive."""

@@ -210,9 +210,10 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     *floor*: DDP's share is the least exposed all-reduce, the blocking collectives' share the rest of
     that least total wait); how much longer the next-least-waiting rank waited is what that last arrival cost the
     step (fixing it gives that back, not more: the next rank is then the last). Returns the floors'
-    shares of the period sum with their per-step spread, the imbalance share, and per rank the share
-    of steps it arrived last, the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that
-    cost its extra thread CPU time accounts for; None when no step has every rank.
+    shares of the period sum with their per-step spread, the imbalance share, and per rank that arrived
+    last at some step (``per_rank``; a rank absent from it never did) the share of steps it arrived last,
+    the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that cost its extra thread CPU time
+    accounts for; None when no step has every rank.
     """
     parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
     rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
@@ -262,11 +263,10 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
     for i, ((gap, least), r) in enumerate(zip(gaps, rows)):
         last.setdefault(least, []).append(gap / r[1])
         steps_last.setdefault(least, []).append(i)
-    per_rank = {}
+    per_rank = {}  # only the ranks that arrived last at some step: most ranks of a large job never did
     for rank in ranks:  # one pass per rank over its own late steps, not over every step (1,024 x 10,000)
         mine = last.get(rank)
-        if mine is None:  # never the last to arrive: most ranks of a large job, their figures all nothing
-            per_rank[rank] = {"least_share": 0.0, "cost_share": 0.0, "cost_noise": 0.0, "work_explained": None}
+        if mine is None:
             continue
         late = [rows[i] for i in steps_last.get(rank, ())]
         waited = sum(gaps[i][0] for i in steps_last.get(rank, ()))

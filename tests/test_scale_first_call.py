@@ -141,18 +141,23 @@ def test_a_rank_file_is_read_whole_in_one_opening_with_its_own_time(tmp_path):
         _read_whole(str(folder / "rank-00009.json"))
 
 
-def test_a_rank_never_last_at_a_collective_gets_the_figures_of_no_late_step():
+def test_a_rank_never_last_at_a_collective_gets_the_figures_of_no_late_step(monkeypatch):
+    from ranksight.collectors import _features
+    from ranksight.collectors._features import FEATURES, _wait_figures
+
     # (step, period, grad floor, _, timed, least, second, least rank, extra cpu, cpu, busy) as wait_rows gives them
     rows = [(s, 0.1, 0.01, None, True, 0.002, 0.004 + 0.001 * s, s % 2, 0.001, 0.01, 0.02) for s in range(6)]
     found = _wait_figures_of(rows, [0, 1, 2, 3])
-    for rank in (2, 3):  # never the least waiting: nothing is theirs
-        assert found["per_rank"][rank] == {
-            "least_share": 0.0,
-            "cost_share": 0.0,
-            "cost_noise": 0.0,
-            "work_explained": None,
-        }
-    for rank in (0, 1):  # the ranks the others waited for: half the steps each
+    assert list(found["per_rank"]) == [0, 1]  # only the ranks the others waited for: ranks 2 and 3 never were
+    for rank in (0, 1):  # half the steps each
         per = found["per_rank"][rank]
         assert per["least_share"] == 0.5 and per["cost_share"] > 0 and per["cost_noise"] > 0
-    assert list(found["per_rank"]) == [0, 1, 2, 3]
+    monkeypatch.setattr(_features, "wait_asymmetry", lambda con, w, s, ranks: _wait_figures_of(rows, ranks))
+    feats = {r: {**dict.fromkeys(FEATURES), "rank": r, "compute_share": 0.5} for r in range(5)}
+    _wait_figures(None, 5, None, feats, [0, 1, 2, 3])  # rank 4 reports nothing
+    for rank in (2, 3):  # never the least waiting: nothing is theirs, and nothing explains a lateness
+        f = feats[rank]
+        assert (f["least_wait_step_share"], f["straggler_cost_share"], f["straggler_cost_share_noise"]) == (0, 0, 0)
+        assert f["straggler_work_explained"] is None
+    assert feats[0]["least_wait_step_share"] == 0.5 and feats[0]["straggler_cost_share"] > 0
+    assert feats[4]["least_wait_step_share"] is None  # not a reporting rank: unknown, not 0
