@@ -922,6 +922,9 @@ def main() -> None:
     first.add_argument(
         "--old-site", help="an older commit's pip --target folder, timed in each round too (first; store's ingest)"
     )
+    first.add_argument(
+        "--job-ranks", action="store_true", help="rank files holding a DDP rank's sections, as a job writes them"
+    )
     parser.add_argument("--live-repeats", type=int, default=3, help="live section (on --store-ranks x --store-steps)")
     nodes = parser.add_argument_group("nodes section")
     nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
@@ -966,7 +969,7 @@ def main() -> None:
             print(json.dumps(figures["dashboard"]), flush=True)
         if "first" in sections:
             figures["first"] = first_call_figures(
-                base, args.first_ranks, args.first_steps, args.rounds, build_spool, args.old_site
+                base, args.first_ranks, args.first_steps, args.rounds, build_spool, args.old_site, args.job_ranks
             )
             first = figures["first"]
             first["ratio_to_floor"] = ratios_to_floor(first)
