@@ -167,6 +167,14 @@ def _reusable(fold: KeptPart | None, signatures: dict) -> KeptPart | None:
     return fold
 
 
+def null_columns(table) -> frozenset[str]:
+    """The columns of a pyarrow ``table`` of NULL type: those every digest file it joins left out
+    (``concat_part``), which a merge leaves NULL without aggregating them (``merge_steps_sql``'s ``absent``)."""
+    import pyarrow as pa
+
+    return frozenset(f.name for f in table.schema if pa.types.is_null(f.type))
+
+
 def _concat(tables: list):
     import pyarrow as pa
 
@@ -178,12 +186,10 @@ def _merged(con, part: str, tables):
     import pyarrow as pa
 
     source = tables if isinstance(tables, pa.Table) else pa.concat_tables(tables, promote_options="permissive")
-    # Columns every file left out (``concat_part`` made them NULL-typed) are NULL merged too: not aggregated.
-    absent = frozenset(f.name for f in source.schema if pa.types.is_null(f.type))
     cur = con.cursor()
     try:
         cur.register("_ranksight_part", source)
-        result = cur.sql(merge_part_sql(part, "_ranksight_part", absent))
+        result = cur.sql(merge_part_sql(part, "_ranksight_part", null_columns(source)))
         return (getattr(result, "to_arrow_table", None) or result.arrow)()  # DuckDB 2's name, and 1.x's
     finally:
         cur.close()

@@ -49,7 +49,7 @@ class _Noted:
         self.rows: int | None = None  # of the steps view
         self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
         self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median} from the hist part
-        self.rank_rows: dict = {}  # sums part -> [(rank, rows)] (``rank_rows``), and its ``rank_summary``
+        self.rank_summaries: dict[str, tuple] = {}  # sums part -> its ``rank_summary``
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
 
@@ -328,30 +328,17 @@ def _share_medians(noted: _Noted, derived: dict) -> None:
     noted.median_figures = derived.setdefault("median_figures", set())
 
 
-def rank_rows(con, sums: str) -> list[tuple[int, int]]:
-    """(rank, step rows) of each rank in the ``sums`` part registered as ``sums``, read once per reading: the
-    part does not change, and each figure from the digests asks first (three times per verdict)."""
-    noted = _noted(con)
-    if noted is not None and sums in noted.rank_rows:
-        return noted.rank_rows[sums]
-    rows = fetch_rows(con.execute(f"SELECT rank, CAST(sum(n) AS BIGINT) FROM {sums} GROUP BY rank"))
-    if noted is not None:
-        noted.rank_rows[sums] = rows
-    return rows
-
-
 def rank_summary(con, sums: str) -> tuple[list[int], int | None]:
-    """(the ranks of the ``sums`` part, sorted; the fewest step rows any of them has), found once per reading
-    from ``rank_rows``: each figure from the digests asks whether a rank is short of the warm-up (10,000
-    ranks checked one by one, four times per verdict)."""
+    """(the ranks of the ``sums`` part registered as ``sums``, sorted; the fewest step rows any of them has),
+    found once per reading: the part does not change, and each figure from the digests asks whether a rank is
+    short of the warm-up (10,000 ranks, four times per verdict)."""
     noted = _noted(con)
-    key = ("summary", sums)
-    if noted is not None and key in noted.rank_rows:
-        return noted.rank_rows[key]
-    rows = rank_rows(con, sums)
+    if noted is not None and sums in noted.rank_summaries:
+        return noted.rank_summaries[sums]
+    rows = fetch_rows(con.execute(f"SELECT rank, CAST(sum(n) AS BIGINT) FROM {sums} GROUP BY rank"))
     summary = (sorted(r for r, _ in rows), min((n for _, n in rows), default=None))
     if noted is not None:
-        noted.rank_rows[key] = summary
+        noted.rank_summaries[sums] = summary
     return summary
 
 

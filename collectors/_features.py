@@ -25,6 +25,7 @@ from ._answers import query
 from ._digest_source import digests_may_serve, expect_verdict, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
+    BREAKDOWN_COLUMNS,
     PHASES,
     collective_ops,
     rank_step_stats,
@@ -617,16 +618,8 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
 
 _PHASE_SHARES = tuple(f"{p[:-2]}_share" for p in PHASES)
 """The breakdown's share columns, named once (not per rank)."""
-_ROW_FEATURES = (
-    "steps",
-    "step_median_s",
-    "step_mean_s",
-    "compute_median_s",
-    "allreduce_share",
-    "data_wait_host_share",
-    *_PHASE_SHARES,
-)
-"""The features a rank's breakdown row gives as they are (the row's keys of the same names)."""
+_ROW_FEATURES = tuple(k for k in BREAKDOWN_COLUMNS if k not in ("rank", "node"))
+"""The features a rank's breakdown row gives as they are: its keys but the rank's identity."""
 _row_values = operator.itemgetter(*_ROW_FEATURES)
 _STATS_FEATURES = (
     ("run_time_s", "run_time_s"),

@@ -115,7 +115,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
     """
     params = [warmup_steps] if found is not None else [warmup_steps, warmup_steps, warmup_steps]
     rows = query(con, sql, params)[1]
-    out = [dict(zip(_BREAKDOWN_ORDER, row)) for row in rows]  # selected in its order: no reordering per row
+    out = [dict(zip(BREAKDOWN_COLUMNS, row)) for row in rows]  # selected in its order: no reordering per row
     if found is not None:
         nothing: dict = {}
         period, compute = found.get("period", nothing), found.get("compute", nothing)
@@ -126,13 +126,13 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
 
 
 def _breakdown_columns(with_medians: bool) -> str:
-    """The SELECT list of ``_breakdown_from_digests`` in ``_BREAKDOWN_ORDER``: the medians NULL where the
+    """The SELECT list of ``_breakdown_from_digests`` in ``BREAKDOWN_COLUMNS``: the medians NULL where the
     histograms' are filled in after."""
     later = () if with_medians else ("step_median_s", "compute_median_s")
-    return ", ".join(f"CAST(NULL AS DOUBLE) AS {k}" if k in later else k for k in _BREAKDOWN_ORDER)
+    return ", ".join(f"CAST(NULL AS DOUBLE) AS {k}" if k in later else k for k in BREAKDOWN_COLUMNS)
 
 
-_BREAKDOWN_ORDER = (
+BREAKDOWN_COLUMNS = (
     "rank",
     "node",
     "steps",
@@ -143,6 +143,7 @@ _BREAKDOWN_ORDER = (
     "data_wait_host_share",
     *(f"{p[:-2]}_share" for p in PHASES),
 )
+"""A breakdown row's keys, in order (``step_breakdown``'s rows from the digests)."""
 
 
 def mean_error(values: list[float]) -> float | None:

@@ -30,6 +30,7 @@ from ranksight.format.verdict_digest import merge_steps_sql
 
 from ._answer_file import GENERATION_KEY, generation_of, new_generation, remove_other_answers
 from ._answers import ANSWERS_TABLE
+from ._digest_fold import null_columns
 from ._run import open_run
 from ._run_state import state_of
 from ._rundir import (
@@ -412,7 +413,6 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
     no longer fit the tables (another definition) are left out with one warning line, and the verdict reads
     the rows."""
     import duckdb
-    import pyarrow as pa
 
     con.execute("BEGIN TRANSACTION")
     try:
@@ -421,8 +421,7 @@ def _append_verdict_parts(con, key: str, parts: dict) -> None:
             try:
                 rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
                 if part == "steps":  # a row per step for the batch, not per step and file: merged as readers merge
-                    absent = frozenset(f.name for f in table.schema if pa.types.is_null(f.type))  # no file has them
-                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)", absent=absent)
+                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)", absent=null_columns(table))
                     rows = f"SELECT ?::VARCHAR AS key, NULL::VARCHAR AS {SEGMENT_COLUMN}, * FROM ({merged})"
                 con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
                 _add_new_columns(con, VERDICT_PART_TABLES[part], "_digest_part")

@@ -537,7 +537,7 @@ def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_
     """``_digest_fold._merged`` leaves the per-step columns that every file left out out of the merge (NULL),
     and gives what the full merge gives: here two files of one rank each hold no second-least wait of their
     own, yet two files' least waits make one, and neither has CPU-timed or GPU figures."""
-    from ranksight.collectors._digest_fold import _merged
+    from ranksight.collectors._digest_fold import _merged, null_columns
     from ranksight.format.digest import digest_of
     from ranksight.format.digest_file import concat_part
     from ranksight.format.verdict_digest import merge_part_sql
@@ -558,7 +558,7 @@ def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_
     parts = [digest_of(table.filter(rank == r))[1]["steps"] for r in (6, 7)]
     assert not any("second" in p.column_names or "least_cpu" in p.column_names for p in parts)
     files = concat_part("steps", parts)
-    absent = {f.name for f in files.schema if pa.types.is_null(f.type)}
+    absent = null_columns(files)
     assert {"second", "least_cpu", "cpu_key_rank", "gpu_compute_rank"} <= absent
     assert "cpu_key_rank" in merge_part_sql("steps", "f") and "cpu_key_rank':" not in merge_part_sql(
         "steps", "f", frozenset(absent)
