@@ -10,14 +10,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ._scenarios import describe, run_scenario  # noqa: E402
+from ._scenarios import describe, past_real_stragglers, run_scenario  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def test_data_dependent_branch_and_ragged_batches_are_graph_breaks(tmp_path):
     result = run_scenario(tmp_path, "graph-break")
-    first = result["findings"][0]
+    first = past_real_stragglers(result)[0]
     assert (first["axis"], first["rule"]) == ("parallelism", "graph-breaks"), describe(result)
     assert first["ranks"] == [0, 1] and first["evidence"]["graph_breaks"] >= 1
     assert "recompiles" in [f["rule"] for f in result["findings"]]
@@ -27,13 +27,10 @@ def test_data_dependent_branch_and_ragged_batches_are_graph_breaks(tmp_path):
 
 def test_find_unused_parameters_on_a_fully_used_model(tmp_path):
     result = run_scenario(tmp_path, "unused-params")
-    findings = result["findings"]
     # On this 2-vCPU machine one rank's thread sometimes needs ~30 % more CPU time for the same work for a
     # whole run (its vCPU is slower): a real straggler then costs more than the scan's estimated 2 % and
     # rightly comes first. It must show that extra CPU time; nothing else may outrank the planted fault.
-    while findings and findings[0]["rule"] == "straggler":
-        assert findings[0]["evidence"]["straggler_work_explained"] >= 0.5, describe(result)
-        findings = findings[1:]
+    findings = past_real_stragglers(result)
     first = findings[0]
     assert (first["axis"], first["rule"]) == ("parallelism", "unused-parameter-scan"), describe(result)
     assert first["severity"] == "warning"
