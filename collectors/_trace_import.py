@@ -83,10 +83,12 @@ class _File:
     pid: int = 0
     events: int = 0
     damage: Optional[str] = None
+    not_trace: Optional[str] = None  # why the file is no trace at all: it is left out, not imported
 
 
 def find_trace_files(paths: Iterable[str]) -> list[str]:
     """Trace files named by ``paths``: files as given, folders searched for ``*.json`` / ``*.json.gz``."""
+    paths = list(paths)
     found: list[str] = []
     for path in paths:
         if os.path.isdir(path):
@@ -98,7 +100,10 @@ def find_trace_files(paths: Iterable[str]) -> list[str]:
         else:
             raise RunDirError(f"{path}: no such file or folder")
     if not found:
-        raise RunDirError(f"no trace files (*.json, *.json.gz) in {', '.join(paths)}")
+        empty = [p for p in paths if os.path.isdir(p) and not any(files for _, _, files in os.walk(p))]
+        if empty and len(empty) == len(paths):
+            raise RunDirError(f"{', '.join(empty)}: an empty folder, no trace files (*.json, *.json.gz) to import")
+        raise RunDirError(f"no trace files (*.json, *.json.gz) in {', '.join(paths)}: nothing imported")
     return found
 
 
@@ -146,10 +151,31 @@ def _describe_damage(exc: BaseException, read: int, size: int) -> str:
     return f"damaged near byte {read:,} of {size:,} ({what})"
 
 
-def _read_header(f: _File) -> str:
-    """Read the metadata before ``traceEvents`` (rank, world size, clock base); return the events' prefix."""
+def _first_byte(fh) -> bytes:
+    """The first byte that is not white space (a JSON trace's is ``{`` or ``[``), reading at most 4 KiB."""
+    head = fh.read(4096)
+    return head.lstrip()[:1]
+
+
+def _read_header(f: _File) -> Optional[str]:
+    """Read the metadata before ``traceEvents`` (rank, world size, clock base); return the events' prefix,
+    or None (with ``f.not_trace`` saying why) for a file that is no trace: not JSON, or JSON without events."""
     import ijson
 
+    name = os.path.basename(f.path)
+    try:
+        with _open(f.path) as (fh, _):
+            first = _first_byte(fh)
+    except _DAMAGE as exc:  # a .gz that does not even start: damaged, not a trace of ours to judge
+        f.not_trace = f"{name} is not a torch.profiler trace: it cannot be read ({str(exc)[:60] or type(exc).__name__})"
+        return None
+    if not first:
+        f.not_trace = f"{name} is not a torch.profiler trace: it is empty"
+        return None
+    if first not in (b"{", b"["):
+        shown = first.decode("latin-1")
+        f.not_trace = f"{name} is not a torch.profiler trace: it is not JSON (it starts with {shown!r}, not '{{')"
+        return None
     with _open(f.path) as (fh, counting):
         try:
             for prefix, event, value in ijson.parse(fh, use_float=True):
@@ -173,7 +199,9 @@ def _read_header(f: _File) -> str:
                     f.device.setdefault("total_memory_bytes", int(value))
         except (*_DAMAGE, ijson.JSONError) as exc:
             f.damage = _describe_damage(exc, counting.count, os.path.getsize(f.path))
-    return "traceEvents.item"
+            return "traceEvents.item"  # cut or damaged in its header: what comes before the damage, if any
+    f.not_trace = f"{name} is not a torch.profiler trace: a JSON object without traceEvents"
+    return None
 
 
 def _lane(value) -> int:
@@ -289,17 +317,19 @@ def import_traces(
         if progress is not None:
             progress(read[0], total)
 
+    if run_id is not None:
+        _check_run_id(run_root, run_id)
     prefixes = [_read_header(f) for f in files]
+    skipped = [f.not_trace for f in files if f.not_trace]
+    files = [f for f, prefix in zip(files, prefixes) if prefix is not None]
+    prefixes = [p for p in prefixes if p is not None]
+    if not files:
+        raise RunDirError(_nothing_imported(skipped))
     _assign_ranks(files)
-    run_id = run_id or _run_id(job, files)
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", run_id):
-        raise RunDirError(f"run id {run_id!r}: use letters, digits and -_. (no leading dot)")
-    run_path = os.path.join(run_root, run_id)
-    if os.path.exists(os.path.join(run_path, RANKS_DIR)):
-        raise RunDirError(f"{run_path} already exists: pass another --run-id or remove it")
-    result = ImportResult(run_path=run_path, files=len(files))
+    result = ImportResult(run_path="", files=len(files), problems=[f"{line}: left out" for line in skipped])
 
     tmp = tempfile.mkdtemp(prefix="ranksight-import-")
+    con = None
     try:
         con = duckdb.connect(os.path.join(tmp, "events.duckdb"))
         con.execute(f"SET memory_limit = '{SPILL_MEMORY_LIMIT}'")
@@ -315,6 +345,14 @@ def import_traces(
             else:
                 advance(os.path.getsize(f.path))
             result.events += f.events
+        # Nothing is written before the traces are known to hold a complete step: a file that is no trace or
+        # one cut before its first step leaves no run behind (a run of no steps would only be listed, empty).
+        stepped = _files_with_steps(con, files)
+        if not stepped:
+            raise RunDirError(_nothing_imported(skipped + [_why_no_steps(f) for f in files]))
+        run_id = run_id or _run_id(job, files, _first_event_ns(con))
+        run_path = _check_run_id(run_root, run_id)
+        result.run_path = run_path
         os.makedirs(os.path.join(run_path, RANKS_DIR), exist_ok=True)
         world = max([f.world_size or 0 for f in files] + [max(f.rank for f in files) + 1])
         result.world_size = world
@@ -324,8 +362,9 @@ def import_traces(
             result.ranks[rank] = steps
             result.gpu = result.gpu or gpu
             result.problems += lines
-        con.close()
     finally:
+        if con is not None:
+            con.close()
         shutil.rmtree(tmp, ignore_errors=True)
     missing = sorted(set(range(world)) - set(result.ranks))
     if missing:
@@ -350,8 +389,51 @@ def _assign_ranks(files: list[_File]) -> None:
             f.rank = next(spare)
 
 
-def _run_id(job: str, files: list[_File]) -> str:
-    stamp = min((f.base_ns for f in files if f.base_ns), default=None)
+def _check_run_id(run_root: str, run_id: str) -> str:
+    """The new run's folder; raises ``RunDirError`` for an id that is no folder name or a run that exists."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", run_id):
+        raise RunDirError(f"run id {run_id!r}: use letters, digits and -_. (no leading dot)")
+    run_path = os.path.join(run_root, run_id)
+    if os.path.exists(os.path.join(run_path, RANKS_DIR)):
+        raise RunDirError(f"{run_path} already exists: pass another --run-id or remove it")
+    return run_path
+
+
+def _files_with_steps(con, files: list[_File]) -> set[int]:
+    """Indexes of the files holding at least one complete ``ProfilerStep#N`` span."""
+    rows = con.execute(
+        f"SELECT DISTINCT file FROM ev WHERE kind = 'ann' AND name LIKE '{STEP_MARK}%' "
+        f"AND TRY_CAST(substr(name, {len(STEP_MARK) + 1}) AS BIGINT) IS NOT NULL"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def _why_no_steps(f: _File) -> str:
+    name = os.path.basename(f.path)
+    if f.damage:
+        return f"{name} is {f.damage}, before its first complete profiled step"
+    if not f.events:
+        return f"{name} holds no trace events"
+    return f"{name} has no {STEP_MARK}N marks (profile with a schedule and call prof.step() each step)"
+
+
+def _nothing_imported(reasons: list[str]) -> str:
+    """One line: why no file gave a step, file by file (the first three, then how many more)."""
+    shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+    return f"nothing imported, no run written: {shown}"
+
+
+def _first_event_ns(con) -> dict[int, int]:
+    """Per file, its first event's start on the trace's own clock (before ``baseTimeNanoseconds``)."""
+    return dict(con.execute("SELECT file, min(start_ns) FROM ev GROUP BY file").fetchall())
+
+
+def _run_id(job: str, files: list[_File], first_ns: dict[int, int]) -> str:
+    """``<job>-<when the trace was recorded>-<4 hex>``. Kineto's event times count from
+    ``baseTimeNanoseconds`` (the profiler's start, weeks before the trace on a long-lived host), so the
+    recorded time is that base plus the first event's time; an older trace without a base has epoch times."""
+    stamps = [(f.base_ns or 0) + first_ns[f.index] for f in files if first_ns.get(f.index)]
+    stamp = min((s for s in stamps if s > 0), default=None)
     when = time.strftime("%Y%m%d-%H%M%S", time.localtime(stamp / 1e9 if stamp else time.time()))
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", job).lstrip(".") or "import"
     return f"{safe}-{when}-{secrets.token_hex(2)}"

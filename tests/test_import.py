@@ -184,10 +184,11 @@ def test_trace_without_step_marks_is_named_and_left_out(traces, tmp_path, capsys
 def test_only_unmarked_traces_exit_2_with_one_line(traces, tmp_path, capsys):
     (tmp_path / "in").mkdir()
     _strip_step_marks(sorted(traces.iterdir())[0], tmp_path / "in" / "rank0.json")
-    assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "none"]) == 2
+    runs = tmp_path / "runs"
+    assert main(["import", str(tmp_path / "in"), "--run-dir", str(runs), "--run-id", "none"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert any("no ProfilerStep#N marks" in line for line in err)
-    assert err[-1].startswith("ranksight import: no profiled steps")
+    assert len(err) == 1 and "rank0.json has no ProfilerStep#N marks" in err[0], err
+    assert not runs.exists()
 
 
 def test_missing_rank_is_named_and_the_rest_imported(traces, tmp_path, capsys):
@@ -198,15 +199,76 @@ def test_missing_rank_is_named_and_the_rest_imported(traces, tmp_path, capsys):
     assert {r for r, _ in _steps(str(tmp_path / "half"))} == {0}
 
 
-def test_not_a_trace_and_no_files_are_one_line_errors(tmp_path, capsys):
+SEED = os.path.join(ROOT, "benchmarks", "results", "seeds", "h200_pageable_sync.pt.trace.json.gz")
+
+
+def _one_error_line(capsys, args: list[str], runs) -> str:
+    """Run ``ranksight import`` expecting exit 2: its one stderr line, nothing on stdout, no run folder."""
+    assert main(["import", *args, "--run-dir", str(runs)]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and out.out == "", (out.out, lines)
+    assert not os.path.exists(runs), os.listdir(runs)
+    return lines[0]
+
+
+def test_not_a_trace_empty_folder_and_cut_before_a_step_leave_nothing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    line = _one_error_line(capsys, [os.path.join(ROOT, "README.md")], runs)
+    assert "README.md is not a torch.profiler trace: it is not JSON (it starts with '#'" in line, line
     (tmp_path / "empty").mkdir()
-    assert main(["import", str(tmp_path / "empty"), "--run-dir", str(tmp_path)]) == 2
-    assert "no trace files" in capsys.readouterr().err
+    line = _one_error_line(capsys, [str(tmp_path / "empty")], runs)
+    assert "an empty folder" in line, line
     (tmp_path / "junk").mkdir()
-    (tmp_path / "junk" / "x.json").write_text("this is not json")
-    assert main(["import", str(tmp_path / "junk"), "--run-dir", str(tmp_path), "--run-id", "junk"]) == 2
-    err = capsys.readouterr().err
-    assert "damaged near byte" in err and "Traceback" not in err
+    (tmp_path / "junk" / "x.json").write_text('{"not": "a trace"}')
+    (tmp_path / "junk" / "y.json").write_text("")
+    line = _one_error_line(capsys, [str(tmp_path / "junk")], runs)
+    assert "x.json is not a torch.profiler trace: a JSON object without traceEvents" in line, line
+    assert "y.json is not a torch.profiler trace: it is empty" in line, line
+    # Cut just before the first step mark: events, but no complete profiled step.
+    with gzip.open(SEED, "rb") as fh:
+        data = fh.read()
+    (tmp_path / "early.json").write_bytes(data[: data.index(b'"ProfilerStep#') - 40])
+    line = _one_error_line(capsys, [str(tmp_path / "early.json")], runs)
+    assert "early.json is truncated at byte" in line and "before its first complete profiled step" in line, line
+
+
+def test_a_trace_cut_after_its_steps_is_a_partial_run_with_one_warning(tmp_path, capsys):
+    with gzip.open(SEED, "rb") as fh:
+        data = fh.read()
+    (tmp_path / "late.json").write_bytes(data[: int(len(data) * 0.9)])
+    assert main(["import", str(tmp_path / "late.json"), "--run-dir", str(tmp_path), "--run-id", "late"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "late.json is truncated at byte" in err[0] and "imported the events before" in err[0]
+    assert _steps(str(tmp_path / "late"))
+
+
+def test_a_file_that_is_no_trace_beside_traces_is_left_out_in_one_line(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    shutil.copy(SEED, tmp_path / "in" / "rank0.json.gz")
+    (tmp_path / "in" / "notes.json").write_text("[1, 2")
+    assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "mixed"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any("notes.json" in line for line in err), err
+    assert {r for r, _ in _steps(str(tmp_path / "mixed"))} == {0}
+
+
+def test_the_run_is_named_after_the_traces_recorded_time(tmp_path, capsys):
+    """Kineto's event times count from baseTimeNanoseconds (here two months before the trace was recorded):
+    the run's name and start time are the first event's, not the base's nor the import's."""
+    import time
+
+    with gzip.open(SEED, "rt") as fh:
+        trace = json.load(fh)
+    first_us = min(e["ts"] for e in trace["traceEvents"] if isinstance(e.get("ts"), (int, float)))
+    recorded_s = trace["baseTimeNanoseconds"] / 1e9 + first_us / 1e6
+    assert recorded_s - trace["baseTimeNanoseconds"] / 1e9 > 30 * 86400  # the base is weeks earlier
+    assert main(["import", SEED, "--run-dir", str(tmp_path)]) == 0
+    (name,) = os.listdir(tmp_path)
+    capsys.readouterr()
+    assert name.startswith("import-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(recorded_s))), name
+    meta = json.loads((tmp_path / name / "ranks" / "rank-00000.json").read_text())
+    assert abs(meta["started_ns"] / 1e9 - recorded_s) < 1.0
 
 
 def test_cli_and_collectors_import_without_torch(tmp_path):
