@@ -330,6 +330,13 @@ class Monitor:
         """
         return self._data_ctx
 
+    def note_loader(self, loader: Any) -> None:
+        """Record the settings of the loader this rank trains from (``num_workers``, ``pin_memory``...), which
+        the input-bound fix is fitted to; for integrations that time a loader without :meth:`loader`."""
+        if self._active and not self._loader_described:
+            self._loader_described = True
+            self._append((EV_INFO, "loader", describe_loader(loader)))
+
     def note_data_source(self, source: str) -> None:
         """Say how this rank's input is measured (``"framework"`` for an integration that times its loop's
         fetches): data wait then reads 0 for a step that waited for nothing, not "not measured"."""
@@ -361,9 +368,17 @@ class Monitor:
         return self._in_step
 
     def forward_begin(self) -> None:
-        """Mark the first forward of the open step (``watch()`` does this with a forward pre-hook)."""
+        """Mark the first forward of the open step (``watch()`` does this with a forward pre-hook); on a GPU
+        rank it marks the stream too. A framework whose step may never call the watched module's ``forward``
+        (a LightningModule whose ``training_step`` calls a submodule) marks compute's start with this."""
         if self._in_step and self._fwd_ns == 0:
             self._fwd_ns = self._clock()
+            if self._gpu is not None:
+                try:
+                    self._gpu.forward()
+                except Exception as exc:
+                    self._gpu = None
+                    self._fail("gpu", exc)
 
     def optimizer_begin(self) -> None:
         """Mark ``optimizer.step()`` starting in the open step (``watch(optimizer=)`` does this itself).

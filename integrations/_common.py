@@ -192,6 +192,19 @@ class TimedIterator:
         return self
 
     def __next__(self) -> Any:
+        m = self._steps._m
+        if m.in_step:
+            # A micro-batch fetched inside the open step (gradient accumulation): data wait of that step, not
+            # the compute it interrupts.
+            try:
+                with m.data():
+                    return next(self._it)
+            except StopIteration:
+                try:
+                    self._steps.exhausted(self)
+                except Exception as exc:
+                    _report(self._steps, "loader_marks", exc)
+                raise
         begin = self._clock()
         try:
             item = next(self._it)
@@ -221,6 +234,12 @@ class TimedLoader:
         self._loader = loader
         self._steps = steps
         self._clock = clock
+        note = getattr(steps._m, "note_loader", None)
+        if note is not None:  # Accelerate's prepared loader: the settings are its base DataLoader's
+            try:
+                note(getattr(loader, "base_dataloader", None) or loader)
+            except Exception as exc:
+                _report(steps, "loader_facts", exc)
 
     def __iter__(self) -> TimedIterator:
         return TimedIterator(iter(self._loader), self._steps, self._clock)

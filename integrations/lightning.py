@@ -1,15 +1,23 @@
 """PyTorch Lightning integration: ``Trainer(callbacks=[RanksightCallback()])``.
 
-The callback drives the same per-rank agent as ``ranksight.init()``, through Lightning's public hooks:
+The callback drives the same per-rank agent as ``ranksight.init()``, from Lightning's own hooks, so the
+phases do not depend on how the user's ``training_step`` calls the model (``self(x)``, ``self.net(x)``,
+manual optimization):
 
-- a step runs from ``on_train_batch_start`` to ``on_train_batch_end``;
-- data wait is the time spent inside the training DataLoader's ``__next__`` between two training
-  batches (Lightning's fetcher calls it there), not the whole gap: Lightning's own work between
-  batches (logging, moving the batch, callbacks) is not data wait;
-- the optimizer phase runs from ``on_before_optimizer_step`` (after Lightning's closure has run
-  forward and backward) to the optimizer's own step post-hook;
-- the strategy's model (``DistributedDataParallel`` under ``strategy="ddp"``) gets the agent's forward
-  pre-hook and all-reduce timing hook, and graph breaks of a compiled module are polled as usual.
+- a step is one optimizer step: it opens when the strategy moves the first batch to the device (else at
+  ``on_train_batch_start``) and closes at the ``on_train_batch_end`` of the batch whose optimizer
+  stepped; with ``accumulate_grad_batches=N`` it spans N batches;
+- data wait is the time spent inside the training DataLoader's ``__next__`` (Lightning's fetcher calls it
+  there), before the step or, with accumulation, between its micro-batches; Lightning's own work between
+  batches (logging, callbacks) is not data wait;
+- moving the batch to the device runs from the step's start to ``on_train_batch_start`` (on a GPU rank
+  that is ``h2d_s``, read from CUDA events);
+- compute runs from ``on_train_batch_start`` (the training step starts) to the last DDP bucket ready or,
+  without DDP, to the optimizer's start; the other collectives and the in-step fetches come out of it;
+- the optimizer phase runs from the step's first ``on_before_optimizer_step`` (after Lightning's closure
+  has run forward and backward) to the optimizer's own step post-hook;
+- the strategy's model (``DistributedDataParallel`` under ``strategy="ddp"``) gets the agent's all-reduce
+  timing hook, and graph breaks of a compiled module are polled as usual.
 
 Only this module imports Lightning (``lightning`` or, failing that, ``pytorch_lightning``).
 """
@@ -68,6 +76,9 @@ class RanksightCallback(Callback):
         self._m: Any = None  # the live monitor, or None: every hook checks this first
         self._fetch: Optional[LoaderFetchTimer] = None
         self._handles: list = []
+        self._accumulates = False  # automatic optimization over several batches: a step spans them
+        self._stepped = False  # an optimizer stepped in the open step
+        self._opt_open = False  # the open step's optimizer phase has begun
 
     # ------------------------------------------------------------ lifecycle
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -93,9 +104,36 @@ class RanksightCallback(Callback):
         for opt in trainer.optimizers:
             if hasattr(opt, "register_step_post_hook"):
                 self._handles.append(opt.register_step_post_hook(self._optimizer_done))
+        self._accumulates = bool(pl_module.automatic_optimization) and int(trainer.accumulate_grad_batches or 1) > 1
+        self._wrap_batch_transfer(trainer)
         self._fetch = LoaderFetchTimer(m)
         if self._fetch.install():
             self._fetch.armed = True
+        loader = trainer.train_dataloader
+        if isinstance(loader, (list, tuple)):
+            loader = loader[0] if loader else None
+        elif isinstance(loader, dict):
+            loader = next(iter(loader.values()), None)
+        if loader is not None:
+            m.note_loader(loader)
+
+    def _wrap_batch_transfer(self, trainer: Any) -> None:
+        """Open the step where the strategy moves a training batch to the device, so the copy is the step's
+        (``h2d_s`` on a GPU rank). An instance attribute over the strategy's method, removed at teardown."""
+        strategy = trainer.strategy
+        original = getattr(strategy, "batch_to_device", None)
+        if original is None:
+            return
+
+        def batch_to_device(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            m = self._m
+            if m is not None and not m.in_step and trainer.training:
+                m.step_begin()
+                self._stepped = self._opt_open = False
+            return original(batch, *args, **kwargs)
+
+        strategy.batch_to_device = batch_to_device
+        self._handles.append(_Restore(strategy, "batch_to_device"))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self._m is None:
@@ -121,28 +159,46 @@ class RanksightCallback(Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         m = self._m
         if m is not None:
-            m.step_begin()
+            if not m.in_step:
+                m.step_begin()
+                self._stepped = self._opt_open = False
+            m.forward_begin()  # the training step starts here, whatever it calls (first micro-batch only)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         m = self._m
-        if m is not None:
+        if m is not None and not self._opt_open:  # the step's first optimizer (manual: several may step)
+            self._opt_open = True
             m.optimizer_begin()
 
     def _optimizer_done(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         m = self._m
         if m is not None:
             m.optimizer_end()
+            self._stepped = True
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         m = self._m
-        if m is not None:
+        # With gradient accumulation a batch that did not step the optimizer leaves the step open; so does
+        # nothing else (manual optimization, a step the AMP scaler skipped): one batch, one step.
+        if m is not None and (self._stepped or not self._accumulates):
             m.step_end()
+            self._stepped = self._opt_open = False
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._arm(False)  # validation batches are not the training loop's data wait
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._arm(True)
+
+
+class _Restore:
+    """Undo an instance attribute set over a method (a hook handle's ``remove``)."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self._obj, self._name = obj, name
+
+    def remove(self) -> None:
+        self._obj.__dict__.pop(self._name, None)
 
 
 def _logger_sinks(trainer: Any, wanted: frozenset) -> list:
