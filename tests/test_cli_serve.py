@@ -226,3 +226,36 @@ def test_a_server_that_fails_names_its_log(tmp_path):
     with open(log) as f:
         assert "sslKeyFile" in f.read()
     assert out.stdout == ""
+
+
+def test_demo_on_a_taken_port_says_so_in_one_line_and_keeps_its_run(tmp_path):
+    """The demo on a taken port behaves as ``ranksight dashboard`` does: one line naming the port, exit 2,
+    never a silent other port; the job's run and its printed diagnosis stay."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        args = ["--port", str(port), "--serve-for", "5"]
+        demo = subprocess.run(
+            RANKSIGHT + ["demo", "--steps", "8", "--run-dir", "runs", "--run-id", "taken", *args],
+            cwd=str(tmp_path),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        dash = subprocess.run(
+            RANKSIGHT + ["dashboard", "runs/taken", *args],
+            cwd=str(tmp_path),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert demo.returncode == 2 and dash.returncode == 2, (demo.stderr, dash.stderr)
+    lines = demo.stderr.strip().splitlines()
+    said = f"cannot serve on 127.0.0.1:{port}"
+    assert len(lines) == 1 and said in lines[0] and "the run is kept: ranksight dashboard runs/taken" in lines[0]
+    assert said in dash.stderr
+    assert "Verdict:" in demo.stdout and not URL.search(demo.stdout), demo.stdout
+    assert os.listdir(tmp_path / "runs" / "taken" / "steps")

@@ -131,19 +131,6 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot serve on {host}:{port}: {exc.strerror or exc} (pick another --port)") from None
 
 
-def free_port(host: str = "127.0.0.1", preferred: int = 8501) -> int:
-    """``preferred`` when it is free, else any free port."""
-    import socket
-
-    try:
-        _check_port(host, preferred)
-        return preferred
-    except UserError:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
-
-
 def wait_ready(proc: subprocess.Popen, host: str, port: int, timeout_s: float = 60.0, log_path: str = "") -> None:
     """Block until the server answers its health check, so the printed URL works when it is printed."""
     import urllib.request
@@ -238,9 +225,14 @@ def _open_browser(address: str) -> None:
 
 
 def serve_run(run_path: str, port: int = 8501, serve_for_s: float | None = None) -> int:
-    """After ``ranksight demo``: serve the dashboard on the run (``port``, or a free one if taken) and print
-    its URL as the last line. A terminal only decides whether a browser opens too."""
-    port = free_port("127.0.0.1", port)
+    """After ``ranksight demo``: serve the dashboard on the run and print its URL as the last line. A taken
+    ``port`` is one line and exit 2, as for ``ranksight dashboard`` (never a silent other port, which a
+    bookmark or a tunnel to 8501 would miss); the run stays on disk. A terminal only decides whether a
+    browser opens too."""
+    try:
+        _check_port("127.0.0.1", port)
+    except UserError as exc:
+        raise UserError(f"{exc}; the run is kept: ranksight dashboard {run_path} --port {port + 1}") from None
     run_id = os.path.basename(os.path.normpath(run_path))
     stops = "Ctrl-C stops it" if serve_for_s is None else f"stops in {serve_for_s:g} s, or on Ctrl-C"
     banner = f"\ndashboard: {{url}}   ({stops})"

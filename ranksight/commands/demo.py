@@ -28,7 +28,12 @@ def add_parser(sub):
     p.add_argument("--run-dir", default="ranksight-runs", help="parent folder of runs (default ranksight-runs)")
     p.add_argument("--run-id", default="", help="run id (default: demo-<fault>-<time>)")
     p.add_argument("--no-dashboard", action="store_true", help="do not serve the dashboard on the run afterwards")
-    p.add_argument("--port", type=int, default=8501, help="dashboard port (default 8501; a free one if taken)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8501,
+        help="dashboard port (default 8501; a taken port ends the demo with exit 2, its run kept)",
+    )
     add_serve_for(p)
     return p
 
