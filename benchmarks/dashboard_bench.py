@@ -251,13 +251,122 @@ def time_first_render(run_path: str) -> dict[str, float]:
     return out
 
 
+LIVE_TABS = ("", "breakdown", "heatmaps")
+"""The pages a person watching a live run keeps open: the Verdict, the breakdown and the heatmaps."""
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) and its waited-for children, from /proc:
+    the server's own cost, apart from the browser's."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def job_median_step_ms(run_path: str) -> float:
+    """The job's median step time after warm-up, over every rank (what the user sees the job do)."""
+    import duckdb
+
+    from ranksight.format.warmup import WARMUP_STEPS
+
+    glob = os.path.join(run_path, "steps", "*.parquet")
+    sql = f"SELECT median(step_s) FROM read_parquet('{glob}', union_by_name=true) WHERE step >= {WARMUP_STEPS}"
+    return duckdb.connect().execute(sql).fetchone()[0] * 1000
+
+
+def run_demo_job(root: str, run_id: str, steps: int) -> float:
+    """Run the 2-rank CPU demo job (no dashboard of its own) into ``root``; its wall seconds."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "ranksight", "demo", "--no-dashboard", "--fault", "none", "--steps", str(steps)]
+    t = time.perf_counter()
+    subprocess.run([*cmd, "--run-dir", root, "--run-id", run_id], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def watch_live(
+    folder: str, steps: int = 2000, tabs: tuple[str, ...] = LIVE_TABS, refresh_s: float = 2.0, open_before: bool = True
+) -> dict:
+    """A healthy 2-rank demo run of ``steps`` steps watched by ``len(tabs)`` tabs of headless Chromium, opened
+    on a dashboard server started before the job, beside the same job run with no dashboard.
+
+    Figures: the server's CPU seconds over the watched run and as a share of one core, per tab and refresh;
+    the job's median step watched and unwatched. The unwatched job runs first, so both find the machine alike.
+    ``open_before``: the tabs are open on the empty folder before the job starts (else each opens on the run
+    once its first rank file is there).
+    """
+    import shutil
+    import tempfile
+    import threading
+
+    from ranksight.commands.dashboard import start, stop, wait_ready
+
+    out: dict = {"steps": steps, "tabs": [t or "verdict" for t in tabs], "refresh_s": refresh_s}
+    out["tabs_opened"] = "before the job" if open_before else "on the run's first rank file"
+    root = tempfile.mkdtemp(prefix="ranksight-live-", dir=folder)
+    try:
+        runs = os.path.join(root, "runs")
+        os.makedirs(runs)
+        out["unwatched_wall_s"] = run_demo_job(os.path.join(root, "alone"), "alone", steps)
+        out["unwatched_median_step_ms"] = job_median_step_ms(os.path.join(root, "alone", "alone"))
+        port = free_port()
+        proc = start(runs, port, refresh_s=refresh_s, quiet=True)
+        try:
+            wait_ready(proc, "127.0.0.1", port)
+            from playwright.sync_api import sync_playwright
+
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=list(CHROMIUM_ARGS))
+                pages = [browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in tabs]
+                if open_before:
+                    for page, tab in zip(pages, tabs):
+                        page.goto(f"http://127.0.0.1:{port}/{tab}")
+                        page.get_by_text("no runs yet").first.wait_for(timeout=60000)
+                    time.sleep(2 * refresh_s)  # the tabs settle: idle watching of an empty folder
+                cpu0, t0 = process_cpu_s(proc.pid), time.perf_counter()
+                job = threading.Thread(target=lambda: out.update(watched_wall_s=run_demo_job(runs, "watched", steps)))
+                job.start()
+                if not open_before:  # each tab opened on the run as soon as its first rank file is there
+                    ranks = os.path.join(runs, "watched", "ranks")
+                    while job.is_alive() and not (os.path.isdir(ranks) and os.listdir(ranks)):
+                        time.sleep(0.2)
+                    for page, tab in zip(pages, tabs):
+                        page.goto(f"http://127.0.0.1:{port}/{tab}?run=watched")
+                job.join()
+                cpu1, t1 = process_cpu_s(proc.pid), time.perf_counter()
+                out["pages_at_end"] = [p.locator("[data-testid='stMain']").first.inner_text()[:4000] for p in pages]
+                browser.close()
+        finally:
+            stop(proc)
+        out["watched_median_step_ms"] = job_median_step_ms(os.path.join(root, "runs", "watched"))
+        out["server_cpu_s"] = cpu1 - cpu0
+        out["server_cpu_share_of_one_core"] = (cpu1 - cpu0) / (t1 - t0)
+        out["server_cpu_ms_per_tab_refresh"] = 1000 * (cpu1 - cpu0) / ((t1 - t0) / refresh_s * len(tabs))
+        out["median_step_ratio_watched_to_unwatched"] = out["watched_median_step_ms"] / out["unwatched_median_step_ms"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = cli(__doc__)
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--dir", default="/tmp/ranksight-bench")
     ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--live", type=int, metavar="STEPS", help="only the live watch: a STEPS-step 2-rank demo, 3 tabs")
+    ap.add_argument("--open-after", action="store_true", help="live watch: open the tabs once the run exists")
     args = ap.parse_args(argv)
+    if args.live:
+        os.makedirs(args.dir, exist_ok=True)
+        figures = watch_live(args.dir, args.live, open_before=not args.open_after)
+        for name, value in figures.items():
+            if name == "pages_at_end":
+                value = [" | ".join(text.splitlines()[:6]) for text in value]
+            print(f"{name:44s} {value}", flush=True)
+        if args.json:
+            write_results(args.json, {"live_watch": figures})
+        return 0
     run_path = os.path.join(args.dir, f"bench-{args.ranks}x{args.steps}")
     if not os.path.isdir(os.path.join(run_path, "steps")):
         t = time.perf_counter()

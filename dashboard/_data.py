@@ -7,15 +7,27 @@ segments (see ``ranksight.collectors.Rollup``).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import streamlit as st
 
-from ranksight.collectors import Rollup, RunDirError, list_runs, open_run, spool_signature
+from ranksight.collectors import (
+    Rollup,
+    RunDirError,
+    list_runs,
+    open_run,
+    rank_is_live,
+    read_rank_meta,
+    spool_signature,
+    store_path,
+)
+from ranksight.format.schema import KINDS, RANKS_DIR
 
-from . import _warm
+from . import _source, _warm
 
 PULL_TTL_S = 30
 
@@ -26,11 +38,9 @@ def _rollup(run_path: str) -> Rollup:
 
 
 def rollup(run_path: str) -> Rollup:
-    """The run's rollup, brought up to date with the segments written since the last call."""
-    _warm.release(run_path)  # a page needs it: the warm-up builds it now, not after the landing page
-    r = _rollup(run_path)
-    r.refresh()
-    return r
+    """The run's rollup as of its latest ``snapshot`` (built the first time a page needs it)."""
+    snapshot(run_path)
+    return _follower(run_path).rollup()
 
 
 _prefetching: set[str] = set()
@@ -60,15 +70,16 @@ def prefetch(run_path: str) -> None:
 
 
 @st.cache_data(ttl=PULL_TTL_S, max_entries=256, show_spinner=False)
-def _pull(run_path: str, version: int, query: str, args: tuple, _fn: Callable[..., Any], _rollup_obj: Rollup):
+def _pull(run_path: str, serial: int, query: str, args: tuple, _fn: Callable[..., Any], _rollup_obj: Rollup):
     # Keyed by the query's qualified name: the function itself is left out of the hash (leading underscore).
     return _fn(_rollup_obj.cursor(), *args)
 
 
 def pull(run_path: str, fn: Callable[..., Any], *args):
-    """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run, cached until new records arrive."""
-    r = rollup(run_path)
-    return _pull(run_path, r.version, f"{fn.__module__}.{fn.__qualname__}", args, fn, r)
+    """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run as of its latest ``snapshot``: cached
+    until the next snapshot that saw new records, shared by every tab."""
+    snap = snapshot(run_path)
+    return _pull(run_path, snap.serial, f"{fn.__module__}.{fn.__qualname__}", args, fn, _follower(run_path).rollup())
 
 
 def landing_drawn(run_path: str) -> None:
@@ -79,47 +90,206 @@ def landing_drawn(run_path: str) -> None:
 
 def skipped(run_path: str) -> list[str]:
     """'path: reason' of each file the run's reader left out (a damaged or foreign segment); empty when none."""
-    return [str(f) for f in rollup(run_path).run.skipped]
+    return [str(f) for f in _follower(run_path).rollup().run.skipped]
 
 
 @st.cache_data(ttl=2, show_spinner=False)
-def runs(root: str) -> list[dict]:
-    """The runs under ``root`` with their live status (re-read every 2 s)."""
+def _runs(root: str) -> list[dict]:
     return list_runs(root)
 
 
-@st.cache_data(ttl=PULL_TTL_S, max_entries=64, show_spinner=False)
-def _diagnosis(run_path: str, signature: tuple) -> dict:
-    warm = _warm.take_diagnosis(run_path, signature)  # made while the server started
-    if warm is not None:
-        return warm
-    from ranksight.rules import diagnose
+def runs(root: str) -> list[dict]:
+    """The runs under ``root`` with their live status (re-read every 2 s), each run already followed by a
+    ``snapshot`` told as that snapshot sees it: the picker, the Runs table and the clock say the same."""
+    out = []
+    for r in _runs(root):
+        f = _followers.get(r["path"])
+        snap = f.snap if f is not None else None
+        out.append(r if snap is None else {**r, **snap.run_fields()})
+    return out
 
-    return diagnose(run_path)
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One refresh of a run: the clock, the status and the verdict every part of a page shows of it.
+
+    Why one object: the Verdict, the charts beside it, the Runs table and the sidebar each read the run at a
+    different moment otherwise, and told different step counts (225 in a table, 799 in the chart below it).
+    """
+
+    path: str
+    serial: int
+    """Counts the snapshots of the run that saw new records: the pulls' cache key and the pages' change mark."""
+    status: str
+    """``live``, ``finished`` or ``stopped`` (``list_runs``' rule)."""
+    steps: int
+    """Steps recorded: the most any rank has reported (its rank file, written at each flush)."""
+    as_of_ns: int
+    """When the newest rank file was written (its heartbeat): the run as of then."""
+    started_ns: int
+    diagnosis: dict | None = None
+    error: str | None = None
+    """Why the verdict could not be made (one line), when it could not."""
+    cost_s: float = 0.0
+    """CPU seconds this snapshot took the server (reading what was new, the verdict)."""
+
+    @property
+    def key(self) -> tuple:
+        return (self.path, self.serial, self.status)
+
+    def run_fields(self) -> dict:
+        """The ``list_runs`` fields this snapshot knows better (taken at the same moment as the verdict)."""
+        return {
+            "status": self.status,
+            "steps": self.steps,
+            "last_update_ns": self.as_of_ns,
+            "duration_s": max(0, self.as_of_ns - self.started_ns) / 1e9,
+        }
 
 
-DIAGNOSE_EVERY_S = 10.0
-"""A live run gets new segments every flush; re-diagnose it at most this often (a big job's verdict takes seconds)."""
-_last_signature: dict[str, tuple[tuple, float]] = {}
+class _Follower:
+    """What the server keeps of one run between refreshes: its reading, its rollup and its last snapshot."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.RLock()
+        self.signature: tuple | None = None
+        self.checked = -1e9
+        self.snap: Snapshot | None = None
+        self.metas: list = []
+        self.run = None  # the verdict's reading, kept: each refresh takes in only the new segments
+        self._rollup: Rollup | None = None
+
+    def rollup(self) -> Rollup:
+        """The run's rollup: built the first time a page needs it, then brought up to date by ``snapshot``."""
+        with self.lock:
+            if self._rollup is None:
+                _warm.release(self.path)  # a page needs it: the warm-up builds it now, not after the landing page
+                self._rollup = _rollup(self.path)
+                self._rollup.refresh()
+            return self._rollup
+
+
+_followers: dict[str, _Follower] = {}
+_followers_lock = threading.Lock()
+
+
+def _follower(path: str) -> _Follower:
+    with _followers_lock:
+        f = _followers.get(path)
+        if f is None:
+            f = _followers[path] = _Follower(path)
+        return f
+
+
+def run_signature(path: str) -> tuple:
+    """The names, sizes and mtimes of the run's files (rank files, segments of every kind, the store): one
+    listing per folder, no file opened. Equal signatures mean nothing was written in between."""
+    out = []
+    for sub in (RANKS_DIR, *KINDS):
+        try:
+            with os.scandir(os.path.join(path, sub)) as it:
+                for e in it:
+                    if not e.name.startswith("."):
+                        st_ = e.stat()
+                        out.append((sub, e.name, st_.st_size, st_.st_mtime_ns))
+        except OSError:
+            pass
+    try:
+        store = os.stat(store_path(path))
+        out.append(("store", "", store.st_size, store.st_mtime_ns, store.st_ino))
+    except OSError:
+        pass
+    return (hash(tuple(sorted(out))), len(out))
+
+
+def _status(metas: list) -> str:
+    now = time.time_ns()
+    if any(rank_is_live(m, now) for m in metas):
+        return "live"
+    return "finished" if metas and all(m.status == "finished" for m in metas) else "stopped"
+
+
+def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
+    """The run as of its latest refresh, shared by every tab: re-read at most once per ``refresh_s`` / 2, and
+    then only when its files changed (``run_signature``); the rollup takes in the new segments and the verdict
+    is made again from the kept reading, in the same refresh as the clock it is shown with."""
+    f = _follower(run_path)
+    gap = (refresh_s if refresh_s is not None else _source.from_env().refresh_s) / 2
+    with f.lock:
+        now = time.monotonic()
+        if f.snap is not None and now - f.checked < gap:
+            return f.snap
+        f.checked = now
+        sig = run_signature(run_path)
+        if f.snap is not None and sig == f.signature:
+            status = _status(f.metas)  # a heartbeat can go stale without a file changing
+            if status != f.snap.status:
+                f.snap = replace(f.snap, serial=f.snap.serial + 1, status=status)
+            return f.snap
+        cpu = time.process_time()
+        f.signature = sig
+        f.metas = metas = read_rank_meta(run_path)
+        if f._rollup is not None:
+            f._rollup.refresh()
+        diagnosis, error = _diagnose(f)
+        started = min((m.data["started_ns"] for m in metas if "started_ns" in m.data), default=0)
+        f.snap = Snapshot(
+            path=run_path,
+            serial=(f.snap.serial + 1) if f.snap is not None else 1,
+            status=_status(metas),
+            steps=max((m.steps for m in metas), default=0),
+            as_of_ns=max((m.heartbeat_ns for m in metas), default=0),
+            started_ns=started or max((m.heartbeat_ns for m in metas), default=0),
+            diagnosis=diagnosis,
+            error=error,
+            cost_s=time.process_time() - cpu,  # this thread's CPU (the diagnosis and the listings)
+        )
+        return f.snap
+
+
+def _diagnose(f: _Follower) -> tuple[dict | None, str | None]:
+    """The rules' verdict on the follower's kept reading (``ranksight.rules.diagnose``), made again only from
+    what the reading takes in; a warm-up's verdict of exactly these segments is taken instead."""
+    import duckdb
+
+    from ranksight.rules import RuleError, diagnose
+
+    try:
+        if f.run is None:
+            warm = _warm.finished(f.path)  # waits for the server's warm-up rather than diagnosing twice
+            if warm is not None:
+                made = _warm.take_diagnosis(f.path, spool_signature(f.path))
+                if made is not None:
+                    return made, None
+            f.run = open_run(f.path)
+        else:
+            f.run.refresh()
+        return diagnose(f.run), None
+    except (RunDirError, RuleError, duckdb.Error, OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, first
 
 
 def diagnosis(run_path: str) -> dict:
-    """The rules' verdict on the run (``ranksight.rules.diagnose``).
+    """The rules' verdict on the run as of its latest ``snapshot`` (``ranksight.rules.diagnose``).
 
-    Keyed by the spool's signature, not the rollup, so the landing page needs no rollup; while
-    segments keep arriving the previous verdict is reused for up to ``DIAGNOSE_EVERY_S``.
+    Raises ``RunDirError`` with the reason when the verdict could not be made (a run with nothing recorded yet).
     """
-    if run_path not in _last_signature:
-        warm = _warm.finished(run_path)  # waits for the server's warm-up rather than diagnosing twice
-        if warm is not None:
-            _last_signature[run_path] = warm
-    sig, now = spool_signature(run_path), time.monotonic()
-    last = _last_signature.get(run_path)
-    if last and last[0] != sig and now - last[1] < DIAGNOSE_EVERY_S:
-        sig = last[0]
-    elif not last or last[0] != sig:
-        _last_signature[run_path] = (sig, now)
-    return _diagnosis(run_path, sig)
+    snap = snapshot(run_path)
+    if snap.diagnosis is None:
+        raise RunDirError(snap.error or f"{run_path}: no verdict yet")
+    return snap.diagnosis
+
+
+def provisional_note(run_path: str) -> str | None:
+    """'provisional: rests on 3 steps after warm-up ...' when the live run's verdict rests on fewer steps than
+    the rules' stated minimum (``rules._provisional``, the floor ``ranksight diagnose`` uses too); else None."""
+    from ranksight.rules._provisional import provisional, provisional_text
+
+    snap = snapshot(run_path)
+    steps = provisional(snap.diagnosis) if snap.diagnosis is not None and snap.status == "live" else None
+    return None if steps is None else provisional_text(steps)
 
 
 def prometheus_snapshot(url: str) -> dict:
@@ -139,4 +309,6 @@ __all__ = [
     "rollup",
     "runs",
     "skipped",
+    "snapshot",
+    "Snapshot",
 ]

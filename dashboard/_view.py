@@ -1,5 +1,8 @@
 """Shared page pieces: the selected run, safe text, error guard, live panels and the landing page's chart.
 
+Every page is drawn from one ``_data.Snapshot`` of the selected run (``Context.snapshot``); the clock line
+(``clock_text``) says which.
+
 Text that comes from a run (run ids, job names, reasons, rule output) goes through ``md_escape`` or
 a plain-text element, so quotes, markdown or HTML in it are shown, never rendered.
 """
@@ -44,13 +47,17 @@ def _cell(value: object) -> str:
     return "" if value is None else md_escape(" ".join(str(value).splitlines()))
 
 
-def code_html(code: str) -> str:
+def code_html(code: str, *, wrap: bool = False) -> str:
     """``code`` as a preformatted block for ``st.html``. Why not ``st.code``: its syntax highlighter is 1.5 MB of
     JavaScript a first visit fetches and compiles (docs/scale.md "The Verdict page"); the text stays
-    selectable, in a monospace block."""
+    selectable, in a monospace block. ``wrap`` folds long lines at the block's edge instead of scrolling them
+    out of sight (a narrow column); copying still gives the lines as written."""
     from html import escape
 
-    return f"<pre style='{_CODE_STYLE}'><code>{escape(code)}</code></pre>"
+    style = _CODE_STYLE
+    if wrap:
+        style = style.replace("white-space: pre", "white-space: pre-wrap; overflow-wrap: anywhere")
+    return f"<pre style='{style}'><code>{escape(code)}</code></pre>"
 
 
 _CODE_STYLE = (
@@ -61,11 +68,13 @@ _CODE_STYLE = (
 
 @dataclass(frozen=True)
 class Context:
-    """What every page needs: the source, the runs found and the one selected."""
+    """What every page needs: the source, the runs found, the one selected and its snapshot (the refresh
+    every part of the page shows)."""
 
     source: Source
     runs: tuple[dict, ...]
     run: dict | None
+    snapshot: _data.Snapshot | None = None
 
     @property
     def live(self) -> bool:
@@ -119,24 +128,29 @@ def require_run(ctx: Context) -> bool:
 
 
 def live_panel(ctx: Context, body, *args) -> None:
-    """Draw ``body(*args)`` as a fragment that refreshes itself while the run is live.
+    """Draw ``body(*args)``: once per page run. A live run's page is run again, whole, by the clock
+    (``clock_fragment``) when a refresh brings something new, so every panel shows the same refresh."""
+    body(*args)
 
-    When the run stops being live the fragment asks for one full rerun, which draws it again
-    without ``run_every``: refreshing stops with the run.
-    """
-    was_live = ctx.live
-    path = ctx.run["path"] if ctx.run else None
 
-    @st.fragment(run_every=ctx.source.refresh_s if was_live else None)
-    def _panel():
-        if was_live and path:
-            still = next((r for r in _data.runs(ctx.source.root) if r["path"] == path), None)
-            if not still or still["status"] != "live":
-                _data.runs.clear()
-                st.rerun()
-        body(*args)
+def clock_text(snap, now_ns: int | None = None) -> str:
+    """'● live · step 812 of the run, as of 09:12:03 (1 s ago)': what every page and the sidebar say of the
+    run's progress, from one ``_data.Snapshot``."""
+    import time
 
-    _panel()
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    mark = {"live": "● live", "finished": "finished", "stopped": "stopped"}.get(snap.status, snap.status)
+    if not snap.as_of_ns:
+        return f"{mark} · no step recorded yet"
+    ago = max(0, round((now_ns - snap.as_of_ns) / 1e9))
+    clock = time.strftime("%H:%M:%S", time.localtime(snap.as_of_ns / 1e9))
+    return f"{mark} · step {snap.steps} of the run, as of {clock} ({ago} s ago)"
+
+
+def page_mark(runs, snap) -> tuple:
+    """What a page shows that a refresh can change: each run's status and steps (the picker, the Runs table)
+    and the selected run's snapshot. The clock runs the page again only when this changed."""
+    return (tuple((r["path"], r["status"], r["steps"]) for r in runs), None if snap is None else snap.key)
 
 
 def pct(x) -> str:

@@ -9,18 +9,24 @@ import os
 import streamlit as st
 
 from ranksight.dashboard import _data, _source
-from ranksight.dashboard._view import Context, md_escape, run_label, run_started
+from ranksight.dashboard._view import Context, clock_text, md_escape, page_mark, run_label, run_started
+
+IDLE_TICKS = 5
+"""While no run is live, the clock ticks this many refresh intervals apart (a new run shows within that)."""
 
 st.set_page_config(page_title="ranksight", layout="wide")
 
 source = _source.from_env()
-runs = tuple(_data.runs(source.root))
-paths = [r["path"] for r in runs]
+paths = [r["path"] for r in _data.runs(source.root)]
 
 wanted = st.query_params.get("run") or source.run
 if "run_path" not in st.session_state or st.session_state["run_path"] not in paths:
     match = [p for p in paths if os.path.basename(p) == wanted]
     st.session_state["run_path"] = match[0] if match else (paths[0] if paths else None)
+# The selected run's snapshot first: the runs listed below then tell it as the snapshot does.
+snap = _data.snapshot(st.session_state["run_path"], source.refresh_s) if st.session_state["run_path"] else None
+runs = tuple(_data.runs(source.root))
+mark = page_mark(runs, snap)
 
 with st.sidebar:
     st.markdown("### ranksight")
@@ -35,6 +41,8 @@ with st.sidebar:
         chosen = next((r for r in runs if r["path"] == st.session_state.get("run_path")), None)
         if chosen is not None:  # in full: the id, which a narrow sidebar cuts off in the picker, and the start
             st.text(f"{chosen['run']}\nstarted {run_started(chosen)}")
+        if snap is not None and chosen is not None and snap.path == chosen["path"]:
+            st.caption(md_escape(clock_text(snap)))
     else:
         st.caption(f"no runs under {md_escape(source.root)}")
 
@@ -42,7 +50,27 @@ selected = next((r for r in runs if r["path"] == st.session_state.get("run_path"
 if selected is not None:
     st.query_params["run"] = selected["run"]
     _data.prefetch(selected["path"])
-st.session_state["_ranksight_ctx"] = Context(source, runs, selected)
+else:
+    snap = None
+st.session_state["_ranksight_ctx"] = Context(source, runs, selected, snap)
+st.session_state["_ranksight_mark"] = mark
+watching = not runs or any(r["status"] == "live" for r in runs)
+
+
+@st.fragment(run_every=source.refresh_s * (1 if watching else IDLE_TICKS))
+def clock() -> None:
+    """The page's clock: each tick asks the (shared, cheap) snapshot whether anything changed, and runs the
+    whole page again only if so; otherwise it redraws this one line. While nothing is live it ticks
+    ``IDLE_TICKS`` times slower, to notice a new run."""
+    path = st.session_state.get("run_path")
+    now = _data.snapshot(path, source.refresh_s) if path and selected is not None else None
+    if page_mark(_data.runs(source.root), now) != st.session_state.get("_ranksight_mark"):
+        st.rerun()
+    if now is not None:
+        st.caption(md_escape(clock_text(now)))
+
+
+clock()
 
 here = os.path.dirname(os.path.abspath(__file__))
 pages = [

@@ -198,8 +198,22 @@ def run(args) -> int:
         print(json.dumps({str(r): f for r, f in feats.items()}, indent=1, default=str))
         return 0
     result = diagnose_or_fail(args.run_dir, args.rules, args.warmup, since_s)
+    steps = live_provisional(result, args.run_dir)
     if args.json:
-        print(json.dumps(result, indent=1, default=str))
+        print(json.dumps({**result, "provisional": steps is not None}, indent=1, default=str))
     else:
-        print(render_report(result, args.run_dir, args.warmup))
+        from ranksight.rules._provisional import provisional_text
+
+        report = render_report(result, args.run_dir, args.warmup)
+        print(report if steps is None else report.replace("\n\n", f"\n{provisional_text(steps)}\n\n", 1))
     return 0
+
+
+def live_provisional(result: dict, run_dir: str) -> int | None:
+    """The steps a live run's verdict rests on when they are too few to call it settled (None otherwise): the
+    same floor the dashboard labels (``rules._provisional``); a run that ended keeps the verdict it has."""
+    from ranksight.collectors import rank_is_live, read_rank_meta
+    from ranksight.rules._provisional import provisional
+
+    steps = provisional(result)
+    return steps if steps is not None and any(rank_is_live(m) for m in read_rank_meta(run_dir)) else None
