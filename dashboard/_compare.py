@@ -90,7 +90,8 @@ def compare(diag_a: dict, diag_b: dict) -> dict:
     for key, label, unit in METRICS:
         va, vb = fig_a.get(key), fig_b.get(key)
         delta = None if va is None or vb is None else vb - va
-        relative = None if delta is None or not va else delta / va
+        # A share's change is its difference in points: relative to a near-zero share it reads as thousands of %.
+        relative = None if delta is None or not va or unit == "ratio" else delta / va
         row = {"key": key, "metric": label, "unit": unit, "a": va, "b": vb}
         metrics.append({**row, "delta": delta, "relative": relative})
     mean_a, mean_b = fig_a["step_mean_s"], fig_b["step_mean_s"]

@@ -17,6 +17,7 @@ __all__ = ["COMMANDS", "RUN_ARGUMENTS", "UserError", "build_parser", "main", "re
 
 # Subcommand name -> module under ranksight.commands. Keep alphabetical.
 COMMANDS = {
+    "baseline": "baseline",
     "compare": "compare",
     "dashboard": "dashboard",
     "demo": "demo",
@@ -36,6 +37,7 @@ COMMANDS = {
 # (a run folder, a folder of runs -> its latest run, a bare run id under ./ranksight-runs), so every
 # command accepts the same things and fails with the same one-line errors.
 RUN_ARGUMENTS = {
+    "baseline": ("run_dir",),
     "compare": ("run_a", "run_b"),
     "diagnose": ("run_dir",),
     "digest": ("run_dir",),

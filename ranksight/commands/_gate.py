@@ -1,0 +1,111 @@
+"""Is B's step time really different from A's, what moved it, and does it pass the gate?
+
+One function, :func:`assess`, from the two runs' samples (``_gate_samples``), the side-by-side comparison
+(``ranksight.dashboard.compare``: its findings' changes) and the gate config: the job's and each rank's
+change with its interval (``_gate_stats``), the phases that moved it, the findings that explain it, and the
+gate's status and exit code. The renderers (``_gate_report``) and ``--json`` print what it returns.
+"""
+
+from __future__ import annotations
+
+from ._gate_policy import DEFAULT_LIMIT, GateConfig, verdict
+from ._gate_samples import Samples, job_series, steady
+from ._gate_stats import MIN_STEPS, compare_series
+
+EXIT_PASS, EXIT_FAIL, EXIT_INCOMPARABLE = 0, 1, 2
+
+
+def _incomparable(reason: str, config: GateConfig) -> dict:
+    return {"status": "incomparable", "exit_code": EXIT_INCOMPARABLE, "reason": reason,
+            "confidence": config.confidence, "limits": _limits(config)}  # fmt: skip
+
+
+def _limits(config: GateConfig) -> dict:
+    return {"step_time": config.step_time, "phases": dict(config.phases)}
+
+
+def why_incomparable(a: Samples, b: Samples, warmup_steps: int) -> str | None:
+    """The one-line reason two runs cannot be compared, or None."""
+    if a.world_size and b.world_size and a.world_size != b.world_size:
+        return f"different world sizes: A has {a.world_size} ranks, B {b.world_size}"
+    both = sorted(set(a.ranks) & set(b.ranks))
+    if not both:
+        return f"no rank in both runs (A: {sorted(a.ranks)}, B: {sorted(b.ranks)})"
+    for side, s in (("A", a), ("B", b)):
+        kept = min(len(steady(s.ranks[r], warmup_steps)["step"]) for r in both)
+        if kept < MIN_STEPS:
+            return (
+                f"too few steps to decide: {side} ({s.run}) keeps {kept} per rank after warm-up, "
+                f"the gate needs {MIN_STEPS}"
+            )
+    return None
+
+
+def _attribution(job: dict) -> list[dict]:
+    """The phases ranked by how much of the change each explains; ``moved`` where its interval excludes 0."""
+    change = job["step"]["change"]["point"]
+    rows = []
+    for phase, p in job["phases"].items():
+        c = p["contribution"]
+        moved = c["low"] > 0 or c["high"] < 0
+        rows.append({"phase": phase, "contribution": c, "moved": moved,
+                     "explains": c["point"] / change if abs(change) > 1e-12 else None})  # fmt: skip
+    return sorted(rows, key=lambda r: -abs(r["contribution"]["point"]))
+
+
+def _finding_costs(findings: dict, ratio: float) -> list[dict]:
+    """The findings that appeared, disappeared or changed cost, each with the part of the step-time change it
+    accounts for (in A's step time: a cost in B counts ``ratio`` = B / A times), largest first."""
+    rows = []
+    for f in findings.get("appeared", []):
+        if f.get("cost_share") is not None:
+            rows.append({"rule": f["rule"], "how": "appeared", "cost_a": None, "cost_b": f["cost_share"],
+                         "accounts_for": f["cost_share"] * ratio})  # fmt: skip
+    for f in findings.get("disappeared", []):
+        if f.get("cost_share") is not None:
+            rows.append({"rule": f["rule"], "how": "disappeared", "cost_a": f["cost_share"], "cost_b": None,
+                         "accounts_for": -f["cost_share"]})  # fmt: skip
+    for f in findings.get("changed", []):
+        if f.get("cost_share_a") is not None and f.get("cost_share_b") is not None:
+            rows.append({"rule": f["rule"], "how": "changed", "cost_a": f["cost_share_a"], "cost_b": f["cost_share_b"],
+                         "accounts_for": f["cost_share_b"] * ratio - f["cost_share_a"]})  # fmt: skip
+    return sorted(rows, key=lambda r: -abs(r["accounts_for"]))
+
+
+def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_steps: int) -> dict:
+    """The change of B against A with intervals, its attribution, and the gate's status and exit code."""
+    reason = why_incomparable(a, b, warmup_steps)
+    if reason:
+        return _incomparable(reason, config)
+    both = sorted(set(a.ranks) & set(b.ranks))
+    ra = {r: steady(a.ranks[r], warmup_steps) for r in both}
+    rb = {r: steady(b.ranks[r], warmup_steps) for r in both}
+    ja, jb = job_series(ra, both), job_series(rb, both)
+    if min(len(ja["step"]), len(jb["step"])) < MIN_STEPS:
+        return _incomparable(f"too few steps that all ranks share (the gate needs {MIN_STEPS})", config)
+    job = compare_series(ja, jb, config.confidence)
+    ranks = {r: compare_series(ra[r], rb[r], config.confidence) for r in both}
+    limit = config.step_time if config.step_time is not None else DEFAULT_LIMIT
+    failed = []
+    if config.step_time is not None and job["step"]["change"]["low"] > config.step_time:
+        failed.append({"what": "step_time", "limit": config.step_time, "interval": job["step"]["change"]})
+    for phase, phase_limit in config.phases.items():
+        c = job["phases"].get(phase, {}).get("contribution")
+        if c is not None and c["low"] > phase_limit:
+            failed.append({"what": phase, "limit": phase_limit, "interval": c})
+    ratio = job["step"]["b_s"] / job["step"]["a_s"]
+    status = "fail" if failed else ("pass" if config.active else "report")
+    return {
+        "status": status,
+        "exit_code": EXIT_FAIL if failed else EXIT_PASS,
+        "reason": None,
+        "confidence": config.confidence,
+        "limits": _limits(config),
+        "verdict": verdict(job["step"]["change"], limit),
+        "verdict_margin": limit,
+        "failed": failed,
+        "job": job,
+        "ranks": {str(r): {**v, "verdict": verdict(v["step"]["change"], limit)} for r, v in ranks.items()},
+        "attribution": _attribution(job),
+        "findings": _finding_costs(findings, ratio),
+    }

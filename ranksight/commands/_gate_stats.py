@@ -1,0 +1,117 @@
+"""How much slower (or faster) B's steps are than A's, with a confidence interval: a block bootstrap.
+
+Why this estimator:
+
+* **A 20 % trimmed mean of the step period** (the steps ranked by period, the fastest and slowest fifth left
+  out, the rest averaged; Wilcox's default robust location). A one-off stall (a checkpoint, a page-cache miss,
+  another process taking the core) moves a plain mean; it does not move this. A steady slowdown of every
+  step, which is what a regression is, moves it fully.
+* **Phases averaged over the same kept steps**, so the phases' means add up to the period's: the change in
+  step time splits exactly into the phases' contributions (in points of A's step time).
+* **A circular block bootstrap** (blocks of about sqrt(n) consecutive steps, each run resampled on its own):
+  neighbouring steps share the machine's load, so resampling single steps would pretend they are
+  independent and give too narrow an interval. The resampling is seeded, so the same two runs always give
+  the same interval and the same gate verdict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._gate_samples import COLUMNS
+
+TRIM = 0.2
+"""Share of steps left out at each end of the period's ranking."""
+
+REPLICATES = 2000
+"""Bootstrap replicates: enough for a stable 2.5th/97.5th percentile."""
+
+MIN_STEPS = 40
+"""Fewest kept steps per run (after the warm-up) the gate decides on: fewer than about six blocks of seven
+steps give an interval that says more about the resampling than about the run."""
+
+SEED = 0
+"""The resampling's seed: one comparison, one answer."""
+
+
+def block_length(n: int) -> int:
+    """The bootstrap's block length for a series of ``n`` steps: about sqrt(n), at least 5 (load changes last
+    longer than a few steps), at most n."""
+    return max(1, min(n, max(5, round(math.sqrt(n)))))
+
+
+def _resample(n: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``replicates`` circular block resamples of a series of ``n`` steps (one row each)."""
+    length = block_length(n)
+    blocks = -(-n // length)
+    starts = rng.integers(0, n, size=(replicates, blocks))
+    idx = (starts[:, :, None] + np.arange(length)[None, None, :]) % n
+    return idx.reshape(replicates, -1)[:, :n]
+
+
+def _trimmed_means(series: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row of ``idx`` (a resample of the series' steps): each column's mean over the steps whose period
+    lies in the middle of that row's ranking (``TRIM`` left out at each end)."""
+    period = series["period_s"][idx]
+    n = idx.shape[1]
+    cut = int(math.floor(TRIM * n))
+    keep = np.argsort(period, axis=1, kind="stable")[:, cut : n - cut]
+    kept = np.take_along_axis(idx, keep, axis=1)
+    out = {}
+    for c in COLUMNS:
+        values = series[c]
+        if np.all(np.isnan(values)):
+            continue  # never measured here (H2D on a CPU rank): absent, not 0
+        out[c] = np.nan_to_num(values, nan=0.0)[kept].mean(axis=1)  # an unmeasured step's phase counts as 0
+    return out
+
+
+def _interval(point: float, replicates: np.ndarray, confidence: float) -> dict:
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(replicates, [tail, 1.0 - tail])
+    return {"point": float(point), "low": float(low), "high": float(high)}
+
+
+def compare_series(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], confidence: float, *, replicates: int = REPLICATES
+) -> dict:
+    """B's step time against A's (both a series: ``step`` and ``COLUMNS`` arrays), with intervals at
+    ``confidence`` (two-sided).
+
+    ``step``: A's and B's trimmed-mean period (``a_s``, ``b_s``) and ``change`` = B / A - 1 (0.08: 8 % slower).
+    ``phases[p]``: ``contribution``, the phase's part of that change in A's step time ((B_p - A_p) / A; they
+    add up to the change), and ``share_a``, ``share_b``, ``share_change`` (B's share - A's, in points).
+    """
+    na, nb = len(a["period_s"]), len(b["period_s"])
+    rng = np.random.default_rng(SEED)
+    point_a = _trimmed_means(a, np.arange(na)[None, :])
+    point_b = _trimmed_means(b, np.arange(nb)[None, :])
+    boot_a = _trimmed_means(a, _resample(na, replicates, rng))
+    boot_b = _trimmed_means(b, _resample(nb, replicates, rng))
+    ta, tb = point_a["period_s"][0], point_b["period_s"][0]
+    out = {
+        "steps_a": na,
+        "steps_b": nb,
+        "block_steps": [block_length(na), block_length(nb)],
+        "step": {"a_s": float(ta), "b_s": float(tb),
+                 "change": _interval(tb / ta - 1, boot_b["period_s"] / boot_a["period_s"] - 1, confidence)},
+        "phases": {},
+    }  # fmt: skip
+    for p in COLUMNS[1:]:
+        if p not in point_a and p not in point_b:
+            continue
+        pa = point_a.get(p, np.zeros(1))[0]
+        pb = point_b.get(p, np.zeros(1))[0]
+        ra = boot_a.get(p, np.zeros(replicates))
+        rb = boot_b.get(p, np.zeros(replicates))
+        out["phases"][p] = {
+            "a_s": float(pa),
+            "b_s": float(pb),
+            "share_a": float(pa / ta),
+            "share_b": float(pb / tb),
+            "contribution": _interval((pb - pa) / ta, (rb - ra) / boot_a["period_s"], confidence),
+            "share_change": _interval(pb / tb - pa / ta, rb / boot_b["period_s"] - ra / boot_a["period_s"], confidence),
+        }
+    return out
