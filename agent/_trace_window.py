@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import threading
 import time
 import weakref
@@ -23,8 +24,11 @@ from typing import Any, Optional
 from ranksight.trace_reduce import ACTIVITY_KIND, AFTER_MARK, WINDOW_MARK, Ev, reduce_window
 
 from ._events import EV_GPU, EV_INFO
+from ._trace_reduce import reduce_file_in_child
 
 log = logging.getLogger("ranksight")
+
+_FAILED = object()  # the child could not reduce the window (None is a window without steps)
 
 _windows: weakref.WeakSet[TraceWindow] = weakref.WeakSet()  # this process's windows, for yield_to_user_profiler
 _hook_lock = threading.Lock()
@@ -221,6 +225,7 @@ class TraceWindow:
         self._end_event = None
         self._started_ns = 0
         self._pending: list = []  # finished profiler results for the agent thread
+        self.reduce_in_child = True  # reduce in a child process (reduce_file_in_child); off after a failure
         self._activities = {ProfilerActivity.CPU} | ({ProfilerActivity.CUDA} if use_cuda else set())
         try:
             from torch._C._profiler import _ExperimentalConfig
@@ -385,16 +390,19 @@ class TraceWindow:
     def reduce(self, payload: tuple) -> list[dict]:
         """Turn one finished window into sample rows (and info events for CPU ops and host syncs)."""
         _, result, first, last, stop_ns, cost_ns = payload
-        if self.trace_dir:
-            os.makedirs(self.trace_dir, exist_ok=True)
-            result.save(os.path.join(self.trace_dir, f"window_r{os.getpid()}_s{first:06d}.json"))
         t0 = time.thread_time_ns()  # this thread's CPU time: not the waits for a GIL the training thread held
-        red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
+        red: Any = _FAILED
+        if self.reduce_in_child:
+            red = self._reduce_in_child(result, first)
+        if red is _FAILED:
+            if self.trace_dir:
+                result.save(self._trace_path(first))
+            red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
         reduce_ns = time.thread_time_ns() - t0
-        # This thread held the GIL through most of that: a training thread that releases it for every op
-        # gets it back only when this thread lets go, so it lost about as much (a 1.8 ms torch step ran
-        # 6.5-550x slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json).
-        # It counts in the window's cost.
+        # This thread held the GIL through that: a training thread that releases it for every op gets it
+        # back only when this thread lets go, so it lost about as much (a 1.8 ms torch step ran 6.5-550x
+        # slower beside a Python thread that never let go, benchmarks/results/cpu_gil_convoy.json). It
+        # counts in the window's cost.
         self._space_after(cost_ns + reduce_ns)
         if red is None:
             return []
@@ -417,6 +425,41 @@ class TraceWindow:
             srcs = ", ".join(f"{n} x{c:g}/step" for n, c in red.sync_sources)
             self._info("host_syncs", f"steps {first}-{first + red.steps - 1}: host syncs from {srcs}")
         return rows
+
+    def _trace_path(self, first: int) -> str:
+        assert self.trace_dir
+        os.makedirs(self.trace_dir, exist_ok=True)
+        return os.path.join(self.trace_dir, f"window_r{os.getpid()}_s{first:06d}.json")
+
+    def _reduce_in_child(self, result: Any, first: int) -> Any:
+        """Reduce the window in a child process: this thread only has Kineto write the trace (one C++ call,
+        the cheapest way out of the profiler per event) and waits, GIL released, for the child's figures.
+
+        Why: read event by event here, a window of 200,000 events held the GIL ~4 s on a loaded 2-core
+        host (``events()`` 0.48 s, reading each event 3.1 s, the reduction 0.6 s), which the training
+        thread lost; the file costs the training thread the write alone (docs/agent.md, "The kernel
+        window's reduction"). Returns ``_FAILED`` when the child could not do it (then it is reduced here,
+        and a warning says so once)."""
+        if self.trace_dir:
+            path, keep = self._trace_path(first), True
+        else:
+            fd, path = tempfile.mkstemp(prefix="ranksight-window-", suffix=".json")
+            os.close(fd)
+            keep = False
+        try:
+            result.save(path)
+            return reduce_file_in_child(path, self.use_cuda)
+        except Exception as exc:
+            self.reduce_in_child = False
+            self._m._warn_once(
+                "trace_window_child",
+                f"the kernel window is reduced on the agent thread from now on: its child process failed ({exc})",
+            )
+            return _FAILED
+        finally:
+            if not keep:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def _info(self, component: str, message: str) -> None:
         # Picked up by the next flush as an events row of level "info".
