@@ -56,12 +56,14 @@ def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
 
 
 def stacked_over_time(rows: list[dict]) -> alt.Chart:
+    """Each phase's share over the run's time; the axis ends where the data does (not at a rounder number)."""
     df = shares_long(rows, "t_s")
+    span = [float(df["t_s"].min()), float(df["t_s"].max())] if len(df) else [0.0, 1.0]
     return (
         alt.Chart(df)
         .mark_area()
         .encode(
-            x=alt.X("t_s:Q", title="seconds since the first step"),
+            x=alt.X("t_s:Q", title="seconds since the first step", scale=alt.Scale(domain=span, nice=False)),
             y=alt.Y("share:Q", stack="normalize", title="share of step time", axis=alt.Axis(format="%")),
             color=alt.Color("phase:N", sort=PHASE_ORDER, scale=_phase_colors(df)),
             order=alt.Order("phase_order:Q"),
@@ -72,30 +74,85 @@ def stacked_over_time(rows: list[dict]) -> alt.Chart:
     )
 
 
-def heatmap_chart(hm: dict) -> alt.Chart:
-    df = pd.DataFrame(hm["cells"], columns=["row", "bin", "t_s", "value", "label"])
-    fmt = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}[hm["unit"]]
-    scheme = alt.Scale(scheme="orangered", reverse=hm["metric"] == "gpu_utilization_ratio")
-    rows = max(1, len(hm["rows"]))
-    last = max(hm["cells"], key=lambda c: c["bin"], default=None)
-    per_bin = last["t_s"] / last["bin"] if last and last["bin"] else None
-    x_title = "time →" + (f" ({per_bin:.1f} s per column)" if per_bin else "")
+_UNIT_FORMAT = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}
+
+
+def heatmap_scale_text(hm: dict) -> str:
+    """What the heatmap's colours mean, in words (the scale is fixed for the run: ``_queries.colour_scale``)."""
+    sc = hm["scale"]
+    if hm["unit"] == "ratio":
+        return "colour: 0-100 %"
+    if not sc.get("high"):
+        return "colour: no values yet"
+    top = {"s": f"{1000 * sc['high']:.1f} ms", "bytes": f"{sc['high'] / 2**30:.2f} GiB"}[hm["unit"]]
+    steps = f"steps {sc['first_step']}-{sc['last_step']}" if sc.get("first_step") is not None else "the steps so far"
+    when = "fixed for the run" if sc.get("fixed") else "until the run passes that window, so far"
     return (
-        alt.Chart(df)
-        .mark_rect()
-        .encode(
-            x=alt.X("bin:O", title=x_title, axis=alt.Axis(labels=False, ticks=False)),
-            y=alt.Y(
-                "label:N",
-                sort=alt.EncodingSortField(field="row", op="min"),
-                title="rank (worst first)",
-                axis=alt.Axis(labelOverlap=True),
-            ),
-            color=alt.Color("value:Q", scale=scheme, title=hm["unit"], legend=alt.Legend(format=fmt)),
-            tooltip=["label", alt.Tooltip("t_s:Q", title="from s", format=".1f"), alt.Tooltip("value:Q", format=fmt)],
-        )
-        .properties(height=min(640, max(120, 6 * rows + 40)))
+        f"colour: 0 to {top} (1.25 x the 95th percentile of {sc['basis']} over {steps} after warm-up; "
+        f"{when}; higher values in the darkest colour)"
     )
+
+
+def heatmap_axis_title(hm: dict) -> str:
+    """'step (8 steps per column, about 0.4 s)': the column width as measured, in steps and seconds."""
+    col, step_s = hm["col_steps"], hm.get("step_s")
+    per = f"{col} step{'s' if col != 1 else ''} per column"
+    if step_s:
+        seconds = col * step_s
+        per += f", about {seconds:.2f} s" if seconds < 1 else f", about {seconds:.1f} s"
+    return f"step ({per})"
+
+
+def heatmap_chart(hm: dict) -> dict:
+    """A Vega-Lite spec (a plain dict: no Altair object to build and validate at each refresh) of one heatmap:
+    step columns of a fixed width from step 0 to the chart's column budget (``_queries.column_steps``), with
+    ticks, and a colour scale fixed for the run, clamped above."""
+    col, bins = hm["col_steps"], hm["bins"]
+    values = [
+        {"label": c["label"], "row": c["row"], "x0": c["step"], "x1": c["step"] + col, "value": c["value"]}
+        for c in hm["cells"]
+    ]
+    fmt = _UNIT_FORMAT[hm["unit"]]
+    sc = hm["scale"]
+    scale: dict = {"scheme": "orangered", "clamp": True, "reverse": hm["metric"] == "gpu_utilization_ratio"}
+    if sc.get("high"):
+        scale["domain"] = [sc["low"], sc["high"]]
+    rows = max(1, len(hm["rows"]))
+    return {
+        "data": {"values": values},
+        "mark": {"type": "rect"},
+        "height": min(640, max(120, 6 * rows + 40)),
+        "padding": {"left": 8, "top": 4, "right": 4, "bottom": 4},
+        "encoding": {
+            "x": {
+                "field": "x0",
+                "type": "quantitative",
+                "title": heatmap_axis_title(hm),
+                "scale": {"domain": [0, col * bins], "nice": False, "zero": True},
+                "axis": {"tickCount": 10, "format": "d", "grid": False},
+            },
+            "x2": {"field": "x1"},
+            "y": {
+                "field": "label",
+                "type": "nominal",
+                "sort": {"field": "row", "op": "min"},
+                "title": "rank (worst first)",
+                "axis": {"labelOverlap": True, "titlePadding": 6, "labelLimit": 90},
+            },
+            "color": {
+                "field": "value",
+                "type": "quantitative",
+                "scale": scale,
+                "title": hm["unit"],
+                "legend": {"format": fmt},
+            },
+            "tooltip": [
+                {"field": "label", "title": "rank"},
+                {"field": "x0", "title": "from step", "type": "quantitative"},
+                {"field": "value", "type": "quantitative", "format": fmt},
+            ],
+        },
+    }
 
 
 def series_chart(rows: list[dict]) -> alt.Chart:

@@ -204,46 +204,103 @@ def rank_order(con, order: str = "mean step time (slowest first)") -> list[int]:
     return [r[0] for r in con.execute(sql).fetchall()]
 
 
-def heatmap(con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 128, solo: int = 0) -> dict:
-    """Rank x time-bin cells of one metric, rows in the order of ``ranks`` (see ``rank_order``).
+def column_steps(last_step: int, bins: int, chunk_steps: int = 1) -> int:
+    """Steps per heatmap column: the rollup's chunk doubled until ``bins`` columns hold the run. Why doubling:
+    a column keeps its width in steps (and on the page) while the run grows, and halves the count of columns
+    only when they fill the chart, instead of every column widening at every refresh."""
+    col = max(1, int(chunk_steps))
+    while col * max(1, int(bins)) < max(1, int(last_step) + 1):
+        col *= 2
+    return col
 
-    Above ``max_rows`` ranks, neighbours in that order share a row that shows the worst value of its
-    members (max, or min for utilization), so one bad rank still stands out at 1,024 ranks. The first
-    ``solo`` ranks (the worst, in that order) keep a row each, so at 10,000 ranks the ones to look at are
-    named one by one and the healthy mass below is summarised in groups. Returns
-    ``{"cells": [{"row", "label", "bin", "t_s", "value"}], "rows": [{"row", "label", "ranks"}], "group": k}``.
+
+def heatmap(
+    con, metric: str, ranks: list[int], bins: int = 60, max_rows: int = 128, solo: int = 0, chunk_steps: int = 1
+) -> dict:
+    """Rank x step-column cells of one metric, rows in the order of ``ranks`` (see ``rank_order``).
+
+    The time axis is in steps: columns of ``column_steps`` steps each, from step 0, so a column's place and
+    width stay put while the run grows. Above ``max_rows`` ranks, neighbours in that order share a row that
+    shows the worst value of its members (max, or min for utilization), so one bad rank still stands out at
+    1,024 ranks. The first ``solo`` ranks (the worst, in that order) keep a row each, so at 10,000 ranks the
+    ones to look at are named one by one and the healthy mass below is summarised in groups. The colour
+    scale is ``colour_scale``'s, fixed for the run. Returns ``{"cells": [{"row", "label", "bin", "step",
+    "value"}], "rows": [{"row", "label", "ranks"}], "group": k, "col_steps", "bins", "step_s", "scale"}``.
     """
     m = _check_metric(metric)
     solo = max(0, min(int(solo), len(ranks), int(max_rows) - 1)) if len(ranks) > max_rows else 0
     rest = len(ranks) - solo
     group = max(1, -(-rest // max(1, int(max_rows) - solo)))
-    if m.source == "steps":  # a mean per rank and bin, from the rollup's sums
-        values = f"SELECT rank, t_min AS time_ns, {m.key[:-2]}_sum AS s, n FROM rollup"
+    last, step_s = con.execute("SELECT max(step_max), sum(step_sum) / nullif(sum(n), 0) FROM rollup").fetchone()
+    col = column_steps(last or 0, bins, chunk_steps)
+    if m.source == "steps":  # a mean per rank and column, from the rollup's sums
+        values = f"SELECT rank, step_min AS step, {m.key[:-2]}_sum AS s, n FROM rollup"
         params: dict = {}
     else:
-        values = "SELECT rank, time_ns, value AS s, 1 AS n FROM samples WHERE name = $name"
+        values = "SELECT rank, step, value AS s, 1 AS n FROM samples WHERE name = $name"
         params = {"name": m.key}
     worst = "max" if m.worse == "high" else "min"
     sql = f"""
         WITH vals AS ({values}),
-             span AS (SELECT min(time_ns) AS t0, greatest(max(time_ns) - min(time_ns), 1) AS w FROM vals),
-             per_rank AS (
-               SELECT rank, least(CAST(floor((time_ns - t0) * $bins / w) AS BIGINT), $bins - 1) AS bin,
-                      sum(s) / nullif(sum(n), 0) AS v
-               FROM vals, span GROUP BY ALL),
+             per_rank AS (SELECT rank, step // $col AS bin, sum(s) / nullif(sum(n), 0) AS v FROM vals GROUP BY ALL),
              ord AS (SELECT unnest($order) AS rank, generate_subscripts($order, 1) - 1 AS pos)
         SELECT CASE WHEN ord.pos < $solo THEN ord.pos ELSE $solo + (ord.pos - $solo) // $group END AS row,
-               bin, bin * w / $bins / 1e9 AS t_s, {worst}(v) AS value
-        FROM per_rank JOIN ord USING (rank), span WHERE v IS NOT NULL GROUP BY ALL ORDER BY row, bin
+               bin, bin * $col AS step, {worst}(v) AS value
+        FROM per_rank JOIN ord USING (rank) WHERE v IS NOT NULL GROUP BY ALL ORDER BY row, bin
     """
-    params.update({"bins": int(bins), "group": group, "solo": solo, "order": [int(r) for r in ranks]})
+    params.update({"col": col, "group": group, "solo": solo, "order": [int(r) for r in ranks]})
     cells = _rows(con.execute(sql, params))
     members = [ranks[i : i + 1] for i in range(solo)]
     members += [ranks[i : i + group] for i in range(solo, len(ranks), group)]
     rows = [{"row": i, "label": _row_label(m), "ranks": m} for i, m in enumerate(members)]
     for c in cells:
         c["label"] = rows[c["row"]]["label"]
-    return {"cells": cells, "rows": rows, "group": group, "metric": m.key, "label": m.label, "unit": m.unit}
+    out = {"cells": cells, "rows": rows, "group": group, "metric": m.key, "label": m.label, "unit": m.unit}
+    out.update(col_steps=col, bins=max(1, int(bins)), step_s=step_s, scale=colour_scale(con, metric, chunk_steps, last))
+    return out
+
+
+SCALE_STEPS = 50
+"""Steps after warm-up whose values fix a heatmap's colour scale (at least 4 rollup chunks)."""
+SCALE_QUANTILE = 0.95
+SCALE_HEADROOM = 1.25
+
+
+def colour_scale(con, metric: str, chunk_steps: int = 1, last_step: int | None = None) -> dict:
+    """The colour scale of a heatmap, fixed for the run: 0 to ``SCALE_HEADROOM`` x the ``SCALE_QUANTILE``
+    quantile of the per-rank values over the first ``SCALE_STEPS`` steps after warm-up (time metrics: of the
+    step time, so every time heatmap of a run reads on one scale; utilization: 0-100 %).
+
+    Why: a scale from each refresh's min and max changed colours at every refresh, let warm-up steps set it,
+    and made a flat 82-87 ms look dark red. From 0, a flat run looks flat; from a quantile, one outlier does
+    not wash the rest out; from a fixed window, the colours mean the same as the run goes on (values above
+    the top are drawn in the top colour). Until the run has passed the window, the steps so far (``fixed``
+    False). ``last_step``: the run's highest step, where the caller has it.
+    Returns ``{"low", "high", "first_step", "last_step", "fixed", "basis"}``.
+    """
+    m = _check_metric(metric)
+    if m.unit == "ratio":
+        return {"low": 0.0, "high": 1.0, "first_step": None, "last_step": None, "fixed": True, "basis": "0-100 %"}
+    span = max(SCALE_STEPS, 4 * max(1, int(chunk_steps)))
+    first, last = WARMUP_STEPS, WARMUP_STEPS + span - 1
+    if m.source == "steps":
+        sql = """SELECT quantile_cont(step_sum / n, $q), min(step_min), max(step_max) FROM rollup
+                 WHERE step_min >= $first AND step_max <= $last AND n > 0"""
+        params: dict = {}
+        basis = "step time"
+    else:
+        sql = """SELECT quantile_cont(value, $q), min(step), max(step) FROM samples
+                 WHERE name = $name AND step BETWEEN $first AND $last"""
+        params = {"name": m.key}
+        basis = m.label
+    q, lo, hi = con.execute(sql, {**params, "q": SCALE_QUANTILE, "first": first, "last": last}).fetchone()
+    if q is None:  # no step after warm-up yet: the steps so far
+        q, lo, hi = con.execute(sql, {**params, "q": SCALE_QUANTILE, "first": 0, "last": last}).fetchone()
+    high = float(q) * SCALE_HEADROOM if q else None
+    if last_step is None:
+        last_step = con.execute("SELECT max(step_max) FROM rollup").fetchone()[0]
+    fixed = last_step is not None and last_step >= last
+    return {"low": 0.0, "high": high, "first_step": lo, "last_step": hi, "fixed": fixed, "basis": basis}
 
 
 def _row_label(ranks: list[int]) -> str:

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ranksight.dashboard import _data
-from ranksight.dashboard._charts import heatmap_chart
+from ranksight.dashboard._charts import heatmap_chart, heatmap_scale_text
 from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
 from ranksight.dashboard._view import context, guard, live_panel, ms, require_run
 
@@ -20,7 +20,7 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
             if metric == "step_s":
                 st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
             return
-        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows, SOLO_ROWS)
+        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows, SOLO_ROWS, _data.rollup(path).chunk_steps)
         st.subheader(m.label)
         if not hm["cells"]:
             st.caption(f"{m.label}: not recorded on this run (GPU signals are absent on a CPU job or without NVML)")
@@ -30,7 +30,8 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
                 f"{len(ranks)} ranks: the {SOLO_ROWS} worst one per row, then {hm['group']} per row "
                 "(each shows its worst member)"
             )
-        st.altair_chart(heatmap_chart(hm), width="stretch")
+        st.vega_lite_chart(spec=heatmap_chart(hm), width="stretch")
+        st.caption(heatmap_scale_text(hm))
 
 
 def outliers(path: str) -> None:
@@ -60,7 +61,7 @@ if require_run(ctx):
     st.text(f"run: {ctx.run['run']}")
     c = st.columns(3)
     order = c[0].selectbox("sort ranks by", list(RANK_ORDERS))
-    bins = c[1].slider("time bins", 10, 120, 60, step=10)
+    bins = c[1].slider("columns at most (steps per column double when they fill)", 10, 120, 60, step=10)
     max_rows = c[2].slider("rows at most (ranks are grouped above)", 16, 256, 128, step=16)
     live_panel(ctx, outliers, ctx.run["path"])
     for key in HEATMAP_METRICS:

@@ -1,0 +1,140 @@
+"""Watching a live run: one snapshot per refresh shared by every part of the page, a clock that says which,
+provisional verdicts, and heatmaps whose columns and colours hold still while the run grows.
+
+Synthetic runs written with the record schema (``write_run``); the browser test of a real job is in
+``test_dashboard_live_browser.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ranksight.dashboard import APP_PATH, Rollup, _data
+from ranksight.dashboard import _queries as q
+from ranksight.dashboard._view import clock_text
+from ranksight.rules._provisional import PROVISIONAL_BELOW_STEPS, provisional, provisional_text
+from tests.test_dashboard import write_run
+
+
+def test_a_snapshot_is_kept_until_a_file_changes_and_then_takes_in_the_new_steps(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    first = _data.snapshot(path, refresh_s=0)
+    assert (first.status, first.steps, first.serial) == ("live", 20, 1) and first.diagnosis is not None
+    assert _data.snapshot(path, refresh_s=0) is first  # nothing written: the same snapshot, no reading
+    _data.pull(path, q.run_overview)  # a page builds the rollup
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    second = _data.snapshot(path, refresh_s=0)
+    assert second.serial == 2 and second.steps == 40
+    # The verdict, the charts' figures and the clock come from the same refresh.
+    assert max(r["steps"] for r in second.diagnosis["breakdown"]["ranks"]) == 40 - 5
+    assert _data.pull(path, q.run_overview)["steps"] == 40
+    # Within one refresh interval, tabs share the snapshot without looking at the files.
+    write_run(path, 2, 20, first_step=40, segment="c", status="running")
+    assert _data.snapshot(path, refresh_s=3600) is second
+    assert _data.snapshot(path, refresh_s=0).steps == 60
+
+
+def test_the_runs_list_tells_a_followed_run_as_its_snapshot_does(tmp_path):
+    root = tmp_path / "runs"
+    path = write_run(str(root / "run"), 2, 20, status="running")
+    snap = _data.snapshot(path, refresh_s=0)
+    listed = next(r for r in _data.runs(str(root)) if r["path"] == path)
+    assert (listed["status"], listed["steps"], listed["last_update_ns"]) == (snap.status, snap.steps, snap.as_of_ns)
+    write_run(path, 2, 20, first_step=20, segment="b", status="finished")
+    end = _data.snapshot(path, refresh_s=0)
+    assert end.status == "finished" and end.steps == 40
+    listed = next(r for r in _data.runs(str(root)) if r["path"] == path)
+    assert listed["status"] == "finished" and listed["steps"] == 40
+
+
+def test_clock_text_says_step_and_as_of_with_its_age(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    snap = _data.snapshot(path, refresh_s=0)
+    text = clock_text(snap, now_ns=snap.as_of_ns + 3_400_000_000)
+    as_of = time.strftime("%H:%M:%S", time.localtime(snap.as_of_ns / 1e9))
+    assert text == f"● live · step 20 of the run, as of {as_of} (3 s ago)"
+
+
+def test_a_live_verdict_from_too_few_steps_is_provisional_and_a_finished_one_is_not(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 12, status="running")
+    note = _data.provisional_note(path)
+    assert note == provisional_text(12 - 5) and "rests on 7 steps after warm-up" in note
+    assert str(PROVISIONAL_BELOW_STEPS) in note
+    write_run(path, 2, PROVISIONAL_BELOW_STEPS, first_step=12, segment="b", status="running")
+    _data.snapshot(path, refresh_s=0)  # the next refresh
+    assert provisional(_data.diagnosis(path)) is None and _data.provisional_note(path) is None
+
+
+def _diagnose_cli(path: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "ranksight", "diagnose", path], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_ranksight_diagnose_labels_a_live_runs_early_verdict_provisional(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 8, status="running")
+    lines = _diagnose_cli(path).splitlines()
+    assert lines[1] == provisional_text(3), lines[:3]  # right under the run's name, above the verdict
+    write_run(path, 2, 8, status="finished")  # the same steps, the run ended: the verdict is what it is
+    assert "provisional" not in _diagnose_cli(path)
+
+
+def test_heatmap_columns_keep_their_width_in_steps_and_double_when_full(tmp_path):
+    assert [q.column_steps(last, 10) for last in (0, 9, 10, 19, 20, 39, 40)] == [1, 1, 2, 2, 4, 4, 8]
+    assert q.column_steps(100, 10, chunk_steps=64) == 64
+    path = write_run(str(tmp_path / "run"), 2, 15, status="running")
+    con = Rollup(path).cursor()
+    hm = q.heatmap(con, "step_s", [0, 1], bins=10)
+    assert hm["col_steps"] == 2 and {c["step"] for c in hm["cells"]} == set(range(0, 15, 2))
+    write_run(path, 2, 4, first_step=15, segment="b", status="running")  # 19 steps: still 2 per column
+    con = Rollup(path).cursor()
+    again = q.heatmap(con, "step_s", [0, 1], bins=10)
+    first_row = [c["step"] for c in again["cells"] if c["row"] == 0]
+    assert again["col_steps"] == 2 and first_row[:8] == [c["step"] for c in hm["cells"] if c["row"] == 0]
+    assert first_row == list(range(0, 20, 2))  # one more column, the others where they were
+
+
+def test_heatmap_colour_scale_is_fixed_from_steps_after_warm_up(tmp_path):
+    path = str(tmp_path / "run")
+    write_run(path, 2, 5, data_wait_s=5.0, status="running")  # slow warm-up steps: no say in the scale
+    write_run(path, 2, 60, first_step=5, segment="b", status="running")
+    con = Rollup(path).cursor()
+    scale = q.colour_scale(con, "data_wait_s")
+    step_s = 0.01 + 0.1 + 0.1 + 0.01  # write_run's step: data wait, compute, comm, optimizer
+    assert scale["high"] == pytest.approx(1.25 * step_s) and scale["fixed"] and scale["first_step"] == 5
+    write_run(path, 2, 40, first_step=65, data_wait_s=1.0, segment="c", status="running")  # a later slowdown
+    con = Rollup(path).cursor()
+    assert q.colour_scale(con, "data_wait_s") == scale  # the colours keep their meaning
+    assert q.colour_scale(con, "gpu_utilization_ratio")["high"] == 1.0
+
+
+def _app(monkeypatch, path: str):
+    monkeypatch.setenv("RANKSIGHT_DASHBOARD_PATH", path)
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(APP_PATH, default_timeout=60).run()
+
+
+@pytest.mark.parametrize("page", ["verdict", "runs", "breakdown", "heatmaps", "signals"])
+def test_every_page_and_the_sidebar_show_the_same_clock(tmp_path, monkeypatch, page):
+    path = write_run(str(tmp_path / "runs" / "live"), 2, 12, status="running")
+    at = _app(monkeypatch, os.path.dirname(path))
+    if page != "verdict":
+        at.switch_page(f"_pages/{page}.py").run()
+    assert not at.exception, at.exception
+    main = [c.value for c in at.main.caption if "of the run, as of" in c.value]
+    side = [c.value for c in at.sidebar.caption if "of the run, as of" in c.value]
+    assert len(main) == 1 and len(side) == 1, (main, side)
+    assert main[0].split(" (")[0] == side[0].split(" (")[0]  # the same step and as of; the age is drawn apart
+    assert "step 12 of the run" in main[0].replace("\\", "")
+    if page == "verdict":
+        assert any("provisional: rests on 7 steps" in w.value for w in at.warning)
+    if page == "runs":
+        assert any("| 12 |" in m.value for m in at.markdown)  # the table's steps: the clock's
