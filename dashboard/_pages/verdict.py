@@ -26,8 +26,10 @@ st.title("Verdict")
 
 
 def verdict(path: str) -> None:
-    with guard("the diagnosis"), st.spinner("diagnosing the run ..."):
+    with guard("the diagnosis"):  # made by the refresh that drew the clock: no spinner pushes the page down
         diag = _data.diagnosis(path)
+        if note := _data.provisional_note(path):
+            st.warning(note, icon="⏳")
         # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
         rows = diag.get("breakdown", {}).get("ranks", [])
         total = breakdown_total(rows)
