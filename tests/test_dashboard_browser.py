@@ -205,3 +205,43 @@ def test_demo_in_a_terminal_ends_with_the_dashboard_url(tmp_path, browser):
         finally:
             os.close(master)
     assert proc.returncode == 0
+
+
+def test_verdict_first_card_is_not_clipped_at_1440_px(served, browser):
+    """At a 1440-px-wide window the first finding's card sits beside the chart: its title, summary, evidence
+    and fix snippet must all show whole (a snippet line once ended at ``normalize(batch.to(devic``), and every
+    evidence figure carries its unit or percent sign."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.goto(f"{served['base']}/?run=demo-input")
+    page.get_by_text("input-bound").first.wait_for(timeout=60000)
+    heading = page.get_by_role("heading", name="1. input-bound")
+    # The bordered card: the innermost vertical block holding the first finding's heading.
+    card = page.locator("[data-testid='stVerticalBlock']").filter(has=heading).last
+    code = card.locator("pre").first
+    code.wait_for(timeout=30000)
+    clipped = card.evaluate(
+        """card => {
+            const box = card.getBoundingClientRect();
+            const out = [];
+            for (const el of card.querySelectorAll('h1, h2, h3, h4, p, pre, code, td, th')) {
+                const r = el.getBoundingClientRect();
+                if (r.width === 0) continue;
+                if (el.scrollWidth > el.clientWidth + 1 || r.right > box.right + 1 || r.left < box.left - 1)
+                    out.push(el.tagName + ': ' + el.innerText.slice(0, 60));
+            }
+            return out;
+        }"""
+    )
+    assert clipped == [], clipped
+    from ranksight.rules import diagnose
+
+    first = diagnose(served["demo"])["findings"][0]
+    longest = max(first["fix"]["snippet"].splitlines(), key=len).strip()
+    assert " ".join(longest.split()) in " ".join(code.inner_text().split())
+    values = card.locator("td").all_inner_texts()[1::2]  # the evidence table: name, value
+    assert values, "no evidence table in the first card"
+    import re
+
+    bare = [v for v in values if v != "—" and not re.search(r"(%|×|[a-zµ]+|B|/ step)\s*$", v)]
+    assert bare == [], values
+    page.close()

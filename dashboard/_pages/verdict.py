@@ -1,12 +1,11 @@
 """Verdict first: the rules' findings (root cause first) with their cost, evidence, ranks and the fix, the
 per-rank step breakdown beside the first one; the checklist below."""
 
-from typing import Optional
-
 import streamlit as st
 
 from ranksight.dashboard import _data
 from ranksight.dashboard._queries import fix_gain_text
+from ranksight.dashboard._verdict_rows import checklist_rows, evidence_rows
 from ranksight.dashboard._view import (
     code_html,
     context,
@@ -52,19 +51,15 @@ def verdict(path: str) -> None:
                 st.markdown(stacked_by_rank_svg(rows, named), unsafe_allow_html=True)
         for i, f in enumerate(findings[1:], start=1):
             _finding(i, f)
-        checklist = diag.get("checklist", [])
-        if checklist:
+        if diag.get("checklist"):
             st.subheader("Checklist")
-            items = [
-                {
-                    "status": c.get("status"),
-                    "item": c.get("item"),
-                    "group": c.get("group"),
-                    "value": _fmt(c.get("value"), c.get("unit")),
-                }
-                for c in checklist
-            ]
-            st.markdown(md_table(items))
+            shown, hidden = checklist_rows(diag)
+            if shown:
+                st.markdown(md_table(shown))
+            else:
+                st.markdown("No checklist item applies to this run.")
+            if hidden:
+                st.caption(md_escape(hidden))
 
 
 def _finding(i: int, f: dict) -> None:
@@ -81,28 +76,21 @@ def _finding(i: int, f: dict) -> None:
         if gain:
             st.markdown(f"**{md_escape(gain)}**")
         st.text(f.get("summary", ""))
-        evidence = f.get("evidence") or {}
+        evidence = evidence_rows(f)
         if evidence:
-            st.markdown(md_table([{"evidence": k, "value": _fmt(v)} for k, v in evidence.items()]))
+            st.markdown(md_table(evidence))
         fix = f.get("fix") or {}
         if fix.get("text"):
             st.markdown(f"**Fix:** {md_escape(fix['text'])}")
         if fix.get("snippet"):
-            st.html(code_html(fix["snippet"]))
+            # Wrapped, not scrolled: in the card beside the chart a long line was cut at the card's edge.
+            st.html(code_html(fix["snippet"], wrap=True))
 
 
 def _ranks(ranks: list) -> str:
     return (
         "all" if not ranks else ", ".join(map(str, ranks[:16])) + (f" (+{len(ranks) - 16})" if len(ranks) > 16 else "")
     )
-
-
-def _fmt(v, unit: Optional[str] = None) -> str:
-    if v is None:
-        return "—"
-    if unit == "ratio":
-        return f"{100 * v:.1f} %"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if require_run(ctx):
