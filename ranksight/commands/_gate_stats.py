@@ -8,10 +8,11 @@ Why this estimator:
   step, which is what a regression is, moves it fully.
 * **Phases averaged over the same kept steps**, so the phases' means add up to the period's: the change in
   step time splits exactly into the phases' contributions (in points of A's step time).
-* **A circular block bootstrap** (blocks of about sqrt(n) consecutive steps, each run resampled on its own):
-  neighbouring steps share the machine's load, so resampling single steps would pretend they are
-  independent and give too narrow an interval. The resampling is seeded, so the same two runs always give
-  the same interval and the same gate verdict.
+* **A circular block bootstrap**, each run resampled on its own: neighbouring steps share the machine's
+  load, so resampling single steps would pretend they are independent and give too narrow an interval.
+  The blocks are as long as the run's own load memory (its autocorrelation time), and when that leaves
+  few blocks the interval widens as Student's t does for few draws. The resampling is seeded, so the same
+  two runs always give the same interval and the same gate verdict.
 """
 
 from __future__ import annotations
@@ -36,15 +37,58 @@ SEED = 0
 """The resampling's seed: one comparison, one answer."""
 
 
-def block_length(n: int) -> int:
-    """The bootstrap's block length for a series of ``n`` steps: about sqrt(n), at least 5 (load changes last
-    longer than a few steps), at most n."""
-    return max(1, min(n, max(5, round(math.sqrt(n)))))
+def correlation_steps(period: np.ndarray) -> float:
+    """How many steps apart two steps' periods stop sharing the machine's load: the integrated
+    autocorrelation time 1 + 2 * sum(rho_k), summed until rho_k first drops to 0 (at most n / 4 lags),
+    on the period winsorised at its 10th and 90th percentiles so that a few stalls do not set it."""
+    n = len(period)
+    if n < 8:
+        return 1.0
+    lo, hi = np.quantile(period, [0.1, 0.9])
+    x = np.clip(period, lo, hi)
+    x = x - x.mean()
+    var = float(x @ x)
+    if var <= 0:
+        return 1.0
+    tau = 1.0
+    for k in range(1, n // 4):
+        rho = float(x[:-k] @ x[k:]) / var
+        if rho <= 0:
+            break
+        tau += 2 * rho
+    return tau
 
 
-def _resample(n: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
+def block_length(n: int, period: np.ndarray | None = None) -> int:
+    """The bootstrap's block length for a series of ``n`` steps: as long as the load's memory
+    (``correlation_steps`` of ``period``, where given), at least 5 steps and sqrt(n), at most n / 5 (five
+    blocks: fewer would leave the interval to chance)."""
+    memory = correlation_steps(period) if period is not None else 1.0
+    length = max(5, round(math.sqrt(n)), math.ceil(memory))
+    return max(1, min(n, length, max(5, n // 5)))
+
+
+def _t_over_z(confidence: float, df: int) -> float:
+    """Student's t quantile over the normal one at ``confidence`` (two-sided) with ``df`` degrees of freedom
+    (Cornish-Fisher expansion; numpy has no t quantile and scipy is no dependency). Each block is one
+    independent draw, so a few long blocks earn a wider interval than the percentiles of their resamples."""
+    z = _z(confidence)
+    df = max(df, 2)
+    t = z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return t / z
+
+
+def _z(confidence: float) -> float:
+    """The standard normal quantile at (1 + confidence) / 2, by bisection on math.erf."""
+    target, lo, hi = (1 + confidence) / 2, 0.0, 10.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _resample(n: int, length: int, replicates: int, rng: np.random.Generator) -> np.ndarray:
     """Indices of ``replicates`` circular block resamples of a series of ``n`` steps (one row each)."""
-    length = block_length(n)
     blocks = -(-n // length)
     starts = rng.integers(0, n, size=(replicates, blocks))
     idx = (starts[:, :, None] + np.arange(length)[None, None, :]) % n
@@ -68,9 +112,11 @@ def _trimmed_means(series: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, 
     return out
 
 
-def _interval(point: float, replicates: np.ndarray, confidence: float) -> dict:
+def _interval(point: float, replicates: np.ndarray, confidence: float, widen: float) -> dict:
+    """The percentile interval of the replicates around ``point``, each side stretched by ``widen``."""
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(replicates, [tail, 1.0 - tail])
+    low, high = point - widen * max(point - low, 0.0), point + widen * max(high - point, 0.0)
     return {"point": float(point), "low": float(low), "high": float(high)}
 
 
@@ -88,15 +134,17 @@ def compare_series(
     rng = np.random.default_rng(SEED)
     point_a = _trimmed_means(a, np.arange(na)[None, :])
     point_b = _trimmed_means(b, np.arange(nb)[None, :])
-    boot_a = _trimmed_means(a, _resample(na, replicates, rng))
-    boot_b = _trimmed_means(b, _resample(nb, replicates, rng))
+    la, lb = block_length(na, a["period_s"]), block_length(nb, b["period_s"])
+    boot_a = _trimmed_means(a, _resample(na, la, replicates, rng))
+    boot_b = _trimmed_means(b, _resample(nb, lb, replicates, rng))
+    widen = _t_over_z(confidence, min(na // la, nb // lb) - 1)
     ta, tb = point_a["period_s"][0], point_b["period_s"][0]
     out = {
         "steps_a": na,
         "steps_b": nb,
-        "block_steps": [block_length(na), block_length(nb)],
+        "block_steps": [la, lb],
         "step": {"a_s": float(ta), "b_s": float(tb),
-                 "change": _interval(tb / ta - 1, boot_b["period_s"] / boot_a["period_s"] - 1, confidence)},
+                 "change": _interval(tb / ta - 1, boot_b["period_s"] / boot_a["period_s"] - 1, confidence, widen)},
         "phases": {},
     }  # fmt: skip
     for p in COLUMNS[1:]:
@@ -111,7 +159,9 @@ def compare_series(
             "b_s": float(pb),
             "share_a": float(pa / ta),
             "share_b": float(pb / tb),
-            "contribution": _interval((pb - pa) / ta, (rb - ra) / boot_a["period_s"], confidence),
-            "share_change": _interval(pb / tb - pa / ta, rb / boot_b["period_s"] - ra / boot_a["period_s"], confidence),
+            "contribution": _interval((pb - pa) / ta, (rb - ra) / boot_a["period_s"], confidence, widen),
+            "share_change": _interval(
+                pb / tb - pa / ta, rb / boot_b["period_s"] - ra / boot_a["period_s"], confidence, widen
+            ),
         }
     return out

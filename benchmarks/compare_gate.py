@@ -1,0 +1,223 @@
+"""The regression gate against real runs: do healthy reruns pass, and is a planted slowdown caught?
+
+Runs one small training job with the agent attached many times, under a competing CPU-bound process (on a
+CPU machine), and gates pairs of runs with the real command line (``ranksight compare A B --gate 3% --json``):
+
+* healthy pairs (two runs of the same job): each should pass (exit 0); the target is >= 19 of 20;
+* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as a sleep in the data
+  loader's fetch: each should fail (exit 1) with the data wait named first; the target is >= 9 of 10;
+* a planted 3 % slowdown (below what a short run can tell from noise): "cannot tell" or caught, never "faster".
+
+    python -m benchmarks compare_gate --json benchmarks/results/compare_gate_cpu.json
+    python -m benchmarks compare_gate --device cuda --json benchmarks/results/compare_gate_cuda.json
+
+The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
+(about 20 s). The planted sleeps are set from the healthy runs' own step time, measured first. The rounds
+rotate which run goes first, so drift in the machine falls on every arm alike; each round's load is kept.
+Needs only torch, ranksight and duckdb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _harness import cli, free_port, machine_load, rotated, spread, write_results  # noqa: E402
+
+WORKER = "_worker"
+
+
+def _worker(config: dict) -> None:
+    """One rank of the job (started by ``run_job`` with the torchrun-style environment set)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    import ranksight
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = config["device"]
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if world > 1:
+        dist.init_process_group("gloo" if device == "cpu" else "nccl", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    mon = ranksight.init(run_dir=config["run_dir"], job="compare-gate", run_id=config["run_id"], flush_interval_s=0.5)
+    width, batch, depth = config["width"], config["batch"], config["depth"]
+    layers: list = [nn.Linear(64, width), nn.ReLU()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model: nn.Module = nn.Sequential(*layers, nn.Linear(width, 1)).to(device)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    mon.watch(model, optimizer=opt)
+    fetch_s = config["fetch_s"]
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10**7
+
+        def __getitem__(self, i):
+            if fetch_s:
+                time.sleep(fetch_s)  # the planted slowdown: a slower input pipeline
+            return torch.randn(batch, 64), torch.randn(batch, 1)
+
+    loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=device == "cuda")
+    for step, (x, y) in enumerate(mon.loader(loader)):
+        with mon.step():
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if device == "cuda":
+                loss.item()  # a loop that logs its loss every step: the host waits for the GPU, so a slow fetch shows
+        if step + 1 >= config["steps"]:
+            break
+    mon.close()
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_job(config: dict) -> str:
+    """Start the job's ranks as processes (the environment torchrun would give them), wait, return the run."""
+    port, world = free_port(), config["ranks"]
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, __file__, WORKER, json.dumps(config)], env=env))
+    codes = [p.wait(timeout=600) for p in procs]
+    if any(codes):
+        raise RuntimeError(f"job {config['run_id']} failed: exit codes {codes}")
+    return os.path.join(config["run_dir"], config["run_id"])
+
+
+def busy_loop() -> subprocess.Popen:
+    """A competing CPU-bound process (a Python busy loop), as another job on the same host would be."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+JOBS = {
+    "cpu": {"device": "cpu", "ranks": 2, "width": 512, "batch": 256, "depth": 3, "steps": 200},
+    "cuda": {"device": "cuda", "ranks": 1, "width": 4096, "batch": 4096, "depth": 6, "steps": 400},
+}
+"""The job per device: on CPU about 15-25 ms a step on a shared 2-core machine (200 steps: a few seconds);
+on a GPU about 50 ms a step (400 steps: about 20 s)."""
+
+
+def gate(a: str, b: str, limit: str, cwd: str) -> dict:
+    """``ranksight compare A B --gate LIMIT --json``: its exit code and its change section."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ranksight", "compare", a, b, "--gate", limit, "--json"],
+        capture_output=True, text=True, cwd=cwd, timeout=600,
+    )  # fmt: skip
+    if out.returncode not in (0, 1, 2) or not out.stdout.strip():
+        raise RuntimeError(f"compare {a} {b} failed ({out.returncode}): {out.stderr[-2000:]}")
+    change = json.loads(out.stdout)["change"]
+    row = {"a": os.path.basename(a), "b": os.path.basename(b), "exit_code": out.returncode, "status": change["status"]}
+    if change["status"] == "incomparable":
+        return {**row, "reason": change["reason"]}
+    c = change["job"]["step"]["change"]
+    moved = [r["phase"] for r in change["attribution"] if r["moved"] and r["contribution"]["point"] > 0]
+    wait = change["job"]["phases"].get("data_wait_s", {}).get("contribution", {})
+    return {**row, "verdict": change["verdict"], "change": c["point"], "low": c["low"], "high": c["high"],
+            "a_s": change["job"]["step"]["a_s"], "b_s": change["job"]["step"]["b_s"],
+            "first_moved": moved[0] if moved else None, "data_wait_pp": wait.get("point")}  # fmt: skip
+
+
+def main() -> int:
+    parser = cli(__doc__)
+    parser.add_argument("--device", choices=sorted(JOBS), default="cpu")
+    parser.add_argument("--pairs", type=int, default=20, help="healthy pairs (default 20)")
+    parser.add_argument("--slow-pairs", type=int, default=10, help="pairs of each planted slowdown (default 10)")
+    parser.add_argument("--slow", type=float, default=None, help="the planted slowdown (default 0.08 CPU, 0.05 GPU)")
+    parser.add_argument("--small", type=float, default=0.03, help="the slowdown too small to call (default 0.03)")
+    parser.add_argument("--limit", default="3%", help="the gate's limit (default 3%%)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the device's job)")
+    parser.add_argument("--load", type=int, default=None, help="competing busy loops (default 1 on CPU, 0 on GPU)")
+    parser.add_argument("--keep", default=None, help="keep the runs in this folder (default: a temporary one)")
+    args = parser.parse_args()
+    slow = args.slow if args.slow is not None else (0.08 if args.device == "cpu" else 0.05)
+    load = args.load if args.load is not None else (1 if args.device == "cpu" else 0)
+    base = dict(JOBS[args.device], **({"steps": args.steps} if args.steps else {}))
+    root = args.keep or tempfile.mkdtemp(prefix="compare-gate-")
+    run_dir = os.path.join(root, "runs")
+    busy = [busy_loop() for _ in range(load)]
+    started = time.perf_counter()
+    try:
+        job = lambda run_id, fetch_s=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "fetch_s": fetch_s})  # noqa: E731
+        # The healthy step time, then one planted run to see what a sleep of that length costs under this load
+        # (a sleeper on a busy host wakes late: the sleep costs more than its length), and the sleeps set from it.
+        cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
+        step_s = (cal["a_s"] + cal["b_s"]) / 2
+        probe = gate(os.path.join(run_dir, "cal-b"), job("cal-slow", slow * step_s), args.limit, root)
+        # Judged by the data phase's own part of the change, far less noisy than the whole step's.
+        cost = probe.get("data_wait_pp") or 0.0
+        scale = min(1.5, max(0.3, slow / cost)) if cost > 0 else 1.0
+        sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
+        print(f"healthy step {1000 * step_s:.2f} ms; a sleep of {100 * slow:.0f} % of it cost "
+              f"{100 * cost:+.1f} pp of data wait: sleeps {1000 * sleeps['slow']:.3f} ms (slow), "
+              f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
+        runs: dict[str, str] = {}
+
+        rounds = []
+        for r in range(args.pairs):
+            arms = ["healthy_a", "healthy_b"] + (["slow", "small"] if r < args.slow_pairs else [])
+            load_now = machine_load()
+            for arm in rotated(arms, r):
+                runs[f"{arm}-{r}"] = job(f"{arm}-{r}", sleeps.get(arm, 0.0))
+            rounds.append({"round": r, "load": load_now})
+            print(f"round {r}: load {load_now['loadavg'][0]:.1f}", flush=True)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    pairs = {"healthy": [], "slow": [], "small": []}
+    for r in range(args.pairs):
+        pairs["healthy"].append(gate(runs[f"healthy_a-{r}"], runs[f"healthy_b-{r}"], args.limit, root))
+        if r < args.slow_pairs:
+            pairs["slow"].append(gate(runs[f"healthy_a-{r}"], runs[f"slow-{r}"], args.limit, root))
+            pairs["small"].append(gate(runs[f"healthy_b-{r}"], runs[f"small-{r}"], args.limit, root))
+    summary = {
+        "healthy_passed": sum(p["exit_code"] == 0 for p in pairs["healthy"]),
+        "healthy_pairs": len(pairs["healthy"]),
+        "slow_failed": sum(p["exit_code"] == 1 for p in pairs["slow"]),
+        "slow_failed_data_named": sum(p["exit_code"] == 1 and p["first_moved"] == "data_wait_s" for p in pairs["slow"]),
+        "slow_pairs": len(pairs["slow"]),
+        "small_verdicts": {
+            v: sum(p.get("verdict") == v for p in pairs["small"])
+            for v in ("slower", "cannot tell", "no change", "faster")
+        },  # fmt: skip
+        "small_failed": sum(p["exit_code"] == 1 for p in pairs["small"]),
+        "healthy_change": spread([p.get("change") for p in pairs["healthy"]]),
+        "healthy_interval_width": spread([p["high"] - p["low"] for p in pairs["healthy"] if "high" in p]),
+        "slow_change": spread([p.get("change") for p in pairs["slow"]]),
+        "small_change": spread([p.get("change") for p in pairs["small"]]),
+        "loadavg_1m": spread([r["load"]["loadavg"][0] for r in rounds]),
+        "wall_s": time.perf_counter() - started,
+    }
+    figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
+               "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe, "calibration": cal,
+               "summary": summary, "pairs": pairs, "rounds": rounds}  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=args.pairs)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == WORKER:
+        _worker(json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The gate's statistics and limits on series whose truth is known: steps drawn with a planted shift, slow load
+drifts and one-off stalls, so what the interval should say is known before it is computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ranksight.commands._gate_policy import GateConfig, load_config, parse_share, phase_key, verdict
+from ranksight.commands._gate_samples import COLUMNS, job_series, steady
+from ranksight.commands._gate_stats import block_length, compare_series
+
+
+def _series(rng, n=200, step_s=0.020, data_s=0.0, drift=0.02, stall_every=0):
+    """A run's steps: a period made of compute, comm and data wait, with an AR(1) load factor of standard
+    deviation ``drift`` (neighbouring steps share the machine's load: its memory is about 19 steps) and,
+    where asked, a 10x stall every ``stall_every`` steps."""
+    load = np.empty(n)
+    load[0] = 0.0
+    for i in range(1, n):
+        load[i] = 0.9 * load[i - 1] + rng.normal(0, drift * np.sqrt(1 - 0.81))
+    factor = np.exp(load + rng.normal(0, 0.05, n))
+    compute = 0.6 * step_s * factor
+    comm = 0.4 * step_s * factor
+    if stall_every:
+        comm[::stall_every] *= 10
+    data = np.full(n, data_s)
+    out = {"step": np.arange(n), "data_wait_s": data, "h2d_s": np.full(n, np.nan), "compute_s": compute,
+           "comm_exposed_s": comm, "optimizer_s": np.zeros(n), "other_s": np.zeros(n)}  # fmt: skip
+    out["period_s"] = data + compute + comm
+    return {c: out[c] for c in ("step", *COLUMNS)}
+
+
+def test_two_draws_of_one_job_mostly_read_no_change_and_pass():
+    rng = np.random.default_rng(1)
+    passed, no_change = 0, 0
+    for _ in range(20):
+        c = compare_series(_series(rng, drift=0.02), _series(rng, drift=0.02), 0.95)["step"]["change"]
+        passed += c["low"] <= 0.03
+        no_change += verdict(c, 0.03) == "no change"
+        assert c["low"] <= c["point"] <= c["high"]
+    assert passed >= 19
+    assert no_change >= 15
+
+
+def test_a_noisy_machine_widens_the_interval_instead_of_failing_healthy_reruns():
+    rng = np.random.default_rng(5)
+    words = []
+    for _ in range(20):
+        c = compare_series(_series(rng, drift=0.15), _series(rng, drift=0.15), 0.95)["step"]["change"]
+        words.append(verdict(c, 0.03))
+    assert words.count("slower") <= 1
+    assert words.count("cannot tell") >= 15  # a 15 % load swing: the honest answer is "cannot tell"
+
+
+def test_a_planted_slowdown_in_the_data_wait_is_caught_and_attributed():
+    rng = np.random.default_rng(2)
+    caught = 0
+    for _ in range(10):
+        out = compare_series(_series(rng, drift=0.03), _series(rng, drift=0.03, data_s=0.0016), 0.95)
+        caught += out["step"]["change"]["low"] > 0.03
+        contributions = {p: v["contribution"]["point"] for p, v in out["phases"].items()}
+        # The phases' parts add up to the change in step time, exactly.
+        assert sum(contributions.values()) == pytest.approx(out["step"]["change"]["point"], abs=1e-9)
+        assert out["phases"]["data_wait_s"]["contribution"]["point"] == pytest.approx(0.08, rel=0.15)
+        assert out["phases"]["data_wait_s"]["contribution"]["low"] > 0.05
+    assert caught >= 9
+    assert "h2d_s" not in out["phases"]  # never measured: absent, not a 0 that moved
+
+
+def test_one_off_stalls_do_not_read_as_a_slowdown():
+    rng = np.random.default_rng(3)
+    a, b = _series(rng, drift=0.02), _series(rng, drift=0.02, stall_every=25)  # 4 % of B's steps stall 10x
+    mean_change = b["period_s"].mean() / a["period_s"].mean() - 1
+    assert mean_change > 0.1  # a plain mean would call it a regression
+    c = compare_series(a, b, 0.95)["step"]["change"]
+    assert abs(c["point"]) < 0.03 and c["low"] < 0.03
+
+
+def test_the_interval_is_reproducible_and_narrows_with_more_steps():
+    rng = np.random.default_rng(4)
+    a, b = _series(rng, n=400), _series(rng, n=400)
+    assert compare_series(a, b, 0.95) == compare_series(a, b, 0.95)
+    short = compare_series({k: v[:80] for k, v in a.items()}, {k: v[:80] for k, v in b.items()}, 0.95)
+    long = compare_series(a, b, 0.95)
+    width = lambda o: o["step"]["change"]["high"] - o["step"]["change"]["low"]  # noqa: E731
+    assert width(long) < width(short)
+    assert block_length(400) == 20 and block_length(10) == 5 and block_length(3) == 3
+
+
+def test_warm_up_and_job_series():
+    ranks = {r: _series(np.random.default_rng(r), n=100) for r in (0, 1)}
+    ranks[1] = {k: v[:-3] for k, v in ranks[1].items()}  # rank 1 ended three steps early
+    kept = steady(ranks[0], warmup_steps=5)
+    assert kept["step"][0] == 10  # 10 % of 100 steps is more than the 5 asked for
+    assert steady(ranks[0], warmup_steps=20)["step"][0] == 20
+    job = job_series(ranks, [0, 1])
+    assert job["step"][-1] == 96
+    assert job["period_s"][7] == pytest.approx((ranks[0]["period_s"][7] + ranks[1]["period_s"][7]) / 2)
+
+
+def test_verdict_words():
+    assert verdict({"point": 0.08, "low": 0.05, "high": 0.11}, 0.03) == "slower"
+    assert verdict({"point": 0.03, "low": 0.01, "high": 0.05}, 0.03) == "cannot tell"
+    assert verdict({"point": 0.0, "low": -0.02, "high": 0.02}, 0.03) == "no change"
+    assert verdict({"point": -0.08, "low": -0.11, "high": -0.05}, 0.03) == "faster"
+
+
+def test_limits_parse_and_configs_load(tmp_path):
+    assert parse_share("3%") == parse_share("3 %") == parse_share(0.03) == parse_share(3) == pytest.approx(0.03)
+    assert parse_share("2pp") == pytest.approx(0.02) and parse_share("0.5") == 0.5
+    with pytest.raises(ValueError, match="not a share"):
+        parse_share("three")
+    assert phase_key("data-wait") == phase_key("data_wait") == "data_wait_s"
+    toml = tmp_path / "pyproject.toml"
+    toml.write_text(
+        '[project]\nname = "x"\n\n[tool.ranksight.gate]\nstep_time = "5%"\nconfidence = 0.9\n'
+        '[tool.ranksight.gate.phases]\ndata_wait = "2pp"\ncomm_exposed = 0.04\n'
+    )
+    assert load_config(str(toml)) == GateConfig(0.05, {"data_wait_s": 0.02, "comm_exposed_s": 0.04}, 0.9)
+    yaml_file = tmp_path / "gate.yaml"
+    yaml_file.write_text("gate:\n  step_time: 3%\n  phases:\n    optimizer: 1pp\n")
+    assert load_config(str(yaml_file)) == GateConfig(0.03, {"optimizer_s": 0.01})
+    yaml_file.write_text("step_time: 3%\nphases:\n  warp_drive: 1pp\n")
+    with pytest.raises(ValueError, match="unknown phase"):
+        load_config(str(yaml_file))
+    (tmp_path / "bad.toml").write_text("[tool.ranksight]\nx = 1\n")
+    with pytest.raises(ValueError, match="no \\[tool.ranksight.gate\\]"):
+        load_config(str(tmp_path / "bad.toml"))
