@@ -109,10 +109,10 @@ def busy_loop() -> subprocess.Popen:
 
 
 JOBS = {
-    "cpu": {"device": "cpu", "ranks": 2, "width": 512, "batch": 256, "depth": 3, "steps": 200},
+    "cpu": {"device": "cpu", "ranks": 2, "width": 256, "batch": 256, "depth": 3, "steps": 160},
     "cuda": {"device": "cuda", "ranks": 1, "width": 4096, "batch": 4096, "depth": 6, "steps": 400},
 }
-"""The job per device: on CPU about 15-25 ms a step on a shared 2-core machine (200 steps: a few seconds);
+"""The job per device: on CPU about 10-20 ms a step on a shared 2-core machine (160 steps: a few seconds);
 on a GPU about 50 ms a step (400 steps: about 20 s)."""
 
 

@@ -6,10 +6,12 @@ repository far more easily than a run's spool, and the gate needs only this. The
 
     {"format": "ranksight-baseline", "version": 1, "run": ..., "world_size": 2, "warmup_steps": 5,
      "saved_utc": "...", "columns": ["period_s", "data_wait_s", ...],
-     "ranks": {"0": {"step": [5, 6, ...], "period_s": [...], "data_wait_s": [...], ...}, ...},
+     "ranks": {"0": {"step": [5, 6, ...], "period_s": [...], "data_wait_s": [...], ..., "cpu_s": [...],
+                     "on_gpu": [0, ...]}, ...},
      "diagnosis": {"run": ..., "breakdown": {"ranks": [...]}, "findings": [...]}}
 
-Per rank, every step after the warm-up with its period and phase seconds (null: not measured); the
+Per rank, every step after the warm-up with its period and phase seconds (null: not measured), and the
+training thread's CPU seconds (``cpu_s``) and whether the period is the GPU's (``on_gpu``); the
 diagnosis's per-rank breakdown and findings, so the side-by-side table and the findings' changes work too.
 """
 
@@ -21,7 +23,7 @@ import time
 
 import numpy as np
 
-from ._gate_samples import COLUMNS, Samples
+from ._gate_samples import COLUMNS, HOST_COLUMNS, Samples
 
 FORMAT, VERSION = "ranksight-baseline", 1
 
@@ -72,6 +74,10 @@ def read_baseline(path: str) -> tuple[Samples, dict, int]:
             raise ValueError(f"{path}: rank {rank} lacks {missing}")
         samples.ranks[int(rank)] = {
             "step": np.array(cols["step"], dtype=int),
-            **{c: np.array([np.nan if v is None else v for v in cols[c]], dtype=float) for c in COLUMNS},
+            **{
+                c: np.array([np.nan if v is None else v for v in cols[c]], dtype=float)
+                for c in (*COLUMNS, *HOST_COLUMNS)
+                if c in cols  # the host columns are optional
+            },
         }
     return samples, doc.get("diagnosis") or {}, int(doc.get("warmup_steps", 0))

@@ -8,11 +8,39 @@ gate's status and exit code. The renderers (``_gate_report``) and ``--json`` pri
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._gate_policy import DEFAULT_LIMIT, GateConfig, verdict
 from ._gate_samples import Samples, job_series, steady
 from ._gate_stats import MIN_STEPS, compare_series
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPARABLE = 0, 1, 2
+
+CONTENTION_MARGIN = 0.10
+"""How much longer (or shorter) a CPU second of the step's own work may take in B than in A before the two
+runs are taken to have run on differently busy hosts (``contention``)."""
+
+
+def _stretch(series: dict) -> float | None:
+    """Wall seconds of the step's own work (compute, optimizer, the rest: not the data or collective waits)
+    per CPU second of the training thread, median over steps; None on a GPU rank or without CPU times."""
+    cpu = series.get("cpu_s")
+    if cpu is None or series.get("on_gpu") is None or np.nansum(series["on_gpu"]) > 0:
+        return None
+    work = series["compute_s"] + series["optimizer_s"] + np.nan_to_num(series["other_s"])
+    ok = np.isfinite(cpu) & (cpu > 0)
+    return float(np.median(work[ok] / cpu[ok])) if ok.sum() >= 10 else None
+
+
+def contention(ja: dict, jb: dict) -> dict | None:
+    """Whether the host was busier in one run than the other (CPU jobs): on an idle core a CPU-bound step's
+    own work takes one wall second per CPU second; when other processes share the cores it takes more.
+    A code change that adds work adds CPU seconds too and leaves the ratio alone; a busier neighbour, or a
+    quieter one, moves it. ``ratio`` is B's over A's."""
+    sa, sb = _stretch(ja), _stretch(jb)
+    if sa is None or sb is None:
+        return None
+    return {"a": sa, "b": sb, "ratio": sb / sa, "differs": abs(sb / sa - 1) > CONTENTION_MARGIN}
 
 
 def _incomparable(reason: str, config: GateConfig) -> dict:
@@ -93,6 +121,11 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         c = job["phases"].get(phase, {}).get("contribution")
         if c is not None and c["low"] > phase_limit:
             failed.append({"what": phase, "limit": phase_limit, "interval": c})
+    word = verdict(job["step"]["change"], limit)
+    host = contention(ja, jb)
+    if host and host["differs"] and (word == "slower") == (host["ratio"] > 1) and word in ("slower", "faster"):
+        # The step time moved the way the host's load did: the runs measure their neighbours, not the change.
+        word, failed = "cannot tell", [f for f in failed if f["what"] != "step_time"]
     ratio = job["step"]["b_s"] / job["step"]["a_s"]
     status = "fail" if failed else ("pass" if config.active else "report")
     return {
@@ -101,8 +134,9 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         "reason": None,
         "confidence": config.confidence,
         "limits": _limits(config),
-        "verdict": verdict(job["step"]["change"], limit),
+        "verdict": word,
         "verdict_margin": limit,
+        "contention": host,
         "failed": failed,
         "job": job,
         "ranks": {str(r): {**v, "verdict": verdict(v["step"]["change"], limit)} for r, v in ranks.items()},

@@ -93,8 +93,21 @@ def render_text(change: dict) -> str:
         lines.append("  findings that account for it (their cost, in A's step time):")
         for f in change["findings"]:
             lines.append(f"    {f['rule']:<22} {f['how']:<11} {_pp(f['accounts_for'])}")
+    host = _host_line(change)
     gate = _gate_line(change)
-    return "\n".join(lines + ([gate] if gate else []))
+    return "\n".join(lines + ([host] if host else []) + ([gate] if gate else []))
+
+
+def _host_line(change: dict) -> str:
+    """The note when the two runs ran on differently busy hosts."""
+    host = change.get("contention")
+    if not host or not host["differs"]:
+        return ""
+    busier = "B" if host["ratio"] > 1 else "A"
+    return (
+        f"Host: busier in {busier}: a CPU second of the step's own work took {host['b']:.2f} s of wall time in B, "
+        f"{host['a']:.2f} s in A; a change in step time the same way as that is not read as the code's"
+    )
 
 
 def render_markdown(result: dict) -> str:
@@ -110,6 +123,8 @@ def render_markdown(result: dict) -> str:
     if gate:
         lines += [f"**{gate}**", ""]
     lines += [f"Step time {headline(change)}", ""]
+    if _host_line(change):
+        lines += [f"> {_host_line(change)}", ""]
     job = change["job"]
     lines += ["| | A | B | B / A - 1 | interval | verdict |", "|---|---:|---:|---:|---|---|"]
     rows = [("job", job, change["verdict"])] + [(f"rank {k}", v, v["verdict"]) for k, v in change["ranks"].items()]

@@ -19,6 +19,10 @@ from ranksight.format.phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 COLUMNS = ("period_s", *PHASES)
 """The per-step values a sample holds, in seconds; the phases add up to the period."""
 
+HOST_COLUMNS = ("cpu_s", "on_gpu")
+"""Per step, besides: the training thread's CPU seconds, and 1 where the period is the GPU stream's (else
+the host's wall time). They tell a slower host (a busier machine) from slower code (``_gate.contention``)."""
+
 WARMUP_FRACTION = 0.1
 """The gate leaves out at least this leading share of each rank's steps, besides ``--warmup``: a short run's
 warm-up (allocator growth, caches, the first collectives) can outlast the fixed few steps the table drops,
@@ -43,7 +47,7 @@ def _used_columns() -> dict[str, str]:
     """Every step column the period and phase SQL reads, with its type: the ones an older agent's (or an
     imported trace's) rows lack read as NULL, as the breakdown's own queries read them."""
     text = " ".join([PERIOD_SQL, SAMPLED_SQL, *PHASE_SQL.values()])
-    names = set(re.findall(r"\b((?:gpu_)?[a-z0-9_]+_s|gpu_sampled)\b", text))
+    names = set(re.findall(r"\b((?:gpu_)?[a-z0-9_]+_s|gpu_sampled)\b", text)) | {"cpu_s"}
     return {n: "BOOLEAN" if n == "gpu_sampled" else "DOUBLE" for n in sorted(names)}
 
 
@@ -56,7 +60,8 @@ def read_samples(run_path: str, warmup_steps: int) -> Samples:
         present = {row[0] for row in run.execute("DESCRIBE steps").fetchall()}
         extra = "".join(f", CAST(NULL AS {t}) AS {c}" for c, t in _used_columns().items() if c not in present)
         rows = run.execute(
-            f"SELECT rank, step, {PERIOD_SQL} AS period_s, {phases} "
+            f"SELECT rank, step, {PERIOD_SQL} AS period_s, {phases}, cpu_s, "
+            "CASE WHEN gpu_step_s IS NULL THEN 0.0 ELSE 1.0 END AS on_gpu "
             f"FROM (SELECT *{extra} FROM steps) WHERE {SAMPLED_SQL} AND step >= ? ORDER BY rank, step",
             [warmup_steps],
         ).fetchall()
@@ -69,7 +74,8 @@ def read_samples(run_path: str, warmup_steps: int) -> Samples:
         by_rank.setdefault(int(row[0]), []).append(row[1:])
     for rank, kept in by_rank.items():
         arr = np.array([[np.nan if v is None else float(v) for v in r] for r in kept], dtype=float)
-        out.ranks[rank] = {"step": arr[:, 0].astype(int), **{c: arr[:, i + 1] for i, c in enumerate(COLUMNS)}}
+        names = (*COLUMNS, *HOST_COLUMNS)
+        out.ranks[rank] = {"step": arr[:, 0].astype(int), **{c: arr[:, i + 1] for i, c in enumerate(names)}}
     if out.world_size is None and out.ranks:
         out.world_size = max(out.ranks) + 1
     return out
@@ -95,7 +101,9 @@ def job_series(ranks: dict[int, dict[str, np.ndarray]], which: list[int]) -> dic
         common = set(ranks[r]["step"].tolist()) if common is None else common & set(ranks[r]["step"].tolist())
     steps = np.array(sorted(common or ()), dtype=int)
     out: dict[str, np.ndarray] = {"step": steps}
-    for c in COLUMNS:
+    for c in (*COLUMNS, *HOST_COLUMNS):
+        if any(c not in ranks[r] for r in which):
+            continue
         stacked = []
         for r in which:
             index = {s: i for i, s in enumerate(ranks[r]["step"].tolist())}
