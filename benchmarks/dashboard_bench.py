@@ -348,6 +348,117 @@ def watch_live(
     return out
 
 
+RANKS_PER_NODE = 8
+
+
+def append_steps(run_path: str, ranks: int, first_step: int, steps: int, status: str = "running") -> int:
+    """Append ``steps`` steps of every rank to a live run as the node spool publishes them: one file per node of
+    8 ranks, its digest written before it, and one rank file per node (heartbeat now). Rank ``ranks - 1`` is
+    1.3x slower in compute. Returns the files written."""
+    import pyarrow as pa
+
+    from ranksight.agent._node_spool import _write_durably
+    from ranksight.format.digest_file import parquet_bytes, write_digest
+    from ranksight.format.schema import arrow_schema
+
+    schema = arrow_schema("steps")
+    for sub in ("steps", "ranks"):
+        os.makedirs(os.path.join(run_path, sub), exist_ok=True)
+    rng = np.random.default_rng(first_step)
+    now = time.time_ns()
+    for first in range(0, ranks, RANKS_PER_NODE):
+        members = np.arange(first, min(ranks, first + RANKS_PER_NODE), dtype=np.int32)
+        n = len(members) * steps
+        rank = np.repeat(members, steps)
+        step = np.tile(np.arange(first_step, first_step + steps, dtype=np.int64), len(members))
+        compute = rng.gamma(20.0, 0.005, n) * np.where(rank == ranks - 1, 1.3, 1.0)
+        wait, exposed = rng.exponential(0.002, n), rng.exponential(0.005, n)
+        opt, other = np.full(n, 0.01), np.full(n, 0.002)
+        node = f"node{first // RANKS_PER_NODE:04d}"
+        cols = {
+            "job": pa.array(["bench"] * n),
+            "run": pa.array(["live-run"] * n),
+            "node": pa.array([node] * n),
+            "rank": pa.array(rank),
+            "local_rank": pa.array(rank % RANKS_PER_NODE),
+            "world_size": pa.array(np.full(n, ranks, dtype=np.int32)),
+            "pid": pa.array(1000 + rank),
+            "step": pa.array(step),
+            "time_ns": pa.array(now - (first_step + steps - step) * 100_000_000),
+            "step_s": pa.array(wait + compute + exposed + opt + other),
+            "data_wait_s": pa.array(wait),
+            "compute_s": pa.array(compute),
+            "comm_exposed_s": pa.array(exposed),
+            "allreduce_s": pa.array(exposed * 3),
+            "optimizer_s": pa.array(opt),
+            "other_s": pa.array(other),
+        }
+        arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        name = f"{node}_m{first:020d}-{first_step:06d}.parquet"
+        data = parquet_bytes(table)
+        write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+        with open(os.path.join(run_path, "steps", name), "wb") as f:
+            f.write(data)
+        metas = [
+            {"rank": int(r), "status": status, "heartbeat_ns": now, "steps": first_step + steps, "world_size": ranks,
+             "job": "bench", "run": "live-run", "started_ns": now - (first_step + steps) * 100_000_000,
+             "flush_interval_s": 2.0}
+            for r in members
+        ]  # fmt: skip
+        with open(os.path.join(run_path, "ranks", f"node-{node}.json"), "w") as f:
+            json.dump({"node": node, "ranks": metas}, f)
+    return -(-ranks // RANKS_PER_NODE)
+
+
+def refresh_at_scale(
+    folder: str, ranks: int = 1024, lengths: tuple[int, ...] = (1000, 2000, 4000, 8000), flush_steps: int = 16
+) -> list[dict]:
+    """The server's CPU for one refresh of a live ``ranks``-rank run that one flush (``flush_steps`` steps of
+    every rank, one file per node) has added to, at each of ``lengths`` steps: the snapshot (listing, rank
+    files, the rollup taking in the new files, the verdict) and the pulls of the Heatmaps and Breakdown pages.
+    One server's state, kept from length to length, as a dashboard watching the run keeps it."""
+    import shutil
+
+    from ranksight.dashboard import _data
+    from ranksight.dashboard import _queries as q
+
+    run_path = os.path.join(folder, f"live-{ranks}", "live-run")
+    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+    out, written = [], 0
+    for length in lengths:
+        block = 500
+        while written < length - flush_steps:
+            n = min(block, length - flush_steps - written)
+            append_steps(run_path, ranks, written, n)
+            written += n
+        _data.snapshot(run_path, refresh_s=0)  # the server has seen the run up to here
+        chunk = _data.rollup(run_path).chunk_steps
+        append_steps(run_path, ranks, written, flush_steps)  # one flush arrives
+        written += flush_steps
+        cpu, wall = time.process_time(), time.perf_counter()
+        snap = _data.snapshot(run_path, refresh_s=0)
+        snap_cpu = time.process_time() - cpu
+        order = _data.pull(run_path, q.rank_order, "mean step time (slowest first)")
+        for metric in ("step_s", "data_wait_s", "comm_exposed_s", "compute_s"):
+            _data.pull(run_path, q.heatmap, metric, order, 60, 128, 16, chunk)
+        for fn in (q.rank_outliers, q.rollup_total, q.breakdown_per_rank, q.breakdown_over_time, q.run_overview):
+            _data.pull(run_path, fn)
+        row = {
+            "steps": written,
+            "files": len(os.listdir(os.path.join(run_path, "steps"))) - 1,
+            "refresh_cpu_s": time.process_time() - cpu,
+            "refresh_wall_s": time.perf_counter() - wall,
+            "snapshot_cpu_s": snap_cpu,
+            "verdict_rules": [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error,
+        }
+        out.append(row)
+        print(f"{ranks} ranks x {written} steps: refresh {row['refresh_cpu_s']:.3f} CPU s "
+              f"(snapshot {snap_cpu:.3f}), {row['refresh_wall_s']:.3f} s wall", flush=True)  # fmt: skip
+    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = cli(__doc__)
     ap.add_argument("--ranks", type=int, default=1024)
@@ -356,7 +467,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-browser", action="store_true")
     ap.add_argument("--live", type=int, metavar="STEPS", help="only the live watch: a STEPS-step 2-rank demo, 3 tabs")
     ap.add_argument("--open-after", action="store_true", help="live watch: open the tabs once the run exists")
+    ap.add_argument("--refresh-scale", action="store_true", help="only one refresh's CPU at 1,024 ranks by length")
     args = ap.parse_args(argv)
+    if args.refresh_scale:
+        os.makedirs(args.dir, exist_ok=True)
+        rows = refresh_at_scale(args.dir, args.ranks)
+        if args.json:
+            write_results(args.json, {"refresh_at_scale": rows})
+        return 0
     if args.live:
         os.makedirs(args.dir, exist_ok=True)
         figures = watch_live(args.dir, args.live, open_before=not args.open_after)

@@ -25,9 +25,10 @@ from ranksight.collectors import (
     spool_signature,
     store_path,
 )
-from ranksight.format.schema import KINDS, RANKS_DIR
+from ranksight.format.schema import KINDS, RANKS_DIR, SPOOL_SUFFIX
 
 from . import _source, _warm
+from ._kept import KEEP_STEP_ROWS, KeptRows
 
 PULL_TTL_S = 30
 
@@ -157,7 +158,8 @@ class _Follower:
         self.checked = -1e9
         self.snap: Snapshot | None = None
         self.metas: list = []
-        self.run = None  # the verdict's reading, kept: each refresh takes in only the new segments
+        self.kept: KeptRows | None = None  # the rows read so far: each refresh takes in only the new segments
+        self.run = None  # or, for a run too big to keep or compacted, its own reading, kept
         self._rollup: Rollup | None = None
 
     def rollup(self) -> Rollup:
@@ -182,25 +184,30 @@ def _follower(path: str) -> _Follower:
         return f
 
 
-def run_signature(path: str) -> tuple:
-    """The names, sizes and mtimes of the run's files (rank files, segments of every kind, the store): one
-    listing per folder, no file opened. Equal signatures mean nothing was written in between."""
-    out = []
-    for sub in (RANKS_DIR, *KINDS):
+def run_listing(path: str) -> tuple[tuple, dict[str, frozenset[str]]]:
+    """(signature, kind -> segment names) of the run's files: one listing per folder, no file opened. Segments
+    appear whole under a new name and never change, so their names say what arrived; rank files are rewritten
+    in place (sizes and mtimes), the store renamed into place. Equal signatures: nothing was written."""
+    names: dict[str, frozenset[str]] = {}
+    stats = []
+    for kind in KINDS:
         try:
-            with os.scandir(os.path.join(path, sub)) as it:
+            # what the readers' glob matches: *.parquet not starting with a dot (renamed into place whole)
+            found = os.listdir(os.path.join(path, kind))
+            names[kind] = frozenset(n for n in found if n.endswith(SPOOL_SUFFIX) and not n.startswith("."))
+        except OSError:
+            names[kind] = frozenset()
+    for sub, only in ((os.path.join(path, RANKS_DIR), None), (path, os.path.basename(store_path(path)))):
+        try:
+            with os.scandir(sub) as it:
                 for e in it:
-                    if not e.name.startswith("."):
+                    if (only is None or e.name == only) and not e.name.startswith("."):
                         st_ = e.stat()
-                        out.append((sub, e.name, st_.st_size, st_.st_mtime_ns))
+                        stats.append((e.name, st_.st_size, st_.st_mtime_ns, st_.st_ino))
         except OSError:
             pass
-    try:
-        store = os.stat(store_path(path))
-        out.append(("store", "", store.st_size, store.st_mtime_ns, store.st_ino))
-    except OSError:
-        pass
-    return (hash(tuple(sorted(out))), len(out))
+    signature = (tuple(sorted(stats)), tuple(len(n) for n in names.values()), hash(tuple(names.values())))
+    return signature, names
 
 
 def _status(metas: list) -> str:
@@ -221,7 +228,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         if f.snap is not None and now - f.checked < gap:
             return f.snap
         f.checked = now
-        sig = run_signature(run_path)
+        sig, listing = run_listing(run_path)
         if f.snap is not None and sig == f.signature:
             status = _status(f.metas)  # a heartbeat can go stale without a file changing
             if status != f.snap.status:
@@ -232,7 +239,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         f.metas = metas = read_rank_meta(run_path)
         if f._rollup is not None:
             f._rollup.refresh()
-        diagnosis, error = _diagnose(f)
+        diagnosis, error = _diagnose(f, listing)
         started = min((m.data["started_ns"] for m in metas if "started_ns" in m.data), default=0)
         f.snap = Snapshot(
             path=run_path,
@@ -248,20 +255,32 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         return f.snap
 
 
-def _diagnose(f: _Follower) -> tuple[dict | None, str | None]:
-    """The rules' verdict on the follower's kept reading (``ranksight.rules.diagnose``), made again only from
-    what the reading takes in; a warm-up's verdict of exactly these segments is taken instead."""
+def _diagnose(f: _Follower, listing: dict[str, frozenset[str]]) -> tuple[dict | None, str | None]:
+    """The rules' verdict (``ranksight.rules.diagnose``) on the rows the follower keeps (``_kept``), after
+    taking in the segments in ``listing`` it has not read; on the run's own reading, brought up to date, for a
+    run too big to keep or compacted into a store. A warm-up's verdict of exactly these segments is taken
+    instead of the first."""
     import duckdb
 
     from ranksight.rules import RuleError, diagnose
 
     try:
-        if f.run is None:
+        if f.kept is None and f.run is None:
             warm = _warm.finished(f.path)  # waits for the server's warm-up rather than diagnosing twice
-            if warm is not None:
-                made = _warm.take_diagnosis(f.path, spool_signature(f.path))
-                if made is not None:
-                    return made, None
+            made = _warm.take_diagnosis(f.path, spool_signature(f.path)) if warm is not None else None
+            if KeptRows.suits(f.path):
+                f.kept = KeptRows(f.path)
+            if made is not None:
+                if f.kept is not None:
+                    f.kept.take_in(listing)
+                return made, None
+        if f.kept is not None and (f.kept.step_rows > KEEP_STEP_ROWS or not KeptRows.suits(f.path)):
+            f.kept.close()  # too big to keep, or compacted: judged from the files from now on
+            f.kept = None
+        if f.kept is not None:
+            f.kept.take_in(listing)
+            return diagnose(f.kept.run()), None
+        if f.run is None:
             f.run = open_run(f.path)
         else:
             f.run.refresh()

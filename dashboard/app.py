@@ -11,8 +11,7 @@ import streamlit as st
 from ranksight.dashboard import _data, _source
 from ranksight.dashboard._view import Context, clock_text, md_escape, page_mark, run_label, run_started
 
-IDLE_TICKS = 5
-"""While no run is live, the clock ticks this many refresh intervals apart (a new run shows within that)."""
+IDLE_TICKS = 5  # while no run is live, the clock ticks this many refresh intervals apart (to see a new run)
 
 st.set_page_config(page_title="ranksight", layout="wide")
 
