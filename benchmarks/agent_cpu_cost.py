@@ -199,13 +199,15 @@ def main() -> None:
             r["thread_cpu_s"].get("ranksight-agent", 0.0) / args.steps for p in pairs for r in p["on"]["ranks"]
         ),
         "training_thread_cpu_s_per_step": {
-            arm: statistics.median(r["thread_cpu_s"].get("MainThread", 0.0) / args.steps
-                                   for p in pairs for r in p[arm]["ranks"])
+            arm: statistics.median(
+                r["thread_cpu_s"].get("MainThread", 0.0) / args.steps for p in pairs for r in p[arm]["ranks"]
+            )
             for arm in ("on", "off")
         },  # fmt: skip
         "process_cpu_s_per_step": {
-            arm: statistics.median(r["thread_cpu_s"].get("process_total", 0.0) / args.steps
-                                   for p in pairs for r in p[arm]["ranks"])
+            arm: statistics.median(
+                r["thread_cpu_s"].get("process_total", 0.0) / args.steps for p in pairs for r in p[arm]["ranks"]
+            )
             for arm in ("on", "off")
         },  # fmt: skip
     }
