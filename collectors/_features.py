@@ -92,6 +92,10 @@ FEATURES: dict[str, str] = {
     "time over the other ranks' mean (steps.cpu_s), over what the others waited for it. Near 1 when it had more "
     "work to do; near 0 when a busy host kept it waiting for a core. CPU ranks only (a GPU rank's thread spins "
     "while it waits for the device).",
+    "straggler_compute_explained": "How much of the wait this rank causes its own longer compute accounts for: "
+    "its median compute less the other ranks' median, over its median gap per late step (straggler_cost_share "
+    "x step_mean_s / least_wait_step_share). Near 1 when forward + backward take longer; near 0 when it "
+    "arrives last for reasons outside its compute (a 2 % difference against a 10 % wait).",
     "least_wait_top_share": "The largest least_wait_step_share of any rank (copied to every rank): near 1 when one "
     "rank arrives last at nearly every collective, low when the late rank changes from step to step.",
     "imbalance_cost_share": "Per step, how much longer the second-least-waiting rank waited than the least, "
@@ -132,10 +136,12 @@ FEATURES: dict[str, str] = {
     "gpu_utilization_samples": "NVML utilization samples after warm-up (each averages up to a second): below "
     "NVML_STEADY_SAMPLES the reading is start-up as much as training, and the checklist leaves it out.",
     "gpu_busy_ratio": "Share of a typical step a kernel ran: with a sampled window, its kernel time per traced "
-    "step (window_kernel_s_per_step) over the median step, at most 1; else NVML's gpu_utilization_ratio once 5 "
+    "step (window_kernel_s_per_step) over the median step, at most 1 and at least the window's own "
+    "kernel_busy_ratio; else NVML's gpu_utilization_ratio (up to each rank's last step) once 5 "
     "of its samples (~5 s) came after warm-up (1 s averages: a run's first seconds read start-up); else unknown.",
-    "window_kernel_s_per_step": "Seconds of kernel time per traced step: each window's kernel_busy_ratio times its "
-    "traced steps' mean duration (from the step rows), the median over windows. The profiler's own host work "
+    "window_kernel_s_per_step": "Seconds of kernel time per traced step, the median over windows: the kernels "
+    "the window's steps launched, on the GPU's clock (kernel_seconds_per_step); a window without that figure "
+    "gives its kernel_busy_ratio times its traced steps' mean host duration. The profiler's own host work "
     "stretches traced steps (nanoGPT on one H200: 70-75 ms traced against 43 ms untraced), so a share of the "
     "window's span understates how busy an untraced step keeps the GPU; its kernel time does not change.",
     "window_stretch": "Traced steps' duration over the median step (1: the window cost the step nothing).",
@@ -419,12 +425,21 @@ def _sample_values(
     The value is the median after warm-up when there is anything there, else of everything (a short or
     young run still says something); a counter's latest value."""
     where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
+    # NVML's utilization after a rank's last step is the job's teardown (loader workers exiting, the
+    # process shutting down), not its training: an Accelerate job that idled 30 s at exit read 0 % on a
+    # GPU its kernels kept busy. Its samples count only up to the rank's last step.
     sql = f"""
+        WITH last AS (SELECT rank, max(time_ns) AS end_ns FROM steps GROUP BY rank),
+        s AS (
+            SELECT samples.* FROM samples LEFT JOIN last USING (rank)
+            WHERE samples.name <> '{NVML_UTILIZATION}' OR last.end_ns IS NULL
+               OR samples.time_ns <= last.end_ns + {NVML_PERIOD_NS}
+        )
         SELECT rank, name,
                coalesce(median(value) FILTER (WHERE step >= ?), median(value)) AS typical,
                arg_max(value, time_ns) AS latest,
                count(value) FILTER (WHERE step >= ?) AS steady
-        FROM samples {where} GROUP BY rank, name
+        FROM s {where} GROUP BY rank, name
     """
     values, steady = {}, {}
     for rank, name, typical, latest, n in query(con, sql, [warmup_steps, warmup_steps])[1]:
@@ -433,7 +448,7 @@ def _sample_values(
     return values, steady
 
 
-_WINDOW_SHARES = ("kernel_busy_ratio", "idle_host_wait_ratio", "idle_ratio")
+_WINDOW_SHARES = ("kernel_busy_ratio", "idle_host_wait_ratio", "idle_ratio", "kernel_seconds_per_step")
 
 
 def _traced_windows(con, warmup_steps: int, since_ns: int | None) -> dict[int, list[dict]]:
@@ -487,14 +502,26 @@ def _untraced_shares(f: dict, windows: list[dict] | None):
         return busy
     stretch = [w["traced_step_s"] / median for w in windows]
     f["window_stretch"] = statistics.median(stretch)
-    f["window_kernel_s_per_step"] = statistics.median(w["kernel_busy_ratio"] * w["traced_step_s"] for w in windows)
+    # The GPU's own kernel seconds per traced step where the window counted them; else the busy share of
+    # the host's traced step time, which undercounts when the host ran ahead of a busy GPU during the window.
+    f["window_kernel_s_per_step"] = statistics.median(
+        w["kernel_seconds_per_step"]
+        if w.get("kernel_seconds_per_step") is not None
+        else w["kernel_busy_ratio"] * w["traced_step_s"]
+        for w in windows
+    )
     for name in ("idle_host_wait_ratio", "idle_ratio"):
         values = [(w[name], s) for w, s in zip(windows, stretch) if w[name] is not None]
         if values and f.get(name) is not None:
             f[name + "_traced"] = f[name]
             f[name] = statistics.median(max(0.0, 1 - (1 - v) * max(1.0, s)) for v, s in values)
-    return min(1.0, f["window_kernel_s_per_step"] / median)
+    # The window's own busy share is a floor: the profiler's host work only adds idle to the traced span.
+    return max(busy, min(1.0, f["window_kernel_s_per_step"] / median))
 
+
+NVML_UTILIZATION = "gpu_utilization_ratio"
+NVML_PERIOD_NS = 1_000_000_000
+"""An NVML row stands for the second before its time: the one after the last step's end still saw it."""
 
 NVML_STEADY_SAMPLES = 5
 """NVML utilization samples after warm-up before ``gpu_busy_ratio`` falls back to them (without a sampled
@@ -699,6 +726,7 @@ def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats:
     shared = {"ranks_reporting": len(reporting), "nodes": len(nodes) or None, "ranks_data_measured": measured}
     shared.update(_compute_scores(con, warmup_steps, since_ns, feats, stats, reporting))
     shared.update(_wait_figures(con, warmup_steps, since_ns, feats, reporting))
+    _compute_explained(feats, reporting)
     reserved = {r: f["memory_reserved_bytes"] for r, f in feats.items() if f.get("memory_reserved_bytes")}
     if len(reserved) >= 2:
         median, high = statistics.median(reserved.values()), max(reserved.values())
@@ -733,6 +761,23 @@ def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> dic
             feats[r]["compute_vs_median"] = value / median
         return {"slowest_rank": slowest}
     return {}
+
+
+def _compute_explained(feats: dict[int, dict], reporting: list[int]) -> None:
+    """Each late rank's compute excess over the others' median, as a share of its gap per late step
+    (``straggler_compute_explained``): of what the others wait for it, how much its own forward + backward
+    takes longer. Only for ranks that arrived last at some step with a cost."""
+    compute = {r: feats[r].get("compute_median_s") for r in reporting}
+    if len(reporting) < 2 or not all(compute.values()):
+        return
+    for r in reporting:
+        f = feats[r]
+        cost, late = f.get("straggler_cost_share"), f.get("least_wait_step_share")
+        step = f.get("step_mean_s") or f.get("step_median_s")  # the cost is a share of the period sum
+        if not cost or not late or not step:
+            continue
+        others = statistics.median(compute[o] for o in reporting if o != r)
+        f["straggler_compute_explained"] = max(0.0, compute[r] - others) / (cost * step / late)
 
 
 def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:

@@ -222,6 +222,11 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples.update(_gpu_shares(gpu, lo, hi, launch_by_corr, sync_calls))
         kernels = [e for e in in_window if e.kind == "kernel"]
         samples["kernels_per_step"] = len(kernels) / steps
+        # The GPU's own clock: kernel time of the steps' launches, wherever the host was when they ran.
+        kernel_ns = total_length(union_intervals([(e.start_ns, e.end_ns) for e in kernels]))
+        samples["kernel_seconds_per_step"] = kernel_ns * 1e-9 / steps
+        # Device-to-host copies the steps launched: a loss read is one; ops sent to the CPU make round trips.
+        samples["d2h_copies_per_step"] = sum(1 for e in in_window if e.kind == "memcpy" and "DtoH" in e.name) / steps
         launches = [(k, launch_by_corr[k.corr]) for k in kernels if k.corr in launch_by_corr]
         if launches:
             short = sum(1 for k, rt in launches if (k.end_ns - k.start_ns) < (rt.end_ns - rt.start_ns))

@@ -34,7 +34,7 @@ from ranksight.collectors import CONTEXT_DEFAULTS
 from . import _vector
 from ._expr import Expr
 from ._expr import evaluate as eval_expr
-from ._load import SEVERITIES, ChecklistItem, Rule, format_spec_problem
+from ._load import LOUD_FLOORS, SEVERITIES, ChecklistItem, Rule, format_spec_problem
 from ._vector import Frame, NotVectorised
 
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
@@ -449,6 +449,8 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     ahead of what it explains. A cause is worth at least what it explains (fixing it fixes that too), so
     it takes the higher severity and cost of the two. ``explains`` (rule id -> ids) is what each rule
     explains on this job (``explained_here``); without it, a rule's unconditional ``explains``."""
+    for f in findings:
+        _bound_by_cost(f, rules.get(f["rule"]))
     order = sorted(findings, key=lambda f: _order_key(f, rules))
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
@@ -463,6 +465,8 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     for _ in range(len(order)):  # chains (a explains b explains c): settle in at most len(order) passes
         for other, cause in explained_by.items():
             _inherit(fired[cause], fired[other], with_cost=not getattr(rules.get(other), "symptom", False))
+    for f in order:  # a cause that took a symptom's severity keeps its own cost: bound it again
+        _bound_by_cost(f, rules.get(f["rule"]))
     order.sort(key=lambda f: _order_key(f, rules))
     # Move each explaining finding just before the first finding it explains; bounded against cycles.
     for _ in range(len(order) * len(order) + 1):
@@ -482,6 +486,21 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
             f["explained_by"] = cause
             f["summary"] += f" (likely a consequence of {cause}: fix that first)"
     return order
+
+
+def _bound_by_cost(f: dict, rule: Rule | None) -> None:
+    """The engine's invariant over every rule: a finding is no louder than its cost allows (``LOUD_FLOORS``);
+    one without a cost may be loud only as a stated ``risk``, whose reason joins its summary."""
+    cost = f.get("cost_share")
+    if cost is None:
+        if rule is None or rule.risk is None:
+            f["severity"] = "info"
+        elif f["severity"] != "info" and rule.risk not in f["summary"]:
+            f["summary"] += f" ({rule.risk})"
+        return
+    for severity, floor in reversed(LOUD_FLOORS):
+        if SEVERITIES.index(f["severity"]) >= SEVERITIES.index(severity) and cost < floor:
+            f["severity"] = SEVERITIES[SEVERITIES.index(severity) - 1]
 
 
 def _unconditional(rule: Rule) -> tuple:

@@ -26,6 +26,10 @@ COMPARES = (">=", "<=")
 FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
 COST_BASES = ("measured", "estimate")
 COST_LEVELS = (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
+LOUD_FLOORS = (("warning", 0.03), ("critical", 0.20))
+"""The least cost (share of the step) at which any finding may be a warning or critical, whatever its rule
+says: below 3 % it is hygiene (info, still listed with its fix), below 20 % at most a warning. A rule with
+no time cost may be loud only as a ``risk`` (an OOM ahead, say), whose text says why."""
 """Severity bands of a rule's cost (share of step time a fix gives back) when the rule gives no levels:
 3 % is worth a line, 10 % (1.11x faster) is worth fixing, 25 % (1.33x) comes first."""
 TEMPLATE_NAMES = ("ranks", "value", "cost_share", "speedup")
@@ -36,6 +40,7 @@ _DURATION = re.compile(r"^[0-9]+[smhd]$")
 _RULE_KEYS = {
     "id", "axis", "title", "when", "value", "compare", "levels", "severity", "confidence", "evidence",
     "summary", "fix", "explains", "priority", "prometheus", "cost", "noise", "cost_basis", "suggest", "symptom",
+    "risk",
 }  # fmt: skip
 _FIX_KEYS = ("text", "snippet", "cases", "frameworks")
 _ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
@@ -88,6 +93,7 @@ class Rule:
     fix_cases: tuple = ()  # FixVariant with `when`, first that holds wins
     fix_frameworks: dict = field(default_factory=dict)  # framework -> FixVariant
     symptom: bool = False  # names an effect: a cause that explains it ranks ahead but keeps its own cost
+    risk: str | None = None  # why a finding with no time cost may be loud (appended to its summary)
 
 
 @dataclass(frozen=True)
@@ -378,6 +384,10 @@ class _Checker:
         explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
         priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
         symptom = self.scalar(m["symptom"][1], f"{where}: symptom", (bool,)) if "symptom" in m else False
+        risk = self.scalar(m["risk"][1], f"{where}: risk") if "risk" in m else None
+        if "risk" in m and "cost" in m:
+            self.err(m["risk"][1], f"{where}: 'risk' is for a rule with no time cost; this one has a 'cost'")
+            ok = False
         suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
         ok &= suggest_ok
         names = {n for n, _ in suggest}
@@ -399,7 +409,7 @@ class _Checker:
             explains_when=explains_when,
             priority=priority, prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
             cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
-            symptom=symptom,
+            symptom=symptom, risk=risk,
         )  # fmt: skip
 
     def rule_severity(self, m: dict, node, where: str, compare: str):

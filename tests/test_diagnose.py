@@ -152,12 +152,21 @@ def test_human_output_puts_the_verdict_first(tmp_path, capsys):
 
 
 def test_healthy_run_says_so(tmp_path, capsys):
-    run = make_run(tmp_path, [0.15, 0.15], exposed=0.0)
-    # Nothing held back; the 20 % of the step no mark explains is reported, at info, as such.
+    run = make_run(tmp_path, [0.17, 0.17], exposed=0.0)
+    # Nothing held back; the 14 % of the step no mark explains is reported, at info, as such.
     assert [f["rule"] for f in diagnose(run)["findings"]] == ["unexplained-host-time"]
     assert all(f["severity"] == "info" for f in diagnose(run)["findings"])
     assert main(["diagnose", run]) == 0
     assert "Verdict: no warning or critical finding" in capsys.readouterr().out
+
+
+def test_a_run_a_fifth_unmeasured_is_never_called_healthy(tmp_path, capsys):
+    run = make_run(tmp_path, [0.12, 0.12], exposed=0.0)  # 39 % of the step outside every phase
+    first = diagnose(run)["findings"][0]
+    assert first["rule"] == "unexplained-host-time" and first["severity"] == "warning"
+    assert main(["diagnose", run]) == 0
+    out = capsys.readouterr().out
+    assert "no warning or critical finding" not in out and "unexplained-host-time" in out
 
 
 def test_live_run_with_one_rank_behind_is_diagnosed(tmp_path):
@@ -195,18 +204,19 @@ def test_bad_rules_dir_lists_every_error_and_exits_2(tmp_path, capsys):
 
 
 def test_user_rule_dir_changes_the_verdict(tmp_path):
-    run = make_run(tmp_path, [0.1, 0.1], data_wait=0.004, exposed=0.0)
-    assert [f for f in diagnose(run)["findings"] if f["severity"] != "info"] == []
+    run = make_run(tmp_path, [0.17, 0.17], data_wait=0.01, exposed=0.0)
+    assert [f for f in diagnose(run)["findings"] if f["severity"] != "info"] == []  # 5 %: info by default
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "strict.yaml").write_text(
         "rules:\n  - id: input-bound\n    axis: data_pipeline\n    title: strict input\n"
-        "    value: data_wait_share\n    levels: {warning: 0.01}\n"
+        "    cost: data_wait_share\n    levels: {warning: 0.01}\n"
         "    summary: 'wait {data_wait_share:.1%} on {ranks}'\n"
         "    fix: {text: more workers}\n"
     )
     first = diagnose(run, str(rules))["findings"][0]
-    assert first["rule"] == "input-bound" and first["summary"] == "wait 2.0% on both ranks"
+    assert first["rule"] == "input-bound" and first["summary"] == "wait 5.0% on both ranks"
+    assert first["severity"] == "warning"
 
 
 def test_features_flag_prints_what_the_rules_read(tmp_path, capsys):

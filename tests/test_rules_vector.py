@@ -345,6 +345,7 @@ rules:
     compare: "<="
     levels: {warning: 0.9, critical: 0.5}
     evidence: [step_median_s]
+    risk: loud without a cost
     summary: "{value} on {ranks}"
     fix: {text: f}
   - id: counted
@@ -353,6 +354,7 @@ rules:
     value: graph_breaks
     levels: {warning: 1, critical: 4}
     evidence: [step_median_s]
+    risk: loud without a cost
     summary: "{value} breaks on {ranks}"
     fix: {text: f}
   - id: cause
@@ -361,6 +363,7 @@ rules:
     when: data_wait_share > 0.05
     severity: warning
     explains: [{effect: host_cpu_contended > 0}]
+    risk: loud without a cost
     summary: "s {ranks}"
     fix: {text: f}
   - id: effect
@@ -368,6 +371,7 @@ rules:
     title: t
     when: step_median_s > 0
     severity: warning
+    risk: loud without a cost
     summary: "s {ranks}"
     fix: {text: f}
 """
