@@ -87,7 +87,7 @@ def run(args) -> int:
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     with open(os.path.join(out, "device.json"), "w") as f:
         json.dump(_device(), f)
-    tools = ["ranksight"] + (["traceml"] if args.traceml else [])
+    tools = args.tools or (["ranksight"] + (["traceml"] if args.traceml else []))
     plan = []
     for rep in range(args.repeats):
         for name, script, extra, faults in JOBS:
@@ -263,6 +263,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", nargs="*", default=None)
     p.add_argument("--faults", nargs="*", default=None)
     p.add_argument("--traceml", action="store_true", help="run TraceML on the same jobs")
+    p.add_argument("--tools", nargs="*", choices=["ranksight", "traceml"], help="only these tools")
     p.add_argument("--traceml-repeats", type=int, default=1)
     p.add_argument("--budget-s", type=float, default=540.0, help="start no job after this many seconds")
     p.add_argument("--job-timeout-s", type=float, default=150.0)
