@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -79,7 +80,7 @@ def _pull(run_path: str, serial: int, query: str, args: tuple, _fn: Callable[...
 def pull(run_path: str, fn: Callable[..., Any], *args):
     """Run ``fn(cursor, *args)`` (a function of ``_queries``) on the run as of its latest ``snapshot``: cached
     until the next snapshot that saw new records, shared by every tab."""
-    snap = snapshot(run_path)
+    snap = current(run_path)
     return _pull(run_path, snap.serial, f"{fn.__module__}.{fn.__qualname__}", args, fn, _follower(run_path).rollup())
 
 
@@ -171,8 +172,17 @@ class _Follower:
                 self._rollup.refresh()
             return self._rollup
 
+    def close(self) -> None:
+        """Let go of the kept rows (the rollup stays in ``_rollup``'s cache, which bounds it)."""
+        with self.lock:
+            if self.kept is not None:
+                self.kept.close()
+                self.kept = None
 
-_followers: dict[str, _Follower] = {}
+
+FOLLOWED_AT_MOST = 8
+"""Runs the server keeps a follower for (the least recently asked for is dropped), as ``_rollup`` keeps 8."""
+_followers: OrderedDict[str, _Follower] = OrderedDict()
 _followers_lock = threading.Lock()
 
 
@@ -181,7 +191,17 @@ def _follower(path: str) -> _Follower:
         f = _followers.get(path)
         if f is None:
             f = _followers[path] = _Follower(path)
+            while len(_followers) > FOLLOWED_AT_MOST:
+                _followers.popitem(last=False)[1].close()
+        _followers.move_to_end(path)
         return f
+
+
+def current(run_path: str) -> Snapshot:
+    """The run's latest snapshot, without looking at its files: what the rest of a page run draws, so every
+    part of it shows the refresh its clock shows (``snapshot`` where there is none yet)."""
+    f = _follower(run_path)
+    return f.snap if f.snap is not None else snapshot(run_path)
 
 
 def run_listing(path: str) -> tuple[tuple, dict[str, frozenset[str]]]:
@@ -239,12 +259,15 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         f.metas = metas = read_rank_meta(run_path)
         if f._rollup is not None:
             f._rollup.refresh()
-        diagnosis, error = _diagnose(f, listing)
+        status = _status(metas)
+        diagnosis, error = _diagnose(f, listing, status == "live")
+        if status != "live":
+            f.close()  # its last verdict is made: a run that no longer grows needs no rows kept in memory
         started = min((m.data["started_ns"] for m in metas if "started_ns" in m.data), default=0)
         f.snap = Snapshot(
             path=run_path,
             serial=(f.snap.serial + 1) if f.snap is not None else 1,
-            status=_status(metas),
+            status=status,
             steps=max((m.steps for m in metas), default=0),
             as_of_ns=max((m.heartbeat_ns for m in metas), default=0),
             started_ns=started or max((m.heartbeat_ns for m in metas), default=0),
@@ -255,33 +278,32 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         return f.snap
 
 
-def _diagnose(f: _Follower, listing: dict[str, frozenset[str]]) -> tuple[dict | None, str | None]:
-    """The rules' verdict (``ranksight.rules.diagnose``) on the rows the follower keeps (``_kept``), after
-    taking in the segments in ``listing`` it has not read; on the run's own reading, brought up to date, for a
-    run too big to keep or compacted into a store. A warm-up's verdict of exactly these segments is taken
-    instead of the first."""
+def _diagnose(f: _Follower, listing: dict[str, frozenset[str]], live: bool) -> tuple[dict | None, str | None]:
+    """The rules' verdict (``ranksight.rules.diagnose``) on a live run's rows the follower keeps (``_kept``),
+    after taking in the segments in ``listing`` it has not read; on the run's own reading, brought up to date,
+    for a run that does not grow, is too big to keep, or was compacted into a store. A warm-up's verdict of
+    exactly these segments is taken instead of the first."""
     import duckdb
 
     from ranksight.rules import RuleError, diagnose
 
     try:
+        rows = sum(m.steps for m in f.metas)  # step rows the ranks say they wrote, before any is read
+        keep = live and rows <= KEEP_STEP_ROWS and KeptRows.suits(f.path)
         if f.kept is None and f.run is None:
             warm = _warm.finished(f.path)  # waits for the server's warm-up rather than diagnosing twice
             made = _warm.take_diagnosis(f.path, spool_signature(f.path)) if warm is not None else None
-            if KeptRows.suits(f.path):
-                f.kept = KeptRows(f.path)
-            if made is not None:
-                if f.kept is not None:
-                    f.kept.take_in(listing)
+            if made is not None and not keep:
                 return made, None
-        if f.kept is not None and (f.kept.step_rows > KEEP_STEP_ROWS or not KeptRows.suits(f.path)):
-            f.kept.close()  # too big to keep, or compacted: judged from the files from now on
-            f.kept = None
-        if f.kept is not None:
+        if f.kept is not None and not keep:
+            f.close()  # too big to keep, compacted, or no longer live: judged from the files from now on
+        if keep:
+            if f.kept is None:
+                f.kept = KeptRows(f.path)
             f.kept.take_in(listing)
             return diagnose(f.kept.run()), None
         if f.run is None:
-            f.run = open_run(f.path)
+            f.run = open_run(f.path, follow_spool=False)
         else:
             f.run.refresh()
         return diagnose(f.run), None
@@ -295,7 +317,7 @@ def diagnosis(run_path: str) -> dict:
 
     Raises ``RunDirError`` with the reason when the verdict could not be made (a run with nothing recorded yet).
     """
-    snap = snapshot(run_path)
+    snap = current(run_path)
     if snap.diagnosis is None:
         raise RunDirError(snap.error or f"{run_path}: no verdict yet")
     return snap.diagnosis
@@ -306,7 +328,7 @@ def provisional_note(run_path: str) -> str | None:
     the rules' stated minimum (``rules._provisional``, the floor ``ranksight diagnose`` uses too); else None."""
     from ranksight.rules._provisional import provisional, provisional_text
 
-    snap = snapshot(run_path)
+    snap = current(run_path)
     steps = provisional(snap.diagnosis) if snap.diagnosis is not None and snap.status == "live" else None
     return None if steps is None else provisional_text(steps)
 

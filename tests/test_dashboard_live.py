@@ -24,7 +24,8 @@ from tests.test_dashboard import write_run
 def test_a_snapshot_is_kept_until_a_file_changes_and_then_takes_in_the_new_steps(tmp_path):
     path = write_run(str(tmp_path / "run"), 2, 20, status="running")
     first = _data.snapshot(path, refresh_s=0)
-    assert (first.status, first.steps, first.serial) == ("live", 20, 1) and first.diagnosis is not None
+    assert (first.status, first.steps, first.serial, first.error) == ("live", 20, 1, None), first
+    assert first.diagnosis is not None
     assert _data.snapshot(path, refresh_s=0) is first  # nothing written: the same snapshot, no reading
     _data.pull(path, q.run_overview)  # a page builds the rollup
     write_run(path, 2, 20, first_step=20, segment="b", status="running")
