@@ -613,6 +613,103 @@ def test_a_profiler_the_user_starts_mid_window_runs_and_the_window_steps_aside(m
     assert "trace_window_backoff" in mon._reporter.reported
 
 
+def _gpu_phases_read(run_path: str) -> dict:
+    """Every step after warm-up has its GPU compute, H2D and optimizer read; the breakdown of the run."""
+    from ranksight.collectors import open_run
+    from ranksight.collectors._queries import step_breakdown
+
+    rows = [r for r in _read(run_path, "steps") if r["step"] >= 3]
+    assert len(rows) >= 10
+    for column in ("gpu_compute_s", "h2d_s", "gpu_optimizer_s", "compute_s", "optimizer_s"):
+        missing = [r["step"] for r in rows if r[column] is None]
+        assert not missing, (column, missing)
+    assert all(r["gpu_compute_s"] > 0 for r in rows)
+    (b,) = step_breakdown(open_run(run_path))
+    assert b["compute_share"] > 0.3 and b["other_share"] < 0.3, b
+    return b
+
+
+@pytest.mark.parametrize("style", ["self", "net"])
+def test_lightning_on_one_gpu_reads_compute_h2d_and_optimizer_whatever_the_step_calls(tmp_path, style):
+    """A LightningModule whose training_step calls a submodule (``self.net(x)``) never runs its own forward:
+    the callback's phases come from Lightning's hooks, so compute is read either way (it read 0 %, "other"
+    91-95 %, H2D "-" on an H100)."""
+    pytest.importorskip("lightning")
+    from lightning.pytorch import LightningModule, Trainer
+
+    from ranksight.integrations.lightning import RanksightCallback
+
+    class Module(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            out = self(x) if style == "self" else self.net(x)
+            return torch.nn.functional.mse_loss(out, y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    data = torch.utils.data.TensorDataset(torch.randn(256 * 40, 2048), torch.randn(256 * 40, 2048))
+    loader = torch.utils.data.DataLoader(data, batch_size=256, pin_memory=True)
+    callback = RanksightCallback(run_dir=str(tmp_path), run_id=f"lightning-{style}", gpu={"trace_window": False})
+    trainer = Trainer(accelerator="gpu", devices=1, max_steps=30, callbacks=[callback], logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(Module(), loader)
+    _gpu_phases_read(str(tmp_path / f"lightning-{style}"))
+
+
+def test_the_hf_trainer_on_one_gpu_reads_compute_and_optimizer(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from ranksight.integrations.transformers import RanksightCallback
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, 4096, (128,))
+            return {"input_ids": ids, "labels": ids}
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=4096, n_positions=128, n_embd=512, n_layer=4, n_head=8))
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=16, max_steps=30, bf16=True,
+                             report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True)  # fmt: skip
+    callback = RanksightCallback(run_dir=str(tmp_path), run_id="hf", gpu={"trace_window": False})
+    Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback]).train()
+    _gpu_phases_read(str(tmp_path / "hf"))
+
+
+def test_accelerate_on_one_gpu_with_accumulation_reads_compute_and_optimizer(tmp_path):
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from ranksight.integrations.accelerate import attach
+
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.utils.data.TensorDataset(torch.randn(256 * 64, 2048), torch.randn(256 * 64, 2048))
+    loader = torch.utils.data.DataLoader(data, batch_size=256, pin_memory=True)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    tracker = attach(accelerator, model, opt, run_dir=str(tmp_path), run_id="acc", gpu={"trace_window": False})
+    for x, y in tracker.loader(loader):
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+    tracker.close()
+    _gpu_phases_read(str(tmp_path / "acc"))
+
+
 def test_zz_a_profiler_started_after_a_detaching_window_is_warned(monitor):
     """Runs last in this file (a detached CUPTI stays so for the process). With ``detach_cupti`` on (the
     default), a window detaches CUPTI when it stops; a profiler the user starts afterwards is told so,
