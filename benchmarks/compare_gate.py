@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -153,6 +154,8 @@ def main() -> int:
     base = dict(JOBS[args.device], **({"steps": args.steps} if args.steps else {}))
     root = args.keep or tempfile.mkdtemp(prefix="compare-gate-")
     run_dir = os.path.join(root, "runs")
+    # SIGTERM ends the benchmark through its finally: the busy loops it started go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     busy = [busy_loop() for _ in range(load)]
     started = time.perf_counter()
     try:

@@ -36,7 +36,8 @@ def contention(ja: dict, jb: dict) -> dict | None:
     """Whether the host was busier in one run than the other (CPU jobs): on an idle core a CPU-bound step's
     own work takes one wall second per CPU second; when other processes share the cores it takes more.
     A code change that adds work adds CPU seconds too and leaves the ratio alone; a busier neighbour, or a
-    quieter one, moves it. ``ratio`` is B's over A's."""
+    quieter one, moves it. ``ratio`` is B's over A's; beyond ``CONTENTION_MARGIN`` the verdict is judged on
+    the change with that taken out (``_adjust``)."""
     sa, sb = _stretch(ja), _stretch(jb)
     if sa is None or sb is None:
         return None
@@ -50,6 +51,16 @@ def _incomparable(reason: str, config: GateConfig) -> dict:
 
 def _limits(config: GateConfig) -> dict:
     return {"step_time": config.step_time, "phases": dict(config.phases)}
+
+
+def _adjust(series: dict, ratio: float) -> None:
+    """Add ``adjusted_change``: the change with B's own work (compute, optimizer, the rest) scaled back by the
+    host's ``ratio``, as if B had run on a host as busy as A's. The data and collective waits stay as they
+    were: a slower input pipeline or network is the job's, whatever the host's load."""
+    own = sum(series["phases"].get(p, {}).get("b_s", 0.0) for p in ("compute_s", "optimizer_s", "other_s"))
+    shift = own * (1 - 1 / ratio) / series["step"]["a_s"]
+    c = series["step"]["change"]
+    series["step"]["adjusted_change"] = {k: c[k] - shift for k in ("point", "low", "high")}
 
 
 def why_incomparable(a: Samples, b: Samples, warmup_steps: int) -> str | None:
@@ -115,17 +126,20 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
     ranks = {r: compare_series(ra[r], rb[r], config.confidence) for r in both}
     limit = config.step_time if config.step_time is not None else DEFAULT_LIMIT
     failed = []
-    if config.step_time is not None and job["step"]["change"]["low"] > config.step_time:
-        failed.append({"what": "step_time", "limit": config.step_time, "interval": job["step"]["change"]})
     for phase, phase_limit in config.phases.items():
         c = job["phases"].get(phase, {}).get("contribution")
         if c is not None and c["low"] > phase_limit:
             failed.append({"what": phase, "limit": phase_limit, "interval": c})
-    word = verdict(job["step"]["change"], limit)
     host = contention(ja, jb)
-    if host and host["differs"] and (word == "slower") == (host["ratio"] > 1) and word in ("slower", "faster"):
-        # The step time moved the way the host's load did: the runs measure their neighbours, not the change.
-        word, failed = "cannot tell", [f for f in failed if f["what"] != "step_time"]
+    if host and host["differs"]:
+        # Take out what the busier (or quieter) host did to B's own work, so the verdict is about the code.
+        _adjust(job, host["ratio"])
+        for r in ranks.values():
+            _adjust(r, host["ratio"])
+    judged = job["step"].get("adjusted_change", job["step"]["change"])
+    if config.step_time is not None and judged["low"] > config.step_time:
+        failed.insert(0, {"what": "step_time", "limit": config.step_time, "interval": judged})
+    word = verdict(judged, limit)
     ratio = job["step"]["b_s"] / job["step"]["a_s"]
     status = "fail" if failed else ("pass" if config.active else "report")
     return {
@@ -139,7 +153,10 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         "contention": host,
         "failed": failed,
         "job": job,
-        "ranks": {str(r): {**v, "verdict": verdict(v["step"]["change"], limit)} for r, v in ranks.items()},
+        "ranks": {
+            str(r): {**v, "verdict": verdict(v["step"].get("adjusted_change", v["step"]["change"]), limit)}
+            for r, v in ranks.items()
+        },
         "attribution": _attribution(job),
         "findings": _finding_costs(findings, ratio),
     }

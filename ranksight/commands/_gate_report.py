@@ -106,7 +106,8 @@ def _host_line(change: dict) -> str:
     busier = "B" if host["ratio"] > 1 else "A"
     return (
         f"Host: busier in {busier}: a CPU second of the step's own work took {host['b']:.2f} s of wall time in B, "
-        f"{host['a']:.2f} s in A; a change in step time the same way as that is not read as the code's"
+        f"{host['a']:.2f} s in A; with that taken out of B's own work the change is "
+        f"{_span(change['job']['step']['adjusted_change'])}, which the verdict is judged on"
     )
 
 
