@@ -136,7 +136,7 @@ def heatmap_chart(hm: dict) -> dict:
                 "field": "label",
                 "type": "nominal",
                 "sort": {"field": "row", "op": "min"},
-                "title": "rank (worst first)",
+                "title": "rank",  # short: a vertical title longer than a few rows' height is cut off
                 "axis": {"labelOverlap": True, "titlePadding": 6, "labelLimit": 90},
             },
             "color": {

@@ -1,8 +1,9 @@
-"""Streamlit caching around the plain loaders: one Rollup per run (``cache_resource``), pulls in ``cache_data``.
+"""What the pages read of a run, kept by the server between refreshes and shared by every tab.
 
-A pull is keyed by the run and the rollup's version, which changes only when new step segments
-arrive: a live refresh with nothing new re-runs no query, and one with new data reads only the new
-segments (see ``ranksight.collectors.Rollup``).
+Per run, one ``Snapshot`` at a time (``snapshot``): the clock (step, as of, status) and the verdict, re-made
+only when the run's files changed, from what arrived since (the rollup folds the new step segments, the kept
+rows take in the new segments, ``_kept``). Pulls (``pull``, ``st.cache_data``) are keyed by the snapshot's
+serial: a refresh with nothing new re-runs no query, and every part of a page shows the same refresh.
 """
 
 from __future__ import annotations

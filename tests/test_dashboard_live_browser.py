@@ -121,7 +121,7 @@ def test_one_tab_follows_a_live_run_from_before_its_first_step_to_its_end(tmp_pa
             row = page.get_by_role("row").filter(has_text="watched").first
             assert row.get_by_role("cell").nth(0).inner_text() == "finished"
             assert row.get_by_role("cell").nth(4).inner_text() == str(STEPS)
-            picker = sidebar.locator("[data-testid='stSelectbox']").first.inner_text()
+            picker = sidebar.get_by_role("combobox", name="Run").input_value()
             assert "finished ·" in picker and "● live" not in sidebar.inner_text(), sidebar.inner_text()
             assert page.evaluate("window.__sameDocument === true")  # all of it without a reload
             browser.close()

@@ -5,7 +5,7 @@ import streamlit as st
 from ranksight.dashboard import _data
 from ranksight.dashboard._charts import heatmap_chart, heatmap_scale_text
 from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
-from ranksight.dashboard._view import context, guard, live_panel, ms, require_run
+from ranksight.dashboard._view import context, guard, live_panel, md_escape, ms, require_run
 
 SOLO_ROWS = 16  # above the row limit, the worst ranks keep a row each; the rest are grouped
 ctx = context()
@@ -31,7 +31,7 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
                 "(each shows its worst member)"
             )
         st.vega_lite_chart(spec=heatmap_chart(hm), width="stretch")
-        st.caption(heatmap_scale_text(hm))
+        st.caption(f"rows: ranks worst first ({md_escape(order)}) · {heatmap_scale_text(hm)}")
 
 
 def outliers(path: str) -> None:
