@@ -63,13 +63,18 @@ def rank_job(argv: list[str]) -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--out", required=True)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-train", action="store_true", help="the training loop under cProfile (CPU time)")
+    p.add_argument("--off-parts", default="", help="agent parts off: comm_hook,time_collectives,stack_window")
     a = p.parse_args(argv)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
-    mon = ranksight.init(run_dir=os.path.join(a.out, "runs"), job="cpu-cost", enabled=bool(a.on), flush_interval_s=2.0)
+    parts = {name: False for name in a.off_parts.split(",") if name}
+    mon = ranksight.init(
+        run_dir=os.path.join(a.out, "runs"), job="cpu-cost", enabled=bool(a.on), flush_interval_s=2.0, **parts
+    )
     profiler = None
     if a.profile and a.on:
         profiler = _profile_agent_thread(mon)
@@ -81,6 +86,12 @@ def rank_job(argv: list[str]) -> None:
     batches = [(torch.randn(64, 256), torch.randint(0, 10, (64,))) for _ in range(16)]
     loader = [batches[i % 16] for i in range(a.steps)]
     dist.barrier()
+    train_prof = None
+    if a.profile_train:
+        import cProfile
+
+        train_prof = cProfile.Profile(time.thread_time)
+        train_prof.enable()
     t0, c0 = time.perf_counter(), _thread_cpu()
     for x, y in mon.loader(loader):
         with mon.step():
@@ -90,6 +101,8 @@ def rank_job(argv: list[str]) -> None:
             opt.step()
     loop_s = time.perf_counter() - t0
     c1 = _thread_cpu()
+    if train_prof is not None:
+        train_prof.disable()
     cpu = {name: c1[name] - c0.get(name, 0.0) for name in c1}
     mon.close()
     after_close = _thread_cpu()
@@ -97,6 +110,8 @@ def rank_job(argv: list[str]) -> None:
                "process_cpu_after_close_s": after_close.get("process_total")}  # fmt: skip
     if profiler is not None:
         figures["agent_profile"] = _top(profiler)
+    if train_prof is not None:
+        figures["train_profile"] = _top(train_prof, 40)
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump(figures, f)
     dist.destroy_process_group()
@@ -132,14 +147,14 @@ def _top(prof, n: int = 25) -> list:
     return rows[:n]
 
 
-def launch(on: bool, steps: int, width: int, profile: bool = False) -> dict:
+def launch(on: bool, steps: int, width: int, profile: bool = False, off_parts: str = "") -> dict:
     """One torchrun launch of the job; rank 0's figures and both ranks' thread CPU, with the launch's wall."""
     from benchmarks._harness import free_port
 
     out = tempfile.mkdtemp(prefix="rs-cpu-cost-")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            os.path.abspath(__file__), "--rank-job", "--on", str(int(on)), "--steps", str(steps), "--width", str(width),
-           "--out", out] + (["--profile"] if profile else [])  # fmt: skip
+           "--out", out, "--off-parts", off_parts] + (["--profile"] if profile else [])  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("RANKSIGHT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(HERE))
     t0 = time.perf_counter()
@@ -151,7 +166,39 @@ def launch(on: bool, steps: int, width: int, profile: bool = False) -> dict:
     for r in (0, 1):
         with open(os.path.join(out, f"rank{r}.json")) as f:
             ranks.append(json.load(f))
-    return {"on": on, "launch_wall_s": wall, "loop_s": max(r["loop_s"] for r in ranks), "ranks": ranks}
+    loop = max(r["loop_s"] for r in ranks)
+    return {"on": on, "off_parts": off_parts, "launch_wall_s": wall, "loop_s": loop, "ranks": ranks}
+
+
+def _parts(args) -> None:
+    """Arms: off, on, and on with each ``--parts`` set off; per arm and thread, CPU seconds a step (medians over
+    ``--pairs`` rounds, arms rotated): what each part of the agent costs, measured in CPU, not in wall time."""
+    from benchmarks._harness import in_rounds, write_results
+
+    arms = ["off", "on", *args.parts]
+
+    def measure(arm, r):
+        got = launch(arm != "off", args.steps, args.width, off_parts="" if arm in ("on", "off") else arm)
+        cpu: dict = {}
+        for rank in got["ranks"]:
+            for name, v in rank["thread_cpu_s"].items():
+                cpu.setdefault(name, []).append(v / args.steps)
+        return {"loop_s": got["loop_s"], "cpu_s_per_step": {k: statistics.mean(v) for k, v in cpu.items()}}
+
+    def show(arm, f):
+        cpu = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in f["cpu_s_per_step"].items())
+        return f"loop {f['loop_s']:.2f} s, {cpu}"
+
+    rounds = in_rounds(arms, args.pairs, measure, show)
+    summary = {
+        arm: {name: statistics.median(r["cpu_s_per_step"].get(name, 0.0) for r in rows)
+              for name in ("MainThread", "ranksight-agent", "process_total")}
+        for arm, rows in rounds.items()
+    }  # fmt: skip
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        write_results(args.json, {"summary_cpu_s_per_step": summary, "rounds": rounds, "steps": args.steps},
+                      arms=arms, rounds=args.pairs)  # fmt: skip
 
 
 def main() -> None:
@@ -165,6 +212,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=1024, help="MLP width: sets the step time (~28 ms at 1024)")
     parser.add_argument("--profile", action="store_true", help="one launch with the agent thread under cProfile")
+    parser.add_argument("--parts", nargs="*", default=[],
+                        help="also launch the agent with these parts off, one arm each (e.g. comm_hook "
+                             "time_collectives,comm_hook): where its CPU goes, per thread")  # fmt: skip
     args = parser.parse_args()
 
     if args.profile:
@@ -178,6 +228,8 @@ def main() -> None:
         return
 
     launch(True, max(20, args.steps // 10), args.width)  # warm-up launch, discarded (page cache, imports)
+    if args.parts:
+        return _parts(args)
     pairs = []
     for i in range(args.pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
