@@ -417,8 +417,21 @@ def run_facts(run_path: str) -> dict:
         "count(h2d_s) FROM steps WHERE rank = 0 AND step >= 5"
     ).fetchone()
     nvml = con.execute("SELECT count(*) FROM samples WHERE name = 'gpu_utilization_ratio'").fetchone()[0]
+    window = dict(
+        con.execute(
+            "SELECT name, max(value) FROM samples WHERE name IN ('trace_window_reduce_seconds', "
+            "'trace_window_cost_seconds', 'trace_window_stop_seconds', 'kernel_busy_ratio') GROUP BY name"
+        ).fetchall()
+    )
+    try:
+        import pynvml  # noqa: F401
+
+        nvml_importable = True
+    except ImportError:
+        nvml_importable = False
     return {"steps": n, "compute_attributed": comp, "optimizer_attributed": opt, "gpu_compute_attributed": gcomp,
-            "gpu_optimizer_attributed": gopt, "h2d_attributed": h2d, "nvml_rows": nvml}  # fmt: skip
+            "gpu_optimizer_attributed": gopt, "h2d_attributed": h2d, "nvml_rows": nvml,
+            "pynvml_importable": nvml_importable, "kernel_window": window}  # fmt: skip
 
 
 def split_closure(trace_path: str) -> str:
@@ -454,7 +467,7 @@ def part_parity(args) -> dict:
     first, last = PROFILED
     jobs = {}
     for job in args.jobs or JOBS:
-        res = launch(args, job, "ranksight", "parity", steps=last + 14, profile=True)
+        res = launch(args, job, "ranksight", "parity", steps=last + 24, profile=True)  # the agent's window at 50
         if "error" in res:
             jobs[job] = res
             print(f"{job}: FAILED\n{res['error']}", flush=True)
