@@ -392,10 +392,11 @@ class TraceWindow:
         _, result, first, last, stop_ns, cost_ns = payload
         t0 = time.thread_time_ns()  # this thread's CPU time: not the waits for a GIL the training thread held
         red: Any = _FAILED
-        if self.reduce_in_child:
+        tried_child = self.reduce_in_child
+        if tried_child:
             red = self._reduce_in_child(result, first)
         if red is _FAILED:
-            if self.trace_dir:
+            if self.trace_dir and not tried_child:  # a result saves once: the child's try kept its file
                 result.save(self._trace_path(first))
             red = reduce_window(events_from_kineto(result), model_on_gpu=self.use_cuda)
         reduce_ns = time.thread_time_ns() - t0

@@ -150,9 +150,17 @@ def main() -> None:
     with open(trace) as f:
         gpu_events = events_from_chrome(json.load(f))  # the in-process arm's input, read before it is timed
 
+    # A profiler result saves once ("Trace is already saved"): each save arm takes a fresh one, made beforehand.
+    fresh = [kineto_result(args.events) for _ in range(args.rounds)]
+    saved_n = iter(range(args.rounds))
+
+    def save() -> None:
+        i = next(saved_n)
+        fresh[i].save(f"{saved}.{i}")
+
     arms = {
         "extract_event_by_event": lambda: events_from_kineto(result),
-        "extract_save": lambda: result.save(saved),
+        "extract_save": save,
         "reduce_on_agent_thread": lambda: reduce_window(gpu_events, model_on_gpu=True),
         "reduce_in_child": lambda: reduce_file_in_child(trace, True),
     }
