@@ -92,10 +92,6 @@ FEATURES: dict[str, str] = {
     "time over the other ranks' mean (steps.cpu_s), over what the others waited for it. Near 1 when it had more "
     "work to do; near 0 when a busy host kept it waiting for a core. CPU ranks only (a GPU rank's thread spins "
     "while it waits for the device).",
-    "straggler_compute_explained": "How much of the wait this rank causes its own longer compute accounts for: "
-    "its median compute less the other ranks' median, over its median gap per late step (straggler_cost_share "
-    "x step_mean_s / least_wait_step_share). Near 1 when forward + backward take longer; near 0 when it "
-    "arrives last for reasons outside its compute (a 2 % difference against a 10 % wait).",
     "least_wait_top_share": "The largest least_wait_step_share of any rank (copied to every rank): near 1 when one "
     "rank arrives last at nearly every collective, low when the late rank changes from step to step.",
     "imbalance_cost_share": "Per step, how much longer the second-least-waiting rank waited than the least, "
@@ -726,7 +722,6 @@ def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats:
     shared = {"ranks_reporting": len(reporting), "nodes": len(nodes) or None, "ranks_data_measured": measured}
     shared.update(_compute_scores(con, warmup_steps, since_ns, feats, stats, reporting))
     shared.update(_wait_figures(con, warmup_steps, since_ns, feats, reporting))
-    _compute_explained(feats, reporting)
     reserved = {r: f["memory_reserved_bytes"] for r, f in feats.items() if f.get("memory_reserved_bytes")}
     if len(reserved) >= 2:
         median, high = statistics.median(reserved.values()), max(reserved.values())
@@ -761,23 +756,6 @@ def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> dic
             feats[r]["compute_vs_median"] = value / median
         return {"slowest_rank": slowest}
     return {}
-
-
-def _compute_explained(feats: dict[int, dict], reporting: list[int]) -> None:
-    """Each late rank's compute excess over the others' median, as a share of its gap per late step
-    (``straggler_compute_explained``): of what the others wait for it, how much its own forward + backward
-    takes longer. Only for ranks that arrived last at some step with a cost."""
-    compute = {r: feats[r].get("compute_median_s") for r in reporting}
-    if len(reporting) < 2 or not all(compute.values()):
-        return
-    for r in reporting:
-        f = feats[r]
-        cost, late = f.get("straggler_cost_share"), f.get("least_wait_step_share")
-        step = f.get("step_mean_s") or f.get("step_median_s")  # the cost is a share of the period sum
-        if not cost or not late or not step:
-            continue
-        others = statistics.median(compute[o] for o in reporting if o != r)
-        f["straggler_compute_explained"] = max(0.0, compute[r] - others) / (cost * step / late)
 
 
 def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:
