@@ -294,6 +294,10 @@ def test_lightning_one_device(tmp_path, style, accumulate):
     pytest.importorskip("lightning")
     figures = lightning_job(str(tmp_path), style, accumulate)
     s = assert_parity(figures)
+    from ranksight.collectors import read_rank_meta
+
+    (meta,) = read_rank_meta(figures["run"])
+    assert meta.data["loader"]["num_workers"] == 0  # the fix for an input-bound loader is written from these
     if accumulate > 1:  # one step per optimizer step, each spanning two batches
         assert s["steps"] == STEPS - WARMUP
 
