@@ -2,8 +2,10 @@
 what do they cost a ~15-20 s job?
 
     python benchmarks/callback_parity.py --part parity --out DIR           # ~2-3 min on one H100
-    python benchmarks/callback_parity.py --part cost-hf --out DIR          # ~4 min: HF Trainer, callback vs none
-    python benchmarks/callback_parity.py --part cost-lightning --out DIR   # ~4 min: Lightning, callback vs none
+    python benchmarks/callback_parity.py --part cost-hf --out DIR          # ~3.5 min: rounds 0-2, callback vs none
+    python benchmarks/callback_parity.py --part cost-hf --first-round 3 --out DIR   # rounds 3-5
+    python benchmarks/callback_parity.py --part cost-lightning --out DIR   # the same for Lightning (twice)
+    python benchmarks/callback_parity.py --part cost-summary --out DIR     # every cost file's rounds, merged
     python benchmarks/callback_parity.py --part parity --device cpu --tiny --out DIR   # a CPU smoke test
 
 ``parity``: four healthy jobs, each in a fresh process -- Lightning on one device with ``training_step`` calling
@@ -16,8 +18,9 @@ breakdown's, on the GPU's clock). Per job: the "other" share, whether compute an
 from the trace (pass: at most 5 pp).
 
 ``cost-*``: one discarded warm-up launch (which also sets the step count for ``--job-s`` seconds), then
-``--rounds`` rounds of fresh launches with the callback, without it, and with TraceML where ``traceml_ai``
-imports, in rotated order. Each launch times its steps from step 20 to the last on the host after a CUDA
+``--rounds`` rounds of fresh launches with the callback and without it (``--arms ... traceml`` adds TraceML where
+``traceml_ai`` imports; then run 2 rounds an invocation), in rotated order; ``cost-summary`` merges the rounds
+of several invocations. Each launch times its steps from step 20 to the last on the host after a CUDA
 synchronise at both ends (the same timing callback in every arm); the figure is the median over rounds of the
 per-round ratio to the unmonitored launch.
 
@@ -496,19 +499,19 @@ def part_parity(args) -> dict:
 def part_cost(args, job: str) -> dict:
     from benchmarks._harness import rotated
 
-    arms = ["ranksight", "none"]
-    try:
-        import traceml_ai  # noqa: F401
-
-        arms.append("traceml")
-    except ImportError:
-        pass
+    arms = list(args.arms)
+    if "traceml" in arms:
+        try:
+            import traceml_ai  # noqa: F401
+        except ImportError:
+            arms.remove("traceml")
+            print("traceml_ai does not import: its arm is left out", flush=True)
     warm = launch(args, job, "none", "warm", steps=10**6, seconds=args.job_s / 2)
     rate = 1.0 / warm["step_s"] if warm.get("step_s") else None
     steps = int(TIMED_FROM + args.job_s * rate) if rate else 400
     print(f"warm-up: {warm.get('step_s')} s a step -> {steps} steps a launch", flush=True)
     rounds: list = []
-    for r in range(args.rounds):
+    for r in range(args.first_round, args.first_round + args.rounds):
         got = {}
         for arm in rotated(arms, r):
             got[arm] = launch(args, job, arm, f"r{r}", steps=steps)
@@ -525,26 +528,54 @@ def part_cost(args, job: str) -> dict:
     return {"job": job, "steps": steps, "warm": warm, "arms": arms, "rounds": rounds, "median_ratio": summary}
 
 
+def part_summary(args) -> dict:
+    """The cost parts' rounds merged per job (several invocations, each with its own warm-up launch)."""
+    merged: dict = {}
+    for name in sorted(os.listdir(args.out)):
+        if not (name.startswith("cost-") and name.endswith(".json")):
+            continue
+        with open(os.path.join(args.out, name)) as f:
+            part = json.load(f)
+        job = merged.setdefault(part["job"], {"files": [], "rounds": []})
+        job["files"].append(name)
+        job["rounds"].extend(part["rounds"])
+    for job in merged.values():
+        arms = sorted({a for r in job["rounds"] for a in r["ratio"]})
+        job["median_ratio"] = {
+            a: statistics.median([r["ratio"][a] for r in job["rounds"] if r["ratio"].get(a) is not None] or [0.0])
+            for a in arms
+        }
+        job["ratios"] = {a: [r["ratio"].get(a) for r in job["rounds"]] for a in arms}
+        print(f"{job['files']}: {len(job['rounds'])} rounds, median ratio to none {json.dumps(job['median_ratio'])}")
+    return {"jobs": merged}
+
+
 def main() -> None:
     if "--child" in sys.argv:
         child([a for a in sys.argv[1:] if a != "--child"])
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", required=True, choices=["parity", "cost-hf", "cost-lightning"])
+    p.add_argument("--part", required=True, choices=["parity", "cost-hf", "cost-lightning", "cost-summary"])
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="small models (a CPU smoke test)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="cost: rounds in this invocation")
+    p.add_argument("--first-round", type=int, default=0, help="cost: the first round's number (sets the rotation)")
+    p.add_argument("--arms", nargs="+", default=["ranksight", "none"], choices=["ranksight", "none", "traceml"])
     p.add_argument("--job-s", type=float, default=15.0, help="seconds of timed steps a cost launch runs")
     p.add_argument("--jobs", nargs="*", choices=list(JOBS), help="parity: these jobs only (default: all)")
     args = p.parse_args()
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
+    name = args.part
     if args.part == "parity":
         figures = part_parity(args)
+    elif args.part == "cost-summary":
+        figures = part_summary(args)
     else:
         figures = part_cost(args, "transformers" if args.part == "cost-hf" else "lightning-net")
+        name = f"{args.part}-r{args.first_round}"
     figures["wall_s"] = time.perf_counter() - t0
     try:
         from benchmarks._harness import header
@@ -552,9 +583,9 @@ def main() -> None:
         figures["header"] = header()
     except Exception:
         pass
-    with open(os.path.join(args.out, f"{args.part}.json"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(figures, f, indent=1, default=str)
-    print(f"wrote {os.path.join(args.out, args.part + '.json')} in {figures['wall_s']:.0f} s")
+    print(f"wrote {os.path.join(args.out, name + '.json')} in {figures['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
