@@ -9,6 +9,7 @@ from ._queries import fix_gain_text
 from ._rollup import Rollup
 from ._serve import APP_PATH, serve_command, serve_env
 from ._source import Source, resolve
+from ._verdict_rows import split_checklist
 
 __all__ = [
     "APP_PATH",
@@ -20,4 +21,5 @@ __all__ = [
     "serve_command",
     "serve_env",
     "speedup_sentence",
+    "split_checklist",
 ]
