@@ -1,4 +1,6 @@
-"""The Altair (Vega-Lite) charts of the pages after the landing page.
+"""The Vega-Lite charts of the pages after the landing page: plain dict specs for the ones a watched live page
+draws again at each refresh (breakdown, heatmaps: building and validating an Altair chart cost 17 ms each, the
+dict a fraction of a millisecond), Altair for the Signals page's faceted and layered charts.
 
 Why a module of their own: importing altair takes a good part of a second on 2 cores, more while the
 server's warm-up diagnoses; the Verdict page (the landing page, ``_view.stacked_by_rank_svg``) does without
@@ -14,64 +16,95 @@ from ._queries import PHASE_LABELS, rank_bars
 from ._view import PHASE_COLORS, PHASE_ORDER
 
 
-def shares_long(rows: list[dict], index: str) -> pd.DataFrame:
-    """Rows with ``<phase>_share`` columns -> long frame (index, phase, share) for stacked charts."""
-    recs = []
+def _share_values(rows: list[dict], index: str) -> list[dict]:
+    """Rows with ``<phase>_share`` figures -> one record per (index, phase) present, in phase order."""
+    out = []
     for r in rows:
         for key, label in PHASE_LABELS.items():
             v = r.get(f"{key[:-2]}_share")
             if v is not None:
-                recs.append({index: r[index], "phase": label, "share": float(v)})
-    return pd.DataFrame(recs, columns=[index, "phase", "share"])
+                out.append({index: r[index], "phase": label, "order": PHASE_ORDER.index(label), "share": float(v)})
+    return out
 
 
-def _phase_colors(df: pd.DataFrame) -> alt.Scale:
+def _phase_color(values: list[dict]) -> dict:
     """The phases present (H2D is absent on a CPU job: no legend entry for it), each in its fixed colour."""
-    present = [p for p in PHASE_ORDER if p in set(df["phase"])] or PHASE_ORDER
-    return alt.Scale(domain=present, range=[PHASE_COLORS[PHASE_ORDER.index(p)] for p in present])
+    present = [p for p in PHASE_ORDER if p in {v["phase"] for v in values}] or PHASE_ORDER
+    return {
+        "field": "phase",
+        "type": "nominal",
+        "sort": PHASE_ORDER,
+        "scale": {"domain": present, "range": [PHASE_COLORS[PHASE_ORDER.index(p)] for p in present]},
+    }
 
 
-def stacked_by_rank(rows: list[dict], named=()) -> alt.Chart:
+def stacked_by_rank(rows: list[dict], named=()) -> dict:
     """Each rank's phase shares, a bar per rank; above ``BARS_AT_MOST`` ranks the ones that stand out
-    (``named`` first) and one bar for the others' mean (``rank_bars``)."""
+    (``named`` first) and one bar for the others' mean (``rank_bars``). A Vega-Lite spec as a plain dict: no
+    Altair object to build and validate at each refresh (17 ms for two ranks)."""
     bars, title = rank_bars(rows, named)
-    df = shares_long([{**r, "bar": label} for label, r in bars], "bar")
-    x = alt.X(
-        "bar:N", sort=[label for label, _ in bars], title=title, axis=alt.Axis(labelAngle=-90 if len(bars) > 16 else 0)
-    )
-    field = alt.Tooltip("bar:N", title="rank")
-    return (
-        alt.Chart(df)
-        .mark_bar()
-        .encode(
-            x=x,
-            y=alt.Y("share:Q", stack="zero", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=PHASE_ORDER, scale=_phase_colors(df)),
-            order=alt.Order("phase_order:Q"),
-            tooltip=[field, "phase", alt.Tooltip("share:Q", format=".1%")],
-        )
-        .transform_calculate(phase_order=f"indexof({PHASE_ORDER!r}, datum.phase)")
-        .properties(height=320)
-    )
+    values = _share_values([{**r, "bar": label} for label, r in bars], "bar")
+    return {
+        "data": {"values": values},
+        "mark": {"type": "bar"},
+        "height": 320,
+        "encoding": {
+            "x": {
+                "field": "bar",
+                "type": "nominal",
+                "sort": [label for label, _ in bars],
+                "title": title,
+                "axis": {"labelAngle": -90 if len(bars) > 16 else 0},
+            },
+            "y": {
+                "field": "share",
+                "type": "quantitative",
+                "stack": "zero",
+                "title": "share of step time",
+                "axis": {"format": "%"},
+            },
+            "color": _phase_color(values),
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "bar", "title": "rank"},
+                {"field": "phase"},
+                {"field": "share", "type": "quantitative", "format": ".1%"},
+            ],
+        },
+    }
 
 
-def stacked_over_time(rows: list[dict]) -> alt.Chart:
+def stacked_over_time(rows: list[dict]) -> dict:
     """Each phase's share over the run's time; the axis ends where the data does (not at a rounder number)."""
-    df = shares_long(rows, "t_s")
-    span = [float(df["t_s"].min()), float(df["t_s"].max())] if len(df) else [0.0, 1.0]
-    return (
-        alt.Chart(df)
-        .mark_area()
-        .encode(
-            x=alt.X("t_s:Q", title="seconds since the first step", scale=alt.Scale(domain=span, nice=False)),
-            y=alt.Y("share:Q", stack="normalize", title="share of step time", axis=alt.Axis(format="%")),
-            color=alt.Color("phase:N", sort=PHASE_ORDER, scale=_phase_colors(df)),
-            order=alt.Order("phase_order:Q"),
-            tooltip=[alt.Tooltip("t_s:Q", format=".1f"), "phase", alt.Tooltip("share:Q", format=".1%")],
-        )
-        .transform_calculate(phase_order=f"indexof({PHASE_ORDER!r}, datum.phase)")
-        .properties(height=260)
-    )
+    values = _share_values(rows, "t_s")
+    span = [min(v["t_s"] for v in values), max(v["t_s"] for v in values)] if values else [0.0, 1.0]
+    return {
+        "data": {"values": values},
+        "mark": {"type": "area"},
+        "height": 260,
+        "encoding": {
+            "x": {
+                "field": "t_s",
+                "type": "quantitative",
+                "title": "seconds since the first step",
+                "scale": {"domain": span, "nice": False},
+            },
+            "y": {
+                "field": "share",
+                "type": "quantitative",
+                "stack": "normalize",
+                "title": "share of step time",
+                "axis": {"format": "%"},
+            },
+            "color": _phase_color(values),
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "t_s", "type": "quantitative", "format": ".1f"},
+                {"field": "phase"},
+                {"field": "share", "type": "quantitative", "format": ".1%"},
+            ],
+        },
+    }
 
 
 _UNIT_FORMAT = {"s": ".3f", "ratio": ".0%", "bytes": ".3s"}

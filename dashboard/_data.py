@@ -238,15 +238,22 @@ def _status(metas: list) -> str:
     return "finished" if metas and all(m.status == "finished" for m in metas) else "stopped"
 
 
+SNAPSHOT_SHARE = 0.025
+"""The share of one core a run's snapshots may take the server: after one that cost ``c`` CPU seconds, the run's
+files are looked at again no sooner than ``c / SNAPSHOT_SHARE`` later (and no sooner than the refresh interval).
+Why: a dashboard on a training node is a guest; at 2 s a refresh, a snapshot of up to 50 ms keeps that pace."""
+
+
 def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
-    """The run as of its latest refresh, shared by every tab: re-read at most once per ``refresh_s`` / 2, and
-    then only when its files changed (``run_signature``); the rollup takes in the new segments and the verdict
-    is made again from the kept reading, in the same refresh as the clock it is shown with."""
+    """The run as of its latest refresh, shared by every tab: re-read at most once per ``refresh_s`` (or
+    ``SNAPSHOT_SHARE``'s pace, when slower), and then only when its files changed (``run_listing``); the rollup
+    takes in the new segments and the verdict is made again from the kept rows, in the same refresh as the
+    clock it is shown with. ``refresh_s`` 0: look at the files now."""
     f = _follower(run_path)
-    gap = (refresh_s if refresh_s is not None else _source.from_env().refresh_s) / 2
+    gap = refresh_s if refresh_s is not None else _source.from_env().refresh_s
     with f.lock:
         now = time.monotonic()
-        if f.snap is not None and now - f.checked < gap:
+        if f.snap is not None and gap and now - f.checked < max(gap, f.snap.cost_s / SNAPSHOT_SHARE):
             return f.snap
         f.checked = now
         sig, listing = run_listing(run_path)
@@ -274,7 +281,8 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
             started_ns=started or max((m.heartbeat_ns for m in metas), default=0),
             diagnosis=diagnosis,
             error=error,
-            cost_s=time.process_time() - cpu,  # this thread's CPU (the diagnosis and the listings)
+            # the process's CPU meanwhile (DuckDB's threads too; another tab's page run would count: an upper bound)
+            cost_s=time.process_time() - cpu,
         )
         return f.snap
 

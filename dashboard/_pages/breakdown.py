@@ -30,7 +30,7 @@ def per_rank(path: str) -> None:
         if not total["h2d_measured"]:
             st.caption("H2D copy time is measured on GPUs only (absent on this run)")
         rows = _data.pull(path, breakdown_per_rank)
-        st.altair_chart(stacked_by_rank(rows), width="stretch")
+        st.vega_lite_chart(spec=stacked_by_rank(rows), width="stretch")
         with st.expander("per-rank table"):
             st.dataframe(
                 [
@@ -59,7 +59,7 @@ def over_time(path: str) -> None:
         rows = _data.pull(path, breakdown_over_time)
         if rows:
             st.subheader("Over time (all ranks)")
-            st.altair_chart(stacked_over_time(rows), width="stretch")
+            st.vega_lite_chart(spec=stacked_over_time(rows), width="stretch")
 
 
 if require_run(ctx):
