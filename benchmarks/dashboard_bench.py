@@ -1,6 +1,15 @@
 """Time each dashboard query on a synthetic 1,024-rank x 10,000-step store, and the first browser render.
 
     python benchmarks/dashboard_bench.py [--ranks 1024] [--steps 10000] [--dir /tmp/ranksight-bench] [--no-browser]
+    python benchmarks/dashboard_bench.py --live 1000 [--open-after] [--json OUT]   # watching a live run
+    python benchmarks/dashboard_bench.py --refresh-scale [--ranks 1024] [--json OUT]  # one refresh, by length
+
+``--live STEPS``: the dashboard server's own CPU (``/proc``, apart from the browser) while three tabs of
+headless Chromium (Verdict, Breakdown, Heatmaps) watch a real 2-rank CPU demo job of STEPS steps, opened on
+the empty folder before the job starts (``--open-after``: on the run once it exists, which an older
+dashboard needs to follow it at all), beside the same job run unwatched just before. ``--refresh-scale``:
+the server's CPU for one refresh of a live ``--ranks``-rank node-spool run after one flush, at 1,000 to
+8,000 steps (``refresh_at_scale``).
 
 The store is written directly as Parquet segments with the record schema (a few big files, as a
 compacted run would be): one straggler rank (compute x1.4) and a data-wait spike in the middle, plus
