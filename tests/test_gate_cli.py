@@ -125,11 +125,11 @@ def test_markdown_and_per_phase_limits_from_pyproject(runs, tmp_path):
     # Per-phase limits in ./pyproject.toml: a data-wait limit far above what was planted, a step-time limit
     # on the command line far above it too: it passes; a tight data-wait limit alone fails it.
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.ranksight.gate]\n[tool.ranksight.gate.phases]\ndata_wait = "900pp"\n'
+        '[tool.ranksight.gate]\n[tool.ranksight.gate.phases]\ndata_wait = "5000pp"\n'
     )
-    loose = _cli(["compare", healthy, slow, "--gate", "900%", "--json"], tmp_path)
+    loose = _cli(["compare", healthy, slow, "--gate", "5000%", "--json"], tmp_path)
     assert loose.returncode == 0, loose.stderr
-    assert json.loads(loose.stdout)["change"]["limits"] == {"step_time": 9.0, "phases": {"data_wait_s": 9.0}}
+    assert json.loads(loose.stdout)["change"]["limits"] == {"step_time": 50.0, "phases": {"data_wait_s": 50.0}}
     (tmp_path / "gate.yaml").write_text("phases:\n  data_wait: 2pp\n")
     tight = _cli(["compare", healthy, slow, "--gate-config", "gate.yaml", "--json"], tmp_path)
     assert tight.returncode == 1

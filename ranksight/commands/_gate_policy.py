@@ -42,8 +42,8 @@ class GateConfig:
         if not 0.5 <= self.confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
         for name, limit in [("step_time", self.step_time), *self.phases.items()]:
-            if limit is not None and not 0 <= limit < 10:
-                raise ValueError(f"gate limit {name} must be a share in [0, 10), got {limit}")
+            if limit is not None and not 0 <= limit < 100:
+                raise ValueError(f"gate limit {name} must be a share in [0, 100), got {limit}")
         unknown = sorted(set(self.phases) - set(PHASES))
         if unknown:
             raise ValueError(f"unknown phase(s) {unknown}; known: {sorted(_PHASE_NAMES)}")
