@@ -132,9 +132,11 @@ def gate(a: str, b: str, limit: str, cwd: str) -> dict:
     c = change["job"]["step"]["change"]
     moved = [r["phase"] for r in change["attribution"] if r["moved"] and r["contribution"]["point"] > 0]
     wait = change["job"]["phases"].get("data_wait_s", {}).get("contribution", {})
+    judged = change["job"]["step"].get("adjusted_change", c)
     return {**row, "verdict": change["verdict"], "change": c["point"], "low": c["low"], "high": c["high"],
             "a_s": change["job"]["step"]["a_s"], "b_s": change["job"]["step"]["b_s"],
-            "first_moved": moved[0] if moved else None, "data_wait_pp": wait.get("point")}  # fmt: skip
+            "first_moved": moved[0] if moved else None, "data_wait_pp": wait.get("point"),
+            "judged": judged, "host_ratio": (change.get("contention") or {}).get("ratio")}  # fmt: skip
 
 
 def main() -> int:
@@ -174,50 +176,57 @@ def main() -> int:
               f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
         runs: dict[str, str] = {}
 
-        rounds = []
+        rounds: list[dict] = []
+        pairs: dict[str, list] = {"healthy": [], "slow": [], "small": []}
         for r in range(args.pairs):
             arms = ["healthy_a", "healthy_b"] + (["slow", "small"] if r < args.slow_pairs else [])
             load_now = machine_load()
             for arm in rotated(arms, r):
                 runs[f"{arm}-{r}"] = job(f"{arm}-{r}", sleeps.get(arm, 0.0))
             rounds.append({"round": r, "load": load_now})
-            print(f"round {r}: load {load_now['loadavg'][0]:.1f}", flush=True)
+            # Gated as each round ends, and written each round: a run cut short still leaves its figures.
+            pairs["healthy"].append(gate(runs[f"healthy_a-{r}"], runs[f"healthy_b-{r}"], args.limit, root))
+            if r < args.slow_pairs:
+                pairs["slow"].append(gate(runs[f"healthy_a-{r}"], runs[f"slow-{r}"], args.limit, root))
+                pairs["small"].append(gate(runs[f"healthy_b-{r}"], runs[f"small-{r}"], args.limit, root))
+            summary = summarise(pairs, rounds, started)
+            print(f"round {r}: load {load_now['loadavg'][0]:.1f}; " + ", ".join(
+                f"{k} {[p.get('verdict', p['status']) for p in v[-1:]]}" for k, v in pairs.items()), flush=True)  # fmt: skip
+            figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
+                       "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe,
+                       "calibration": cal, "summary": summary, "pairs": pairs, "rounds": rounds}  # fmt: skip
+            if args.json:
+                write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=r + 1)
     finally:
         for p in busy:
             p.kill()
             p.wait()
-    pairs = {"healthy": [], "slow": [], "small": []}
-    for r in range(args.pairs):
-        pairs["healthy"].append(gate(runs[f"healthy_a-{r}"], runs[f"healthy_b-{r}"], args.limit, root))
-        if r < args.slow_pairs:
-            pairs["slow"].append(gate(runs[f"healthy_a-{r}"], runs[f"slow-{r}"], args.limit, root))
-            pairs["small"].append(gate(runs[f"healthy_b-{r}"], runs[f"small-{r}"], args.limit, root))
-    summary = {
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def summarise(pairs: dict, rounds: list, started: float) -> dict:
+    """The counts the targets are stated in, and the spread of the changes and intervals behind them."""
+    return {
         "healthy_passed": sum(p["exit_code"] == 0 for p in pairs["healthy"]),
         "healthy_pairs": len(pairs["healthy"]),
         "slow_failed": sum(p["exit_code"] == 1 for p in pairs["slow"]),
         "slow_failed_data_named": sum(p["exit_code"] == 1 and p["first_moved"] == "data_wait_s" for p in pairs["slow"]),
+        "slow_data_named_first": sum(p.get("first_moved") == "data_wait_s" for p in pairs["slow"]),
         "slow_pairs": len(pairs["slow"]),
-        "small_verdicts": {
-            v: sum(p.get("verdict") == v for p in pairs["small"])
-            for v in ("slower", "cannot tell", "no change", "faster")
-        },  # fmt: skip
+        "verdicts": {
+            k: {w: sum(p.get("verdict") == w for p in v) for w in ("slower", "cannot tell", "no change", "faster")}
+            for k, v in pairs.items()
+        },
         "small_failed": sum(p["exit_code"] == 1 for p in pairs["small"]),
         "healthy_change": spread([p.get("change") for p in pairs["healthy"]]),
         "healthy_interval_width": spread([p["high"] - p["low"] for p in pairs["healthy"] if "high" in p]),
         "slow_change": spread([p.get("change") for p in pairs["slow"]]),
+        "slow_data_wait_pp": spread([p.get("data_wait_pp") for p in pairs["slow"]]),
         "small_change": spread([p.get("change") for p in pairs["small"]]),
         "loadavg_1m": spread([r["load"]["loadavg"][0] for r in rounds]),
         "wall_s": time.perf_counter() - started,
     }
-    figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
-               "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe, "calibration": cal,
-               "summary": summary, "pairs": pairs, "rounds": rounds}  # fmt: skip
-    print(json.dumps(summary, indent=1))
-    if args.json:
-        write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=args.pairs)
-    return 0
-
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == WORKER:
