@@ -190,8 +190,8 @@ def main() -> int:
                 pairs["slow"].append(gate(runs[f"healthy_a-{r}"], runs[f"slow-{r}"], args.limit, root))
                 pairs["small"].append(gate(runs[f"healthy_b-{r}"], runs[f"small-{r}"], args.limit, root))
             summary = summarise(pairs, rounds, started)
-            print(f"round {r}: load {load_now['loadavg'][0]:.1f}; " + ", ".join(
-                f"{k} {[p.get('verdict', p['status']) for p in v[-1:]]}" for k, v in pairs.items()), flush=True)  # fmt: skip
+            last = ", ".join(f"{k} {[p.get('verdict', p['status']) for p in v[-1:]]}" for k, v in pairs.items())
+            print(f"round {r}: load {load_now['loadavg'][0]:.1f}; {last}", flush=True)
             figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
                        "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe,
                        "calibration": cal, "summary": summary, "pairs": pairs, "rounds": rounds}  # fmt: skip
@@ -227,6 +227,7 @@ def summarise(pairs: dict, rounds: list, started: float) -> dict:
         "loadavg_1m": spread([r["load"]["loadavg"][0] for r in rounds]),
         "wall_s": time.perf_counter() - started,
     }
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == WORKER:
