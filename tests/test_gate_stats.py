@@ -127,3 +127,53 @@ def test_limits_parse_and_configs_load(tmp_path):
     (tmp_path / "bad.toml").write_text("[tool.ranksight]\nx = 1\n")
     with pytest.raises(ValueError, match="no \\[tool.ranksight.gate\\]"):
         load_config(str(tmp_path / "bad.toml"))
+
+
+def _samples(rng, run, ranks=2, n=200, stretch=1.0, data_s=0.0, world=None):
+    """A run's samples as ``read_samples`` returns them: each rank's steps with the thread's CPU seconds, the
+    step's own work taking ``stretch`` wall seconds per CPU second (a busier host stretches it)."""
+    from ranksight.commands._gate_samples import Samples
+
+    out = Samples(run=run, world_size=world or ranks)
+    for r in range(ranks):
+        s = _series(rng, n=n, data_s=data_s, drift=0.01)
+        cpu = s["compute_s"].copy()
+        s["compute_s"] = s["compute_s"] * stretch
+        s["period_s"] = s["data_wait_s"] + s["compute_s"] + s["comm_exposed_s"]
+        out.ranks[r] = {**s, "cpu_s": cpu, "on_gpu": np.zeros(n)}
+    return out
+
+
+def test_assess_gates_a_planted_slowdown_and_says_why_runs_cannot_be_compared():
+    from ranksight.commands._gate import assess
+
+    rng = np.random.default_rng(6)
+    gate = GateConfig(step_time=0.03)
+    a = _samples(rng, "a")
+    slow = assess(a, _samples(rng, "b", data_s=0.002), {}, gate, 5)
+    assert slow["status"] == "fail" and slow["exit_code"] == 1 and slow["verdict"] == "slower"
+    assert slow["attribution"][0]["phase"] == "data_wait_s" and slow["attribution"][0]["moved"]
+    assert set(slow["ranks"]) == {"0", "1"} and slow["contention"]["differs"] is False
+    same = assess(a, _samples(rng, "c"), {}, gate, 5)
+    assert same["status"] == "pass" and same["verdict"] == "no change"
+    short = assess(a, _samples(rng, "d", n=40), {}, gate, 5)
+    assert short["exit_code"] == 2 and short["reason"].startswith("too few steps to decide: B (d) keeps 35")
+    other = assess(a, _samples(rng, "e", world=4), {}, gate, 5)
+    assert other["exit_code"] == 2 and other["reason"] == "different world sizes: A has 2 ranks, B 4"
+    apart = _samples(rng, "f")
+    apart.ranks = {2: apart.ranks[0], 3: apart.ranks[1]}
+    assert assess(a, apart, {}, gate, 5)["reason"] == "no rank in both runs (A: [0, 1], B: [2, 3])"
+
+
+def test_a_busier_host_is_taken_out_of_the_verdict_but_not_out_of_a_slower_input():
+    from ranksight.commands._gate import assess
+
+    rng = np.random.default_rng(8)
+    gate = GateConfig(step_time=0.03)
+    a = _samples(rng, "a")
+    busy = assess(a, _samples(rng, "b", stretch=1.4), {}, gate, 5)  # the same code on a host 40 % busier
+    assert busy["job"]["step"]["change"]["low"] > 0.1  # the wall clock alone would fail it
+    assert busy["contention"]["differs"] and busy["contention"]["ratio"] == pytest.approx(1.4, rel=0.02)
+    assert busy["status"] == "pass" and busy["verdict"] in ("no change", "cannot tell")
+    both = assess(a, _samples(rng, "c", stretch=1.4, data_s=0.004), {}, gate, 5)  # and a slower input too
+    assert both["status"] == "fail" and both["job"]["step"]["adjusted_change"]["low"] > 0.1
