@@ -36,3 +36,19 @@ def test_findings_appear_disappear_change_or_stay():
     assert [f["rule"] for f in found["unchanged"]] == ["straggler", "busy-host"]  # within the noise; no cost
     assert result["speedup"] == 2.0
     assert {m["key"]: m for m in result["metrics"]}["step_mean_s"]["relative"] == -0.5
+
+
+def test_a_cost_raised_by_what_a_finding_explains_says_so_and_shares_move_in_points():
+    from ranksight.commands.compare import _explained, render_comparison
+
+    a = _diag("a", 0.2, [("input-bound", "warning", 0.14), ("gpu-starved", "warning", 0.14)])
+    a["findings"][1]["explained_by"] = "input-bound"  # input-bound took gpu-starved's higher cost
+    b = _diag("b", 0.1, [])
+    b["breakdown"]["ranks"][0]["data_wait_share"] = 0.0001
+    result = compare(a, b)
+    result["explains"] = {"a": _explained(a), "b": _explained(b)}
+    text = render_comparison(result)
+    assert "gone in B:     input-bound [WARNING], cost in A 14 % with what it explains (gpu-starved)" in text
+    assert "gone in B:     gpu-starved [WARNING], cost in A 14 % (up to" in text
+    wait = next(line for line in text.splitlines() if line.startswith("data wait share"))
+    assert wait.split()[-2:] == ["pp", "–"]  # a near-zero share's change: points, no relative change

@@ -99,6 +99,13 @@ def _speedup(s) -> str:
     return "–" if not s else f"{s:.2f}×"
 
 
+def _explains(result: dict, side: str, rule: str) -> str:
+    """' with what it explains (x, y)' where the finding's cost is that of findings it explains: a cause takes the
+    cost of what it explains when higher, while its own text states its own figure, so the two differ."""
+    explained = result.get("explains", {}).get(side, {}).get(rule)
+    return f" with what it explains ({', '.join(explained)})" if explained else ""
+
+
 def render_comparison(result: dict) -> str:
     """The comparison as text: the speedup first, the figures side by side, then the findings' changes."""
     from ranksight.dashboard import speedup_sentence
@@ -131,17 +138,19 @@ def render_comparison(result: dict) -> str:
     for f in found["disappeared"]:
         lines.append(
             f"  gone in B:     {f['rule']} [{_SEVERITY.get(f['severity'], f['severity'])}], "
-            f"cost in A {_cost(f['cost_share'])} (up to {_speedup(f['speedup'])})"
+            f"cost in A {_cost(f['cost_share'])}{_explains(result, 'a', f['rule'])} (up to {_speedup(f['speedup'])})"
         )
     for f in found["appeared"]:
         lines.append(
             f"  new in B:      {f['rule']} [{_SEVERITY.get(f['severity'], f['severity'])}], "
-            f"cost {_cost(f['cost_share'])} (up to {_speedup(f['speedup'])}): {f['summary']}"
+            f"cost {_cost(f['cost_share'])}{_explains(result, 'b', f['rule'])} (up to {_speedup(f['speedup'])}): "
+            f"{f['summary']}"
         )
     for f in found["changed"]:
         lines.append(
             f"  changed:       {f['rule']} [{f['severity_a']} -> {f['severity_b']}], cost "
-            f"{_cost(f['cost_share_a'])} -> {_cost(f['cost_share_b'])} "
+            f"{_cost(f['cost_share_a'])}{_explains(result, 'a', f['rule'])} -> "
+            f"{_cost(f['cost_share_b'])}{_explains(result, 'b', f['rule'])} "
             f"(up to {_speedup(f['speedup_a'])} -> {_speedup(f['speedup_b'])})"
         )
     for f in found["unchanged"]:
@@ -197,8 +206,18 @@ def compare_sides(diag_a: dict, samples_a, diag_b: dict, samples_b, config: Gate
     from ranksight.dashboard import compare
 
     result = compare(diag_a, diag_b)
+    result["explains"] = {side: _explained(d) for side, d in (("a", diag_a), ("b", diag_b))}
     result["change"] = assess(samples_a, samples_b, result["findings"], config, warmup)
     return result
+
+
+def _explained(diag: dict) -> dict[str, list[str]]:
+    """Per finding of a run, the findings it explains (their ``explained_by``)."""
+    out: dict[str, list[str]] = {}
+    for f in diag.get("findings", []):
+        if f.get("explained_by"):
+            out.setdefault(f["explained_by"], []).append(f["rule"])
+    return out
 
 
 def run(args) -> int:
