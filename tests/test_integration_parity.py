@@ -114,7 +114,7 @@ def lightning_job(out: str, style: str = "net", accumulate: int = 1, devices: in
             return None
 
         def configure_optimizers(self):
-            return torch.optim.Adam(self.parameters(), lr=1e-3)
+            return torch.optim.SGD(self.parameters(), lr=1e-3, momentum=0.9)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -193,7 +193,7 @@ def accelerate_job(out: str, accumulate: int = 2, steps: int = STEPS) -> dict:
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate)
     model = _mlp()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     data = _regression_data(BATCH * accumulate * (steps + 4), DECODE_S)
     collate = data.collate(torch.utils.data.default_collate)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=0, collate_fn=collate)
@@ -264,7 +264,7 @@ def assert_parity(figures: dict, rank: int = 0) -> dict:
     s = shares(figures["run"], rank)
     for phase in ("data_wait", "compute", "optimizer"):
         assert s[phase] is not None and s[phase] > 0.01, (phase, s)
-    assert s["compute"] >= 0.15, s
+    assert s["compute"] >= 0.1, s
     assert s["other"] <= 0.2, s  # the framework's own work between the marks; was 0.56 with compute at 0
     # The batches the recorded steps fetched: a step of N micro-batches fetches N. A prefetching loader
     # (Lightning's, Accelerate's) fetches one batch ahead, which moves one batch's time across the ends.
