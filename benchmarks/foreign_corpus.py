@@ -177,21 +177,44 @@ def verdict(report: dict) -> str:
     return "silent"
 
 
+NO_FAULT_WITHIN = 0.05
+"""A planted fault whose median step is within 5 % of the same job's healthy median on the same card costs
+nothing there (a host-side fetch hidden behind a busy GPU): it is scored as a healthy run."""
+
+
 def score(args) -> int:
-    base = os.path.abspath(args.score)
-    device = json.load(open(os.path.join(base, "device.json"))).get("gpu", "")
-    rows = [json.loads(line) for line in open(os.path.join(base, "jobs.jsonl"))]
+    rows, device = [], ""
+    for base in map(os.path.abspath, args.score):
+        device = json.load(open(os.path.join(base, "device.json"))).get("gpu", "")
+        for line in open(os.path.join(base, "jobs.jsonl")):
+            r = json.loads(line)
+            r["card"] = args.card or device.split(",")[0].strip()
+            r["path"] = os.path.join(base, "runs", r["run_id"])
+            rows.append(r)
     for r in rows:
-        r["card"] = args.card or device.split(",")[0].strip()
-        r["expected"] = EXPECTED[r["fault"]]
         if r["tool"] == "ranksight":
-            path = os.path.join(base, "runs", r["run_id"])
-            rep = diagnose(path) if os.path.isdir(path) and r["rc"] == 0 else {"error": f"rc {r['rc']}"}
+            rep = diagnose(r["path"]) if os.path.isdir(r["path"]) and r["rc"] == 0 else {"error": f"rc {r['rc']}"}
             r["verdict"] = verdict(rep)
             r["findings"] = [(f["rule"], f["severity"], f.get("cost_share")) for f in rep.get("findings", [])][:4]
+            steps = rep.get("breakdown", {}).get("ranks", [{}])
+            r["step_median_s"] = steps[0].get("step_median_s") if steps else None
+    healthy = defaultdict(list)
+    for r in rows:
+        if r["tool"] == "ranksight" and r["fault"] == "none" and r.get("step_median_s"):
+            healthy[(r["card"], r["job"])].append(r["step_median_s"])
+    for r in rows:
+        base_s = sorted(healthy.get((r["card"], r["job"]), []))
+        base_s = base_s[len(base_s) // 2] if base_s else None
+        slow = r.get("step_median_s") / base_s - 1 if base_s and r.get("step_median_s") else None
+        r["slowdown"] = None if slow is None else round(slow, 3)
+        if r["fault"] != "none" and slow is not None and abs(slow) < NO_FAULT_WITHIN:
+            r["no_measurable_fault"] = True
+        fault = "none" if r.get("no_measurable_fault") else r["fault"]
+        r["expected"] = EXPECTED[fault]
+        if r["tool"] == "ranksight":
             r["right"] = r["verdict"] == r["expected"]
         else:
-            right = TRACEML_RIGHT.get(r["fault"])
+            right = TRACEML_RIGHT.get(fault)
             r["verdict"] = r.get("traceml") or "error"
             r["right"] = None if right is None else r["verdict"] in right
     summary = summarise(rows)
@@ -223,8 +246,8 @@ def summarise(rows: list) -> dict:
         for r in rs:
             groups[(r["card"], r["job"], r["fault"])].append(r["verdict"])
         flips = [k for k, v in groups.items() if len(v) > 1 and len(set(v)) > 1]
-        healthy = [r for r in rs if r["fault"] == "none"]
-        faulty = [r for r in rs if r["fault"] != "none"]
+        healthy = [r for r in rs if r["expected"] == "silent"]
+        faulty = [r for r in rs if r["expected"] != "silent"]
         named = [r for r in rs if r["verdict"] not in ("silent", "error")]
         out[tool] = {
             "runs": len(rs),
@@ -241,12 +264,13 @@ def summarise(rows: list) -> dict:
 
 
 def report_text(rows: list, summary: dict) -> str:
-    lines = [f"{'card':<6} {'job':<20} {'fault':<11} {'tool':<9} r  {'verdict':<32} ok  first findings"]
+    lines = [f"{'card':<6} {'job':<20} {'fault':<11} {'tool':<9} r  {'slower':>6}  {'verdict':<32} ok  first findings"]
     for r in sorted(rows, key=lambda r: (r["job"], r["fault"], r["tool"], r["repeat"])):
         ok = "-" if r["right"] is None else ("yes" if r["right"] else "NO")
         first = "; ".join(f"{a}:{b[0]}:{c}" for a, b, c in r.get("findings", []))
+        slower = "" if r.get("slowdown") is None else f"{r['slowdown']:+.0%}"
         lines.append(
-            f"{r['card'][:6]:<6} {r['job']:<20} {r['fault']:<11} {r['tool']:<9} {r['repeat']}  "
+            f"{r['card'][:6]:<6} {r['job']:<20} {r['fault']:<11} {r['tool']:<9} {r['repeat']}  {slower:>6}  "
             f"{str(r['verdict']):<32} {ok:<3} {first}"
         )
     lines.append("")
@@ -267,7 +291,7 @@ def main(argv=None) -> int:
     p.add_argument("--traceml-repeats", type=int, default=1)
     p.add_argument("--budget-s", type=float, default=540.0, help="start no job after this many seconds")
     p.add_argument("--job-timeout-s", type=float, default=150.0)
-    p.add_argument("--score", metavar="DIR", help="diagnose and score a --run folder")
+    p.add_argument("--score", metavar="DIR", nargs="+", help="diagnose and score --run folders together")
     p.add_argument("--card", default=None, help="the card's name in the scores (default: from device.json)")
     p.add_argument("--json")
     p.add_argument("--text")

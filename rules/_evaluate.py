@@ -454,17 +454,26 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     order = sorted(findings, key=lambda f: _order_key(f, rules))
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
-    for f in order:
-        if f["severity"] == "info":
-            continue  # "probably fine" explains nothing: it must not displace a warning or a critical
-        rule = rules[f["rule"]]
-        mine = explains[rule.id] if explains and rule.id in explains else _unconditional(rule)
-        for other in mine:
-            if other in fired and other not in explained_by and other != f["rule"]:
-                explained_by[other] = f["rule"]
-    for _ in range(len(order)):  # chains (a explains b explains c): settle in at most len(order) passes
-        for other, cause in explained_by.items():
-            _inherit(fired[cause], fired[other], with_cost=not getattr(rules.get(other), "symptom", False))
+    # A cause found "probably fine" (info) explains only what its rule's conditions tie to it on this job
+    # (ops on the CPU whose round trips are the pageable copies): an unconditional claim from a cause that
+    # small must not displace a warning or a critical. What it takes from those may make it loud enough to
+    # claim the rest, so explanations and inheritance settle together, in at most len(order) passes.
+    for _ in range(len(order)):
+        grew = False
+        for f in order:
+            rule = rules[f["rule"]]
+            mine = explains[rule.id] if explains and rule.id in explains else _unconditional(rule)
+            if f["severity"] == "info":
+                mine = tuple(other for other in mine if other in rule.explains_when)
+            for other in mine:
+                if other in fired and other not in explained_by and other != f["rule"]:
+                    explained_by[other] = f["rule"]
+                    grew = True
+        for _ in range(len(order)):  # chains (a explains b explains c)
+            for other, cause in explained_by.items():
+                _inherit(fired[cause], fired[other], with_cost=not getattr(rules.get(other), "symptom", False))
+        if not grew:
+            break
     for f in order:  # a cause that took a symptom's severity keeps its own cost: bound it again
         _bound_by_cost(f, rules.get(f["rule"]))
     order.sort(key=lambda f: _order_key(f, rules))
@@ -512,6 +521,7 @@ def _order_key(f: dict, rules: dict[str, Rule]):
     rule = rules.get(f["rule"])
     return (
         -SEVERITIES.index(f["severity"]),
+        f.get("cost_basis") == "unmeasured",  # time no phase explains: after the measured causes
         -(cost if cost is not None else -1.0),
         -(rule.priority if rule else 0),
         -f["confidence"],

@@ -24,7 +24,9 @@ SEVERITIES = ("info", "warning", "critical")
 GROUPS = ("graph capture", "memory planning", "kernels")
 COMPARES = (">=", "<=")
 FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
-COST_BASES = ("measured", "estimate")
+COST_BASES = ("measured", "estimate", "unmeasured")
+"""How a cost was reached; ``unmeasured`` is time no phase explains, ranked after every measured finding
+of the same severity."""
 COST_LEVELS = (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
 LOUD_FLOORS = (("warning", 0.03), ("critical", 0.20))
 """The least cost (share of the step) at which any finding may be a warning or critical, whatever its rule
@@ -374,7 +376,7 @@ class _Checker:
             ok = False
         cost_basis = self.scalar(m["cost_basis"][1], f"{where}: cost_basis") if "cost_basis" in m else "measured"
         if cost_basis not in COST_BASES or ("cost_basis" in m and "cost" not in m):
-            self.err(m["cost_basis"][1], f"{where}: cost_basis must be measured or estimate, beside a 'cost'")
+            self.err(m["cost_basis"][1], f"{where}: cost_basis must be one of {', '.join(COST_BASES)}, beside a 'cost'")
             cost_basis = None
         confidence = self.number(m["confidence"][1], f"{where}: confidence") if "confidence" in m else 1.0
         if confidence is not None and not 0 < confidence <= 1:

@@ -160,7 +160,7 @@ def test_cost_and_fix_template_errors_have_their_lines(tmp_path):
         load_rules(str(tmp_path))
     errors = info.value.errors
     expected = {
-        7: "cost_basis must be measured or estimate",
+        7: "cost_basis must be one of measured, estimate, unmeasured",
         9: "suggest name 'rank' must be a new lower_case name",
         10: "suggest.workers: unknown feature(s) spare",
         13: "fix.text names {workers}, {cores}, which is not",
