@@ -219,7 +219,8 @@ def test_host_sync_costs_are_bounded_by_the_host_and_leave_batch_copies_to_the_c
     the step inside the ops that synced; the fix gave back 11-15 %. input-path-syncs states the host's 5 %,
     comes first as a warning (its cost allows no more), and ranks ahead of the starved GPU it explains
     without taking the starved GPU's 46 %. The DDP tutorial, healthy: its 2 syncs end blocking batch
-    copies, so no finding; with 3 more (.item(), .cpu(), nonzero) the idle's copy-sync part stays out of the cost (3 of 5)."""
+    copies, so no finding; with 3 more (.item(), .cpu(), nonzero) the idle's copy-sync part stays out
+    of the cost (3 of 5)."""
     gpt = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.74, "gpu_busy_ratio": 0.38}
     gpt.update(host_syncs_per_step=9.0, copy_syncs_per_step=0.0, idle_host_wait_ratio=0.61, idle_ratio=0.62)
     gpt.update(sync_op_share=0.05, host_sync_wait_share=0.04, data_wait_host_share=0.04)
