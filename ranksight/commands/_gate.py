@@ -16,6 +16,9 @@ from ._gate_stats import MIN_STEPS, compare_series
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPARABLE = 0, 1, 2
 
+MAX_RANKS = 16
+"""Ranks shown with their own interval (each costs a bootstrap); the job's series averages every rank."""
+
 CONTENTION_MARGIN = 0.10
 """How much longer (or shorter) a CPU second of the step's own work may take in B than in A before the two
 runs are taken to have run on differently busy hosts (``contention``)."""
@@ -123,7 +126,8 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
     if min(len(ja["step"]), len(jb["step"])) < MIN_STEPS:
         return _incomparable(f"too few steps that all ranks share (the gate needs {MIN_STEPS})", config)
     job = compare_series(ja, jb, config.confidence)
-    ranks = {r: compare_series(ra[r], rb[r], config.confidence) for r in both}
+    # Each rank's own interval for the first MAX_RANKS ranks: the job's verdict rests on all of them.
+    ranks = {r: compare_series(ra[r], rb[r], config.confidence) for r in both[:MAX_RANKS]}
     limit = config.step_time if config.step_time is not None else DEFAULT_LIMIT
     failed = []
     for phase, phase_limit in config.phases.items():

@@ -29,6 +29,10 @@ TRIM = 0.2
 REPLICATES = 2000
 """Bootstrap replicates: enough for a stable 2.5th/97.5th percentile."""
 
+RESAMPLED_STEPS = 4_000_000
+"""Resampled steps per run at most: a long run gets fewer replicates (at least 400), so a 10,000-step run is
+judged in seconds; its blocks are many, so its percentiles need fewer draws to settle."""
+
 MIN_STEPS = 40
 """Fewest kept steps per run (after the warm-up) the gate decides on: fewer than about six blocks of seven
 steps give an interval that says more about the resampling than about the run."""
@@ -95,20 +99,33 @@ def _resample(n: int, length: int, replicates: int, rng: np.random.Generator) ->
     return idx.reshape(replicates, -1)[:, :n]
 
 
+CHUNK_VALUES = 2_000_000
+"""Resampled steps handled at once: a long run's 2,000 resamples of 10,000 steps are sorted in chunks, so
+memory stays at tens of megabytes."""
+
+
 def _trimmed_means(series: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
     """Per row of ``idx`` (a resample of the series' steps): each column's mean over the steps whose period
     lies in the middle of that row's ranking (``TRIM`` left out at each end)."""
+    rows = max(1, CHUNK_VALUES // max(1, idx.shape[1]))
+    if idx.shape[0] > rows:
+        parts = [_trimmed_means(series, idx[i : i + rows]) for i in range(0, idx.shape[0], rows)]
+        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
     period = series["period_s"][idx]
     n = idx.shape[1]
     cut = int(math.floor(TRIM * n))
-    keep = np.argsort(period, axis=1, kind="stable")[:, cut : n - cut]
-    kept = np.take_along_axis(idx, keep, axis=1)
+    # The middle of each row's ranking by value (np.partition: linear, where a sort is n log n); a tie at a
+    # cut keeps every step of that period.
+    bounds = np.partition(period, [cut, n - cut - 1], axis=1)
+    keep = (period >= bounds[:, cut : cut + 1]) & (period <= bounds[:, n - cut - 1 : n - cut])
+    count = keep.sum(axis=1)
     out = {}
     for c in COLUMNS:
         values = series[c]
         if np.all(np.isnan(values)):
             continue  # never measured here (H2D on a CPU rank): absent, not 0
-        out[c] = np.nan_to_num(values, nan=0.0)[kept].mean(axis=1)  # an unmeasured step's phase counts as 0
+        kept = np.nan_to_num(values, nan=0.0)[idx]  # an unmeasured step's phase counts as 0
+        out[c] = (kept * keep).sum(axis=1) / count
     return out
 
 
@@ -131,6 +148,7 @@ def compare_series(
     add up to the change), and ``share_a``, ``share_b``, ``share_change`` (B's share - A's, in points).
     """
     na, nb = len(a["period_s"]), len(b["period_s"])
+    replicates = max(400, min(replicates, RESAMPLED_STEPS // max(na, nb, 1)))
     rng = np.random.default_rng(SEED)
     point_a = _trimmed_means(a, np.arange(na)[None, :])
     point_b = _trimmed_means(b, np.arange(nb)[None, :])
