@@ -68,7 +68,9 @@ def _gate_line(change: dict) -> str:
 def render_text(change: dict) -> str:
     """The change section of ``ranksight compare``'s text output."""
     if change["status"] == "incomparable":
-        return _gate_line(change)
+        limits = change["limits"]
+        gated = limits["step_time"] is not None or bool(limits["phases"])
+        return _gate_line(change) if gated else f"Step time, B against A: cannot judge: {change['reason']}"
     job = change["job"]
     lines = [
         f"Step time, B against A (20 % trimmed mean over {job['steps_a']} and {job['steps_b']} steps after "
