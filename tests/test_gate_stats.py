@@ -177,3 +177,5 @@ def test_a_busier_host_is_taken_out_of_the_verdict_but_not_out_of_a_slower_input
     assert busy["status"] == "pass" and busy["verdict"] in ("no change", "cannot tell")
     both = assess(a, _samples(rng, "c", stretch=1.4, data_s=0.004), {}, gate, 5)  # and a slower input too
     assert both["status"] == "fail" and both["job"]["step"]["adjusted_change"]["low"] > 0.1
+    swamped = assess(a, _samples(rng, "d", stretch=2.0, data_s=0.004), {}, gate, 5)  # a host twice as busy
+    assert swamped["exit_code"] == 2 and swamped["reason"].startswith("the host was 2.0x as busy in B")

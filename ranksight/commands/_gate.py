@@ -23,6 +23,11 @@ CONTENTION_MARGIN = 0.10
 """How much longer (or shorter) a CPU second of the step's own work may take in B than in A before the two
 runs are taken to have run on differently busy hosts (``contention``)."""
 
+CONTENTION_LIMIT = 1.5
+"""Beyond this factor between the two hosts' stretch the runs cannot be compared: every phase (the waits
+for a descheduled peer, a sleeper's late wake-up) stretches with the load, and scaling back the step's own
+work alone no longer says what the code did."""
+
 
 def _stretch(series: dict) -> float | None:
     """Wall seconds of the step's own work (compute, optimizer, the rest: not the data or collective waits)
@@ -135,6 +140,14 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         if c is not None and c["low"] > phase_limit:
             failed.append({"what": phase, "limit": phase_limit, "interval": c})
     host = contention(ja, jb)
+    if host and max(host["ratio"], 1 / host["ratio"]) > CONTENTION_LIMIT:
+        busier, factor = ("B", host["ratio"]) if host["ratio"] > 1 else ("A", 1 / host["ratio"])
+        out = _incomparable(
+            f"the host was {factor:.1f}x as busy in {busier} (wall seconds per CPU second of the step's own work: "
+            f"A {host['a']:.2f}, B {host['b']:.2f}): the step times measure the neighbours; rerun on a quieter host",
+            config,
+        )
+        return {**out, "contention": host}
     if host and host["differs"]:
         # Take out what the busier (or quieter) host did to B's own work, so the verdict is about the code.
         _adjust(job, host["ratio"])
