@@ -150,12 +150,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the device's job)")
     parser.add_argument("--load", type=int, default=None, help="competing busy loops (default 1 on CPU, 0 on GPU)")
     parser.add_argument("--keep", default=None, help="keep the runs in this folder (default: a temporary one)")
+    parser.add_argument(
+        "--regate", metavar="RESULTS", default=None, help="judge an earlier results file's pairs again (same runs)"
+    )
     args = parser.parse_args()
+    if args.regate:
+        return regate(args)
     slow = args.slow if args.slow is not None else (0.08 if args.device == "cpu" else 0.05)
     load = args.load if args.load is not None else (1 if args.device == "cpu" else 0)
     base = dict(JOBS[args.device], **({"steps": args.steps} if args.steps else {}))
     root = args.keep or tempfile.mkdtemp(prefix="compare-gate-")
     run_dir = os.path.join(root, "runs")
+    print(f"runs under {run_dir}", flush=True)
     # SIGTERM ends the benchmark through its finally: the busy loops it started go with it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     busy = [busy_loop() for _ in range(load)]
@@ -194,7 +200,8 @@ def main() -> int:
             print(f"round {r}: load {load_now['loadavg'][0]:.1f}; {last}", flush=True)
             figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
                        "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe,
-                       "calibration": cal, "summary": summary, "pairs": pairs, "rounds": rounds}  # fmt: skip
+                       "calibration": cal, "summary": summary, "pairs": pairs, "rounds": rounds,
+                       "runs_dir": run_dir}  # fmt: skip
             if args.json:
                 write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=r + 1)
     finally:
@@ -205,9 +212,28 @@ def main() -> int:
     return 0
 
 
+def regate(args) -> int:
+    """Gate every pair of an earlier results file again with this checkout's ``ranksight compare`` (the runs are
+    the same; what judges them changed), and write the file (``--json``, else in place)."""
+    with open(args.regate) as f:
+        doc = json.load(f)
+    run_dir = os.path.join(args.keep, "runs") if args.keep else doc["runs_dir"]
+    root = os.path.dirname(run_dir)
+    doc["pairs"] = {k: [gate(os.path.join(run_dir, p["a"]), os.path.join(run_dir, p["b"]), doc["limit"], root)
+                        for p in v] for k, v in doc["pairs"].items()}  # fmt: skip
+    wall = doc["summary"]["wall_s"]
+    doc["summary"] = {**summarise(doc["pairs"], doc["rounds"], time.perf_counter()), "wall_s": wall}
+    header = doc.pop("header", {})
+    doc["regated_from"] = header
+    print(json.dumps(doc["summary"], indent=1))
+    write_results(args.json or args.regate, doc, arms=header.get("arms"), rounds=header.get("rounds"))
+    return 0
+
+
 def summarise(pairs: dict, rounds: list, started: float) -> dict:
     """The counts the targets are stated in, and the spread of the changes and intervals behind them."""
     return {
+        "exit_codes": {k: {c: sum(p["exit_code"] == c for p in v) for c in (0, 1, 2)} for k, v in pairs.items()},
         "healthy_passed": sum(p["exit_code"] == 0 for p in pairs["healthy"]),
         "healthy_pairs": len(pairs["healthy"]),
         "slow_failed": sum(p["exit_code"] == 1 for p in pairs["slow"]),
