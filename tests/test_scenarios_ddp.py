@@ -30,9 +30,11 @@ def test_find_unused_parameters_on_a_fully_used_model(tmp_path):
     # On this 2-vCPU machine one rank's thread sometimes needs ~30 % more CPU time for the same work for a
     # whole run (its vCPU is slower): a real straggler then costs more than the scan's estimated 2 % and
     # rightly comes first. It must show that extra CPU time; nothing else may outrank the planted fault.
+    # The scan's estimated 2 % is hygiene (below the 3 % warning floor): listed with its fix, at info, and
+    # nothing else is loud.
     findings = past_real_stragglers(result)
-    first = findings[0]
-    assert (first["axis"], first["rule"]) == ("parallelism", "unused-parameter-scan"), describe(result)
-    assert first["severity"] == "warning"
-    assert first["ranks"] == [0, 1]
-    assert first["evidence"]["unused_parameter_size"] == 0 and first["evidence"]["ddp_stats_iteration"] > 0
+    assert [f["rule"] for f in findings if f["severity"] != "info"] == [], describe(result)
+    scan = next((f for f in findings if f["rule"] == "unused-parameter-scan"), None)
+    assert scan is not None and scan["axis"] == "parallelism", describe(result)
+    assert scan["severity"] == "info" and scan["ranks"] == [0, 1]
+    assert scan["evidence"]["unused_parameter_size"] == 0 and scan["evidence"]["ddp_stats_iteration"] > 0

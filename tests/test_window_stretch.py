@@ -49,7 +49,9 @@ def test_a_window_stretched_by_the_profiler_reads_the_untraced_steps_busy_share(
 def test_the_stretched_nanogpt_run_is_no_longer_called_gpu_starved(runs):
     (path,) = runs.glob("gpt_trainer-unused-params-r0*")
     findings = diagnose(str(path))["findings"]
-    assert findings[0]["rule"] == "unused-parameter-scan"
+    # The needless scan's estimated 2 % is hygiene: listed with its fix, at info, and nothing is loud.
+    assert {f["rule"]: f["severity"] for f in findings}["unused-parameter-scan"] == "info"
+    assert [f for f in findings if f["severity"] != "info"] == []
     assert "gpu-starved" not in {f["rule"] for f in findings}
 
 
