@@ -158,6 +158,8 @@ class _Follower:
         self.lock = threading.RLock()
         self.signature: tuple | None = None
         self.checked = -1e9
+        self.made_at = -1e9  # when the last snapshot was made (monotonic), and the process's CPU time then
+        self.cpu_at = 0.0
         self.snap: Snapshot | None = None
         self.metas: list = []
         self.kept: KeptRows | None = None  # the rows read so far: each refresh takes in only the new segments
@@ -238,23 +240,30 @@ def _status(metas: list) -> str:
     return "finished" if metas and all(m.status == "finished" for m in metas) else "stopped"
 
 
-SNAPSHOT_SHARE = 0.025
-"""The share of one core a run's snapshots may take the server: after one that cost ``c`` CPU seconds, the run's
-files are looked at again no sooner than ``c / SNAPSHOT_SHARE`` later (and no sooner than the refresh interval).
-Why: a dashboard on a training node is a guest; at 2 s a refresh, a snapshot of up to 50 ms keeps that pace."""
+SERVER_CPU_SHARE = 0.04
+"""The share of one core the dashboard server holds itself to while it follows a live run: a run's files are
+looked at again only once the server's CPU since its last snapshot (that snapshot, the pulls and page runs it
+caused in every tab, the clocks' ticks) averages under this share, or ``HOLD_AT_MOST`` refresh intervals
+have passed. Why: a dashboard on a training node is a guest; where watching costs more than that, the pages
+refresh less often (the clock says how old their figures are) rather than slow the job down."""
+HOLD_AT_MOST = 10
+"""Refresh intervals a new snapshot is held back at most (``SERVER_CPU_SHARE``)."""
 
 
 def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
-    """The run as of its latest refresh, shared by every tab: re-read at most once per ``refresh_s`` (or
-    ``SNAPSHOT_SHARE``'s pace, when slower), and then only when its files changed (``run_listing``); the rollup
-    takes in the new segments and the verdict is made again from the kept rows, in the same refresh as the
-    clock it is shown with. ``refresh_s`` 0: look at the files now."""
+    """The run as of its latest refresh, shared by every tab: its files looked at at most once per
+    ``refresh_s`` (held back further by ``SERVER_CPU_SHARE``), re-read only when they changed
+    (``run_listing``); the rollup takes in the new segments and the verdict is made again from the kept rows,
+    in the same refresh as the clock it is shown with. ``refresh_s`` 0: look at the files now."""
     f = _follower(run_path)
     gap = refresh_s if refresh_s is not None else _source.from_env().refresh_s
     with f.lock:
         now = time.monotonic()
-        if f.snap is not None and gap and now - f.checked < max(gap, f.snap.cost_s / SNAPSHOT_SHARE):
-            return f.snap
+        if f.snap is not None and gap:
+            since = now - f.made_at
+            busy = since < HOLD_AT_MOST * gap and time.process_time() - f.cpu_at > SERVER_CPU_SHARE * since
+            if now - f.checked < gap or busy:
+                return f.snap
         f.checked = now
         sig, listing = run_listing(run_path)
         if f.snap is not None and sig == f.signature:
@@ -263,6 +272,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
                 f.snap = replace(f.snap, serial=f.snap.serial + 1, status=status)
             return f.snap
         cpu = time.process_time()
+        f.made_at, f.cpu_at = now, cpu
         f.signature = sig
         f.metas = metas = read_rank_meta(run_path)
         if f._rollup is not None:
