@@ -131,7 +131,8 @@ def test_limits_parse_and_configs_load(tmp_path):
 
 def _samples(rng, run, ranks=2, n=200, stretch=1.0, data_s=0.0, world=None):
     """A run's samples as ``read_samples`` returns them: each rank's steps with the thread's CPU seconds, the
-    step's own work taking ``stretch`` wall seconds per CPU second (a busier host stretches it)."""
+    step's own work taking ``stretch`` wall seconds per CPU second (a busier host stretches it, and the wait
+    for peers at the all-reduce with it)."""
     from ranksight.commands._gate_samples import Samples
 
     out = Samples(run=run, world_size=world or ranks)
@@ -139,6 +140,7 @@ def _samples(rng, run, ranks=2, n=200, stretch=1.0, data_s=0.0, world=None):
         s = _series(rng, n=n, data_s=data_s, drift=0.01)
         cpu = s["compute_s"].copy()
         s["compute_s"] = s["compute_s"] * stretch
+        s["comm_exposed_s"] = s["comm_exposed_s"] * stretch  # the wait for a peer whose work stretched too
         s["period_s"] = s["data_wait_s"] + s["compute_s"] + s["comm_exposed_s"]
         out.ranks[r] = {**s, "cpu_s": cpu, "on_gpu": np.zeros(n)}
     return out

@@ -16,6 +16,10 @@ from ._gate_stats import MIN_STEPS, compare_series
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPARABLE = 0, 1, 2
 
+STRETCHED = ("compute_s", "optimizer_s", "other_s", "comm_exposed_s")
+"""The phases a busier host stretches in a CPU job: the step's own work, and the wait at collectives for
+peers on the same host whose work it stretched too."""
+
 MAX_RANKS = 16
 """Ranks shown with their own interval (each costs a bootstrap); the job's series averages every rank."""
 
@@ -62,10 +66,10 @@ def _limits(config: GateConfig) -> dict:
 
 
 def _adjust(series: dict, ratio: float) -> None:
-    """Add ``adjusted_change``: the change with B's own work (compute, optimizer, the rest) scaled back by the
-    host's ``ratio``, as if B had run on a host as busy as A's. The data and collective waits stay as they
-    were: a slower input pipeline or network is the job's, whatever the host's load."""
-    own = sum(series["phases"].get(p, {}).get("b_s", 0.0) for p in ("compute_s", "optimizer_s", "other_s"))
+    """Add ``adjusted_change``: the change with B's ``STRETCHED`` phases scaled back by the
+    host's ``ratio``, as if B had run on a host as busy as A's. The data wait stays as it was: a slower input
+    pipeline is the job's, whatever the host's load."""
+    own = sum(series["phases"].get(p, {}).get("b_s", 0.0) for p in STRETCHED)
     shift = own * (1 - 1 / ratio) / series["step"]["a_s"]
     c = series["step"]["change"]
     series["step"]["adjusted_change"] = {k: c[k] - shift for k in ("point", "low", "high")}
