@@ -107,3 +107,23 @@ def test_blocking_collectives_fix_names_what_blocks(rules):
     fsdp = {**blocked, "fsdp": 1}
     f = next(f for f in evaluate(rules, frame(r0=fsdp, r1=fsdp)) if f["rule"] == "blocking-collectives")
     assert "reshard_after_forward" in f["fix"]["snippet"]
+
+
+# A GPU job whose step syncs the host 3 times besides its batch copies (the Hugging Face Trainer's loss filter).
+SYNCING = {**HEALTHY, "model_on_gpu": 1, "gpu_busy_ratio": 0.7, "idle_ratio": 0.3, "idle_host_wait_ratio": 0.2}
+SYNCING.update(host_syncs_per_step=5.0, copy_syncs_per_step=2.0, sync_op_share=0.05, sync_drain_idle_share=0.1)
+
+
+@pytest.mark.parametrize(
+    ("framework", "names"),
+    [
+        ("transformers", ["logging_nan_inf_filter=False"]),
+        ("lightning", ["sync_dist", "log_every_n_steps"]),
+        ("accelerate", ["accelerator.gather(loss.detach())", "step % 50"]),
+        (None, ["set_sync_debug_mode", "step % 50"]),
+    ],
+)
+def test_host_sync_fix_names_the_frameworks_own_setting(rules, framework, names):
+    fix = fix_of(rules, "input-path-syncs", SYNCING, framework)
+    assert fix["framework"] == (framework or "plain")
+    assert all(name in fix["snippet"] for name in names), fix
