@@ -160,6 +160,8 @@ class _Follower:
         self.checked = -1e9
         self.made_at = -1e9  # when the last snapshot was made (monotonic), and the process's CPU time then
         self.cpu_at = 0.0
+        self.ranks_stamp: tuple = ()  # the rank files' names and mtimes when ``_ended`` last read them
+        self.ended_metas: list | None = None
         self.snap: Snapshot | None = None
         self.metas: list = []
         self.kept: KeptRows | None = None  # the rows read so far: each refresh takes in only the new segments
@@ -251,6 +253,26 @@ HOLD_AT_MOST = 60
 where one snapshot costs more than 4.8 CPU-s (a 1,024-rank verdict of some thousands of steps on 2 cores)."""
 
 
+def _ended(f: _Follower, run_path: str) -> bool:
+    """Whether a live run's rank files now say it ended: its last snapshot is not held back by the budget, so
+    the end shows on every page at once. Reads the rank files only when one changed (one listing)."""
+    if f.snap is None or f.snap.status != "live":
+        return False
+    ranks = os.path.join(run_path, RANKS_DIR)
+    try:
+        stamp = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(ranks)))
+    except OSError:
+        return False
+    if stamp == f.ranks_stamp:
+        return False
+    f.ranks_stamp = stamp
+    metas = read_rank_meta(run_path)
+    if _status(metas) == "live":
+        return False
+    f.ended_metas = metas
+    return True
+
+
 def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
     """The run as of its latest refresh, shared by every tab: its files looked at at most once per
     ``refresh_s`` (held back further by ``SERVER_CPU_SHARE``), re-read only when they changed
@@ -263,7 +285,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         if f.snap is not None and gap:
             since = now - f.made_at
             busy = since < HOLD_AT_MOST * gap and time.process_time() - f.cpu_at > SERVER_CPU_SHARE * since
-            if now - f.checked < gap or busy:
+            if now - f.checked < gap or (busy and not _ended(f, run_path)):
                 return f.snap
         f.checked = now
         sig, listing = run_listing(run_path)
@@ -275,7 +297,8 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         cpu = time.process_time()
         f.made_at, f.cpu_at = now, cpu
         f.signature = sig
-        f.metas = metas = read_rank_meta(run_path)
+        f.metas = metas = f.ended_metas or read_rank_meta(run_path)
+        f.ended_metas = None
         if f._rollup is not None:
             f._rollup.refresh()
         status = _status(metas)

@@ -139,3 +139,17 @@ def test_every_page_and_the_sidebar_show_the_same_clock(tmp_path, monkeypatch, p
         assert any("provisional: rests on 7 steps" in w.value for w in at.warning)
     if page == "runs":
         assert any("| 12 |" in m.value for m in at.markdown)  # the table's steps: the clock's
+
+
+def test_the_cpu_budget_holds_refreshes_back_but_not_the_end_of_the_run(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    first = _data.snapshot(path, refresh_s=0)
+    follower = _data._follower(path)
+    follower.cpu_at = time.process_time() - 100.0  # as if the server had been busy since the last snapshot
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    time.sleep(0.2)  # past a refresh interval of 0.1 s, within the 60 the budget may hold a snapshot back
+    assert _data.snapshot(path, refresh_s=0.1) is first  # new steps wait for the budget
+    write_run(path, 2, 20, first_step=20, segment="b", status="finished")
+    time.sleep(0.2)
+    end = _data.snapshot(path, refresh_s=0.1)
+    assert end.status == "finished" and end.steps == 40  # the end does not wait
