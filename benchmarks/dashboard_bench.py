@@ -477,10 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", type=int, metavar="STEPS", help="only the live watch: a STEPS-step 2-rank demo, 3 tabs")
     ap.add_argument("--open-after", action="store_true", help="live watch: open the tabs once the run exists")
     ap.add_argument("--refresh-scale", action="store_true", help="only one refresh's CPU at 1,024 ranks by length")
+    ap.add_argument("--lengths", default="1000,2000,4000,8000", help="refresh-scale: run lengths in steps")
     args = ap.parse_args(argv)
     if args.refresh_scale:
         os.makedirs(args.dir, exist_ok=True)
-        rows = refresh_at_scale(args.dir, args.ranks)
+        rows = refresh_at_scale(args.dir, args.ranks, tuple(int(n) for n in args.lengths.split(",")))
         if args.json:
             write_results(args.json, {"refresh_at_scale": rows})
         return 0
