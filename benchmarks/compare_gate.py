@@ -132,7 +132,7 @@ def gate(a: str, b: str, limit: str, cwd: str) -> dict:
     c = change["job"]["step"]["change"]
     moved = [r["phase"] for r in change["attribution"] if r["moved"] and r["contribution"]["point"] > 0]
     wait = change["job"]["phases"].get("data_wait_s", {}).get("contribution", {})
-    judged = change["job"]["step"].get("adjusted_change", c)
+    judged = change["job"]["step"].get("judged_change", c)
     return {**row, "verdict": change["verdict"], "change": c["point"], "low": c["low"], "high": c["high"],
             "a_s": change["job"]["step"]["a_s"], "b_s": change["job"]["step"]["b_s"],
             "first_moved": moved[0] if moved else None, "data_wait_pp": wait.get("point"),

@@ -73,6 +73,13 @@ def _adjust(series: dict, ratio: float) -> None:
     shift = own * (1 - 1 / ratio) / series["step"]["a_s"]
     c = series["step"]["change"]
     series["step"]["adjusted_change"] = {k: c[k] - shift for k in ("point", "low", "high")}
+    # Judged on the span of both intervals: the scaling is a model of the load, so it may turn a verdict into
+    # "cannot tell" but never make a failure (or a "faster") that the measured change alone does not show.
+    series["step"]["judged_change"] = {
+        "point": c["point"] - shift,
+        "low": min(c["low"], c["low"] - shift),
+        "high": max(c["high"], c["high"] - shift),
+    }
 
 
 def why_incomparable(a: Samples, b: Samples, warmup_steps: int) -> str | None:
@@ -157,7 +164,7 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         _adjust(job, host["ratio"])
         for r in ranks.values():
             _adjust(r, host["ratio"])
-    judged = job["step"].get("adjusted_change", job["step"]["change"])
+    judged = job["step"].get("judged_change", job["step"]["change"])
     if config.step_time is not None and judged["low"] > config.step_time:
         failed.insert(0, {"what": "step_time", "limit": config.step_time, "interval": judged})
     word = verdict(judged, limit)
@@ -175,7 +182,7 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         "failed": failed,
         "job": job,
         "ranks": {
-            str(r): {**v, "verdict": verdict(v["step"].get("adjusted_change", v["step"]["change"]), limit)}
+            str(r): {**v, "verdict": verdict(v["step"].get("judged_change", v["step"]["change"]), limit)}
             for r, v in ranks.items()
         },
         "attribution": _attribution(job),

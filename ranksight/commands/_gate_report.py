@@ -109,7 +109,7 @@ def _host_line(change: dict) -> str:
     return (
         f"Host: busier in {busier}: a CPU second of the step's own work took {host['b']:.2f} s of wall time in B, "
         f"{host['a']:.2f} s in A; with that taken out of B's own work the change is "
-        f"{_span(change['job']['step']['adjusted_change'])}, which the verdict is judged on"
+        f"{_span(change['job']['step']['adjusted_change'])}; the verdict is judged on both"
     )
 
 
