@@ -369,7 +369,7 @@ def diagnosis(run_path: str) -> dict:
 def provisional_note(run_path: str) -> str | None:
     """'provisional: rests on 3 steps after warm-up ...' when the live run's verdict rests on fewer steps than
     the rules' stated minimum (``rules._provisional``, the floor ``ranksight diagnose`` uses too); else None."""
-    from ranksight.rules._provisional import provisional, provisional_text
+    from ranksight.rules import provisional, provisional_text
 
     snap = current(run_path)
     steps = provisional(snap.diagnosis) if snap.diagnosis is not None and snap.status == "live" else None

@@ -5,6 +5,7 @@ from ._evaluate import evaluate, rank_findings, run_checklist
 from ._expr import ExprError, parse
 from ._load import ChecklistItem, Rule, RuleError, RuleSet, builtin_dir, load_rules, parse_rules
 from ._prometheus import export_prometheus, prometheus_rules
+from ._provisional import PROVISIONAL_BELOW_STEPS, provisional, provisional_text
 
 __all__ = [
     "diagnose",
@@ -23,4 +24,7 @@ __all__ = [
     "parse_rules",
     "export_prometheus",
     "prometheus_rules",
+    "PROVISIONAL_BELOW_STEPS",
+    "provisional",
+    "provisional_text",
 ]

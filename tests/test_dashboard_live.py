@@ -17,7 +17,7 @@ import pytest
 from ranksight.dashboard import APP_PATH, Rollup, _data
 from ranksight.dashboard import _queries as q
 from ranksight.dashboard._view import clock_text
-from ranksight.rules._provisional import PROVISIONAL_BELOW_STEPS, provisional, provisional_text
+from ranksight.rules import PROVISIONAL_BELOW_STEPS, provisional, provisional_text
 from tests.test_dashboard import write_run
 
 

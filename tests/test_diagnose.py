@@ -128,7 +128,7 @@ def test_json_output_keeps_the_documented_schema(tmp_path, capsys):
     run = make_run(tmp_path, [0.05, 0.05], data_wait=0.05, exposed=0.0)
     assert main(["diagnose", run, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"run", "findings", "breakdown", "checklist", "other_time"}
+    assert set(out) == {"run", "findings", "breakdown", "checklist", "other_time", "provisional"}
     assert out["run"] == "run-1"
     assert out["findings"] and all(set(f) == FINDING_KEYS for f in out["findings"])
     first = out["findings"][0]

@@ -202,7 +202,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({**result, "provisional": steps is not None}, indent=1, default=str))
     else:
-        from ranksight.rules._provisional import provisional_text
+        from ranksight.rules import provisional_text
 
         report = render_report(result, args.run_dir, args.warmup)
         print(report if steps is None else report.replace("\n\n", f"\n{provisional_text(steps)}\n\n", 1))
@@ -213,7 +213,7 @@ def live_provisional(result: dict, run_dir: str) -> int | None:
     """The steps a live run's verdict rests on when they are too few to call it settled (None otherwise): the
     same floor the dashboard labels (``rules._provisional``); a run that ended keeps the verdict it has."""
     from ranksight.collectors import rank_is_live, read_rank_meta
-    from ranksight.rules._provisional import provisional
+    from ranksight.rules import provisional
 
     steps = provisional(result)
     return steps if steps is not None and any(rank_is_live(m) for m in read_rank_meta(run_dir)) else None
