@@ -270,5 +270,6 @@ def test_time_outside_every_phase_gets_a_name(tmp_path):
 
     result = diagnose(os.path.join(str(tmp_path), "other"))
     (finding,) = [f for f in result["findings"] if f["rule"] == "unexplained-host-time"]
-    assert "log_metrics_slowly" in finding["summary"] and finding["severity"] == "info"
+    # 64 % of the step outside every phase: past a fifth, the run is never called healthy (a warning).
+    assert "log_metrics_slowly" in finding["summary"] and finding["severity"] == "warning"
     assert result["other_time"][0]["top"][0]["where"].startswith("log_metrics_slowly")
