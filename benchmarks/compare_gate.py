@@ -4,7 +4,7 @@ Runs one small training job with the agent attached many times, under a competin
 CPU machine), and gates pairs of runs with the real command line (``ranksight compare A B --gate 3% --json``):
 
 * healthy pairs (two runs of the same job): each should pass (exit 0); the target is >= 19 of 20;
-* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as a sleep in the data
+* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as per-item CPU work in the data
   loader's fetch: each should fail (exit 1) with the data wait named first; the target is >= 9 of 10;
 * a planted 3 % slowdown (below what a short run can tell from noise): "cannot tell" or caught, never "faster".
 
@@ -12,7 +12,7 @@ CPU machine), and gates pairs of runs with the real command line (``ranksight co
     python -m benchmarks compare_gate --device cuda --json benchmarks/results/compare_gate_cuda.json
 
 The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
-(about 20 s). The planted sleeps are set from the healthy runs' own step time, measured first. The rounds
+(about 20 s). The planted work is set from the healthy runs' own step time, measured first. The rounds
 rotate which run goes first, so drift in the machine falls on every arm alike; each round's load is kept.
 Needs only torch, ranksight and duckdb.
 """
@@ -68,8 +68,10 @@ def _worker(config: dict) -> None:
             return 10**7
 
         def __getitem__(self, i):
-            if fetch_s:
-                time.sleep(fetch_s)  # the planted slowdown: a slower input pipeline
+            if fetch_s:  # the planted slowdown: per-item work (CPU time, stretched by a busy host as decoding is)
+                end = time.thread_time() + fetch_s
+                while time.thread_time() < end:
+                    pass
             return torch.randn(batch, 64), torch.randn(batch, 1)
 
     loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=device == "cuda")
@@ -168,8 +170,8 @@ def main() -> int:
     started = time.perf_counter()
     try:
         job = lambda run_id, fetch_s=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "fetch_s": fetch_s})  # noqa: E731
-        # The healthy step time, then one planted run to see what a sleep of that length costs under this load
-        # (a sleeper on a busy host wakes late: the sleep costs more than its length), and the sleeps set from it.
+        # The healthy step time, then one planted run to see what that much work costs under this load (a busy
+        # host stretches it), and the planted work set from it.
         cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
         step_s = (cal["a_s"] + cal["b_s"]) / 2
         probe = gate(os.path.join(run_dir, "cal-b"), job("cal-slow", slow * step_s), args.limit, root)
@@ -177,8 +179,8 @@ def main() -> int:
         cost = probe.get("data_wait_pp") or 0.0
         scale = min(1.5, max(0.3, slow / cost)) if cost > 0 else 1.0
         sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
-        print(f"healthy step {1000 * step_s:.2f} ms; a sleep of {100 * slow:.0f} % of it cost "
-              f"{100 * cost:+.1f} pp of data wait: sleeps {1000 * sleeps['slow']:.3f} ms (slow), "
+        print(f"healthy step {1000 * step_s:.2f} ms; planted work of {100 * slow:.0f} % of it cost "
+              f"{100 * cost:+.1f} pp of data wait: work {1000 * sleeps['slow']:.3f} ms (slow), "
               f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
         runs: dict[str, str] = {}
 
