@@ -4,6 +4,7 @@ Served by ``ranksight dashboard`` (``streamlit run`` on this file); each page un
 layout only and reads data through ``_data`` (cached) and ``_queries`` (plain functions).
 """
 
+import hashlib
 import os
 
 import streamlit as st
@@ -18,6 +19,10 @@ st.set_page_config(page_title="ranksight", layout="wide")
 source = _source.from_env()
 paths = [r["path"] for r in _data.runs(source.root)]
 
+picker = st.session_state.get("_run_picker")
+picked = st.session_state.get(picker) if picker else None
+if picked in paths:  # the run chosen in the picker last drawn
+    st.session_state["run_path"] = picked
 wanted = st.query_params.get("run") or source.run
 if "run_path" not in st.session_state or st.session_state["run_path"] not in paths:
     match = [p for p in paths if os.path.basename(p) == wanted]
@@ -30,10 +35,15 @@ mark = page_mark(runs, snap)
 with st.sidebar:
     st.markdown("### ranksight")
     if runs:
+        # The browser keeps a picker's shown label until its choice changes: a picker keyed by the runs'
+        # statuses is drawn anew when one changes, so a run that finished says so there too.
+        statuses = "|".join(f"{r['path']}={r['status']}" for r in runs)
+        st.session_state["_run_picker"] = "run_picker_" + hashlib.sha1(statuses.encode()).hexdigest()[:12]
         st.selectbox(
             "Run",
             paths,
-            key="run_path",
+            index=paths.index(st.session_state["run_path"]),
+            key=st.session_state["_run_picker"],
             format_func=lambda p: run_label(next(r for r in runs if r["path"] == p)),
             help="job · start time · status · size · run id",
         )

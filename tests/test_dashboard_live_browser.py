@@ -18,7 +18,7 @@ from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _free_port
 
 pytestmark = pytest.mark.slow
 
-STEPS = 400
+STEPS = 1200  # ~50 s on a quiet 2-core machine: the run outlasts the pages it is watched from (400 ended first)
 CLOCK = re.compile(r"(● live|finished) · step (\d+) of the run, as of (\d\d:\d\d:\d\d) \((\d+) s ago\)")
 
 
