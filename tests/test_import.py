@@ -66,12 +66,21 @@ def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
         # (docs/import.md, "What a trace cannot tell").
         assert imported is not None and imported["rule"] in ("straggler", "host-slowed-rank"), imported
         assert imported["ranks"] == agent["ranks"]
+    elif imported is not None and imported["rule"] == "comm-latency" and _agent_saw_a_contended_host(tmp_path):
+        pass  # the agent takes round trips that queued for a core out of the cost; a trace cannot (docs/import.md)
     elif imported is not None and imported["severity"] != "info" and not _near_a_band(imported):
         assert agent is not None and (agent["rule"], agent["ranks"]) == (imported["rule"], imported["ranks"]), (
             agent,
             imported,
         )
     assert r["max_diff_pp"] <= MAX_DIFF_PP, r["ranks"]
+
+
+def _agent_saw_a_contended_host(tmp_path) -> bool:
+    from ranksight.collectors import open_run
+
+    with open_run(os.path.join(str(tmp_path), "agent", "agent-none")) as run:
+        return any(f.get("host_cpu_contended") for f in run.features().values())
 
 
 def _near_a_band(finding) -> bool:
