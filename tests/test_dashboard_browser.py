@@ -35,6 +35,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+
+def wait_healthy(proc, base: str) -> None:
+    """Until the dashboard server at ``base`` answers its health check (60 s at most, and only while it runs)."""
+    import urllib.request
+
+    deadline = time.time() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, "the dashboard server exited"
+        assert time.time() < deadline, "the dashboard did not start within 60 s"
+        time.sleep(0.3)
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A runs root holding a real input-bound demo run and a synthetic live run, served on loopback."""
@@ -48,19 +65,7 @@ def served(tmp_path_factory):
     port = _free_port()
     proc = start(root, port=port, refresh_s=1.0, quiet=True)
     base = f"http://127.0.0.1:{port}"
-    import urllib.request
-
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None, "the dashboard server exited"
-        assert time.time() < deadline, "the dashboard did not start within 60 s"
-        time.sleep(0.3)
+    wait_healthy(proc, base)
     yield {"base": base, "demo": demo, "live": live, "port": port}
     proc.terminate()
     proc.wait(timeout=20)

@@ -10,30 +10,15 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
-from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _free_port
+from tests.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
 STEPS = 1200  # ~50 s on a quiet 2-core machine: the run outlasts the pages it is watched from (400 ended first)
 CLOCK = re.compile(r"(● live|finished) · step (\d+) of the run, as of (\d\d:\d\d:\d\d) \((\d+) s ago\)")
-
-
-def _wait_healthy(proc: subprocess.Popen, base: str) -> None:
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        assert proc.poll() is None, "the dashboard server exited"
-        assert time.time() < deadline, "the dashboard did not start within 60 s"
-        time.sleep(0.3)
 
 
 def _clock(page) -> tuple[str, int]:
@@ -68,7 +53,7 @@ def test_one_tab_follows_a_live_run_from_before_its_first_step_to_its_end(tmp_pa
     server = start(root, port=port, refresh_s=1.0, quiet=True)
     job = None
     try:
-        _wait_healthy(server, base)
+        wait_healthy(server, base)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
