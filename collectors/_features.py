@@ -144,6 +144,7 @@ FEATURES: dict[str, str] = {
     "idle_host_wait_ratio_traced": "idle_host_wait_ratio as the window measured it, before window_stretch: the "
     "profiler's host work shows as idle waiting for the host in a traced step.",
     "idle_ratio_traced": "idle_ratio as the window measured it, before window_stretch.",
+    "sync_drain_idle_share_traced": "sync_drain_idle_share as the window measured it, before window_stretch.",
     "device_memory_bytes": "Total memory of the rank's GPU.",
     "model_state_bytes": "Weights + gradients + optimizer state (parameter_bytes x (2 + the optimizer's states per "
     "parameter: Adam 2, SGD with momentum 1)); absent for an optimizer ranksight does not know.",
@@ -444,7 +445,13 @@ def _sample_values(
     return values, steady
 
 
-_WINDOW_SHARES = ("kernel_busy_ratio", "idle_host_wait_ratio", "idle_ratio", "kernel_seconds_per_step")
+_WINDOW_SHARES = (
+    "kernel_busy_ratio",
+    "idle_host_wait_ratio",
+    "idle_ratio",
+    "kernel_seconds_per_step",
+    "sync_drain_idle_share",
+)
 
 
 def _traced_windows(con, warmup_steps: int, since_ns: int | None) -> dict[int, list[dict]]:
@@ -511,6 +518,18 @@ def _untraced_shares(f: dict, windows: list[dict] | None):
         if values and f.get(name) is not None:
             f[name + "_traced"] = f[name]
             f[name] = statistics.median(max(0.0, 1 - (1 - v) * max(1.0, s)) for v, s in values)
+    # The idle a sync drained keeps its part of the window's idle: the profiler's host time lengthens every
+    # gap the host must fill, the drained ones with the rest.
+    drained = [
+        (w["sync_drain_idle_share"], w["idle_ratio"], s)
+        for w, s in zip(windows, stretch)
+        if w.get("sync_drain_idle_share") is not None and w.get("idle_ratio")
+    ]
+    if drained and f.get("sync_drain_idle_share") is not None:
+        f["sync_drain_idle_share_traced"] = f["sync_drain_idle_share"]
+        f["sync_drain_idle_share"] = statistics.median(
+            min(1.0, d / idle) * max(0.0, 1 - (1 - idle) * max(1.0, s)) for d, idle, s in drained
+        )
     # The window's own busy share is a floor: the profiler's host work only adds idle to the traced span.
     return max(busy, min(1.0, f["window_kernel_s_per_step"] / median))
 

@@ -434,18 +434,23 @@ def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: li
 
 
 def _sync_drain_idle_ns(busy: list[tuple[int, int]], sync_calls: list[Ev]) -> int:
-    """GPU idle right after the syncs that found it busy: from the end of the work the host waited for
-    to the next GPU activity, which the host could only launch once the sync returned. A sync that finds
-    the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own time in it.
+    """GPU idle after the syncs that found it busy: the gap the host returns into, from the end of the last
+    GPU activity before the sync returned to the next one, which the host could only launch afterwards. A
+    sync that finds the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own
+    time in it. The gap is the one the sync returns into, not the first after the work it found running: an
+    ``.item()`` waits for the step's kernels and then for its own copy back, two activities apart.
     ``busy``: the GPU's merged activity in the window span."""
     starts = [a for a, _ in busy]
-    drained: set[int] = set()  # index of the busy interval a sync waited for, counted once
+    drained: set[int] = set()  # index of the busy interval the drained gap follows, counted once
     for e in sync_calls:
         i = bisect.bisect_right(starts, e.start_ns) - 1
-        if i < 0 or busy[i][1] <= e.start_ns or i + 1 >= len(busy):
-            continue  # the GPU was idle when the host began to wait, or nothing followed in the window
-        drained.add(i)
-    return sum(busy[i + 1][0] - busy[i][1] for i in drained)
+        if i < 0 or busy[i][1] <= e.start_ns:
+            continue  # the GPU was idle when the host began to wait
+        j = bisect.bisect_right(starts, e.end_ns) - 1
+        if busy[j][1] > e.end_ns or j + 1 >= len(busy):
+            continue  # returned while the GPU still ran (an event wait), or nothing followed in the window
+        drained.add(j)
+    return sum(busy[j + 1][0] - busy[j][1] for j in drained)
 
 
 def _sync_op_ns(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> int:

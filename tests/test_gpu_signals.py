@@ -452,3 +452,24 @@ def test_the_window_times_the_gpu_idle_after_a_sync_that_drained_its_queue():
     got = reduce_window(events, model_on_gpu=True).samples
     span = 150 - 10  # the GPU span: first activity to the last
     assert got["sync_drain_idle_share"] == pytest.approx((80 - 60) / span)
+
+
+def test_an_item_drains_into_the_gap_after_its_own_copy_back():
+    """``.item()`` waits for the step's kernels, then for its copy back: the gap it leaves is the one after
+    the copy, which lasts until the host launches the next step's first kernel."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 200 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 1 * us, 3 * us, 1, 1),
+        Ev("kernel", "gemm", 10 * us, 60 * us, 7, 1),
+        Ev("rt", "cudaMemcpyAsync", 20 * us, 21 * us, 1, 2),
+        Ev("memcpy", "Memcpy DtoH (Device -> Pageable)", 62 * us, 63 * us, 7, 2),
+        Ev("rt", "cudaStreamSynchronize", 21 * us, 64 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 100 * us, 102 * us, 1, 3),
+        Ev("kernel", "add", 110 * us, 150 * us, 7, 3),
+        Ev("ann", AFTER_MARK, 200 * us, 201 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    assert got["sync_drain_idle_share"] == pytest.approx((110 - 63) / (150 - 10))
