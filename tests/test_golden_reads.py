@@ -1,0 +1,41 @@
+"""The read side gives the verdicts, features and context it gave before it became one summary relation
+(``tests/_golden.py`` says which runs and how the figures were recorded), live and once ingested alike."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ranksight.collectors import ingest
+
+from . import _golden
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, str]:
+    return _golden.golden_runs(str(tmp_path_factory.mktemp("golden")))
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return _golden.load()
+
+
+def test_every_golden_run_is_read(runs, golden):
+    assert sorted(runs) == sorted(golden)
+
+
+@pytest.mark.parametrize("stage", ["live", "finished"])
+def test_figures_match_the_golden_ones(runs, golden, stage, tmp_path):
+    """Live: the spool as the agent left it. Finished: the same steps after ``ingest`` (the store alone), whose
+    verdict must be the live one's, to the same 1e-6."""
+    failures = {}
+    for name, path in runs.items():
+        if stage == "finished":
+            path = shutil.copytree(path, tmp_path / name)
+            ingest(str(path))
+        found = _golden.differences(golden[name], _golden.read_figures(str(path)))
+        if found:
+            failures[name] = found[:10]
+    assert not failures, failures
