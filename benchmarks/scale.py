@@ -1,6 +1,6 @@
 """What ranksight costs a job and a shared filesystem at 1,024 and 10,000 ranks, beside DuckDB's own limits.
 
-Every figure of docs/scale.md comes from one run of this script (``--json`` keeps them). Sections:
+Every scale figure the docs give comes from one run of this script (``--json`` keeps them). Sections:
 
 ``spool``
     Real processes, one per simulated rank, write synthetic rows at a real rank's rates (a step every
@@ -572,7 +572,7 @@ import duckdb, pyarrow  # imported before the clock starts, as the floor's proce
 import ranksight.collectors as c
 r = c.ingest(run)
 answers = getattr(r, "answers_seconds", None)  # an older ingest computed them inside its own time
-kept = c.keep_answers(run) if answers is None else None
+kept = c.keep_answers(run) if answers is None and hasattr(c, "keep_answers") else None  # code before 2026-12
 print(json.dumps({"ingest_s": r.seconds, "answers_in_s": answers or 0.0, "answers_after_s": kept or 0.0,
                   "module": c.__file__}))
 """
@@ -671,10 +671,8 @@ def store_figures(
     result = ingest(run_path)
     ingest_s = result.seconds
     answers_s = getattr(result, "answers_seconds", None)  # the code before: ingest computed them, in its time
-    if answers_s is None:  # this code: the first reader computes them, here as `ranksight ingest` asks next
-        from ranksight.collectors import keep_answers
-
-        answers_s = keep_answers(run_path) or 0.0
+    if answers_s is None:  # this code: no answers are kept (every reader reads the rows, or the digests)
+        answers_s = 0.0
     else:
         ingest_s -= answers_s
     store_s, stored = timed(breakdown)

@@ -3,8 +3,8 @@
 The run directory belongs to this package: the CLI, the rules, the dashboard and the exporters find runs
 (``list_runs``, ``read_rank_meta``), read them (``open_run`` gives a ``Run``, whose methods are the figures:
 ``breakdown``, ``total``, ``features``, ``context``, ``rollup`` ...) and compact them (``ingest``, ``prune``)
-through the names below. The query functions behind the Run live in the modules, which choose stored answers,
-step digests or rows for each call in one place (``Run.path_for``); callers ask the Run, never them.
+through the names below. The query functions behind the Run live in the modules, which choose step digests or rows
+for each call in one place (``Run.path_for``); callers ask the Run, never them.
 """
 
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES
@@ -17,7 +17,7 @@ from ._rundir import RunDirError, SkippedFile, StoreError, spool_signature, stor
 from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is_live, read_rank_meta
 from ._segment_checks import segment_files
 from ._spool_digests import SpoolDigests, digest_spool
-from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, keep_answers, prune
+from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
 from ._trace_import import ImportResult, find_trace_files, import_traces
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "IngestResult",
     "PruneResult",
     "ingest",
-    "keep_answers",
     "prune",
     "SpoolDigests",
     "digest_spool",

@@ -17,7 +17,6 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._answers import answering
 from ._digest_fold import folded_parts, prefetch
 from ._run_state import state_of
 from ._rundir import first_line, warn_once
@@ -130,12 +129,11 @@ def _source(con, noted: _Noted) -> str:
 def covering_digests(con) -> str | None:
     """A FROM-able source of digest rows that stands for every row of ``con``'s ``steps`` view, or None.
 
-    None also where the store's answers serve ``con`` (exact and faster still), or when the digests do not
-    read: the rows are there to read instead."""
+    None also when the digests do not read: the rows are there to read instead."""
     import duckdb
 
     noted = _noted(con)
-    if noted is None or answering(con):
+    if noted is None:
         return None
     try:
         source = _source(con, noted)
@@ -153,13 +151,12 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
     ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,
     ``_digest_fold``), and from the store's copies of the ingested segments' (``VERDICT_PART_TABLES``), so a
-    live run that ``ingest --every`` compacts is judged from them too. A run that ended is answered by the
-    store instead (``_answers``); a part that does not read, or a file or segment without it, leaves the
-    queries to the rows."""
+    live run that ``ingest --every`` compacts is judged from them too. A part that does not read, or a file
+    or segment without it, leaves the queries to the rows."""
     import duckdb
 
     noted = _noted(con)
-    if noted is None or not (noted.paths or noted.store) or answering(con) or noted.verdict == {}:
+    if noted is None or not (noted.paths or noted.store) or noted.verdict == {}:
         return None
     if noted.verdict is None:
         noted.verdict = {}

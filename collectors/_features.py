@@ -21,7 +21,6 @@ from ranksight.format.schema import SAMPLE_NAMES
 from ranksight.format.warmup import kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
-from ._answers import query
 from ._digest_source import digests_may_serve, expect_verdict, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
@@ -34,6 +33,7 @@ from ._queries import (
     steps_source,
     wait_asymmetry,
 )
+from ._tables import query
 
 #: Every feature a rule may name, with its meaning. Rule files are checked against this list.
 FEATURES: dict[str, str] = {

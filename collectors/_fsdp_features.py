@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from ._answers import query
 from ._queries import kept_steps_sql, mean_error, steps_source
+from ._tables import query
 
 #: Features this module adds (merged into ``FEATURES``); absent (None) for a job that is not FSDP2.
 FSDP_FEATURES: dict[str, str] = {

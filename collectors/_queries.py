@@ -10,8 +10,8 @@ from ranksight.format.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHAS
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
-from ._answers import query
 from ._digest_source import covering_digests, digests_may_serve, verdict_digests
+from ._tables import query
 
 LATE_STEP_COLUMNS: dict[str, str] = {
     "comm_blocked_s": "DOUBLE",  # schema 3

@@ -1,10 +1,10 @@
 """``open_run(path) -> Run``: a run folder opened for reading, the one object a reader holds.
 
-Why an object: a reading is more than its DuckDB views. It notes which step digests stand for the rows, whether
-the store's stored answers hold for them, which files it left out; a verdict asks a dozen queries of the same
+Why an object: a reading is more than its DuckDB views. It notes which step digests stand for the rows and
+which files it left out; a verdict asks a dozen queries of the same
 reading, and the breakdown it reads first is the one the features use. Held by the Run (as Holistic Trace
 Analysis' ``Trace`` holds a parsed trace), that state goes where the reading goes, and each call chooses its
-path -- stored answers, digests or rows -- in one place (``Run.path_for``).
+path -- digests or rows -- in one place (``Run.path_for``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._answers import answering
-from ._answers_due import make_answers
 from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
 from ._features import compute_context, compute_features
 from ._queries import (
@@ -54,7 +52,7 @@ class Run:
         """The run folder."""
         self.follow_spool = follow_spool
         """Whether the views glob the spool at each query (``open_run``)."""
-        self._run_state = RunState(make_answers)
+        self._run_state = RunState()
         self._con = con if con is not None else reading_connection()
         self._kept: dict = {}
         self._ranks: list[RankMeta] | None = None
@@ -146,12 +144,9 @@ class Run:
         return int(self.end_ns - window_s * 1e9)
 
     def path_for(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> str:
-        """Which source serves the figures of a call: ``"answers"`` (a finished store's, computed over
-        exactly these rows by its first reader, ``_answers_due``), ``"digests"`` (the node spool's per-file
-        sums, for the default warm-up over the whole run) or ``"rows"``. The queries make the same choice,
-        per figure, through the same tests."""
-        if answering(self):
-            return "answers"
+        """Which source serves the figures of a call: ``"digests"`` (the node spool's per-file sums, for the
+        default warm-up over the whole run) or ``"rows"``. The queries make the same choice, per figure,
+        through the same tests."""
         if digests_may_serve(warmup_steps, self.since_ns(window)) and (
             verdict_digests(self) is not None or covering_digests(self) is not None
         ):

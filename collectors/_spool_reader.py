@@ -16,8 +16,6 @@ import time
 
 from ranksight.format.schema import KINDS, duckdb_columns
 
-from ._answer_file import generation_of, load_answers
-from ._answers import ANSWERS_TABLE, answer_from
 from ._digest_source import note_digests
 from ._run_state import state_of
 from ._rundir import (
@@ -80,14 +78,12 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
     """
 
     check_run_dir(run_path)
-    answer_from(con, None)  # until the views below are known to read the store alone
     db_run = duckdb_run_path(run_path)
     store_kinds = _attach_store(con, run_path, db_run)
     ingested = ingested_segments(con, STORE_ALIAS) if store_kinds is not None else {}
     nodes = _attach_node_stores(con, run_path, db_run)
     quiet = store_kinds is not None and _no_rank_writing(run_path)
     skipped: list[SkippedFile] = []
-    store_alone = store_kinds is not None and not nodes  # every view the store's table alone, so far
     steps_done = None
     for kind in KINDS:
         parts = []
@@ -113,7 +109,6 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
         skipped += left_out
         if spool:
             parts.append(spool)
-        store_alone = store_alone and len(parts) == 1 and kind in store_kinds
         if reopened:  # a re-opened connection may hold the other kind of object under this name
             _drop(con, kind)
         if parts:
@@ -131,20 +126,6 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
         names = [os.path.basename(p) for p in pending]
         view_files = None if follow_spool else [os.path.join(db_run, "steps", n) for n in names]
         note_digests(con, run_path, names, has_steps, view_files)
-    if store_alone:
-        _answer_from_store(con, run_path, quiet)
-
-
-def _answer_from_store(con, run_path: str, quiet: bool) -> None:
-    """Answers computed over the store's rows hold for views that read those rows alone: those kept for its
-    generation, else due, once no rank may still write (a store of an older ingest: those it kept in it)."""
-    generation = generation_of(con, STORE_ALIAS)
-    if generation is None:
-        if ANSWERS_TABLE in store_tables(con, STORE_ALIAS):
-            answer_from(con, STORE_ALIAS)
-    elif quiet:
-        kept = load_answers(run_path, generation)
-        answer_from(con, kept, due=generation if kept is None else None)
 
 
 def reading_connection():

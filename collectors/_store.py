@@ -28,11 +28,7 @@ from ranksight.format.digest_file import DigestError, read_digest_parts, read_di
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
 from ranksight.format.verdict_digest import merge_steps_sql
 
-from ._answer_file import GENERATION_KEY, generation_of, new_generation, remove_other_answers
-from ._answers import ANSWERS_TABLE
 from ._digest_fold import null_columns
-from ._run import open_run
-from ._run_state import state_of
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -185,7 +181,6 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
                 for kind, n in node_rows.items():
                     rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
-                generation = _name_rows(con, changed=bool(added or node_rows))
                 con.execute(f"CHECKPOINT {_STORE_DB}")
                 con.execute("USE memory")
                 con.execute(f"DETACH {_STORE_DB}")  # written out in full before the rename
@@ -193,39 +188,10 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
                 con.close()
         for path, signature in absorbed:  # in the store now: out of the readers' way
             _set_aside(path, signature)
-        remove_other_answers(run_path, generation)  # answers of rows the store no longer is
     finally:
         os.close(lock_fd)
     seconds = time.perf_counter() - started
     return IngestResult(target, added, sum(rows_by_kind.values()), rows_by_kind, seconds, tuple(quarantined))
-
-
-def _name_rows(con, *, changed: bool) -> str:
-    """The store's generation: a new one when its rows changed (or it had none), so answers computed over
-    other rows are never read for these (``_answer_file``); an older ingest's answers table goes with them."""
-    generation = None if changed else generation_of(con, _STORE_DB)
-    if generation is None:
-        generation = new_generation()
-        con.execute(f"DROP TABLE IF EXISTS {_STORE_DB}.{ANSWERS_TABLE}")
-        con.execute(f"INSERT OR REPLACE INTO {_STORE_DB}._store_meta VALUES (?, ?)", [GENERATION_KEY, generation])
-    return generation
-
-
-def keep_answers(run_path: str) -> float | None:
-    """Compute and keep the verdict's answers for the run's store where they are due (``ranksight ingest``
-    asks right after it publishes a finished run's store, so the next reader finds them): the seconds it
-    took, or None when none were due (kept already, or the store is not read alone: pending segments, a node
-    store beside it, a rank still writing). Any reader would compute the same ones at its first query."""
-    run = open_run(run_path, follow_spool=False)
-    try:
-        state = state_of(run)
-        if state is None or state.answers_due is None:
-            return None
-        started = time.perf_counter()
-        run.breakdown()  # its first query computes them all
-        return time.perf_counter() - started
-    finally:
-        run.close()
 
 
 @contextlib.contextmanager

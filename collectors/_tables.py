@@ -120,3 +120,9 @@ def unregister_arrow(con, name: str) -> None:
     """``con.unregister(name)``, after finishing any half-read result (see ``register_arrow``)."""
     con.execute("SELECT 1").fetchall()
     con.unregister(name)
+
+
+def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of ``sql`` with ``params`` on ``con`` (a ``Run`` or a DuckDB connection)."""
+    cur = con.execute(sql, list(params))
+    return [d[0] for d in cur.description], fetch_rows(cur)

@@ -212,7 +212,7 @@ def test_a_publisher_killed_between_digest_and_file_publishes_both_once(tmp_path
 
 
 def still_running(run: str) -> None:
-    """A rank that still writes (its heartbeat far ahead): ``ingest`` keeps no answers, as beside a live job."""
+    """A rank that still writes (its heartbeat far ahead), as beside a live job."""
     with open(os.path.join(run, "ranks", "rank-00099.json"), "w") as f:
         json.dump({"rank": 99, "status": "running", "heartbeat_ns": 2**62, "world_size": WORLD}, f)
 
@@ -279,7 +279,7 @@ def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equa
 
 def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tmp_path):
     run = _published_run(tmp_path, publishes=2)
-    still_running(run)  # the store gets no answers, and the next publish stays pending beside it
+    still_running(run)  # the next publish stays pending beside the store
     ingest(run)
     prune(run, older_than_s=0)
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))

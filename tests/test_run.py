@@ -88,9 +88,9 @@ def test_refresh_takes_in_new_segments_and_only_then(tmp_path):
 def test_one_place_says_which_path_serves_a_call(tmp_path):
     path = write_run(str(tmp_path / "r"), 2, 20)
     assert open_run(path).path_for() == "rows"  # a spool without digests
-    ingest(path)  # a finished run's store, with the verdict's answers
+    ingest(path)  # a finished run's store: its rows
     run = open_run(path)
-    assert run.path_for() == "answers" and run.path_for(window=1.0) == "answers"
+    assert run.path_for() == "rows" and run.path_for(window=1.0) == "rows"
     _same(run.breakdown(), step_breakdown(run.con))  # a bare connection reads the rows: same figures
 
 
@@ -98,15 +98,6 @@ def test_diagnose_reads_the_same_figures_as_the_run(tmp_path):
     path = write_run(str(tmp_path / "r"), 2, 20, data_wait_s=0.05)
     result = diagnose(path)
     _same(result["breakdown"]["ranks"], open_run(path).breakdown())
-
-
-def test_recording_answers_needs_a_run():
-    from ranksight.collectors._answers import recording
-
-    con = duckdb.connect()
-    with pytest.raises(TypeError):
-        with recording(con):
-            pass
 
 
 def test_the_rollup_lives_on_the_run_and_folds_only_new_segments(tmp_path):

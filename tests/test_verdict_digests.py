@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from ranksight.agent._node_spool import publish_node_spool
-from ranksight.collectors import _answers, ingest, open_run
+from ranksight.collectors import _tables, ingest, open_run
 from ranksight.collectors._digest_queries import medians
 from ranksight.collectors._digest_source import covering_digests, verdict_digests
 from ranksight.collectors._run import run_features
@@ -70,7 +70,7 @@ def _features_reading_no_row(run: str, monkeypatch) -> dict[int, dict]:
     """``run_features(run)``, asserting that no feature query read the step rows (the row queries keep their
     rows in a ``kept`` CTE)."""
     sql_run = []
-    original = _answers.query
+    original = _tables.query
 
     def recorded(con, sql, params=()):
         sql_run.append(sql)
@@ -327,7 +327,6 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
 
     con = open_run(run, follow_spool=False)
-    assert not _answers.answering(con)  # rows beside the store: its answers do not serve
     assert verdict_digests(con, "hist", "steps") is not None
     con.close()
     from_digests = _features_reading_no_row(run, monkeypatch)

@@ -4,16 +4,14 @@ Safe on a live or crashed run and beside readers: the store is rebuilt in a temp
 renamed into place, and segments that arrive later are read from the spool until the next ingest.
 ``--prune`` then deletes the spool segments the store holds, so a long run's disk does not double.
 ``--every S`` repeats that while the run may still write, then once more after it ended: a big job's
-spool then stays a few intervals of files, however long it runs (readers pay per file; docs/scale.md).
-Once the run has ended, the verdict's answers over the new store are computed and kept beside it, after the
-store is published, so that the readers after it need not (``keep_answers``).
+spool then stays a few intervals of files, however long it runs (readers pay per file).
 """
 
 from __future__ import annotations
 
 import time
 
-from ranksight.collectors import PRUNE_AFTER_S, RunDirError, ingest, keep_answers, prune, rank_is_live, read_rank_meta
+from ranksight.collectors import PRUNE_AFTER_S, RunDirError, ingest, prune, rank_is_live, read_rank_meta
 
 from ._errors import UserError
 
@@ -93,10 +91,6 @@ def _once(args) -> None:
         f"in {result.seconds:.2f} s ({rate:,.0f} rows/s)",
         flush=True,
     )
-    # A finished run's store: its verdict's answers now, once, so that no reader has to (``keep_answers``).
-    answers_s = keep_answers(args.run_dir) if _run_ended(args.run_dir) else None
-    if answers_s is not None:
-        print(f"kept the verdict's answers for its readers in {answers_s:.2f} s", flush=True)
     if args.prune:
         pruned = prune(args.run_dir, args.prune_after)
         later = ""
