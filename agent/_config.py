@@ -63,7 +63,7 @@ class GpuOptions:
     fixed function of the step index (the same on every rank, irregular so it cannot lock onto a periodic
     eval or log step); the step before each sampled one marks its end too, for the gap. Unsampled steps
     keep their host-clock columns and carry ``gpu_sampled = false``; readers take GPU phase shares from
-    the sampled rows only (docs/agent.md, "Sampled GPU phases")."""
+    the sampled rows only, so a share stays a ratio of sums over the same steps."""
     events_budget: float = 0.001
     """With ``events_every_steps=None``: the share of a step the CUDA events may cost, counting the training
     thread's ``record()`` calls (timed at attach) and the agent thread's reading of them (timed as it goes)."""
@@ -131,7 +131,7 @@ class Config:
     job: str = "default"
     """Job name: a label on every record and metric."""
     run_id: Optional[str] = None
-    """Run id shared by all ranks; derived from the launcher when None (see docs/agent.md)."""
+    """Run id shared by all ranks; derived from the launcher when None (torchrun, SLURM)."""
     enabled: bool = True
     """False makes every call a no-op: no thread, no files, no hooks."""
     flush_interval_s: float = 2.0
@@ -139,13 +139,13 @@ class Config:
     node_spool_dir: Optional[str] = None
     """A node-local folder (local disk, ``/tmp``, ``/dev/shm``): ranks write their segments there and the
     node publishes them to the run folder merged, one file per kind per interval, so the shared filesystem
-    sees a bounded number of files (docs/scale.md). None writes to the run folder directly."""
+    sees a bounded number of files (a metadata server's create rate). None writes to the run folder directly."""
     max_job_files_per_s: float = 150.0
     """With ``node_spool_dir``: the files a second the whole job may create in the run folder; each node's
     publish interval follows from it and the job's node count (``_node_spool.publish_interval_s``)."""
     max_buffered_events: int = 50_000
     """Bound on hot-path events waiting for the agent thread; the oldest are dropped (and counted) past it.
-    50,000 step events hold ~21 MB (benchmarks/agent_memory.py) and cover ~5 s of 1 ms steps with 4 buckets
+    50,000 step events hold ~21 MB (measured at commit d0882b6) and cover ~5 s of 1 ms steps with 4 buckets
     each: several flush intervals."""
     comm_hook: bool = True
     """On gloo, wrap DDP's all-reduce in a timing communication hook (per-bucket all-reduce time). Never on

@@ -1,7 +1,7 @@
 """Which steps record their CUDA events, and how many steps apart: pure functions, no torch.
 
-Why sample: each CUDA event costs the training thread a driver call (about 5 µs on the H200 host of
-docs/gpu-validation.md) and the agent thread two more to read it, six or more per step; on a 3 ms step that
+Why sample: each CUDA event costs the training thread a driver call (about 5 µs on an H200
+host) and the agent thread two more to read it, six or more per step; on a 3 ms step that
 is over 1 %. A phase share is a ratio of sums over steps, so a share read from one step in N is an unbiased
 estimate of the every-step share as long as the sampled steps do not lock onto a pattern of the loop (an
 eval or a logging ``.item()`` every 10 or 100 steps).

@@ -1,7 +1,7 @@
 """Merge a node's spool segments into one file per record kind per interval on the shared run folder.
 
 Why: every rank writing one segment per kind every 2 s is ~2.5 k file creations a second at 1,024 ranks
-and ~25 k at 10,000, which a shared filesystem's metadata server feels (docs/scale.md). With
+and ~25 k at 10,000, which a shared filesystem's metadata server feels. With
 ``Config.node_spool_dir`` set, ranks write their segments and rank files to a node-local folder
 (``<node_spool_dir>/<run>/``, same layout as a run folder) exactly as before, and whichever rank of the
 node gets the node's lock first publishes them every ``publish_interval_s``: one Parquet file per kind

@@ -5,7 +5,8 @@ One writer per rank and record kind. A segment is written under a dot-prefixed `
 never sees half a file, and a rank killed mid-write leaves only an ignorable temporary file.
 
 With a node spool (``Config.node_spool_dir``) the same files go to a node-local folder, and the node's
-ranks take turns publishing them to the run folder, merged per kind (``_node_spool.py``, docs/scale.md).
+ranks take turns publishing them to the run folder, merged per kind (``_node_spool.py``), so the
+shared filesystem sees a bounded number of files.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class SpoolWriter:
             self._made.add(directory)
         seq = self._seq.get(kind, 0)
         # On a node spool, segments are Arrow IPC files: only the node's publisher reads them, and they
-        # cost a fourteenth of a Parquet segment to write and a seventh to read (docs/scale.md).
+        # cost a fourteenth of a Parquet segment to write and a seventh to read.
         suffix = LOCAL_SUFFIX if self.publisher is not None else SPOOL_SUFFIX
         final = os.path.join(directory, f"{self._stem}_{seq:06d}{suffix}")
         # The temporary name must not end in .parquet either: DuckDB's glob, unlike Python's, matches dot-files.

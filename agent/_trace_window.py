@@ -408,7 +408,7 @@ class TraceWindow:
         if red is None:
             return []
         if self.use_cuda and red.span_ns == 0:
-            # Seen on an H200 with the device all but full (docs/gpu-validation.md): CPU events only.
+            # Seen on an H200 with the device all but full: CPU events only.
             self._m._warn_once(
                 "trace_window_no_gpu",
                 f"the sampled window (steps {first}-{first + red.steps - 1}) captured no GPU activity: "
@@ -436,11 +436,10 @@ class TraceWindow:
         """Reduce the window in a child process: this thread only has Kineto write the trace (one C++ call,
         the cheapest way out of the profiler per event) and waits, GIL released, for the child's figures.
 
-        Why: read event by event here, a window of 200,000 events held the GIL ~4 s on a loaded 2-core
-        host (``events()`` 0.48 s, reading each event 3.1 s, the reduction 0.6 s), which the training
-        thread lost; the file costs the training thread the write alone (docs/agent.md, "The kernel
-        window's reduction"). Returns ``_FAILED`` when the child could not do it (then it is reduced here,
-        and a warning says so once)."""
+        Why: read event by event here, a window of 200,000 events held the GIL ~4 s on a loaded 2-core host
+        (``events()`` 0.48 s, reading each event 3.1 s, the reduction 0.6 s), which the training thread lost;
+        the file costs the training thread the write alone. Returns ``_FAILED`` when the child could not do it
+        (then it is reduced here, and a warning says so once)."""
         if self.trace_dir:
             path, keep = self._trace_path(first), True
         else:

@@ -108,7 +108,7 @@ class Worker(threading.Thread):
     def _warm_imports() -> None:
         """Import what the first flush writes with (pyarrow, the spool) now, while the job sets up, not inside
         its first steps: 0.03-0.2 s of this thread's CPU, which a job whose ranks take every core pays in
-        step time (docs/agent.md, "What the agent costs a CPU job")."""
+        step time."""
         try:
             import pyarrow.parquet  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""The demo's planted faults, then their diagnosis: the evidence behind docs/diagnosis.md.
+"""The demo's planted faults, then their diagnosis: is each fault named first?
 
 Two halves, because the GPU machine has no DuckDB:
 

@@ -3,7 +3,7 @@ made from at each refresh.
 
 Why: the rules' ``diagnose`` asks about 30 queries of the run, and over the run's files each one opens every
 segment again: on a 2-rank demo, 0.34-0.56 CPU-s per verdict at 115 segments per record kind (600 steps), and
-growing with every flush (docs/dashboard.md, "Watching a live run"). Over these tables, each refresh reads only
+growing with every flush. Over these tables, each refresh reads only
 the segments written since, and the verdict reads memory. Beyond ``KEEP_STEP_ROWS`` step rows, for a run
 whose step files come with digests (the node spool's), or once an ``ingest`` has compacted the run into a
 store, the dashboard judges the run's own reading instead (``open_run``), as before.
@@ -40,7 +40,7 @@ class KeptRows:
         """Whether a run is judged from kept rows: a spool without step digests. A compacted run's rows are in
         its store; where the node spool wrote a digest beside each step file, the verdict reads those instead,
         which costs less (at 1,024 ranks: 0.92 CPU-s at 4,000 steps from the digests, 3.49 at 2,000 from 2 M
-        kept rows; docs/dashboard.md)."""
+        kept rows)."""
         digests = os.path.join(run_path, "steps", DIGEST_DIR)
         return not os.path.exists(store_path(run_path)) and not os.path.isdir(digests)
 

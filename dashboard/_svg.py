@@ -1,10 +1,9 @@
 """Stacked bars of phase shares as inline SVG, drawn on the server.
 
-Why: the Verdict page is the landing page. A Vega-Lite chart there makes the browser fetch and compile
-Vega before it draws a bar, whatever the number of ranks: on a first visit the same chart was on screen
-0.4 s sooner as SVG (``benchmarks/chart_render.py --cold`` at commit e9426fd, docs/scale.md "The Verdict
-page"). A few dozen stacked bars need none of that; each segment carries a ``<title>`` (the browser's own
-tooltip) and its figures as ``data-`` attributes.
+Why: the Verdict page is the landing page. A Vega-Lite chart there makes the browser fetch and compile Vega
+before it draws a bar, whatever the number of ranks: on a first visit the same chart was on screen 0.4 s
+sooner as SVG (``benchmarks/chart_render.py --cold`` at commit e9426fd). A few dozen stacked bars need none of
+that; each segment carries a ``<title>`` (the browser's own tooltip) and its figures as ``data-`` attributes.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def md_table(rows: list[dict]) -> str:
     """A markdown table of ``rows`` (dicts with the first row's keys as headers: the page's own names), every
     cell escaped (``markdown_table``). Why not ``st.table``: the landing page draws it with the markdown
     element it loads anyway, where ``st.table`` has the browser fetch and compile Arrow's table code (1 MB of
-    JavaScript; docs/scale.md "The Verdict page")."""
+    JavaScript)."""
     if not rows:
         return ""
     names = list(rows[0])
@@ -49,7 +49,7 @@ def _cell(value: object) -> str:
 
 def code_html(code: str, *, wrap: bool = False) -> str:
     """``code`` as a preformatted block for ``st.html``. Why not ``st.code``: its syntax highlighter is 1.5 MB of
-    JavaScript a first visit fetches and compiles (docs/scale.md "The Verdict page"); the text stays
+    JavaScript a first visit fetches and compiles; the text stays
     selectable, in a monospace block. ``wrap`` folds long lines at the block's edge instead of scrolling them
     out of sight (a narrow column); copying still gives the lines as written."""
     from html import escape

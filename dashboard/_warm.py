@@ -107,8 +107,8 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
         job.done.set()
     # After the diagnosis, not beside it, and once the landing page is drawn: on a small machine the two
     # would only slow each other down. At 1,024 ranks x 10,000 steps the rollup scans 10 M rows (1.3 s)
-    # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.2-0.3 s,
-    # docs/scale.md); see release(). The other pages' imports first: pandas (their tables: most of a second
+    # while the Verdict page's first render draws, unless the node spool's step digests serve it (0.2-0.3 s);
+    # see release(). The other pages' imports first: pandas (their tables: most of a second
     # on 2 busy cores) and altair (their charts); the landing page needs neither (markdown tables, SVG).
     job.released.wait(HOLD_S)
     for module in ("pandas", "altair"):
@@ -148,7 +148,7 @@ LANDING_GRACE_S = 2.0
 """How long after the landing page's script has run the warm-up still holds back its other work (pandas' and
 altair's imports, the rollup): the browser draws what the script sent after the script ends, and on 2 cores
 that work beside it made the first render of a 1,024-rank store's Verdict page 1.5-1.8 s instead of 1.3-1.7
-s (docs/scale.md, "Scale v8"). A page that needs the rollup releases it at once (``release`` without a
+s. A page that needs the rollup releases it at once (``release`` without a
 delay)."""
 
 

@@ -1,8 +1,7 @@
 """A baseline file: what the gate needs of a run, kept so CI can compare against last week's run.
 
 Why a file and not the run folder: a CI job keeps a few hundred kilobytes as an artifact or in the
-repository far more easily than a run's spool, and the gate needs only this. The format is JSON
-(docs/ci-gate.md describes it field by field):
+repository far more easily than a run's spool, and the gate needs only this. The format is JSON:
 
     {"format": "ranksight-baseline", "version": 1, "run": ..., "world_size": 2, "warmup_steps": 5,
      "saved_utc": "...", "columns": ["period_s", "data_wait_s", ...],

@@ -3,7 +3,7 @@
 Reads the Kineto JSON traces (plain or .gz) that ``tensorboard_trace_handler`` or
 ``export_chrome_trace`` write, one or more per rank, and writes the same step, bucket, collective and
 sample records the agent would have, so ``diagnose``, ``summary``, ``compare`` and the dashboard read
-them unchanged (docs/import.md). What a trace cannot tell is one warning line each; the rest is kept.
+them unchanged. What a trace cannot tell is one warning line each; the rest is kept.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The command (``python train.py``, ``torchrun --nproc-per-node 2 train.py``, ``srun python ...``) runs
 as a child process with a private ``sitecustomize`` on ``PYTHONPATH`` that arms
-``ranksight.integrations._autoattach`` in every Python process it starts. See
-docs/integrations/run.md for what this measures without ``mon.step()`` marks.
+``ranksight.integrations._autoattach`` in every Python process it starts. Without ``mon.step()`` marks a step
+opens when a batch arrives from a ``DataLoader`` and closes at ``optimizer.step()``.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def breakdown_rows(result: dict) -> list[list]:
 
 
 def report_files(result: dict, run_path: str) -> dict[str, str]:
-    """``report.json`` (the diagnosis object, docs/diagnosis.md) and ``report.txt`` (what ``ranksight diagnose``
+    """``report.json`` (``diagnose --json``'s object) and ``report.txt`` (what ``ranksight diagnose``
     prints): the same report wherever the run is read."""
     from ranksight.commands.diagnose import render_report
 
