@@ -10,8 +10,8 @@ from ranksight.collectors import Run, RunDirError, open_run
 from ranksight.format.warmup import WARMUP_STEPS
 
 from ._evaluate import evaluate, run_checklist
+from ._expr import Frame
 from ._load import RuleSet, load_rules
-from ._vector import Frame
 
 
 def diagnose(
