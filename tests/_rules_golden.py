@@ -73,7 +73,7 @@ def _constants(exprs, extra=()) -> set:
 def _pool(constants) -> list:
     """Values for a feature: absent, the special floats, and each constant with its near neighbours."""
     pool = [None, None, 0, 1, 0.0, 1.0, -1.0, 2, float("nan"), math.inf, -math.inf]
-    for c in sorted(constants):
+    for c in constants:
         pool += [c, float(c), c * (1 + 1e-9) or 1e-12, c * (1 - 1e-9) or -1e-12, c + 1, c - 1]
     return pool
 
