@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ranksight.format.phases import host_other
+
 from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_COLLECTIVE, EV_STEP
 
 _NS = 1e-9
@@ -155,7 +157,6 @@ class Assembler:
             compute = max(0, compute_ns) * _NS
         comm_blocked = blocked * _NS if p.collectives or self.collectives_on else None
         optimizer = (opt_e - opt_b) * _NS if opt_b and begin <= opt_b <= opt_e <= end else None
-        named = (data_wait or 0) + (compute or 0) + (exposed or 0) + (comm_blocked or 0) + (optimizer or 0)
         bucket_bytes = sum(b[0] for b in p.buckets.values()) if p.buckets else self.grad_bytes
         row = {
             "step": step,
@@ -170,7 +171,7 @@ class Assembler:
             "collective_bytes": nbytes if p.collectives or self.collectives_on else None,
             "allreduce_s": allreduce,
             "optimizer_s": optimizer,
-            "other_s": max(0.0, step_s - named),
+            "other_s": host_other(step_s, data_wait, compute, exposed, comm_blocked, optimizer),
             "buckets": len(p.buckets) if p.buckets else None,
             "bucket_bytes": bucket_bytes,
             "gpu_compute_s": None,

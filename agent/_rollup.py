@@ -12,6 +12,8 @@ import math
 import threading
 from dataclasses import dataclass, field
 
+from ranksight.format.phases import PERIOD, PHASE
+
 #: Upper bounds (seconds) of the step-time histogram: ~1 ms CPU toy steps up to minute-long steps.
 STEP_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -189,54 +191,17 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _exposed_wait(wait, gap: float, idle, in_step) -> float | None:
-    """The data wait that starved the GPU, as ``ranksight.format.phases`` defines it: the wait before the step
-    against the idle gap, the wait inside it against what its mon.data() blocks cost the stream."""
-    if not _finite(wait):
-        return None
-    if not (_finite(idle) and _finite(in_step)):
-        return min(wait, gap)
-    return min(max(wait - in_step, 0.0), gap) + min(in_step, idle)
-
-
-def _num(row: dict, *names: str) -> float:
-    """The first finite value among ``names`` (coalesce), else 0."""
-    for name in names:
-        value = row.get(name)
-        if _finite(value):
-            return float(value)
-    return 0.0
+_COMM_COLUMNS = ("gpu_comm_exposed_s", "comm_exposed_s", "gpu_comm_blocked_s", "comm_blocked_s")
 
 
 def _on_step_clock(row: dict) -> tuple:
-    """(step period, data wait, exposed comm) of one step row, read as ``ranksight.format.phases.PHASE_SQL`` reads it.
+    """(step period, data wait, exposed comm) of one step row, as the readers compute them
+    (``ranksight.format.phases``: ``PERIOD`` and the ``data_wait_s`` and ``comm_exposed_s`` phases).
 
     A GPU rank's figures come from the GPU stream (CUDA events): the host runs ahead of a GPU-bound
     job, and NCCL completes the host's all-reduce futures at enqueue. A CPU rank's are the host's.
     Exposed comm covers DDP's gradient all-reduce and the time held in every other collective; a
-    NULL data wait (input not measured) stays None.
+    NULL data wait (input not measured) stays None, and so does the exposed comm of a row that timed none.
     """
-    gpu_step = row.get("gpu_step_s")
-    if not _finite(gpu_step):
-        comm = row.get("comm_exposed_s")
-        blocked = row.get("comm_blocked_s")
-        if _finite(blocked):
-            comm = (comm if _finite(comm) else 0.0) + blocked
-        return row.get("step_s"), row.get("data_wait_s"), comm
-    wait = row.get("data_wait_s")
-    gap = row.get("gpu_gap_s")
-    gap = gap if _finite(gap) else (wait if _finite(wait) else 0.0)
-    exposed_wait = _exposed_wait(wait, gap, row.get("gpu_data_idle_s"), row.get("data_wait_in_step_s"))
-    period = gap + gpu_step
-    # The GPU's marks do not leave the blocked collectives out of compute or the optimizer span: they are
-    # carved out of the remainder, then the optimizer, then compute, as PHASE_SQL does.
-    grad_comm = _num(row, "gpu_comm_exposed_s", "comm_exposed_s")
-    optimizer = _num(row, "gpu_optimizer_s", "optimizer_s")
-    compute = _num(row, "gpu_compute_s")
-    named = (exposed_wait or 0.0) + _num(row, "h2d_s") + compute + grad_comm + optimizer
-    other_raw = max(period - named, 0.0)
-    blocked = _num(row, "gpu_comm_blocked_s", "comm_blocked_s")
-    comm = grad_comm + min(blocked, other_raw + optimizer + compute)
-    has_comm = any(_finite(row.get(n)) for n in ("gpu_comm_exposed_s", "comm_exposed_s", "gpu_comm_blocked_s",
-                                                  "comm_blocked_s"))  # fmt: skip
-    return period, exposed_wait, comm if has_comm else None
+    comm = PHASE["comm_exposed_s"].value(row) if any(_finite(row.get(n)) for n in _COMM_COLUMNS) else None
+    return PERIOD.value(row), PHASE["data_wait_s"].value(row), comm

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 from typing import NamedTuple, Optional
 
+from ranksight.format.phases import host_other
 from ranksight.trace_reduce import (
     LOADER_MARK,
     METADATA_OPS,
@@ -179,7 +180,6 @@ def reduce_step(
         inside = union_intervals([(b, e) for _, b, e in blocked] + loader)
         compute_ns = max(0, compute_end - fwd) - total_length(clip_intervals(inside, fwd, compute_end))
     optimizer_ns = (opt_e - opt_b) if opt_b is not None else None
-    named = sum(x for x in (data_ns, compute_ns, exposed_ns, blocked_ns, optimizer_ns) if x)
 
     collectives = _collective_rows(span.step, blocked, bucket_calls, allreduce_ns, bytes_by_call)
     bucket_bytes = _sum_known([bytes_by_call[id(c)] for c in bucket_calls])
@@ -194,7 +194,7 @@ def reduce_step(
         "comm_exposed_s": exposed_ns * _NS if exposed_ns is not None else None,
         "allreduce_s": allreduce_ns * _NS if allreduce_ns is not None else None,
         "optimizer_s": optimizer_ns * _NS if optimizer_ns is not None else None,
-        "other_s": max(0, step_ns - named) * _NS,
+        "other_s": host_other(step_ns, data_ns, compute_ns, exposed_ns, blocked_ns, optimizer_ns) * _NS,
         "buckets": len(bucket_calls) or None,
         "bucket_bytes": bucket_bytes,
         "comm_blocked_s": blocked_ns * _NS,
