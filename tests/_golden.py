@@ -27,10 +27,11 @@ SYNTHETIC = "synthetic-1024"
 RANKS_PER_NODE = 8
 
 
-def synthetic_spool(run_path: str, ranks: int = 1024, steps: int = 20) -> str:
+def synthetic_spool(run_path: str, ranks: int = 1024, steps: int = 20, digests: bool = False) -> str:
     """Write ``ranks`` x ``steps`` step rows as the node spool publishes them (one zstd Parquet file and one
-    rank file per node of 8), from a fixed seed: data wait on every rank, the last rank 1.3x slower in compute,
-    DDP's exposed all-reduce and a blocking collective's time."""
+    rank file per node of 8, with ``digests`` each file's step digest too), from a fixed seed: data wait on
+    every rank, the last rank 1.3x slower in compute, DDP's exposed all-reduce and a blocking collective's
+    time."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -76,9 +77,17 @@ def synthetic_spool(run_path: str, ranks: int = 1024, steps: int = 20) -> str:
         }
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
         table = pa.Table.from_arrays(arrays, schema=schema)
-        pq.write_table(
-            table, os.path.join(run_path, "steps", f"{node}_m{first:020d}-000000.parquet"), compression="zstd"
-        )
+        name = f"{node}_m{first:020d}-000000.parquet"
+        if digests:  # as the node spool's publisher writes them: the digest first, with the file's card
+            from ranksight.agent._node_spool import _write_durably
+            from ranksight.format.digest_file import parquet_bytes, write_digest
+
+            data = parquet_bytes(table)
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+            with open(os.path.join(run_path, "steps", name), "wb") as f:
+                f.write(data)
+        else:
+            pq.write_table(table, os.path.join(run_path, "steps", name), compression="zstd")
         metas = [
             {
                 "rank": int(r),
