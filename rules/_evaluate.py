@@ -19,33 +19,18 @@ from __future__ import annotations
 
 import math
 import string
-from dataclasses import dataclass
 
 import numpy as np
 
 from ranksight.collectors import CONTEXT_DEFAULTS
 
-from ._expr import OK, UNKNOWN, Frame, Value
+from ._expr import OK, UNKNOWN, Frame
 from ._expr import evaluate as eval_expr
 from ._load import LOUD_FLOORS, SEVERITIES, ChecklistItem, Rule, format_spec_problem
 
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
 _MAX_COST = 0.99  # a fix cannot give back the whole step; keeps the speedup finite
 _COST_UNKNOWN = -1.0  # how the worst rank's choice keys a hit without a cost: below every clamped cost
-
-
-@dataclass(frozen=True)
-class _Fired:
-    """Where a rule fired (row positions, ascending); its worst row and that row's severity, value and cost;
-    the highest confidence of the hits (rounded); the rules it explains on this job."""
-
-    at: list[int]
-    worst: int
-    severity: str
-    value: object
-    cost: float | None
-    confidence: float
-    explains: tuple
 
 
 def evaluate(
@@ -57,91 +42,42 @@ def evaluate(
     ``context`` (rank -> {name: string}, see ``ranksight.collectors.CONTEXT``) fits the fix text and
     snippets to the job (its framework, transport); without it the plain-PyTorch fix is given.
     """
-    context = context or {}
     frame = features if isinstance(features, Frame) else Frame(features)
-    findings, explains = [], {}
-    for rule in rules:
-        fired = _fire(rule, frame)
-        if fired is not None:
-            findings.append(_finding(rule, fired, frame, context))
-            explains[rule.id] = fired.explains
+    fired = [(rule, *_fire(rule, frame)) for rule in rules]
+    fired = [hits for hits in fired if hits[1].size]
+    findings = [_finding(*hits, frame, context or {}) for hits in fired]
+    explains = {rule.id: _explained_here(rule, frame, at) for rule, at, *_ in fired}
     return rank_findings(findings, {r.id: r for r in rules}, explains)
 
 
-def _fire(rule: Rule, frame: Frame) -> _Fired | None:
-    """The rule over every rank: None where it fires nowhere."""
-    n = frame.n
+def _fire(rule: Rule, frame: Frame) -> tuple:
+    """The rows where the rule fires, and each row's severity (its index in SEVERITIES) and margin."""
     fires = frame.holds(rule.when)
-    value = frame.value(rule.value) if rule.value is not None else None
-    if rule.levels:
-        fires = fires & value.known()
-        noise = 0.0
-        if rule.noise is not None:
-            spread = frame.value(rule.noise)
-            noise = np.where(spread.known() & (spread.val > 0), spread.val, 0.0)
-        # The effect must clear each threshold by its own uncertainty (per-step spread), so noise cannot tip it.
-        judged = value.val - noise if rule.compare == ">=" else value.val + noise
-        severity, threshold = np.full(n, -1), np.zeros(n)
-        for name, t in rule.levels:  # the most severe level reached
-            reached = _beyond(judged, t, rule.compare)
-            severity, threshold = np.where(reached, SEVERITIES.index(name), severity), np.where(reached, t, threshold)
-        fires = fires & (severity >= 0)
-        # How far past the band it reached (after the noise): a cost just past 10 % is a weaker warning
-        # than one at 20 %.
-        margin = _margin(judged, threshold, rule.compare)
-    else:
-        severity, margin = np.full(n, SEVERITIES.index(rule.severity)), 1.0
-    at = np.flatnonzero(fires)
-    if not at.size:
-        return None
-    cost = _cost(rule, frame)
-    steps = frame.column("steps")
-    settled = steps.val / _SAMPLE_STEPS
-    settled = np.where(steps.st == UNKNOWN, 0.5, np.where(settled < 1.0, settled, 1.0))  # min(1.0, x) as Python
-    # At most 0.95: a threshold rule on a few dozen steps is strong evidence, never proof.
-    confidence = _rows(rule.confidence * (0.5 + 0.3 * margin + 0.15 * settled), n)[at]
-    extreme = 0.0
-    if value is not None:
-        extreme = np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0)
-        extreme = np.where(np.isnan(extreme), -np.inf, extreme)
-    tied = np.arange(at.size)
-    for key in (severity, cost, extreme):
-        key = _rows(key, n)[at][tied]
-        tied = tied[key == key.max()]
-    rounded = [round(c, 2) for c in confidence[tied].tolist()]
-    worst = int(at[tied[rounded.index(max(rounded))]])
-    explains = tuple(
-        other
-        for other in rule.explains
-        if other not in rule.explains_when or frame.holds(rule.explains_when[other])[at].any()
-    )
-    known_cost = float(_rows(cost, n)[worst])
-    return _Fired(
-        at=at.tolist(),
-        worst=worst,
-        severity=SEVERITIES[int(_rows(severity, n)[worst])],
-        value=None if value is None else value.at(worst),
-        cost=None if known_cost == _COST_UNKNOWN else known_cost,
-        confidence=round(float(confidence.max()), 2),  # round is monotone: the max of the rounded
-        explains=explains,
-    )
-
-
-def _rows(column, n: int) -> np.ndarray:
-    return np.broadcast_to(column, (n,))
+    if not rule.levels or not fires.any():
+        return np.flatnonzero(fires), np.full(frame.n, SEVERITIES.index(rule.severity or "info")), 1.0
+    value = frame.value(rule.value)
+    noise = 0.0
+    if rule.noise is not None:
+        spread = frame.value(rule.noise)
+        noise = np.where(spread.known() & (spread.val > 0), spread.val, 0.0)
+    # The effect must clear each threshold by its own uncertainty (per-step spread), so noise cannot tip it.
+    judged = value.val - noise if rule.compare == ">=" else value.val + noise
+    severity, threshold = np.full(frame.n, -1), np.zeros(frame.n)
+    for name, t in rule.levels:  # the most severe level reached
+        reached = _beyond(judged, t, rule.compare)
+        severity, threshold = np.where(reached, SEVERITIES.index(name), severity), np.where(reached, t, threshold)
+    # How far past the band it reached (after the noise): a cost just past 10 % is a weaker warning than one
+    # at 20 %.
+    margin = _margin(judged, threshold, rule.compare)
+    return np.flatnonzero(fires & value.known() & (severity >= 0)), severity, margin
 
 
 def _cost(rule: Rule, frame: Frame) -> np.ndarray:
     """The rule's cost per rank, clamped to [0, 0.99]; ``_COST_UNKNOWN`` where it has none or it is unknown."""
     if rule.cost is None:
         return np.full(1, _COST_UNKNOWN)
-    cost: Value = frame.value(rule.cost)
+    cost = frame.value(rule.cost)
     return np.where(cost.known(), _clamp(cost.val, 0.0, _MAX_COST), _COST_UNKNOWN)
-
-
-def speedup(cost: float | None) -> float | None:
-    """How many times faster a step gets when ``cost`` of it goes away."""
-    return None if cost is None else round(1.0 / (1.0 - cost), 2)
 
 
 def _margin(judged: np.ndarray, threshold: np.ndarray, compare: str) -> np.ndarray:
@@ -161,30 +97,58 @@ def _clamp(x: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.where(x > low, x, low)
 
 
-def _finding(rule: Rule, fired: _Fired, frame: Frame, context: dict[int, dict]) -> dict:
-    env = frame.rows[fired.worst]
-    ranks = [frame.rows[i]["rank"] for i in fired.at]
+def _explained_here(rule: Rule, frame: Frame, at: np.ndarray) -> tuple:
+    """The rules this one explains on this job: each unconditional one, and each conditional one whose
+    condition holds on a rank where this rule fired."""
+    when = rule.explains_when
+    return tuple(other for other in rule.explains if other not in when or frame.holds(when[other])[at].any())
+
+
+def speedup(cost: float | None) -> float | None:
+    """How many times faster a step gets when ``cost`` of it goes away."""
+    return None if cost is None else round(1.0 / (1.0 - cost), 2)
+
+
+def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context: dict[int, dict]) -> dict:
+    """The finding at the hits' worst row: the first of the greatest (severity, cost, extreme value, confidence
+    rounded as reported)."""
+    value = frame.value(rule.value) if rule.value is not None else None
+    steps = frame.column("steps")
+    settled = steps.val / _SAMPLE_STEPS
+    settled = np.where(steps.st == UNKNOWN, 0.5, np.where(settled < 1.0, settled, 1.0))  # min(1.0, x) as Python
+    # At most 0.95: a threshold rule on a few dozen steps is strong evidence, never proof.
+    confidence = rule.confidence * (0.5 + 0.3 * margin + 0.15 * settled)
+    extreme = 0.0
+    if value is not None:  # a NaN value (no levels to judge it) counts as the least extreme
+        extreme = np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0)
+        extreme = np.where(np.isnan(extreme), -np.inf, extreme)
+    keys = (severity, _cost(rule, frame), extreme, confidence)
+    severity, cost, extreme, confidence = (np.broadcast_to(key, (frame.n,))[at] for key in keys)
+    tied = np.arange(at.size)
+    for key in (severity, cost, extreme):
+        tied = tied[key[tied] == key[tied].max()]
+    rounded = [round(c, 2) for c in confidence[tied].tolist()]
+    worst = tied[rounded.index(max(rounded))]
+    env = frame.rows[at[worst]]
+    value = value.at(at[worst]) if value is not None else None
+    cost = None if cost[worst] == _COST_UNKNOWN else float(cost[worst])
+    ranks = [frame.rows[i]["rank"] for i in at.tolist()]
     evidence = {name: _round(env.get(name)) for name in rule.evidence}
-    if fired.value is not None and rule.value is not None and rule.value.text not in evidence:
-        evidence["value"] = _round(fired.value)
+    if value is not None and rule.value.text not in evidence:
+        evidence["value"] = _round(value)
     ctx = {**CONTEXT_DEFAULTS, **context.get(env["rank"], {})}
     fill_env = {**env, **ctx}
     fill_env.update(suggestions(rule, fill_env))
-    fill_env.update(
-        value=fired.value,
-        ranks=_ranks_text(ranks, frame.n),
-        cost_share=fired.cost,
-        speedup=speedup(fired.cost),
-    )
+    fill_env.update(value=value, ranks=_ranks_text(ranks, frame.n), cost_share=cost, speedup=speedup(cost))
     return {
         "axis": rule.axis,
         "rule": rule.id,
-        "severity": fired.severity,
-        "confidence": fired.confidence,
+        "severity": SEVERITIES[int(severity[worst])],
+        "confidence": round(float(confidence.max()), 2),  # round is monotone: the max of the rounded
         "ranks": ranks,
-        "cost_share": _round(fired.cost),
-        "speedup": speedup(fired.cost),
-        "cost_basis": rule.cost_basis if fired.cost is not None else None,
+        "cost_share": _round(cost),
+        "speedup": speedup(cost),
+        "cost_basis": rule.cost_basis if cost is not None else None,
         "explained_by": None,
         "evidence": evidence,
         "summary": _fill(rule.summary, fill_env),

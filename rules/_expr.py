@@ -28,6 +28,7 @@ evaluated does not make it unknown. Integers are float64 here: exact to 2**53, f
 from __future__ import annotations
 
 import ast
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -35,14 +36,8 @@ from typing import NamedTuple
 import numpy as np
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_CMPOPS = {
-    ast.Lt: np.less,
-    ast.LtE: np.less_equal,
-    ast.Gt: np.greater,
-    ast.GtE: np.greater_equal,
-    ast.Eq: np.equal,
-    ast.NotEq: np.not_equal,
-}
+_CMPOPS = {ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater, ast.GtE: np.greater_equal}
+_CMPOPS.update({ast.Eq: np.equal, ast.NotEq: np.not_equal})
 _FUNCS = ("min", "max", "abs", "round", "floor", "ceil")
 _ONE_ARG = ("abs", "round", "floor", "ceil")
 _CONSTS = {"true": True, "false": False, "True": True, "False": False}
@@ -107,31 +102,21 @@ def _depth(tree: ast.AST) -> int:
 
 
 def _check(node: ast.AST, names: set[str]) -> None:
+    """Raise ExprError at the first construct (in reading order) the language does not allow."""
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
             raise ExprError(f"only numbers are allowed as constants, got {node.value!r}")
     elif isinstance(node, ast.Name):
         if node.id not in _CONSTS:
             names.add(node.id)
-    elif isinstance(node, ast.BinOp):
-        if type(node.op) not in _BINOPS:
-            raise ExprError(f"operator {type(node.op).__name__} is not allowed (use + - * /)")
-        _check(node.left, names)
-        _check(node.right, names)
-    elif isinstance(node, ast.UnaryOp):
-        if not isinstance(node.op, (ast.USub, ast.Not)):
-            raise ExprError(f"unary operator {type(node.op).__name__} is not allowed")
-        _check(node.operand, names)
-    elif isinstance(node, ast.BoolOp):
-        for value in node.values:
-            _check(value, names)
+    elif isinstance(node, ast.BinOp) and type(node.op) not in _BINOPS:
+        raise ExprError(f"operator {type(node.op).__name__} is not allowed (use + - * /)")
+    elif isinstance(node, ast.UnaryOp) and not isinstance(node.op, (ast.USub, ast.Not)):
+        raise ExprError(f"unary operator {type(node.op).__name__} is not allowed")
     elif isinstance(node, ast.Compare):
         for op in node.ops:
             if type(op) not in _CMPOPS:
                 raise ExprError(f"comparison {type(op).__name__} is not allowed")
-        _check(node.left, names)
-        for comparator in node.comparators:
-            _check(comparator, names)
     elif isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name) or node.func.id not in (*_FUNCS, "coalesce"):
             raise ExprError(f"only the functions {', '.join(sorted((*_FUNCS, 'coalesce')))} may be called")
@@ -139,10 +124,11 @@ def _check(node: ast.AST, names: set[str]) -> None:
             raise ExprError(f"{node.func.id}() takes one or more positional arguments")
         if node.func.id in _ONE_ARG and len(node.args) != 1:
             raise ExprError(f"{node.func.id}() takes one argument")
-        for arg in node.args:
-            _check(arg, names)
-    else:
+    elif not isinstance(node, (ast.BinOp, ast.UnaryOp, ast.BoolOp)):
         raise ExprError(f"{type(node).__name__} is not allowed in a rule expression")
+    for child in node.args if isinstance(node, ast.Call) else ast.iter_child_nodes(node):
+        if isinstance(child, ast.expr):
+            _check(child, names)
 
 
 OK, UNKNOWN, ERROR = 0, 1, 2
@@ -152,10 +138,6 @@ _NUMBER_KINDS = {float: (FLOAT, OK), int: (INT, OK), bool: (BOOL, OK), type(None
 
 def _one(x) -> np.ndarray:
     return np.array([x], dtype=np.int8)
-
-
-def _pick(column: np.ndarray, i: int):
-    return column[i if column.size > 1 else 0]
 
 
 class Value(NamedTuple):
@@ -172,10 +154,10 @@ class Value(NamedTuple):
 
     def at(self, i: int):
         """Row ``i``'s value as Python has it (an int stays an int), or None when unknown."""
-        if _pick(self.st, i) != OK:
+        value, st, kind = (column[i if column.size > 1 else 0] for column in self)
+        if st != OK:
             return None
-        value, kind = float(_pick(self.val, i)), _pick(self.kind, i)
-        return bool(value) if kind == BOOL else int(value) if kind == INT and abs(value) < np.inf else value
+        return bool(value) if kind == BOOL else int(value) if kind == INT and np.isfinite(value) else float(value)
 
 
 def _constant(value) -> Value:
@@ -188,13 +170,9 @@ class Frame:
     value: built the first time a rule names them and kept, so the rules and the checklist read one frame."""
 
     def __init__(self, features: dict[int, dict]):
-        self.ranks = sorted(features)
-        self.rows = [features[r] for r in self.ranks]
+        self.rows = [features[r] for r in sorted(features)]
         self.n = len(self.rows)
         self._values: dict[str, Value] = {}
-
-    def __len__(self) -> int:
-        return self.n
 
     def value(self, expr: Expr) -> Value:
         """The expression on every row."""
@@ -205,9 +183,7 @@ class Frame:
 
     def holds(self, expr: Expr | None) -> np.ndarray:
         """Where the expression is known and true (``bool()`` of its value); everywhere for no expression."""
-        if expr is None:
-            return np.ones(self.n, dtype=bool)
-        v = self.value(expr)
+        v = self.value(expr) if expr is not None else _constant(True)
         return np.broadcast_to((v.st == OK) & (v.val != 0), (self.n,))
 
     def column(self, name: str) -> Value:
@@ -220,41 +196,26 @@ class Frame:
 def _column(values: list) -> Value:
     """A feature's values as a column; one element when every rank holds the same (a job-level figure)."""
     types = set(map(type, values))
-    if values and len(types) == 1 and values.count(values[0]) == len(values):
+    if len(types) == 1 and values.count(values[0]) == len(values):
         values = values[:1]
-    if types <= _NUMBER_KINDS.keys():
-        try:
-            val = np.array(values, dtype=np.float64)  # None reads NaN; its status says unknown
-        except OverflowError:
-            val = None
-        if val is not None and len(types) == 1:
-            kind, st = _NUMBER_KINDS[types.pop()]
-            return Value(val, _one(st), _one(kind))
-        if val is not None:
-            kinds = np.array([_NUMBER_KINDS[type(v)] for v in values], dtype=np.int8)
-            return Value(val, kinds[:, 1].copy(), kinds[:, 0].copy())
-    triples = [_number(v) for v in values]  # numpy scalars, strings, huge integers: one by one
-    return Value(*(np.array(column, dtype=t) for column, t in zip(zip(*triples), (np.float64, np.int8, np.int8))))
+    if len(types) == 1 and types <= _NUMBER_KINDS.keys():
+        kind, st = _NUMBER_KINDS[types.pop()]
+        with contextlib.suppress(OverflowError):  # an integer beyond float64: one by one below
+            return Value(np.array(values, dtype=np.float64), _one(st), _one(kind))  # None reads NaN
+    return Value(*map(np.array, zip(*map(_number, values))))  # mixed types, numpy scalars, strings
 
 
 def _number(v) -> tuple:
-    kind = BOOL if isinstance(v, (bool, np.bool_)) else INT if isinstance(v, (int, np.integer)) else FLOAT
-    if v is None or not isinstance(v, (int, float, np.number, np.bool_)):
+    """(value, status, kind) of one feature value: None is unknown, a value that is not a number an error."""
+    if v is None or not isinstance(v, (int, float, np.number, np.bool_)) or (type(v) is int and abs(v) >= 1e308):
         return np.nan, UNKNOWN if v is None else ERROR, FLOAT
-    try:
-        return float(v), OK, kind
-    except OverflowError:
-        return np.nan, ERROR, kind
+    kind = BOOL if isinstance(v, (bool, np.bool_)) else INT if isinstance(v, (int, np.integer)) else FLOAT
+    return float(v), OK, kind
 
 
 def evaluate(expr: Expr, env: dict):
     """The expression's value over one rank's features (name -> number), or None when unknown."""
     return Frame({0: env}).value(expr).at(0)
-
-
-def _first_bad(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The status of evaluating a, then b: the first that did not end OK."""
-    return np.where(a != OK, a, b)
 
 
 def _eval(node: ast.AST, frame: Frame) -> Value:
@@ -264,7 +225,7 @@ def _eval(node: ast.AST, frame: Frame) -> Value:
         return _constant(_CONSTS[node.id]) if node.id in _CONSTS else frame.column(node.id)
     if isinstance(node, ast.BinOp):
         a, b = _eval(node.left, frame), _eval(node.right, frame)
-        st = _first_bad(a.st, b.st)
+        st = np.where(a.st != OK, a.st, b.st)  # the first operand's failure, as Python raises it
         if isinstance(node.op, ast.Div):
             zero = b.val == 0
             return Value(a.val / np.where(zero, 1.0, b.val), np.where(zero & (st == OK), UNKNOWN, st), _one(FLOAT))
@@ -277,18 +238,15 @@ def _eval(node: ast.AST, frame: Frame) -> Value:
         return Value((v.val == 0).astype(np.float64), v.st, _one(BOOL))
     if isinstance(node, (ast.BoolOp, ast.Compare)):
         return _decided(node, frame)
-    if isinstance(node, ast.Call):
-        return _call(node, frame)
-    return Value(np.array([np.nan]), _one(ERROR), _one(FLOAT))  # unreachable for parsed expressions
+    return _call(node, frame)
 
 
 def _decided(node: ast.BoolOp | ast.Compare, frame: Frame) -> Value:
     """``and``/``or`` and comparison chains, operands in order: per row, the first operand that does not end
     OK gives the status, the first false (``or``: true) operand or comparison decides, the rest unread."""
-    res, st, open_ = np.ones(1), _one(OK), np.ones(1, dtype=bool)
+    is_and = not isinstance(node, ast.BoolOp) or isinstance(node.op, ast.And)
+    res, st, open_ = np.array([float(is_and)]), _one(OK), np.ones(1, dtype=bool)
     if isinstance(node, ast.BoolOp):
-        is_and = isinstance(node.op, ast.And)
-        res = res * is_and
         steps = [(None, value) for value in node.values]
     else:
         steps = [(None, node.left), *zip((_CMPOPS[type(op)] for op in node.ops), node.comparators)]
@@ -301,13 +259,11 @@ def _decided(node: ast.BoolOp | ast.Compare, frame: Frame) -> Value:
         st, open_ = np.where(bad, v.st, st), open_ & ~bad
         if isinstance(node, ast.BoolOp):
             stop = open_ & ((v.val == 0) if is_and else (v.val != 0))
-            res = np.where(stop, float(not is_and), res)
         else:
             stop = open_ & ~op(prior.val, v.val) if op is not None else np.zeros(1, dtype=bool)
-            res = np.where(stop, 0.0, res)
             prior = v
-        open_ = open_ & ~stop
-    return Value(res, st.astype(np.int8), _one(BOOL))
+        res, open_ = np.where(stop, float(not is_and), res), open_ & ~stop
+    return Value(res, st, _one(BOOL))
 
 
 def _call(node: ast.Call, frame: Frame) -> Value:
@@ -317,23 +273,20 @@ def _call(node: ast.Call, frame: Frame) -> Value:
         for arg in node.args:
             v = _eval(arg, frame)
             take = pending & (v.st != UNKNOWN)
-            out = Value(*(np.where(take, new, old) for new, old in zip(v, out)))
-            pending = pending & ~take
+            out, pending = Value(*(np.where(take, new, old) for new, old in zip(v, out))), pending & ~take
             if not pending.any():
                 break
         return out
     args = [_eval(a, frame) for a in node.args]
-    st = args[0].st
+    first, st = args[0], args[0].st
     for a in args[1:]:
-        st = _first_bad(st, a.st)
-    first = args[0]
+        st = np.where(st != OK, st, a.st)
     if name in ("min", "max"):
         if len(args) == 1:  # min(x) of a number: Python's TypeError
-            return Value(first.val, _first_bad(st, _one(ERROR)), first.kind)
+            return Value(first.val, np.where(st != OK, st, ERROR), first.kind)
         val, kind = first.val, first.kind
-        better = np.less if name == "min" else np.greater
         for a in args[1:]:
-            take = better(a.val, val)  # Python's min/max: replaced only when strictly better
+            take = (np.less if name == "min" else np.greater)(a.val, val)  # Python's: replaced only when strictly
             val, kind = np.where(take, a.val, val), np.where(take, a.kind, kind)
         return Value(val, st, kind)
     if name == "abs":

@@ -142,11 +142,8 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
     merged = RuleSet()
     by_id: dict[str, int] = {}
     for path in paths:
-        text = _read_text(path, errors)
-        if text is None:
-            continue
-        part = _parse_builtin(text, path) if path.startswith(builtin_dir() + os.sep) else None
-        part = part or parse_rules(text, path, errors)
+        part, part_errors = _read_rules(path, builtin=path.startswith(builtin_dir() + os.sep))
+        errors += part_errors
         for rule in part.rules:
             if rule.id in by_id:
                 merged.rules[by_id[rule.id]] = rule
@@ -162,6 +159,30 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
     if errors:
         raise RuleError(errors)
     return merged
+
+
+_READ: dict[str, tuple] = {}
+"""path -> (stamp, rules, errors) of each rule file read: a diagnosis runs on every dashboard refresh, and
+parsing the YAML again was a seventh of it. Built-in files are read once per process; a user's file again
+when its modification time or size changes."""
+
+
+def _read_rules(path: str, builtin: bool) -> tuple[RuleSet, list[str]]:
+    """One rule file's rules and errors (``path[:line]: what``), from ``_READ`` while the file is unchanged."""
+    try:
+        stamp = "built-in" if builtin else ((st := os.stat(path)).st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None  # unreadable: read to say why, and not kept
+    if stamp is not None and _READ.get(path, (None,))[0] == stamp:
+        return _READ[path][1:]
+    errors: list[str] = []
+    text = _read_text(path, errors)
+    part = RuleSet()
+    if text is not None:
+        part = (_parse_builtin(text, path) if builtin else None) or parse_rules(text, path, errors)
+    if stamp is not None:
+        _READ[path] = (stamp, part, errors)
+    return part, errors
 
 
 def _read_text(path: str, errors: list[str]) -> str | None:
@@ -182,8 +203,8 @@ def _read_text(path: str, errors: list[str]) -> str | None:
 
 def _parse_builtin(text: str, path: str) -> RuleSet | None:
     """A built-in rule file read with libyaml's composer: the same nodes, ~10x faster than the pure-Python
-    one, which was 0.4 s of every ``diagnose`` (docs/scale.md). None when libyaml is missing or finds any
-    problem: then ``parse_rules`` reads the file as any other, and says what is wrong as it always has."""
+    one (0.4 s of a first diagnosis). None when libyaml is missing or finds any problem: then ``parse_rules``
+    reads the file as any other, and says what is wrong as it always has."""
     loader = getattr(yaml, "CSafeLoader", None)
     if loader is None:
         return None
@@ -296,6 +317,10 @@ class _Checker:
             return None
         return value
 
+    def opt(self, m: dict, key: str, what: str, default=None, kinds=(str,)):
+        """An optional key's single value, ``default`` when it is absent."""
+        return self.scalar(m[key][1], what, kinds) if key in m else default
+
     def number(self, node, what: str):
         value = self.scalar(node, what, (int, float))
         return float(value) if value is not None else None
@@ -324,16 +349,12 @@ class _Checker:
                 self.err(knode, f"unknown top-level key {key!r} (expected rules, checklist)")
         if "rules" not in top and "checklist" not in top:
             self.err(root, "a rule file needs a 'rules' or a 'checklist' list")
-        for key, handler in (("rules", self.rule), ("checklist", self.item)):
-            if key in top:
-                seq = top[key][1]
-                if not isinstance(seq, yaml.SequenceNode):
-                    self.err(seq, f"{key} must be a list")
-                    continue
-                for entry in seq.value:
-                    built = handler(entry)
-                    if built is not None:
-                        (self.out.rules if key == "rules" else self.out.checklist).append(built)
+        for key, handler, out in (("rules", self.rule, self.out.rules), ("checklist", self.item, self.out.checklist)):
+            seq = top[key][1] if key in top else None
+            if seq is not None and not isinstance(seq, yaml.SequenceNode):
+                self.err(seq, f"{key} must be a list")
+            elif seq is not None:
+                out.extend(built for built in map(handler, seq.value) if built is not None)
 
     def rule(self, node) -> Rule | None:
         m = self.mapping(node, "a rule")
@@ -348,23 +369,20 @@ class _Checker:
             if key not in m:
                 self.err(node, f"rule is missing {key!r}")
                 ok = False
-        rid = self.scalar(m["id"][1], "id") if "id" in m else None
+        rid = self.opt(m, "id", "id")
         if rid is not None and not _ID.match(rid):
             self.err(m["id"][1], f"id {rid!r} must be lower-case letters, digits and dashes")
             rid = None
         where = f"rule {rid!r}" if rid else "rule"
-        axis = self.scalar(m["axis"][1], f"{where}: axis") if "axis" in m else None
+        axis = self.opt(m, "axis", f"{where}: axis")
         if axis is not None and axis not in AXES:
             self.err(m["axis"][1], f"{where}: axis must be one of {', '.join(AXES)}, got {axis!r}")
             axis = None
-        title = self.scalar(m["title"][1], f"{where}: title") if "title" in m else None
-        when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
-        value = self.expr(m["value"][1], f"{where}: value") if "value" in m else None
-        cost = self.expr(m["cost"][1], f"{where}: cost") if "cost" in m else None
-        noise = self.expr(m["noise"][1], f"{where}: noise") if "noise" in m else None
-        ok &= all(k not in m or v is not None for k, v in (("when", when), ("value", value), ("cost", cost)))
-        ok &= "noise" not in m or noise is not None
-        compare = self.scalar(m["compare"][1], f"{where}: compare") if "compare" in m else ">="
+        title = self.opt(m, "title", f"{where}: title")
+        exprs = {k: self.expr(m[k][1], f"{where}: {k}") for k in ("when", "value", "cost", "noise") if k in m}
+        ok &= None not in exprs.values()
+        when, value, cost, noise = (exprs.get(k) for k in ("when", "value", "cost", "noise"))
+        compare = self.opt(m, "compare", f"{where}: compare", ">=")
         if compare not in COMPARES:
             self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
             ok = False
@@ -374,7 +392,7 @@ class _Checker:
         if "noise" in m and levels is None:
             self.err(m["noise"][1], f"{where}: noise needs levels (it widens the value compared with them)")
             ok = False
-        cost_basis = self.scalar(m["cost_basis"][1], f"{where}: cost_basis") if "cost_basis" in m else "measured"
+        cost_basis = self.opt(m, "cost_basis", f"{where}: cost_basis", "measured")
         if cost_basis not in COST_BASES or ("cost_basis" in m and "cost" not in m):
             self.err(m["cost_basis"][1], f"{where}: cost_basis must be one of {', '.join(COST_BASES)}, beside a 'cost'")
             cost_basis = None
@@ -382,26 +400,24 @@ class _Checker:
         if confidence is not None and not 0 < confidence <= 1:
             self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
             confidence = None
-        evidence = self.name_list(m, "evidence", where, check_features=True)
+        evidence = self.evidence(m, where)
         explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
-        priority = self.scalar(m["priority"][1], f"{where}: priority", (int,)) if "priority" in m else 0
-        symptom = self.scalar(m["symptom"][1], f"{where}: symptom", (bool,)) if "symptom" in m else False
-        risk = self.scalar(m["risk"][1], f"{where}: risk") if "risk" in m else None
+        priority = self.opt(m, "priority", f"{where}: priority", 0, (int,))
+        symptom = self.opt(m, "symptom", f"{where}: symptom", False, (bool,))
+        risk = self.opt(m, "risk", f"{where}: risk")
         if "risk" in m and "cost" in m:
             self.err(m["risk"][1], f"{where}: 'risk' is for a rule with no time cost; this one has a 'cost'")
             ok = False
         suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
         ok &= suggest_ok
         names = {n for n, _ in suggest}
-        summary = self.scalar(m["summary"][1], f"{where}: summary") if "summary" in m else None
+        summary = self.opt(m, "summary", f"{where}: summary")
         if summary is not None:
             summary = self.template(m["summary"][1], summary, where, "summary", names)
         fix = self.fix(m["fix"][1], where, names) if "fix" in m else None
         prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
         parts = (rid, axis, title, summary, fix, confidence, evidence, explains, priority, suggest, cost_basis, symptom)
-        if not ok or any(p is None for p in parts) or (levels is None and severity is None):
-            return None
-        if "prometheus" in m and prometheus is None:
+        if not ok or None in parts or (levels is None and severity is None) or ("prometheus" in m and not prometheus):
             return None
         base, cases, frameworks = fix
         return Rule(
@@ -451,26 +467,24 @@ class _Checker:
             levels.append((sev, threshold))
         levels.sort(key=lambda lv: SEVERITIES.index(lv[0]))
         thresholds = [t for _, t in levels]
-        ordered = sorted(thresholds) if compare == ">=" else sorted(thresholds, reverse=True)
-        if thresholds != ordered:
+        if thresholds != sorted(thresholds, reverse=compare != ">="):
             self.err(node, f"{what}: thresholds must get stricter from info to critical (compare {compare})")
             return None
         return tuple(levels)
 
-    def name_list(self, m: dict, key: str, where: str, check_features: bool):
-        if key not in m:
-            return ()
-        node = m[key][1]
-        if not isinstance(node, yaml.SequenceNode):
-            self.err(node, f"{where}: {key} must be a list")
+    def evidence(self, m: dict, where: str):
+        """The feature names a finding shows as its evidence: () when absent, None when one is not a feature."""
+        node = m["evidence"][1] if "evidence" in m else None
+        if node is not None and not isinstance(node, yaml.SequenceNode):
+            self.err(node, f"{where}: evidence must be a list")
             return None
         names = []
-        for item in node.value:
-            name = self.scalar(item, f"{where}: {key} entry")
+        for item in node.value if node is not None else ():
+            name = self.scalar(item, f"{where}: evidence entry")
             if name is None:
                 return None
-            if check_features and name not in FEATURES:
-                self.err(item, f"{where}: unknown feature {name!r} in {key}")
+            if name not in FEATURES:
+                self.err(item, f"{where}: unknown feature {name!r} in evidence")
                 return None
             names.append(name)
         return tuple(names)
@@ -514,10 +528,8 @@ class _Checker:
                 ok = False
                 continue
             expr = self.expr(vnode, f"{where}: suggest.{name}", extra={n for n, _ in out})
-            if expr is None:
-                ok = False
-                continue
-            out.append((name, expr))
+            ok &= expr is not None
+            out += [(name, expr)] if expr is not None else []
         return tuple(out), ok
 
     def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
@@ -526,13 +538,12 @@ class _Checker:
         except ValueError as exc:
             self.err(node, f"{where}: {what} template: {exc}")
             return None
-        fields = [f for f, _ in parsed]
         bad_specs = [(f, spec, problem) for f, spec in parsed if (problem := format_spec_problem(spec))]
         for f, spec, problem in bad_specs:
             self.err(node, f"{where}: {what} template: {{{f}:{_shown_spec(spec)}}} {problem}")
         if bad_specs:
             return None
-        unknown = [n for n in fields if n not in TEMPLATE_NAMES and n not in FEATURES and n not in CONTEXT]
+        unknown = [f for f, _ in parsed if f not in TEMPLATE_NAMES and f not in FEATURES and f not in CONTEXT]
         unknown = [n for n in dict.fromkeys(unknown) if n not in names]
         if unknown:
             shown = ", ".join(f"{{{n}}}" for n in unknown)
@@ -551,30 +562,24 @@ class _Checker:
         """
         base, fm, ok = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
         cases = []
-        if fm is not None and "cases" in fm:
-            seq = fm["cases"][1]
-            if not isinstance(seq, yaml.SequenceNode):
-                self.err(seq, f"{where}: fix.cases must be a list")
-                return None
-            for i, entry in enumerate(seq.value):
-                what = f"fix.cases[{i}]"
-                allow = ("when", "text", "snippet", "frameworks")
-                case, cm, case_ok = self.fix_variant(entry, where, what, names, allow=allow)
-                ok &= case_ok
-                if cm is None:
-                    continue
-                if "when" not in cm:
-                    self.err(entry, f"{where}: {what} needs a 'when'")
-                    ok = False
-                    continue
-                when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
-                if when is None or not case_ok:
-                    ok = False
-                    continue
-                cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
-        if not ok:
+        seq = fm["cases"][1] if fm is not None and "cases" in fm else None
+        if seq is not None and not isinstance(seq, yaml.SequenceNode):
+            self.err(seq, f"{where}: fix.cases must be a list")
             return None
-        return FixVariant(base.text, base.snippet), tuple(cases), base.frameworks
+        for i, entry in enumerate(seq.value if seq is not None else ()):
+            what = f"fix.cases[{i}]"
+            allow = ("when", "text", "snippet", "frameworks")
+            case, cm, case_ok = self.fix_variant(entry, where, what, names, allow=allow)
+            ok &= case_ok
+            if cm is not None and "when" not in cm:
+                self.err(entry, f"{where}: {what} needs a 'when'")
+                ok = False
+            elif cm is not None:
+                when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
+                ok &= when is not None and case_ok
+                if when is not None and case_ok:
+                    cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
+        return (FixVariant(base.text, base.snippet), tuple(cases), base.frameworks) if ok else None
 
     def fix_variant(self, node, where: str, what: str, names, required_text=False, allow=("text", "snippet")):
         """(FixVariant, its key -> (key node, value node) mapping, ok); the mapping is None when the node is
@@ -592,11 +597,10 @@ class _Checker:
             ok = False
         out = {}
         for key in ("text", "snippet"):
-            if key in fm:
-                text = self.scalar(fm[key][1], f"{where}: {what}.{key}")
-                if text is None or self.template(fm[key][1], text, where, f"{what}.{key}", names) is None:
-                    ok = False
-                    continue
+            text = self.opt(fm, key, f"{where}: {what}.{key}")
+            if key in fm and (text is None or self.template(fm[key][1], text, where, f"{what}.{key}", names) is None):
+                ok = False
+            elif key in fm:
                 out[key] = text
         frameworks = {}
         if "frameworks" in fm and "frameworks" in allow:
@@ -629,7 +633,7 @@ class _Checker:
             self.err(node, f"{where}: prometheus needs an 'expr' (PromQL with {{threshold}})")
             return None
         expr = self.scalar(pm["expr"][1], f"{where}: prometheus.expr")
-        duration = self.scalar(pm["for"][1], f"{where}: prometheus.for") if "for" in pm else "5m"
+        duration = self.opt(pm, "for", f"{where}: prometheus.for", "5m")
         if expr is None or duration is None:
             return None
         if not _DURATION.match(duration):
@@ -660,7 +664,7 @@ class _Checker:
             group = None
         value = self.expr(m["value"][1], f"{where}: value")
         when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
-        compare = self.scalar(m["compare"][1], f"{where}: compare") if "compare" in m else ">="
+        compare = self.opt(m, "compare", f"{where}: compare", ">=")
         if compare not in COMPARES:
             self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
             return None
@@ -670,5 +674,4 @@ class _Checker:
             return None
         if None in (name, group, value, warn, fail) or ("when" in m and when is None):
             return None
-        line = node.start_mark.line + 1
-        return ChecklistItem(name, group, value, compare, warn, fail, when, f"{self.path}:{line}")
+        return ChecklistItem(name, group, value, compare, warn, fail, when, f"{self.path}:{node.start_mark.line + 1}")
