@@ -36,6 +36,10 @@ _REGISTERED = "_ranksight_step_digests"
 """The name the spool's digest rows are registered under on a connection, once a query takes them."""
 
 
+VERDICT_PARTS = ("sums", "hist", "steps")
+"""The verdict's digest parts the features read (``hist`` read as the files' ``medians`` where they serve)."""
+
+
 class _Noted:
     """What ``open_run`` noted: the digest files of the pending step files and whether the store's count too.
     The files are read on first use, not at open: most readers never ask."""
@@ -50,7 +54,7 @@ class _Noted:
         self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median} from the hist part
         self.rank_summaries: dict[str, tuple] = {}  # sums part -> its ``rank_summary``
         self.median_figures: set[str] = set()  # the figures found so far
-        self.expected: tuple[str, ...] = ()  # the parts the reader said it will ask for (``expect_verdict``)
+        self.expected: tuple[str, ...] = VERDICT_PARTS  # read on the first read of any: each file opened once
 
 
 def _noted(con) -> _Noted | None:
@@ -94,21 +98,6 @@ def digests_may_serve(warmup_steps: int, since_ns: int | None) -> bool:
     files, so they serve that warm-up over the whole run, never another warm-up or a recent window. The one
     test every query makes before it asks ``covering_digests`` or ``verdict_digests`` (``Run.path_for``)."""
     return warmup_steps == WARMUP_STEPS and since_ns is None
-
-
-VERDICT_PARTS = ("sums", "hist", "steps")
-"""The verdict's digest parts the features read (``hist`` read as the files' ``medians`` where they serve)."""
-
-
-def expect_verdict(con) -> None:
-    """Say that ``con``'s reader will compute the features, not only the breakdown: the first read of the
-    digests' parts then takes every part the features read, each file opened once (``compute_features`` says
-    so when it reads the breakdown itself). Without it the breakdown reads only what it needs (the per-step
-    part is nine tenths of the parts' bytes at 1,024 ranks x 10,000 steps), and the features open every file
-    again for the rest."""
-    noted = _noted(con)
-    if noted is not None:
-        noted.expected = VERDICT_PARTS
 
 
 def _source(con, noted: _Noted) -> str:

@@ -21,7 +21,7 @@ from ranksight.format.schema import SAMPLE_NAMES
 from ranksight.format.warmup import kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
-from ._digest_source import digests_may_serve, expect_verdict, verdict_digests
+from ._digest_source import digests_may_serve, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     BREAKDOWN_COLUMNS,
@@ -219,10 +219,8 @@ def compute_features(
     """Features per rank from a connection with the run's views and the ranks' metadata.
 
     ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns). Without a
-    ``breakdown`` it is read here first, with every digest part the features read (``expect_verdict``).
+    ``breakdown`` it is read here first.
     """
-    if breakdown is None:
-        expect_verdict(con)
     rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps, since_ns)
     meta_by_rank = {m.rank: m.data for m in metas}
     stats = rank_step_stats(con, warmup_steps, since_ns)

@@ -16,7 +16,7 @@ from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._digest_source import covering_digests, digests_may_serve, expect_verdict, verdict_digests
+from ._digest_source import covering_digests, digests_may_serve, verdict_digests
 from ._features import compute_context, compute_features
 from ._queries import (
     collective_ops,
@@ -175,8 +175,6 @@ class Run:
         since = self.since_ns(window)
 
         def make() -> dict[int, dict]:
-            if ("breakdown", warmup_steps, since) not in self._kept:
-                expect_verdict(self)  # the breakdown's first read of the digests takes the features' parts too
             rows = self.breakdown(warmup_steps=warmup_steps, window=window)
             return compute_features(self, self.ranks, warmup_steps, rows, since_ns=since)
 
