@@ -120,32 +120,6 @@ def _read_merging(con, paths: list[str], parts: tuple[str, ...]) -> dict:
     return {part: _concat([t.result() if isinstance(t, Future) else t for t in ts]) for part, ts in pieces.items()}
 
 
-_prefetcher = None  # the one thread prefetches run on (a reader reads ahead one call at a time)
-_prefetcher_lock = threading.Lock()
-
-
-def prefetch(con, paths: list[str], parts: tuple[str, ...]):
-    """A ``concurrent.futures.Future`` of ``folded_parts(con, paths, parts)``, read on a thread of its own. Why:
-    the reader has DuckDB work to do before it needs the parts -- counting the rows of the view the parts
-    stand for: 0.1-0.2 s over 1,250 node files -- and the files are read meanwhile on the second core, mostly
-    outside the GIL (reading and decompressing)."""
-    global _prefetcher
-    from concurrent.futures import ThreadPoolExecutor
-
-    cur = con.cursor()  # made here: ``con`` itself stays the calling thread's (a DuckDB connection is not shared)
-
-    def read() -> dict[str, KeptPart]:
-        try:
-            return folded_parts(cur, paths, parts)
-        finally:
-            cur.close()
-
-    with _prefetcher_lock:
-        if _prefetcher is None:
-            _prefetcher = ThreadPoolExecutor(1, thread_name_prefix="ranksight-prefetch")
-        return _prefetcher.submit(read)
-
-
 def forget() -> None:
     """Drop every kept merge (tests; a process that wants its memory back)."""
     with _lock:

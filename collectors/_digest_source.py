@@ -17,7 +17,7 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._digest_fold import folded_parts, prefetch
+from ._digest_fold import folded_parts
 from ._run_state import state_of
 from ._rundir import first_line, warn_once
 from ._segment_checks import segment_rows
@@ -151,13 +151,10 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        # The files are read on a thread of their own while DuckDB counts the view's rows here (it lets go of
-        # the GIL: one core each).
-        in_files = tuple(_file_part(p, noted) for p in missing)
-        ahead = prefetch(con, noted.paths, in_files) if missing and noted.paths else None
+        in_files = tuple(_file_part(p, noted) for p in missing) if noted.paths else ()
         if missing:
             _footer_count(con, noted) if _footers_count(noted) else _step_rows(con)
-        read, missing = _read_parts(con, noted, missing, wanted, ahead)
+        read, missing = _read_parts(con, noted, missing, wanted, in_files)
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
             name = f"{_REGISTERED}_{part}"
@@ -229,16 +226,16 @@ def _medians_from_part(con, noted: _Noted, kept) -> bool:
     return True
 
 
-def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], ahead) -> tuple[dict, list[str]]:
-    """({file part: ``KeptPart``} of the pending files' parts (``_file_part``), the verdict's parts read):
-    ``missing``, each file opened once, as ``ahead`` (``_digest_fold.prefetch``'s Future) reads them. Where a
+def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], in_files: tuple[str, ...]):
+    """({file part: ``KeptPart``} of the pending files' parts ``in_files`` (``_file_part``), the verdict's parts
+    read): ``missing``, each file opened once. Where a
     file fails to read, the wanted parts are read alone (the parts only expected are left to the rows), and
     the histograms themselves instead of the files' medians: a part cut short sends only its own figures to
     the rows."""
-    if ahead is None:
+    if not in_files:
         return {}, missing
     try:
-        return ahead.result(), missing
+        return folded_parts(con, noted.paths, in_files), missing
     except DigestError as exc:
         # One line naming the file (``DigestError`` does); its figures come from the rows, so none is lost.
         warn_once(f"ranksight: step digest parts do not read ({first_line(exc)}); reading those figures from the rows")
