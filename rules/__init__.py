@@ -8,23 +8,7 @@ from ._prometheus import export_prometheus, prometheus_rules
 from ._provisional import PROVISIONAL_BELOW_STEPS, provisional, provisional_text
 
 __all__ = [
-    "diagnose",
-    "diagnose_features",
-    "evaluate",
-    "rank_findings",
-    "run_checklist",
-    "ExprError",
-    "parse",
-    "ChecklistItem",
-    "Rule",
-    "RuleError",
-    "RuleSet",
-    "builtin_dir",
-    "load_rules",
-    "parse_rules",
-    "export_prometheus",
-    "prometheus_rules",
-    "PROVISIONAL_BELOW_STEPS",
-    "provisional",
-    "provisional_text",
-]
+    "diagnose", "diagnose_features", "evaluate", "rank_findings", "run_checklist", "ExprError", "parse",
+    "ChecklistItem", "Rule", "RuleError", "RuleSet", "builtin_dir", "load_rules", "parse_rules",
+    "export_prometheus", "prometheus_rules", "PROVISIONAL_BELOW_STEPS", "provisional", "provisional_text",
+]  # fmt: skip

@@ -15,11 +15,7 @@ from ._load import RuleSet, load_rules
 
 
 def diagnose(
-    run_path: str | Run,
-    rules_dir: str | None = None,
-    *,
-    warmup_steps: int = WARMUP_STEPS,
-    since_s: float | None = None,
+    run_path: str | Run, rules_dir: str | None = None, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
 ) -> dict:
     """Diagnose a run directory (live, finished or crashed); the object ``ranksight diagnose --json`` prints.
 
@@ -79,28 +75,19 @@ def _other_time(breakdown: list[dict], metas: list) -> list[dict]:
     """Per rank with a sizeable "other" share: where the agent's sampled stack window found the training
     thread during that time (``host_other_top`` in the rank file)."""
     tops = {m.rank: m.data.get("host_other_top") for m in metas}
-    out = []
-    for row in breakdown:
-        share, top = row.get("other_share"), tops.get(row["rank"])
-        if isinstance(share, (int, float)) and share >= OTHER_SHOWN_FROM and isinstance(top, dict) and top.get("top"):
-            out.append(
-                {"rank": row["rank"], "other_share": share, "top": top["top"], "samples": top.get("other_samples")}
-            )
-    return out
-
-
-def _first_serious(findings: list[dict]) -> dict | None:
-    return next((f for f in findings if f["severity"] != "info"), None)
+    rows = [(row, row.get("other_share"), tops.get(row["rank"])) for row in breakdown]
+    return [
+        {"rank": row["rank"], "other_share": share, "top": top["top"], "samples": top.get("other_samples")}
+        for row, share, top in rows
+        if isinstance(share, (int, float)) and share >= OTHER_SHOWN_FROM and isinstance(top, dict) and top.get("top")
+    ]
 
 
 def verdict_change(whole: list[dict], recent: list[dict], series: list[tuple[int, float]], since_ns: int) -> dict:
     """Whether the recent window's verdict (first warning or critical finding) differs from the whole run's,
-    and since when the step time has been what it is now.
-
-    The onset is where the step period crossed to the recent level: walking back from the window's start
-    while a 5-step running median stays nearer the recent median than the earlier one.
-    """
-    before, now = _first_serious(whole), _first_serious(recent)
+    and since when the step time has been what it is now: where the step period crossed to the recent level,
+    walking back from the window's start while a 5-step running median stays nearer the recent median."""
+    before, now = (next((f for f in findings if f["severity"] != "info"), None) for findings in (whole, recent))
     key = lambda f: None if f is None else (f["rule"], tuple(f["ranks"]))  # noqa: E731
     earlier = [p for t, p in series if t <= since_ns]
     later = [p for t, p in series if t > since_ns]
@@ -159,7 +146,6 @@ def _ms(seconds: float) -> str:
 def diagnose_features(
     run_path: str | Run, *, warmup_steps: int = WARMUP_STEPS, since_s: float | None = None
 ) -> dict[int, dict]:
-    """The per-rank features ``diagnose`` judges (for ``ranksight diagnose --features`` and tuning); a folder
-    or a ``Run``, as ``diagnose`` takes."""
+    """The per-rank features ``diagnose`` judges (``ranksight diagnose --features``), of a folder or a ``Run``."""
     run = run_path if isinstance(run_path, Run) else open_run(run_path, follow_spool=False)
     return run.features(warmup_steps=warmup_steps, window=since_s)

@@ -110,18 +110,16 @@ def speedup(cost: float | None) -> float | None:
 
 
 def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context: dict[int, dict]) -> dict:
-    """The finding at the hits' worst row: the first of the greatest (severity, cost, extreme value, confidence
-    rounded as reported)."""
+    """The finding at the hits' worst row: the first of the greatest (severity, cost, extreme value, confidence)."""
     value = frame.value(rule.value) if rule.value is not None else None
     steps = frame.column("steps")
     settled = steps.val / _SAMPLE_STEPS
     settled = np.where(steps.st == UNKNOWN, 0.5, np.where(settled < 1.0, settled, 1.0))  # min(1.0, x) as Python
     # At most 0.95: a threshold rule on a few dozen steps is strong evidence, never proof.
     confidence = rule.confidence * (0.5 + 0.3 * margin + 0.15 * settled)
-    extreme = 0.0
-    if value is not None:  # a NaN value (no levels to judge it) counts as the least extreme
-        extreme = np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0)
-        extreme = np.where(np.isnan(extreme), -np.inf, extreme)
+    extreme = 0.0  # fmax: a NaN value (no levels to judge it) counts as the least extreme
+    if value is not None:
+        extreme = np.fmax(np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0), -np.inf)
     keys = (severity, _cost(rule, frame), extreme, confidence)
     severity, cost, extreme, confidence = (np.broadcast_to(key, (frame.n,))[at] for key in keys)
     tied = np.arange(at.size)
@@ -161,9 +159,7 @@ def suggestions(rule: Rule, env: dict) -> dict:
     out: dict = {}
     for name, expr in rule.suggest:
         value = eval_expr(expr, {**env, **out})
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        out[name] = value
+        out[name] = int(value) if isinstance(value, float) and value.is_integer() else value
     return out
 
 
@@ -171,19 +167,16 @@ def fit_fix(rule: Rule, env: dict, framework: str = "plain") -> dict:
     """The fix for this job: the first ``cases`` entry whose ``when`` holds, then the framework's variant;
     text and snippet filled from the features, context and suggest values in ``env``."""
     text, snippet, frameworks = rule.fix_text, rule.fix_snippet, rule.fix_frameworks
-    for case in rule.fix_cases:
-        if eval_expr(case.when, env):
-            text = case.text if case.text is not None else text
-            if case.snippet is not None or case.frameworks:
-                snippet = case.snippet if case.snippet is not None else snippet
-                frameworks = case.frameworks
-            break
-    fitted = "plain"
+    case = next((case for case in rule.fix_cases if eval_expr(case.when, env)), None)
+    if case is not None:
+        text = case.text if case.text is not None else text
+        if case.snippet is not None or case.frameworks:
+            snippet, frameworks = case.snippet if case.snippet is not None else snippet, case.frameworks
     variant = frameworks.get(framework)
     if variant is not None:
         text = variant.text if variant.text is not None else text
         snippet = variant.snippet if variant.snippet is not None else snippet
-        fitted = framework
+    fitted = framework if variant is not None else "plain"
     return {"text": _fill(text, env), "snippet": _fill(snippet or "", env), "framework": fitted}
 
 
@@ -205,9 +198,10 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
         grew = False
         for f in order:
             rule = rules[f["rule"]]
-            mine = explains[rule.id] if explains and rule.id in explains else _unconditional(rule)
+            when = rule.explains_when
+            mine = (explains or {}).get(rule.id, [o for o in rule.explains if o not in when])
             if f["severity"] == "info":
-                mine = tuple(other for other in mine if other in rule.explains_when)
+                mine = [other for other in mine if other in when]
             for other in mine:
                 if other in fired and other not in explained_by and other != f["rule"]:
                     explained_by[other] = f["rule"]
@@ -222,16 +216,11 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     order.sort(key=lambda f: _order_key(f, rules))
     # Move each explaining finding just before the first finding it explains; bounded against cycles.
     for _ in range(len(order) * len(order) + 1):
-        moved = False
-        for i, f in enumerate(order):
-            cause = explained_by.get(f["rule"])
-            j = next((k for k, g in enumerate(order) if g["rule"] == cause), None)
-            if j is not None and j > i:
-                order.insert(i, order.pop(j))
-                moved = True
-                break
-        if not moved:
+        at = {g["rule"]: k for k, g in reversed(list(enumerate(order)))}  # the first of each
+        move = next(((i, at[c]) for i, f in enumerate(order) if at.get(c := explained_by.get(f["rule"]), -1) > i), None)
+        if move is None:
             break
+        order.insert(move[0], order.pop(move[1]))
     for f in order:
         cause = explained_by.get(f["rule"])
         if cause:
@@ -255,10 +244,6 @@ def _bound_by_cost(f: dict, rule: Rule | None) -> None:
             f["severity"] = SEVERITIES[SEVERITIES.index(severity) - 1]
 
 
-def _unconditional(rule: Rule) -> tuple:
-    return tuple(other for other in rule.explains if other not in rule.explains_when)
-
-
 def _order_key(f: dict, rules: dict[str, Rule]):
     cost = f.get("cost_share")
     rule = rules.get(f["rule"])
@@ -277,12 +262,9 @@ def _inherit(cause: dict, effect: dict, with_cost: bool = True) -> None:
     class of idle, of which the cause is one part), its cost when higher."""
     if SEVERITIES.index(effect["severity"]) > SEVERITIES.index(cause["severity"]):
         cause["severity"] = effect["severity"]
-    if not with_cost:
-        return
-    cost = effect.get("cost_share")
+    cost = effect.get("cost_share") if with_cost else None
     if cost is not None and (cause.get("cost_share") is None or cost > cause["cost_share"]):
-        cause["cost_share"], cause["speedup"] = cost, speedup(cost)
-        cause["cost_basis"] = effect.get("cost_basis")
+        cause.update(cost_share=cost, speedup=speedup(cost), cost_basis=effect.get("cost_basis"))
 
 
 def run_checklist(items: list[ChecklistItem], features: dict[int, dict] | Frame) -> list[dict]:
@@ -334,19 +316,14 @@ def _ranks_text(ranks: list[int], total: int) -> str:
 
 class _Formatter(string.Formatter):
     """str.format over plain names only (the loader rejects dotted or indexed fields); None or a name the
-    run cannot fill reads n/a.
-
-    The loader refuses format specs wider than ``MAX_FORMAT_NUMBER``; a template that reaches here some
-    other way (a rule built in code) is held to the same bound, its value printed plainly instead."""
+    run cannot fill reads n/a. A format spec the loader would refuse (a rule built in code) prints plainly."""
 
     def get_value(self, key, args, kwargs):
         return kwargs.get(key) if isinstance(key, str) else super().get_value(key, args, kwargs)
 
     def format_field(self, value, format_spec):
-        if value is None:
-            return "n/a"
-        if format_spec_problem(format_spec):
-            return str(value)
+        if value is None or format_spec_problem(format_spec):
+            return "n/a" if value is None else str(value)
         try:
             return super().format_field(value, format_spec)
         except (ValueError, TypeError, OverflowError):

@@ -14,15 +14,13 @@ An expression is at most ``MAX_EXPRESSION_CHARS`` characters and nests at most `
 levels (the built-in rules use under 100 characters and 7 levels): the parser and the evaluator walk
 the tree recursively, and a rule file must not be able to exhaust the stack or the memory.
 
-There is one evaluator, over columns: a ``Frame`` holds the ranks' features as one numpy array per feature
-(ranks as rows), and each node of the tree is a few array operations over every rank at once (10,000 ranks
-cost a few passes, not 10,000 walks). A single rank is a one-row frame. Beside each value the evaluator
-keeps how its evaluation ended -- OK, UNKNOWN (an absent feature, a division by zero: ``coalesce`` tries
+One evaluator, over columns: a ``Frame`` holds the ranks' features as one numpy array per feature, and each
+node of the tree is a few array operations over every rank at once; a single rank is a one-row frame. Beside
+each value it keeps how its evaluation ended -- OK, UNKNOWN (absent, a division by zero: ``coalesce`` tries
 its next argument) or ERROR (``floor`` of an infinity, ``min`` of one argument, a feature that is not a
-number: the whole expression is unknown, ``coalesce`` does not catch it) -- and the type Python gives it
-(an int stays an int in a finding, a bool is not a number a rule can measure). ``and``/``or`` and
-comparison chains decide per rank as Python's short circuits do: what a decided rank would not have
-evaluated does not make it unknown. Integers are float64 here: exact to 2**53, far past any feature.
+number: unknown, ``coalesce`` does not catch it) -- and the type Python gives it (an int stays an int in a
+finding; a bool is not a number a rule measures). ``and``/``or`` and comparison chains decide per rank as
+Python's short circuits do. Integers are float64 here: exact to 2**53, far past any feature.
 """
 
 from __future__ import annotations
@@ -69,19 +67,8 @@ def parse(text) -> Expr:
     text = text.strip()
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ExprError(f"expression is {len(text):,} characters long; the limit is {MAX_EXPRESSION_CHARS:,}")
-    tree = _syntax_tree(text)
-    depth = _depth(tree.body)
-    if depth > MAX_EXPRESSION_DEPTH:
-        raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)")
-    names: set[str] = set()
-    _check(tree.body, names)
-    return Expr(text, tree.body, frozenset(names))
-
-
-def _syntax_tree(text: str) -> ast.Expression:
-    """Python's parse of the text, every failure an ExprError (deep nesting exhausts the parser's stack)."""
-    try:
-        return ast.parse(text, mode="eval")
+    try:  # every failure an ExprError (deep nesting exhausts the parser's stack)
+        tree = ast.parse(text, mode="eval").body
     except SyntaxError as exc:
         shown = text if len(text) <= 80 else text[:77] + "..."
         raise ExprError(f"syntax error in {shown!r}: {exc.msg}") from None
@@ -89,6 +76,11 @@ def _syntax_tree(text: str) -> ast.Expression:
         raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)") from None
     except ValueError as exc:  # a NUL character
         raise ExprError(f"not an expression: {exc}") from None
+    if _depth(tree) > MAX_EXPRESSION_DEPTH:
+        raise ExprError(f"expression nests more than {MAX_EXPRESSION_DEPTH} levels deep (the limit)")
+    names: set[str] = set()
+    _check(tree, names)
+    return Expr(text, tree, frozenset(names))
 
 
 def _depth(tree: ast.AST) -> int:

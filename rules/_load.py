@@ -2,11 +2,11 @@
 
 The YAML is composed into nodes (not plain objects) so that each error can say ``file:line``, the
 way promtool does for Prometheus rule files. Loading does file I/O; everything after it is pure.
-The format is described in docs/rules.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -139,23 +139,19 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
             raise RuleError([f"{rules_dir}: no *.yaml rule files"])
         paths += user
     errors: list[str] = []
-    merged = RuleSet()
-    by_id: dict[str, int] = {}
+    merged, by_id = RuleSet(), {}  # a later rule of the same id takes the earlier one's place
     for path in paths:
         part, part_errors = _read_rules(path, builtin=path.startswith(builtin_dir() + os.sep))
         errors += part_errors
-        for rule in part.rules:
-            if rule.id in by_id:
-                merged.rules[by_id[rule.id]] = rule
-            else:
-                by_id[rule.id] = len(merged.rules)
-                merged.rules.append(rule)
+        by_id.update((rule.id, rule) for rule in part.rules)
         merged.checklist.extend(part.checklist)
-    ids = {r.id for r in merged.rules}
-    for rule in merged.rules:
-        for other in rule.explains:
-            if other not in ids:
-                errors.append(f"{rule.source}: rule {rule.id!r} explains unknown rule {other!r}")
+    merged.rules = list(by_id.values())
+    errors += [
+        f"{rule.source}: rule {rule.id!r} explains unknown rule {other!r}"
+        for rule in merged.rules
+        for other in rule.explains
+        if other not in by_id
+    ]
     if errors:
         raise RuleError(errors)
     return merged
@@ -176,10 +172,16 @@ def _read_rules(path: str, builtin: bool) -> tuple[RuleSet, list[str]]:
     if stamp is not None and _READ.get(path, (None,))[0] == stamp:
         return _READ[path][1:]
     errors: list[str] = []
-    text = _read_text(path, errors)
-    part = RuleSet()
-    if text is not None:
-        part = (_parse_builtin(text, path) if builtin else None) or parse_rules(text, path, errors)
+    text, part = _read_text(path, errors), None
+    if text is not None and builtin and hasattr(yaml, "CSafeLoader"):
+        # libyaml's composer makes the same nodes ~10x faster (0.4 s of a first diagnosis); on any problem the
+        # pure-Python reading below says what is wrong, as it does for any other file.
+        with contextlib.suppress(Exception):
+            fast: list[str] = []
+            part = parse_rules(text, path, fast, loader=yaml.CSafeLoader)
+            part = None if fast else part
+    if part is None:
+        part = RuleSet() if text is None else parse_rules(text, path, errors)
     if stamp is not None:
         _READ[path] = (stamp, part, errors)
     return part, errors
@@ -199,21 +201,6 @@ def _read_text(path: str, errors: list[str]) -> str | None:
         line = raw[: exc.start].count(b"\n") + 1
         errors.append(f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save it as UTF-8")
         return None
-
-
-def _parse_builtin(text: str, path: str) -> RuleSet | None:
-    """A built-in rule file read with libyaml's composer: the same nodes, ~10x faster than the pure-Python
-    one (0.4 s of a first diagnosis). None when libyaml is missing or finds any problem: then ``parse_rules``
-    reads the file as any other, and says what is wrong as it always has."""
-    loader = getattr(yaml, "CSafeLoader", None)
-    if loader is None:
-        return None
-    errors: list[str] = []
-    try:
-        out = parse_rules(text, path, errors, loader=loader)
-    except Exception:  # noqa: BLE001 -- anything at all: the pure-Python reading reports it
-        return None
-    return None if errors else out
 
 
 def parse_rules(
@@ -263,14 +250,9 @@ def format_spec_problem(spec: str) -> str | None:
     return None
 
 
-def _shown_spec(spec: str) -> str:
-    return spec if len(spec) <= 30 else spec[:27] + "..."
-
-
 def _line_of(error: str) -> int:
     """The line number of a ``path:line: message`` error (0 when it has none)."""
-    head = error.split(": ", 1)[0]
-    tail = head.rsplit(":", 1)[-1]
+    tail = error.split(": ", 1)[0].rsplit(":", 1)[-1]
     return int(tail) if tail.isdigit() else 0
 
 
@@ -282,13 +264,13 @@ class _Checker:
         self._constructor: yaml.SafeLoader | None = None  # one per file: making one per value was a third of it
 
     def err(self, node, message: str) -> None:
+        """Record an error at the node's line; None, so ``return self.err(...)`` drops what was being read."""
         line = node.start_mark.line + 1 if node is not None else 1
         self.errors.append(f"{self.path}:{line}: {message}")
 
     def mapping(self, node, what: str) -> dict | None:
         if not isinstance(node, yaml.MappingNode):
-            self.err(node, f"{what} must be a mapping")
-            return None
+            return self.err(node, f"{what} must be a mapping")
         items = {}
         for key, value in node.value:
             if not isinstance(key, yaml.ScalarNode):
@@ -301,8 +283,7 @@ class _Checker:
 
     def scalar(self, node, what: str, kinds=(str,)):
         if not isinstance(node, yaml.ScalarNode):
-            self.err(node, f"{what} must be a single value")
-            return None
+            return self.err(node, f"{what} must be a single value")
         if self._constructor is None:
             self._constructor = yaml.SafeLoader("")
         try:
@@ -313,8 +294,7 @@ class _Checker:
             value = None
         if value is None or not isinstance(value, kinds):
             names = "/".join("number" if k in (int, float) else k.__name__ for k in kinds)
-            self.err(node, f"{what} must be a {names}, got {node.value!r}")
-            return None
+            return self.err(node, f"{what} must be a {names}, got {node.value!r}")
         return value
 
     def opt(self, m: dict, key: str, what: str, default=None, kinds=(str,)):
@@ -332,12 +312,10 @@ class _Checker:
         try:
             expr = parse(text)
         except ExprError as exc:
-            self.err(node, f"{what}: {exc}")
-            return None
+            return self.err(node, f"{what}: {exc}")
         unknown = sorted(n for n in expr.names if n not in FEATURES and n not in extra)
         if unknown:
-            self.err(node, f"{what}: unknown feature(s) {', '.join(unknown)} (see docs/rules.md for the list)")
-            return None
+            return self.err(node, f"{what}: unknown feature(s) {', '.join(unknown)} (see docs/rules.md for the list)")
         return expr
 
     def file(self, root) -> None:
@@ -360,46 +338,37 @@ class _Checker:
         m = self.mapping(node, "a rule")
         if m is None:
             return None
-        ok = True
+        start = len(self.errors)  # a rule with any error is not built
         for key, (knode, _) in m.items():
             if key not in _RULE_KEYS:
                 self.err(knode, f"unknown rule key {key!r}")
-                ok = False
         for key in ("id", "axis", "title", "summary", "fix"):
             if key not in m:
                 self.err(node, f"rule is missing {key!r}")
-                ok = False
         rid = self.opt(m, "id", "id")
         if rid is not None and not _ID.match(rid):
-            self.err(m["id"][1], f"id {rid!r} must be lower-case letters, digits and dashes")
-            rid = None
+            rid = self.err(m["id"][1], f"id {rid!r} must be lower-case letters, digits and dashes")
         where = f"rule {rid!r}" if rid else "rule"
         axis = self.opt(m, "axis", f"{where}: axis")
         if axis is not None and axis not in AXES:
-            self.err(m["axis"][1], f"{where}: axis must be one of {', '.join(AXES)}, got {axis!r}")
-            axis = None
+            axis = self.err(m["axis"][1], f"{where}: axis must be one of {', '.join(AXES)}, got {axis!r}")
         title = self.opt(m, "title", f"{where}: title")
         exprs = {k: self.expr(m[k][1], f"{where}: {k}") for k in ("when", "value", "cost", "noise") if k in m}
-        ok &= None not in exprs.values()
         when, value, cost, noise = (exprs.get(k) for k in ("when", "value", "cost", "noise"))
         compare = self.opt(m, "compare", f"{where}: compare", ">=")
         if compare not in COMPARES:
             self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
-            ok = False
         levels, severity = self.rule_severity(m, node, where, compare)
-        if "levels" in m and levels is None:
-            ok = False
         if "noise" in m and levels is None:
             self.err(m["noise"][1], f"{where}: noise needs levels (it widens the value compared with them)")
-            ok = False
         cost_basis = self.opt(m, "cost_basis", f"{where}: cost_basis", "measured")
         if cost_basis not in COST_BASES or ("cost_basis" in m and "cost" not in m):
-            self.err(m["cost_basis"][1], f"{where}: cost_basis must be one of {', '.join(COST_BASES)}, beside a 'cost'")
-            cost_basis = None
+            cost_basis = self.err(
+                m["cost_basis"][1], f"{where}: cost_basis must be one of {', '.join(COST_BASES)}, beside a 'cost'"
+            )
         confidence = self.number(m["confidence"][1], f"{where}: confidence") if "confidence" in m else 1.0
         if confidence is not None and not 0 < confidence <= 1:
-            self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
-            confidence = None
+            confidence = self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
         evidence = self.evidence(m, where)
         explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
         priority = self.opt(m, "priority", f"{where}: priority", 0, (int,))
@@ -407,27 +376,23 @@ class _Checker:
         risk = self.opt(m, "risk", f"{where}: risk")
         if "risk" in m and "cost" in m:
             self.err(m["risk"][1], f"{where}: 'risk' is for a rule with no time cost; this one has a 'cost'")
-            ok = False
-        suggest, suggest_ok = self.suggest(m["suggest"][1], where) if "suggest" in m else ((), True)
-        ok &= suggest_ok
+        suggest = self.suggest(m["suggest"][1], where) if "suggest" in m else ()
         names = {n for n, _ in suggest}
         summary = self.opt(m, "summary", f"{where}: summary")
         if summary is not None:
             summary = self.template(m["summary"][1], summary, where, "summary", names)
         fix = self.fix(m["fix"][1], where, names) if "fix" in m else None
         prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
-        parts = (rid, axis, title, summary, fix, confidence, evidence, explains, priority, suggest, cost_basis, symptom)
-        if not ok or None in parts or (levels is None and severity is None) or ("prometheus" in m and not prometheus):
+        if len(self.errors) > start:  # what is None (missing, not valid, no levels nor severity) was said too
             return None
         base, cases, frameworks = fix
         return Rule(
             id=rid, axis=axis, title=title, summary=summary, fix_text=base.text, fix_snippet=base.snippet or "",
             when=when, value=value if value is not None else (cost if levels else None), compare=compare,
             levels=levels or (), severity=severity, confidence=confidence, evidence=evidence, explains=explains,
-            explains_when=explains_when,
-            priority=priority, prometheus=prometheus, source=f"{self.path}:{node.start_mark.line + 1}",
+            explains_when=explains_when, priority=priority, prometheus=prometheus,
             cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
-            symptom=symptom, risk=risk,
+            symptom=symptom, risk=risk, source=f"{self.path}:{node.start_mark.line + 1}",
         )  # fmt: skip
 
     def rule_severity(self, m: dict, node, where: str, compare: str):
@@ -437,8 +402,7 @@ class _Checker:
         if "severity" in m:
             sev = self.scalar(m["severity"][1], f"{where}: severity")
             if sev not in SEVERITIES:
-                self.err(m["severity"][1], f"{where}: severity must be one of {', '.join(SEVERITIES)}")
-                return None, None
+                return self.err(m["severity"][1], f"{where}: severity must be one of {', '.join(SEVERITIES)}"), None
             return None, sev
         if "levels" not in m:
             if "cost" in m and "value" not in m:
@@ -459,8 +423,7 @@ class _Checker:
         levels = []
         for sev, (knode, vnode) in lm.items():
             if sev not in SEVERITIES:
-                self.err(knode, f"{what}: unknown severity {sev!r} (info, warning, critical)")
-                return None
+                return self.err(knode, f"{what}: unknown severity {sev!r} (info, warning, critical)")
             threshold = self.number(vnode, f"{what}.{sev}")
             if threshold is None:
                 return None
@@ -468,32 +431,27 @@ class _Checker:
         levels.sort(key=lambda lv: SEVERITIES.index(lv[0]))
         thresholds = [t for _, t in levels]
         if thresholds != sorted(thresholds, reverse=compare != ">="):
-            self.err(node, f"{what}: thresholds must get stricter from info to critical (compare {compare})")
-            return None
+            return self.err(node, f"{what}: thresholds must get stricter from info to critical (compare {compare})")
         return tuple(levels)
 
     def evidence(self, m: dict, where: str):
         """The feature names a finding shows as its evidence: () when absent, None when one is not a feature."""
         node = m["evidence"][1] if "evidence" in m else None
         if node is not None and not isinstance(node, yaml.SequenceNode):
-            self.err(node, f"{where}: evidence must be a list")
-            return None
+            return self.err(node, f"{where}: evidence must be a list")
         names = []
         for item in node.value if node is not None else ():
             name = self.scalar(item, f"{where}: evidence entry")
             if name is None:
                 return None
             if name not in FEATURES:
-                self.err(item, f"{where}: unknown feature {name!r} in evidence")
-                return None
+                return self.err(item, f"{where}: unknown feature {name!r} in evidence")
             names.append(name)
         return tuple(names)
 
     def explains(self, node, where: str):
-        """``explains: [rule-id, {rule-id: condition}, ...]``: the findings this one causes; a condition
-        (over the cause's features) limits it to the jobs where the causal link holds.
-
-        Returns (ids, {id: Expr}), or (None, {}) when an entry is malformed."""
+        """``explains: [rule-id, {rule-id: condition}, ...]`` -> (ids, {id: condition}); (None, {}) when malformed.
+        A condition (over the cause's features) limits the claim to the jobs where the causal link holds."""
         if not isinstance(node, yaml.SequenceNode):
             self.err(node, f"{where}: explains must be a list")
             return None, {}
@@ -514,33 +472,26 @@ class _Checker:
         return tuple(ids), conditions
 
     def suggest(self, node, where: str):
-        """``suggest: {name: expression}``: values computed from the features, for the fix templates.
-
-        Returns (valid entries, ok): the valid ones are still used to check the templates, so one bad
-        entry does not hide the rule's other errors."""
-        sm = self.mapping(node, f"{where}: suggest")
-        if sm is None:
-            return (), False
-        out, ok = [], True
-        for name, (knode, vnode) in sm.items():
+        """``suggest: {name: expression}`` (values for the fix templates) -> the valid entries, which still check
+        the templates, so one bad entry does not hide the rule's other errors."""
+        out = []
+        for name, (knode, vnode) in (self.mapping(node, f"{where}: suggest") or {}).items():
             if not _NAME.match(name) or name in FEATURES or name in CONTEXT or name in TEMPLATE_NAMES:
                 self.err(knode, f"{where}: suggest name {name!r} must be a new lower_case name (not a feature)")
-                ok = False
                 continue
             expr = self.expr(vnode, f"{where}: suggest.{name}", extra={n for n, _ in out})
-            ok &= expr is not None
             out += [(name, expr)] if expr is not None else []
-        return tuple(out), ok
+        return tuple(out)
 
     def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
         try:
             parsed = [(f, spec) for _, f, spec, _ in string.Formatter().parse(text) if f is not None]
         except ValueError as exc:
-            self.err(node, f"{where}: {what} template: {exc}")
-            return None
+            return self.err(node, f"{where}: {what} template: {exc}")
         bad_specs = [(f, spec, problem) for f, spec in parsed if (problem := format_spec_problem(spec))]
         for f, spec, problem in bad_specs:
-            self.err(node, f"{where}: {what} template: {{{f}:{_shown_spec(spec)}}} {problem}")
+            shown = spec if len(spec) <= 30 else spec[:27] + "..."
+            self.err(node, f"{where}: {what} template: {{{f}:{shown}}} {problem}")
         if bad_specs:
             return None
         unknown = [f for f, _ in parsed if f not in TEMPLATE_NAMES and f not in FEATURES and f not in CONTEXT]
@@ -556,66 +507,53 @@ class _Checker:
         return text
 
     def fix(self, node, where: str, names):
-        """``fix: {text, snippet, cases: [{when, text, snippet, frameworks}], frameworks: {name: {text, snippet}}}``.
-
-        Returns (base FixVariant, cases, frameworks) or None; every part is checked, errors or not.
-        """
-        base, fm, ok = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
+        """``fix: {text, snippet, cases: [{when, text, snippet, frameworks}], frameworks: {name: {text, snippet}}}``
+        -> (base FixVariant, cases, frameworks), or None; every part is checked, errors or not."""
+        start = len(self.errors)
+        base, fm, _ = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
         cases = []
         seq = fm["cases"][1] if fm is not None and "cases" in fm else None
         if seq is not None and not isinstance(seq, yaml.SequenceNode):
-            self.err(seq, f"{where}: fix.cases must be a list")
-            return None
+            return self.err(seq, f"{where}: fix.cases must be a list")
         for i, entry in enumerate(seq.value if seq is not None else ()):
             what = f"fix.cases[{i}]"
             allow = ("when", "text", "snippet", "frameworks")
             case, cm, case_ok = self.fix_variant(entry, where, what, names, allow=allow)
-            ok &= case_ok
             if cm is not None and "when" not in cm:
                 self.err(entry, f"{where}: {what} needs a 'when'")
-                ok = False
             elif cm is not None:
                 when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
-                ok &= when is not None and case_ok
                 if when is not None and case_ok:
                     cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
+        ok = len(self.errors) == start
         return (FixVariant(base.text, base.snippet), tuple(cases), base.frameworks) if ok else None
 
     def fix_variant(self, node, where: str, what: str, names, required_text=False, allow=("text", "snippet")):
-        """(FixVariant, its key -> (key node, value node) mapping, ok); the mapping is None when the node is
-        not one."""
-        fm = self.mapping(node, f"{where}: {what}")
+        """(FixVariant, its key -> (key node, value node) mapping or None, ok)."""
+        start, fm = len(self.errors), self.mapping(node, f"{where}: {what}")
         if fm is None:
             return None, None, False
-        ok = True
         for key, (knode, _) in fm.items():
             if key not in allow:
                 self.err(knode, f"{where}: {what} has unknown key {key!r} ({', '.join(allow)})")
-                ok = False
         if required_text and "text" not in fm:
             self.err(node, f"{where}: {what} needs a 'text'")
-            ok = False
         out = {}
         for key in ("text", "snippet"):
             text = self.opt(fm, key, f"{where}: {what}.{key}")
-            if key in fm and (text is None or self.template(fm[key][1], text, where, f"{what}.{key}", names) is None):
-                ok = False
-            elif key in fm:
+            if text is not None and self.template(fm[key][1], text, where, f"{what}.{key}", names) is not None:
                 out[key] = text
         frameworks = {}
         if "frameworks" in fm and "frameworks" in allow:
-            wm = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks") or {}
-            ok &= bool(wm) or isinstance(fm["frameworks"][1], yaml.MappingNode)
-            for name, (knode, vnode) in wm.items():
+            variants = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks") or {}
+            for name, (knode, vnode) in variants.items():
                 if name not in FRAMEWORKS:
                     self.err(knode, f"{where}: {what}.frameworks: unknown framework {name!r} ({', '.join(FRAMEWORKS)})")
-                    ok = False
                     continue
                 variant, _, variant_ok = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)
-                ok &= variant_ok
                 if variant_ok:
                     frameworks[name] = variant
-        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm, ok
+        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm, len(self.errors) == start
 
     def prometheus(self, node, where: str, levels):
         pm = self.mapping(node, f"{where}: prometheus")
@@ -623,25 +561,21 @@ class _Checker:
             return None
         for key, (knode, _) in pm.items():
             if key not in ("expr", "for", "levels"):
-                self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for, levels)")
-                return None
+                return self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for, levels)")
         if "levels" in pm:  # thresholds in the series' own units, where the series is not the rule's value
             levels = self.levels(pm["levels"][1], f"{where}: prometheus.levels", ">=")
             if levels is None:
                 return None
         if "expr" not in pm:
-            self.err(node, f"{where}: prometheus needs an 'expr' (PromQL with {{threshold}})")
-            return None
+            return self.err(node, f"{where}: prometheus needs an 'expr' (PromQL with {{threshold}})")
         expr = self.scalar(pm["expr"][1], f"{where}: prometheus.expr")
         duration = self.opt(pm, "for", f"{where}: prometheus.for", "5m")
         if expr is None or duration is None:
             return None
         if not _DURATION.match(duration):
-            self.err(pm["for"][1], f"{where}: prometheus.for must look like 5m, 30s, 1h")
-            return None
+            return self.err(pm["for"][1], f"{where}: prometheus.for must look like 5m, 30s, 1h")
         if levels and "{threshold}" not in expr:
-            self.err(pm["expr"][1], f"{where}: prometheus.expr must contain {{threshold}} (filled per level)")
-            return None
+            return self.err(pm["expr"][1], f"{where}: prometheus.expr must contain {{threshold}} (filled per level)")
         return {"expr": expr, "for": duration, "levels": levels if "levels" in pm else None}
 
     def item(self, node) -> ChecklistItem | None:
@@ -650,28 +584,23 @@ class _Checker:
             return None
         for key, (knode, _) in m.items():
             if key not in _ITEM_KEYS:
-                self.err(knode, f"unknown checklist key {key!r}")
-                return None
+                return self.err(knode, f"unknown checklist key {key!r}")
         missing = [k for k in ("item", "group", "value", "warn", "fail") if k not in m]
         if missing:
-            self.err(node, f"checklist item is missing {', '.join(missing)}")
-            return None
+            return self.err(node, f"checklist item is missing {', '.join(missing)}")
         name = self.scalar(m["item"][1], "checklist item")
         where = f"checklist item {name!r}"
         group = self.scalar(m["group"][1], f"{where}: group")
         if group is not None and group not in GROUPS:
-            self.err(m["group"][1], f"{where}: group must be one of {', '.join(GROUPS)}")
-            group = None
+            group = self.err(m["group"][1], f"{where}: group must be one of {', '.join(GROUPS)}")
         value = self.expr(m["value"][1], f"{where}: value")
         when = self.expr(m["when"][1], f"{where}: when") if "when" in m else None
         compare = self.opt(m, "compare", f"{where}: compare", ">=")
         if compare not in COMPARES:
-            self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
-            return None
+            return self.err(m["compare"][1], f"{where}: compare must be '>=' or '<='")
         warn, fail = self.number(m["warn"][1], f"{where}: warn"), self.number(m["fail"][1], f"{where}: fail")
         if warn is not None and fail is not None and (fail < warn if compare == ">=" else fail > warn):
-            self.err(m["fail"][1], f"{where}: fail must be stricter than warn (compare {compare})")
-            return None
+            return self.err(m["fail"][1], f"{where}: fail must be stricter than warn (compare {compare})")
         if None in (name, group, value, warn, fail) or ("when" in m and when is None):
             return None
         return ChecklistItem(name, group, value, compare, warn, fail, when, f"{self.path}:{node.start_mark.line + 1}")

@@ -18,12 +18,8 @@ from ._load import Rule
 
 def _placeholders(template: str) -> str:
     """A fix template with each ``{name}`` shown as ``<name>`` (there is no job to fit it to)."""
-    parts = []
-    for literal, name, _, _ in string.Formatter().parse(template):
-        parts.append(literal)
-        if name is not None:
-            parts.append(f"<{name}>")
-    return "".join(parts)
+    parts = string.Formatter().parse(template)
+    return "".join(literal + (f"<{name}>" if name is not None else "") for literal, name, _, _ in parts)
 
 
 def _alert_name(rule_id: str, severity: str, several: bool) -> str:
@@ -38,14 +34,9 @@ def prometheus_rules(rules: list[Rule], group: str = "ranksight") -> dict:
         if not rule.prometheus:
             continue
         own = rule.prometheus.get("levels") or rule.levels
-        if own:
-            levels = [lv for lv in own if lv[0] != "info"]
-        else:
-            levels = [(rule.severity, None)] if rule.severity != "info" else []
-        for severity, threshold in levels:
+        for severity, threshold in [lv for lv in own or [(rule.severity, None)] if lv[0] != "info"]:
             expr = rule.prometheus["expr"]
-            if threshold is not None:
-                expr = expr.replace("{threshold}", repr(threshold))
+            expr = expr if threshold is None else expr.replace("{threshold}", repr(threshold))
             alerts.append(
                 {
                     "alert": _alert_name(rule.id, severity, bool(own)),
