@@ -190,8 +190,8 @@ def _column(values: list) -> Value:
     types = set(map(type, values))
     if len(types) == 1 and values.count(values[0]) == len(values):
         values = values[:1]
-    if len(types) == 1 and types <= _NUMBER_KINDS.keys():
-        kind, st = _NUMBER_KINDS[types.pop()]
+    if len(types) <= 1 and types <= _NUMBER_KINDS.keys():  # no rank at all reads as absent
+        kind, st = _NUMBER_KINDS[types.pop() if types else type(None)]
         with contextlib.suppress(OverflowError):  # an integer beyond float64: one by one below
             return Value(np.array(values, dtype=np.float64), _one(st), _one(kind))  # None reads NaN
     return Value(*map(np.array, zip(*map(_number, values))))  # mixed types, numpy scalars, strings

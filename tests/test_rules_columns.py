@@ -275,6 +275,9 @@ rules:
     assert [type(frame.value(parse("parameter_bytes / 1")).at(r)) for r in range(4)] == [float] * 4
     # One value on every rank (a job-level figure) is held as one element.
     assert Frame({r: {"steps": 3} for r in range(1000)}).column("steps").val.shape == (1,)
+    # No rank at all (a run with nothing recorded): no finding, every checklist item n/a.
+    assert evaluate(RULES.rules, {}) == []
+    assert {c["status"] for c in run_checklist(RULES.checklist, {})} == {"n/a"}
 
 
 @pytest.mark.parametrize("seed", [0, 1])
