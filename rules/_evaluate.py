@@ -184,7 +184,7 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     """Order findings: severity, what fixing them gives back, priority, confidence; then each root cause
     ahead of what it explains. A cause is worth at least what it explains (fixing it fixes that too), so
     it takes the higher severity and cost of the two. ``explains`` (rule id -> ids) is what each rule
-    explains on this job (``explained_here``); without it, a rule's unconditional ``explains``."""
+    explains on this job (``_explained_here``); without it, a rule's unconditional ``explains``."""
     for f in findings:
         _bound_by_cost(f, rules.get(f["rule"]))
     order = sorted(findings, key=lambda f: _order_key(f, rules))

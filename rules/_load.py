@@ -27,11 +27,11 @@ FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
 COST_BASES = ("measured", "estimate", "unmeasured")
 """How a cost was reached; ``unmeasured`` is time no phase explains, ranked after every measured finding
 of the same severity."""
-COST_LEVELS = (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
 LOUD_FLOORS = (("warning", 0.03), ("critical", 0.20))
 """The least cost (share of the step) at which any finding may be a warning or critical, whatever its rule
 says: below 3 % it is hygiene (info, still listed with its fix), below 20 % at most a warning. A rule with
 no time cost may be loud only as a ``risk`` (an OOM ahead, say), whose text says why."""
+COST_LEVELS = (("info", 0.03), ("warning", 0.10), ("critical", 0.25))
 """Severity bands of a rule's cost (share of step time a fix gives back) when the rule gives no levels:
 3 % is worth a line, 10 % (1.11x faster) is worth fixing, 25 % (1.33x) comes first."""
 TEMPLATE_NAMES = ("ranks", "value", "cost_share", "speedup")
