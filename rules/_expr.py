@@ -29,6 +29,7 @@ import ast
 import contextlib
 import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -181,7 +182,7 @@ class Frame:
     def column(self, name: str) -> Value:
         key = "\0" + name  # apart from expression texts
         if key not in self._values:
-            self._values[key] = _column([row.get(name) for row in self.rows])
+            self._values[key] = _column(list(map(dict.get, self.rows, repeat(name))))  # map: C speed at 10,000
         return self._values[key]
 
 
