@@ -72,7 +72,7 @@ def verdict_of(run: str) -> tuple[list, dict, bool]:
     from ranksight.rules import diagnose
 
     con = open_run(run, follow_spool=False)
-    used = verdict_digests(con, "hist", "steps") is not None
+    used = verdict_digests(con, "medians", "steps") is not None
     con.close()
     verdict = diagnose(run)
     findings = [(f["rule"], tuple(f["ranks"]), f["severity"]) for f in verdict["findings"]]

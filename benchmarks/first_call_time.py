@@ -84,7 +84,7 @@ if rules:  # where the call goes: the reader's steps that vary most, timed in pl
     timed(_run, "compute_context", "context")
     timed(_digest_fold, "read_digest_parts", "read digest parts")
     timed(_digest_fold, "_merged", "merge per-step part")
-    timed(_digest_queries, "_all_medians", "per-rank medians")
+    timed(_digest_queries, "_rows_medians", "per-rank medians (rows; a rank in several files)")
     timed(_diagnose, "evaluate", "rules")
     timed(_diagnose, "run_checklist", "checklist")
 times = []

@@ -3,19 +3,20 @@
 Why: the same figures as ``_queries``' row queries (``rank_step_stats``, the breakdown's medians,
 ``wait_asymmetry``'s per-step rows, the slowest-compute share), read from a few rows per rank and step that
 the node spool's publisher folded (``ranksight.format.verdict_digest``), so a live 1,024-rank spool is diagnosed
-without reading its 10 M rows four times. Sums, counts and minima are exact; a duration's median is read
-from a histogram (within ``RELATIVE_ERROR`` of the exact one); a tie for the longest compute credits one of
-the tied ranks, not each. Each function returns None where the digests cannot answer exactly as the rows
+without reading its 10 M rows four times. Sums, counts, minima and medians are exact (a median from the rows
+where a rank's rows are in several files); a tie for the longest compute credits one of the tied ranks, not
+each. Each function returns None where the digests cannot answer exactly as the rows
 would (a rank with no more rows than the warm-up, other ranks asked for): the caller reads the rows then.
 """
 
 from __future__ import annotations
 
-from ranksight.format.verdict_digest import MEDIANS, figure_rows_sql, medians_of, merge_steps_sql
+from ranksight.format.phases import SAMPLED_SQL
+from ranksight.format.verdict_digest import MEDIANS, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
 from ._digest_source import keep_medians, noted_medians, rank_summary
-from ._tables import fetch_rows
+from ._tables import fetch_rows, steps_source
 
 
 def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
@@ -30,38 +31,34 @@ def _no_short_rank(con, parts: dict, warmup_steps: int) -> list[int] | None:
 
 
 def medians(con, parts: dict, warmup_steps: int) -> dict[str, dict[int, float]] | None:
-    """Per figure of ``MEDIANS``, {rank: its median over the rank's steps after warm-up}, from the ``hist``
-    part; None (read the rows) when a rank has no more rows than the warm-up. Callers read what they need
-    with ``.get`` (a figure or rank with no value is absent) and change nothing: the dicts are those kept
-    for the connection, where every figure is found in one pass over the histograms (the breakdown asks for
-    two, the rank figures for five more: a second pass scanned every histogram row again, 2.1 M at 10,000
-    ranks). A dict per figure, not per rank: each reader takes its figures' dicts once, and making 10,000
-    ranks' dicts took 0.02 s of a first verdict."""
+    """Per figure of ``MEDIANS``, {rank: its median over the rank's steps after warm-up}: the files' own where
+    each rank's rows are in one file (``_digest_source``), else the rows' (one query for every figure); None
+    (read the rows) when a rank has no more rows than the warm-up. Callers read what they need with ``.get``
+    and change nothing: the dicts are those kept for the connection."""
     if _no_short_rank(con, parts, warmup_steps) is None:
         return None
     kept, done = noted_medians(con)
     missing = tuple(f for f in MEDIANS if f not in done)
     if missing:
-        kept = keep_medians(con, _all_medians(con, parts, missing), missing)
+        kept = keep_medians(con, _rows_medians(con, warmup_steps, missing), missing)
     return kept
 
 
-def _all_medians(con, parts: dict, figures: tuple[str, ...]) -> dict[str, dict[int, float]]:
-    """Read the histogram rows of ``figures`` (every file's, after warm-up) and find each middle in numpy
-    (``medians_of`` merges a bucket several files hold): DuckDB sorting the rows again, by a window or an
-    ORDER BY, was slower. Figures travel as their position in ``figures`` (a CASE: cheaper per row than
-    ``list_position``) and counts as BIGINT: strings and DuckDB's 128-bit sums would reach numpy as
-    Python objects. The rows are kept by the CASE, not by ``figure IN (...)``: DuckDB joins a list of seven
-    and hands the rows back out of order, and ``medians_of`` then sorts 2 M rows at 10,000 ranks."""
-    rows = con.execute(figure_rows_sql(parts["hist"], figures)).fetchnumpy()  # the publisher's own for its medians
-    out: dict[str, dict[int, float]] = {}
-    for (rank, position), median in medians_of(rows).items():
-        out.setdefault(figures[position - 1], {})[rank] = median
+def _rows_medians(con, warmup_steps: int, figures: tuple[str, ...]) -> dict[str, dict[int, float]]:
+    """{figure: {rank: median}} of ``figures`` over the rows after warm-up, as the row queries take them (no
+    rank is short of the warm-up here: ``_no_short_rank``)."""
+    cols = ", ".join(f"median(CAST({MEDIANS[f][0]} AS DOUBLE))" for f in figures)
+    sql = f"SELECT rank, {cols} FROM {steps_source(con)} WHERE step >= ? AND {SAMPLED_SQL} GROUP BY rank"
+    out: dict[str, dict[int, float]] = {f: {} for f in figures}
+    for row in fetch_rows(con.execute(sql, [warmup_steps])):
+        for f, value in zip(figures, row[1:]):
+            if value is not None:
+                out[f][row[0]] = value
     return out
 
 
 def rank_stats(con, parts: dict, warmup_steps: int) -> dict[int, dict] | None:
-    """``rank_step_stats``' figures from the ``sums`` and ``hist`` parts; None to read the rows instead."""
+    """``rank_step_stats``' figures from the ``sums`` part and the medians; None to read the rows instead."""
     if _no_short_rank(con, parts, warmup_steps) is None:
         return None
     sql = f"""

@@ -36,8 +36,8 @@ _REGISTERED = "_ranksight_step_digests"
 """The name the spool's digest rows are registered under on a connection, once a query takes them."""
 
 
-VERDICT_PARTS = ("sums", "hist", "steps")
-"""The verdict's digest parts the features read (``hist`` read as the files' ``medians`` where they serve)."""
+VERDICT_PARTS = ("sums", "medians", "steps")
+"""The verdict's digest parts the features read."""
 
 
 class _Noted:
@@ -51,7 +51,7 @@ class _Noted:
         self.verdict: dict[str, str] | None = None  # part -> registered name; {} when they do not serve
         self.rows: int | None = None  # of the steps view
         self.footer_rows: int | None = None  # the rows its files' footers hold (``_footer_count``)
-        self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median} from the hist part
+        self.medians: dict[str, dict[int, float]] = {}  # figure -> {rank: median}: the files', or the rows'
         self.rank_summaries: dict[str, tuple] = {}  # sums part -> its ``rank_summary``
         self.median_figures: set[str] = set()  # the figures found so far
         self.expected: tuple[str, ...] = VERDICT_PARTS  # read on the first read of any: each file opened once
@@ -136,7 +136,7 @@ def covering_digests(con) -> str | None:
 
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     """{part: name to read it from} of the verdict's digest parts (``ranksight.format.verdict_digest``) ``wanted``
-    -- ``sums`` always, ``hist`` and ``steps`` when asked -- when they stand for every row of ``con``'s
+    -- ``sums`` always, ``medians`` and ``steps`` when asked -- when they stand for every row of ``con``'s
     ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
     ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,
     ``_digest_fold``), and from the store's copies of the ingested segments' (``VERDICT_PART_TABLES``), so a
@@ -151,24 +151,16 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
         noted.verdict = {}
     missing = [p for p in dict.fromkeys(("sums", *wanted, *noted.expected)) if p not in noted.verdict]
     try:
-        in_files = tuple(_file_part(p, noted) for p in missing) if noted.paths else ()
         if missing:
             _footer_count(con, noted) if _footers_count(noted) else _step_rows(con)
-        read, missing = _read_parts(con, noted, missing, wanted, in_files)
+        read, missing = _read_parts(con, noted, missing, wanted)
         stored = store_tables(con, STORE_ALIAS) if noted.store else set()
         for part in missing:
             name = f"{_REGISTERED}_{part}"
             sources = []
-            if part == "hist" and "medians" in read:
-                if _medians_from_part(con, noted, read["medians"]):
-                    noted.verdict[part] = ""  # every median kept: no histogram to read (``medians`` asks none)
-                    continue
-                read["hist"] = folded_parts(con, noted.paths, ("hist",))["hist"]  # a rank in several files
             if part in read:
                 register_arrow(con, f"{name}_spool", read[part].table)
                 sources.append(f"SELECT * FROM {name}_spool")
-                if part == "hist" and not noted.store:
-                    _share_medians(noted, read[part].derived)
             if noted.store:
                 if VERDICT_PART_TABLES[part] not in stored:
                     raise DigestError(f"the store holds no {part} part")
@@ -181,6 +173,8 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
                 held = con.execute(f"SELECT sum(n) FROM {name}").fetchall()[0][0]
                 if not _holds_every_row(con, held):
                     raise DigestError(f"the digests hold {held} step rows of {_step_rows(con)}")
+            if part == "medians":
+                _keep_file_medians(con, noted, name, read.get(part))
             noted.verdict[part] = name
     except (duckdb.Error, DigestError):
         noted.verdict = {}  # do not try again on this connection
@@ -188,59 +182,43 @@ def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     return dict(noted.verdict)
 
 
-def _file_part(part: str, noted: _Noted) -> str:
-    """The part of the digest files read for the verdict's ``part``: the medians per file (``medians``) for the
-    histograms where no store's histograms join the files' (``_medians_from_part`` says whether they serve)."""
-    return "medians" if part == "hist" and not noted.store else part
-
-
-def _medians_from_part(con, noted: _Noted, kept) -> bool:
-    """Keep every per-rank median from the files' ``medians`` part (the ``KeptPart``) when each (rank, figure)
-    is in one file's part alone: then it is the median ``medians_of`` finds from all the files' histograms
-    (``ranksight.format.verdict_digest.medians_part``). False where a rank's rows after warm-up are in several
-    files (a long run's node files cut by time): the histograms are read then."""
-    import numpy as np
-
-    derived = kept.derived
-    if "one_file_each" not in derived:  # found once per kept part; readers on threads may find it twice alike
-        # Through DuckDB: pyarrow's own ``to_numpy`` of a chunked column imports pandas (0.2 s of a fresh reader).
-        cur = con.cursor()
-        try:
-            cur.register("_ranksight_medians", kept.table)
-            rows = cur.execute("SELECT rank, figure, median FROM _ranksight_medians").fetchnumpy()
-        finally:
-            cur.close()
-        rank, figure = rows["rank"].astype(np.int64), rows["figure"].astype(np.int64)
-        one_file_each = len(np.unique(rank * 256 + figure)) == len(rank)
+def _keep_file_medians(con, noted: _Noted, name: str, kept) -> None:
+    """Keep the files' per-rank medians (the ``medians`` part registered as ``name``) where each (rank, figure)
+    is in one file's part alone: then it is the median of all that rank's rows. Where a rank's rows after
+    warm-up are in several files (a long run's node files cut by time) none is kept, and the readers take the
+    rows' medians (``_digest_queries.medians``): a median means the same whatever the files. What is found
+    from a part read from the files is kept with it (``_digest_fold``) for the next reader of the same files."""
+    derived = kept.derived if kept is not None and not noted.store else {}
+    if "one_file_each" not in derived:
+        rows = con.execute(f"SELECT rank, figure, median FROM {name}").fetchnumpy()
+        rank, figure = rows["rank"].astype("int64"), rows["figure"].astype("int64")
+        one_file_each = len(set(zip(rank.tolist(), figure.tolist()))) == len(rank)
         medians: dict[str, dict[int, float]] = {}
-        if one_file_each:  # a dict per figure from its rows' arrays: a loop over every (rank, figure) took 0.02 s
-            for position, name in enumerate(MEDIANS, 1):
+        if one_file_each:
+            for position, figure_name in enumerate(MEDIANS, 1):
                 at = figure == position
                 if at.any():
-                    medians[name] = dict(zip(rank[at].tolist(), rows["median"][at].tolist()))
+                    medians[figure_name] = dict(zip(rank[at].tolist(), rows["median"][at].tolist()))
         derived.update(medians=medians, median_figures=set(MEDIANS) if one_file_each else set())
         derived["one_file_each"] = one_file_each  # last: a reader that sees it finds the medians complete
-    if not derived["one_file_each"]:
-        return False
-    _share_medians(noted, derived)
-    return True
+    if derived["one_file_each"]:
+        noted.medians = derived["medians"]
+        noted.median_figures = derived["median_figures"]
 
 
-def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...], in_files: tuple[str, ...]):
-    """({file part: ``KeptPart``} of the pending files' parts ``in_files`` (``_file_part``), the verdict's parts
-    read): ``missing``, each file opened once. Where a
-    file fails to read, the wanted parts are read alone (the parts only expected are left to the rows), and
-    the histograms themselves instead of the files' medians: a part cut short sends only its own figures to
-    the rows."""
-    if not in_files:
+def _read_parts(con, noted: _Noted, missing: list[str], wanted: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """({part: ``KeptPart``} of the pending files' parts, the verdict's parts read): ``missing``, each file opened
+    once. Where a file fails to read, the wanted parts are read alone (the parts only expected are left to the
+    rows): a part cut short sends only its own figures to the rows."""
+    if not (missing and noted.paths):
         return {}, missing
     try:
-        return folded_parts(con, noted.paths, in_files), missing
+        return folded_parts(con, noted.paths, tuple(missing)), missing
     except DigestError as exc:
         # One line naming the file (``DigestError`` does); its figures come from the rows, so none is lost.
         warn_once(f"ranksight: step digest parts do not read ({first_line(exc)}); reading those figures from the rows")
         needed = [p for p in missing if p == "sums" or p in wanted]
-        if needed == missing and ("hist" not in needed or noted.store):
+        if needed == missing:
             raise
         noted.expected = ()
         return folded_parts(con, noted.paths, tuple(needed)), needed
@@ -302,13 +280,6 @@ def _step_rows(con) -> int:
     if noted is not None:
         noted.rows = rows
     return rows
-
-
-def _share_medians(noted: _Noted, derived: dict) -> None:
-    """Keep ``noted``'s medians with the kept ``hist`` part they are read from (``_digest_fold``), so the
-    next reader of the same files finds those already found instead of reading the histograms again."""
-    noted.medians = derived.setdefault("medians", {})
-    noted.median_figures = derived.setdefault("median_figures", set())
 
 
 def rank_summary(con, sums: str) -> tuple[list[int], int | None]:

@@ -11,31 +11,7 @@ from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from . import _digest_queries
 from ._digest_source import covering_digests, digests_may_serve, verdict_digests
-from ._tables import query
-
-LATE_STEP_COLUMNS: dict[str, str] = {
-    "comm_blocked_s": "DOUBLE",  # schema 3
-    "gpu_comm_blocked_s": "DOUBLE",
-    "collectives": "BIGINT",
-    "collective_bytes": "BIGINT",
-    "cpu_s": "DOUBLE",  # schema 4
-    "gpu_data_idle_s": "DOUBLE",  # schema 5
-    "data_wait_in_step_s": "DOUBLE",
-    "gpu_sampled": "BOOLEAN",  # schema 6
-}
-"""Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
-
-
-def steps_source(con, since_ns: int | None = None) -> str:
-    """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
-
-    Rows of an older agent lack the collective and CPU-time columns: they read as NULL, so the phases are what
-    they were. ``since_ns`` keeps only steps that ended after it (Unix ns), for "now" verdicts.
-    """
-    present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
-    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present]
-    where = f" WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
-    return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"
+from ._tables import query, steps_source
 
 
 def kept_steps_sql(source: str) -> str:
@@ -61,7 +37,7 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
     if digests_may_serve(warmup_steps, since_ns):
-        parts = verdict_digests(con, "hist")
+        parts = verdict_digests(con, "medians")
         if parts is not None:
             return _breakdown_from_digests(con, parts["sums"], warmup_steps, parts)
         digests = covering_digests(con)
@@ -85,16 +61,16 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
 def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
     """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
     ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
-    steps, ``ranksight.format.digest``); its two medians from the verdict's histograms (``parts``,
-    ``_digest_queries.medians``) where those serve, else from the rows. The same figures (the medians within
-    ``RELATIVE_ERROR``): a digest row's ``warm`` is the default warm-up's ``step < 5``, and a rank with no
-    more rows than that keeps them all, as the rows' query does (its row count comes from the digests too,
-    which saves the medians' query a scan of every row)."""
+    steps, ``ranksight.format.digest``); its two medians from the verdict's medians (``parts``,
+    ``_digest_queries.medians``) where those serve, else from the rows. The same figures: a digest row's
+    ``warm`` is the default warm-up's ``step < 5``, and a rank with no more rows than that keeps them all, as
+    the rows' query does (its row count comes from the digests too, which saves the medians' query a scan of
+    every row)."""
     found = _digest_queries.medians(con, parts, warmup_steps) if parts else None
     step_sum = "period_sum" if parts else "step_sum"
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum({step_sum}), 0) AS {p[:-2]}_share" for p in PHASES)
     medians = ""
-    if found is None:  # the rows' medians only where the histograms' do not serve (``steps_source`` asks DuckDB)
+    if found is None:  # the rows' medians where the digests' medians do not serve (``steps_source`` asks DuckDB)
         medians = f"""medians AS (
             SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
             FROM {steps_source(con, None)}
@@ -127,7 +103,7 @@ def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | 
 
 def _breakdown_columns(with_medians: bool) -> str:
     """The SELECT list of ``_breakdown_from_digests`` in ``BREAKDOWN_COLUMNS``: the medians NULL where the
-    histograms' are filled in after."""
+    digests' are filled in after."""
     later = () if with_medians else ("step_median_s", "compute_median_s")
     return ", ".join(f"CAST(NULL AS DOUBLE) AS {k}" if k in later else k for k in BREAKDOWN_COLUMNS)
 
@@ -170,7 +146,7 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
 def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
-    parts = verdict_digests(con, "hist") if digests_may_serve(warmup_steps, since_ns) else None
+    parts = verdict_digests(con, "medians") if digests_may_serve(warmup_steps, since_ns) else None
     found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
     if found is not None:
         return found

@@ -11,7 +11,7 @@ SEGMENTS_TABLE = "_segments"
 DIGESTS_TABLE = "_digests"
 """Store table: the digests (``ranksight.format.digest``) of the step segments it holds, with each one's definition
 ``key`` and ``_segment``; copied from the spool by ``ingest``, so they outlive ``prune``."""
-VERDICT_PART_TABLES = {"sums": "_digest_sums", "hist": "_digest_hist", "steps": "_digest_steps"}
+VERDICT_PART_TABLES = {"sums": "_digest_sums", "medians": "_digest_medians", "steps": "_digest_steps"}
 """Store tables: the verdict's parts of those digests (``ranksight.format.verdict_digest``), each row with its
 definition ``key`` and ``_segment`` (``steps``: one row per step and ingest, its files merged, ``_segment``
 NULL), so ``diagnose()`` of a live run that ``ingest --every`` compacts reads a few rows per rank and step
@@ -126,3 +126,28 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     """(column names, rows) of ``sql`` with ``params`` on ``con`` (a ``Run`` or a DuckDB connection)."""
     cur = con.execute(sql, list(params))
     return [d[0] for d in cur.description], fetch_rows(cur)
+
+
+LATE_STEP_COLUMNS: dict[str, str] = {
+    "comm_blocked_s": "DOUBLE",  # schema 3
+    "gpu_comm_blocked_s": "DOUBLE",
+    "collectives": "BIGINT",
+    "collective_bytes": "BIGINT",
+    "cpu_s": "DOUBLE",  # schema 4
+    "gpu_data_idle_s": "DOUBLE",  # schema 5
+    "data_wait_in_step_s": "DOUBLE",
+    "gpu_sampled": "BOOLEAN",  # schema 6
+}
+"""Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
+
+
+def steps_source(con, since_ns: int | None = None) -> str:
+    """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
+
+    Rows of an older agent lack the collective and CPU-time columns: they read as NULL, so the phases are what
+    they were. ``since_ns`` keeps only steps that ended after it (Unix ns), for "now" verdicts.
+    """
+    present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
+    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present]
+    where = f" WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
+    return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"

@@ -25,7 +25,6 @@ PARTS = {
     "several_batches": pa.concat_tables([_table(4), _table(3, 4)]),
     "dictionary": pa.table({"node": pa.array(["a", "b", "a"]).dictionary_encode(), "n": [1, 2, 3]}),
     "empty": _table(0),
-    "hist": _table(7),  # written LZ4-compressed
 }
 
 

@@ -29,7 +29,6 @@ from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import Rollup
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths
 from ranksight.format.digest_file import write_digest
-from ranksight.format.verdict_digest import RELATIVE_ERROR
 
 WORLD = 32  # four of its ranks write here; the chunk is then 2 steps
 RANKS = (0, 1, 2, 3)
@@ -237,18 +236,13 @@ def _breakdown(run: str) -> tuple[list[dict], bool]:
         con.close()
 
 
-MEDIANS = ("step_median_s", "compute_median_s")
-"""Read from the digests' histograms: within RELATIVE_ERROR of the rows' exact medians. Every other figure exact."""
-
-
 def _same_breakdown(a: list[dict], b: list[dict]) -> None:
     assert [r["rank"] for r in a] == [r["rank"] for r in b] == list(RANKS)
     for x, y in zip(a, b):
         assert x.keys() == y.keys()
         for k in x:
             if isinstance(x[k], float):
-                tolerance = RELATIVE_ERROR if k in MEDIANS else 1e-12
-                assert math.isclose(x[k], y[k], rel_tol=tolerance), (k, x[k], y[k])
+                assert math.isclose(x[k], y[k], rel_tol=1e-12), (k, x[k], y[k])
             else:
                 assert x[k] == y[k], (k, x[k], y[k])
 
@@ -305,8 +299,7 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_keeps_them_in_the_breakdown_
     assert from_digests[-1]["steps"] == 3 and from_digests[0]["steps"] == 35
     for x, y in zip(from_digests, from_rows):
         for k in x:
-            tolerance = RELATIVE_ERROR if k in MEDIANS else 1e-12
-            same = math.isclose(x[k], y[k], rel_tol=tolerance) if isinstance(x[k], float) else x[k] == y[k]
+            same = math.isclose(x[k], y[k], rel_tol=1e-12) if isinstance(x[k], float) else x[k] == y[k]
             assert same, (x["rank"], k, x[k], y[k])
 
 

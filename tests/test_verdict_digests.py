@@ -1,7 +1,7 @@
 """The verdict read from the node spool's digests (``ranksight.format.verdict_digest``): the features ``diagnose()``
-judges are those of the rows -- sums, counts, minima and per-step comparisons exact, medians within
-RELATIVE_ERROR -- and no step row is read for them; where the digests cannot answer as the rows would, the
-rows are read."""
+judges are those of the rows -- sums, counts, minima, medians and per-step comparisons exact -- and no step row is
+read for them where each rank's rows are in one file (the medians are the rows' otherwise); where the digests
+cannot answer as the rows would, the rows are read."""
 
 from __future__ import annotations
 
@@ -21,14 +21,13 @@ from ranksight.collectors._digest_source import covering_digests, verdict_digest
 from ranksight.collectors._run import run_features
 from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_paths
-from ranksight.format.schema import arrow_schema
-from ranksight.format.verdict_digest import GAMMA, MEDIANS, RELATIVE_ERROR, hist_sql, medians_of, sums_sql
+from ranksight.format.verdict_digest import MEDIANS
 from ranksight.rules import diagnose
 
 from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
-FROM_MEDIANS = {"step_median_s": 1, "compute_median_s": 1, "straggler_score": 2, "compute_vs_median": 2}
-"""Features read from histogram medians, and how many medians each one is a ratio of (its error bound)."""
+FROM_MEDIANS = ("step_median_s", "compute_median_s", "straggler_score", "compute_vs_median")
+"""Features read from medians (exact, from the files' medians or the rows')."""
 
 
 def _from_rows(read, run: str):
@@ -60,15 +59,15 @@ def _assert_same_features(a: dict[int, dict], b: dict[int, dict]) -> None:
         for k, x in a[rank].items():
             y = b[rank][k]
             if isinstance(x, float) and isinstance(y, float):
-                tolerance = FROM_MEDIANS[k] * RELATIVE_ERROR * 1.0001 if k in FROM_MEDIANS else 1e-9
-                assert math.isclose(x, y, rel_tol=tolerance, abs_tol=1e-15), (rank, k, x, y)
+                assert math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-15), (rank, k, x, y)
             else:
                 assert x == y, (rank, k, x, y)
 
 
 def _features_reading_no_row(run: str, monkeypatch) -> dict[int, dict]:
     """``run_features(run)``, asserting that no feature query read the step rows (the row queries keep their
-    rows in a ``kept`` CTE)."""
+    rows in a ``kept`` CTE), but for the medians of ranks whose rows are in several files
+    (``_digest_queries._rows_medians``)."""
     sql_run = []
     original = _tables.query
 
@@ -101,7 +100,7 @@ def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
     """The digests keep the default warm-up's first steps apart; a verdict with another warm-up reads rows."""
     run = _published_run(tmp_path)
     con = open_run(run, follow_spool=False)
-    parts = verdict_digests(con, "hist", "steps")
+    parts = verdict_digests(con, "medians", "steps")
     assert parts is not None and medians(con, parts, 3) is None
     con.close()
     from_digests = run_features(run, warmup_steps=3)
@@ -119,7 +118,7 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_row
     _write_steps(str(tmp_path / "local" / "run"), [7], range(3))
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
     con = open_run(run, follow_spool=False)
-    parts = verdict_digests(con, "hist")
+    parts = verdict_digests(con, "medians")
     assert parts is not None and medians(con, parts, 5) is None
     con.close()
     from_digests = run_features(run)
@@ -144,153 +143,23 @@ def test_a_damaged_digest_part_or_a_file_without_a_digest_leaves_those_figures_t
     paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
     with open(paths[0], "r+b") as f:  # cut short inside its last part (per step): the parts before it read
         f.truncate(os.path.getsize(paths[0]) - 100)
-    assert _parts_that_serve(run, "hist") and not _parts_that_serve(run, "hist", "steps")
+    assert _parts_that_serve(run, "medians") and not _parts_that_serve(run, "medians", "steps")
     _assert_same_features(run_features(run), rows)
     os.remove(paths[0])  # a step file without its digest: no part stands for every row
-    assert not _parts_that_serve(run, "hist")
+    assert not _parts_that_serve(run, "medians")
     again = run_features(run)
     _assert_same_features(again, rows)  # sums to 1e-9: DuckDB's parallel sums add in no fixed order
     assert all(again[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # the rows' medians
 
 
-def _medians_of(values_by_rank: dict[int, list]) -> dict[int, float]:
-    """Medians read back from ``hist`` rows of these values (every step after the warm-up)."""
-    ranks = [r for r, vs in values_by_rank.items() for _ in vs]
-    values = [v for vs in values_by_rank.values() for v in vs]
-    n = len(values)
-    table = pa.table(
-        {
-            "rank": pa.array(ranks, pa.int32()),
-            "step": pa.array(np.arange(n) + 10),
-            "node": pa.array(["n"] * n),
-            "world_size": pa.array([len(values_by_rank)] * n),
-            "compute_s": pa.array(values, pa.float64()),
-            **{
-                c: pa.nulls(n, pa.float64())
-                for c in (
-                    "step_s",
-                    "gpu_step_s",
-                    "gpu_gap_s",
-                    "data_wait_s",
-                    "gpu_compute_s",
-                    "comm_exposed_s",
-                    "allreduce_s",
-                    "comm_blocked_s",
-                    "gpu_comm_blocked_s",
-                    "gpu_comm_exposed_s",
-                    "gpu_data_idle_s",
-                    "data_wait_in_step_s",
-                    "cpu_s",
-                )
-            },
-            **{c: pa.nulls(n, pa.int64()) for c in ("buckets", "bucket_bytes", "collectives", "collective_bytes")},
-        }
-    )
-    schema = arrow_schema("steps")  # every other step column NULL, as the publisher reads an older agent's rows
-    table = pa.table(
-        {f.name: table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type) for f in schema}
-    )
-    con = duckdb.connect()
-    con.register("rows", table)
-    con.execute(f"CREATE TABLE hist AS {hist_sql('rows')}", {"warm": 5})
-    con.execute(f"CREATE TABLE sums AS {sums_sql('rows')}", {"warm": 5})
-    found = medians(con, {"hist": "hist", "sums": "sums"}, 5)
-    return found["compute"]
-
-
-def test_a_median_from_the_histogram_is_within_its_bound_and_exact_on_repeated_values():
-    rng = np.random.default_rng(7)
-    spread = {r: list(rng.lognormal(-4.0, 0.8, size=1000 + r)) for r in range(6)}  # odd and even counts
-    for rank, median in _medians_of(spread).items():
-        exact = float(np.median(spread[rank]))
-        assert abs(median - exact) <= RELATIVE_ERROR * exact, (rank, median, exact)
-    repeated = {
-        0: [0.010] * 7 + [0.012] * 6,
-        1: [0.010] * 3 + [0.0101, 0.03, 0.03, 0.03, 0.04],
-        2: [0.0] * 4 + [0.5] * 3,
-    }
-    found = _medians_of(repeated)
-    assert found[0] == 0.010  # every value in its bucket is the same: exact
-    assert math.isclose(found[1], (0.0101 + 0.03) / 2, rel_tol=RELATIVE_ERROR)  # an even count: the middle two
-    assert found[2] == 0.0
-
-
-def test_a_bucket_several_files_hold_reads_as_that_bucket_merged_in_any_row_order():
-    """Two files each hold one value of the same bucket (each exact there on its own): the median reads the
-    bucket merged (both values, their range), as a kept merge of those files would hold it, whatever order
-    the rows come in -- so a verdict does not depend on how many times the files were merged before."""
-    bucket = 400
-    x1, x2 = GAMMA ** (bucket - 0.8), GAMMA ** (bucket - 0.3)  # two values of one bucket
-    y = GAMMA ** (bucket + 5.5)
-    merged = {
-        "rank": np.array([0, 0]),
-        "figure": np.array([1, 1]),
-        "bucket": np.array([bucket, bucket + 6]),
-        "n": np.array([2, 1]),
-        "lo": np.array([x1, y]),
-        "hi": np.array([x2, y]),
-    }
-    per_file = {
-        "rank": np.array([0, 0, 0]),
-        "figure": np.array([1, 1, 1]),
-        "bucket": np.array([bucket, bucket + 6, bucket]),
-        "n": np.array([1, 1, 1]),
-        "lo": np.array([x2, y, x1]),
-        "hi": np.array([x2, y, x1]),
-    }
-    expected = medians_of(merged)[(0, 1)]
-    assert x1 < expected < x2  # the bucket's point, not either file's value
-    rng = np.random.default_rng(3)
-    for _ in range(4):
-        order = rng.permutation(3)
-        assert medians_of({k: v[order] for k, v in per_file.items()}) == {(0, 1): expected}
-
-
-def test_histogram_rows_already_grouped_read_as_sorted_ones_and_a_rank_two_files_hold_is_merged():
-    """``medians_of`` skips its sort where each (rank, figure)'s rows already lie together, buckets ascending
-    (a digest's ``hist`` part is written that way): the medians are those of the same rows shuffled. Two
-    files of one rank, each grouped on its own, read one after the other are not grouped: the rank's rows
-    are merged, as its rows shuffled are."""
-    rng = np.random.default_rng(11)
-    files = []
-    # The last file holds rank 1 again (a later time span), with longer steps than any before: its rows
-    # move rank 1's medians.
-    for ranks, lowest in (([0, 1, 2], 300), ([3, 4], 300), ([1], 350)):
-        rows = []
-        for rank in ranks:
-            for figure in (2, 1):  # figures in any order within a rank
-                buckets = np.sort(rng.choice(np.arange(lowest, lowest + 40), size=rng.integers(3, 12), replace=False))
-                values = GAMMA ** (buckets - 0.5)
-                rows += [(rank, figure, b, 1, v, v) for b, v in zip(buckets, values)]
-        files.append(rows)
-
-    def columns(rows):
-        names = ("rank", "figure", "bucket", "n", "lo", "hi")
-        return {name: np.array([r[i] for r in rows]) for i, name in enumerate(names)}
-
-    def shuffled(rows):
-        return columns([rows[i] for i in rng.permutation(len(rows))])
-
-    one_file = files[0] + files[1]
-    assert medians_of(columns(one_file)) == medians_of(shuffled(one_file))
-    every_file = files[0] + files[1] + files[2]
-    found = medians_of(columns(every_file))
-    assert found == medians_of(shuffled(every_file))
-    for figure in (1, 2):  # rank 1's median is of both its files' rows, neither file's alone
-        assert found[(1, figure)] not in (
-            medians_of(columns(files[0]))[(1, figure)],
-            medians_of(columns(files[2]))[(1, figure)],
-        )
-
-
-def test_a_damaged_histogram_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
+def test_a_damaged_medians_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
     path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
-    zero_part(path, "hist")
+    zero_part(path, "medians")
     con = open_run(run, follow_spool=False)
     assert covering_digests(con) is not None  # the rollup's part still reads
-    assert verdict_digests(con, "hist") is None
+    assert verdict_digests(con, "medians") is None
     con.close()
     features = run_features(run)
     _assert_same_features(features, rows)
@@ -309,12 +178,12 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     tmp_path, monkeypatch
 ):
     """``ingest`` keeps the verdict's parts of the segments it compacts; a live run's verdict then reads them
-    with the pending files' digests, and gets the rows' features (medians within their bound)."""
+    with the pending files' digests, and gets the rows' features."""
     run = _published_run(tmp_path, publishes=2)
     result = ingest(run)
     assert result.rows_by_kind["steps"] == 2 * 40 * len(RANKS)
     con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
-    for part in ("sums", "hist"):  # every ingested segment's part, under its definition
+    for part in ("sums", "medians"):  # every ingested segment's part, under its definition
         table = VERDICT_PART_TABLES[part]
         segments = con.execute(f"SELECT count(DISTINCT _segment), count(DISTINCT key) FROM {table}").fetchall()
         assert segments == [(2, 1)], (part, segments)
@@ -327,7 +196,7 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
 
     con = open_run(run, follow_spool=False)
-    assert verdict_digests(con, "hist", "steps") is not None
+    assert verdict_digests(con, "medians", "steps") is not None
     con.close()
     from_digests = _features_reading_no_row(run, monkeypatch)
 
@@ -336,7 +205,7 @@ def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_a
     shutil.copytree(run, plain)
     shutil.rmtree(os.path.join(plain, "steps", DIGEST_DIR))
     _drop_verdict_parts(plain)
-    assert not _parts_that_serve(plain, "hist")
+    assert not _parts_that_serve(plain, "medians")
     rows = run_features(plain)
     _assert_same_features(from_digests, rows)
     assert from_digests[3]["slowest_step_share"] == 1.0 and from_digests[0]["steps"] == 115
@@ -350,7 +219,7 @@ def test_a_store_without_the_verdict_parts_leaves_a_live_verdict_to_the_rows(tmp
     _drop_verdict_parts(run)
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
-    assert not _parts_that_serve(run, "hist")
+    assert not _parts_that_serve(run, "medians")
     con = open_run(run, follow_spool=False)
     assert covering_digests(con) is not None  # the rollup's part still stands for every row
     con.close()
@@ -410,7 +279,7 @@ def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_r
     con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
     assert con.execute("SELECT count(*), count(DISTINCT step) FROM _digest_steps").fetchall() == [(80, 40)]
     con.close()
-    assert _parts_that_serve(run, "hist", "steps")
+    assert _parts_that_serve(run, "medians", "steps")
     from_digests = _features_reading_no_row(run, monkeypatch)
 
     plain = str(tmp_path / "plain")
@@ -445,8 +314,8 @@ def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_t
     monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
     merged = _features_reading_no_row(run, monkeypatch)
     assert read and all(names == added for names, _ in read)  # the kept parts took in the new file alone
-    # the files' medians first; a rank in several files sends the medians to the histograms
-    assert {p for _, parts in read for p in parts} == {"sums", "medians", "hist", "steps"}
+    # every part of the new file at once; a rank in several files takes its medians from the rows
+    assert {p for _, parts in read for p in parts} == {"sums", "medians", "steps"}
     assert merged != first
     _assert_same_features(merged, _features_from_rows(run))
     _digest_fold.forget()
@@ -464,10 +333,10 @@ def test_a_kept_merge_is_not_taken_once_a_file_it_read_is_gone_or_changed(tmp_pa
     paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
     assert {os.path.dirname(paths[0])} == {folder for folder, _ in _digest_fold._folds}
     zero_part(paths[0], "steps")  # changed in place: its steps part no longer reads (the kept one would)
-    assert not _parts_that_serve(run, "hist", "steps")
+    assert not _parts_that_serve(run, "medians", "steps")
     _assert_same_features(run_features(run), rows)
     os.remove(paths[0])  # gone, its step file kept: the kept sums would still add up to the rows
-    assert not _parts_that_serve(run, "hist")
+    assert not _parts_that_serve(run, "medians")
     _assert_same_features(run_features(run), rows)
 
 
@@ -510,7 +379,7 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
     group = np.where(rank < 4, 0, np.where(rank < 7, 1, 2))  # the last "node" is rank 7 alone
     files = [table.filter((group == node) & ((step >= 12) == later)) for node in (0, 1, 2) for later in (False, True)]
     whole = digest_of(table)[1]
-    keys = {"sums": ["rank", "warm"], "hist": ["rank", "warm", "figure", "bucket"], "steps": ["step", "warm"]}
+    keys = {"sums": ["rank", "warm"], "steps": ["step", "warm"]}
     con = duckdb.connect()
     steps_parts = [digest_of(f)[1]["steps"] for f in files]
     # A column NULL on every row of a file is left out of it: the GPU figures everywhere, the CPU-timed
@@ -610,40 +479,37 @@ def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(
 
 
 def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tmp_path, monkeypatch):
-    """``compute_features`` without a breakdown reads it first, with every part the features read: one read
-    of the three parts, each file once, and one pass over the histograms for all seven medians -- also in
-    ``diagnose()``, whose breakdown asks for two. Here every rank is in three files (a node's publishes), so
-    the files' own medians do not serve and the histograms are read after them."""
+    """``compute_features`` reads every part the features read at once: one read of the three parts, each file
+    once, and one pass over the rows for all seven medians -- also in ``diagnose()``, whose breakdown asks
+    for two. Here every rank is in three files (a node's publishes), so the files' own medians do not serve
+    and the rows' are read."""
     from ranksight.collectors import _digest_fold, _digest_queries
 
     run = _published_run(tmp_path)
     files = set(_step_files(run))
     assert len(files) == 3
     reads, passes = [], []
-    read, find = _digest_fold.read_digest_parts, _digest_queries._all_medians
+    read, find = _digest_fold.read_digest_parts, _digest_queries._rows_medians
 
     def recorded(paths, parts, with_file=False):
         reads.append(([os.path.basename(p) for p in paths], parts))
         return read(paths, parts, with_file)
 
-    def found(con, parts, figures):
+    def found(con, warmup_steps, figures):
         passes.append(figures)
-        return find(con, parts, figures)
+        return find(con, warmup_steps, figures)
 
     monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
-    monkeypatch.setattr(_digest_queries, "_all_medians", found)
+    monkeypatch.setattr(_digest_queries, "_rows_medians", found)
     _digest_fold.forget()
     features = run_features(run)
-    assert [(sorted(names), set(parts)) for names, parts in reads] == [
-        (sorted(files), {"sums", "medians", "steps"}),
-        (sorted(files), {"hist"}),
-    ]
+    assert [(sorted(names), set(parts)) for names, parts in reads] == [(sorted(files), {"sums", "medians", "steps"})]
     assert [set(figures) for figures in passes] == [set(MEDIANS)]
     _digest_fold.forget()
     reads.clear()
     passes.clear()
     verdict = diagnose(run)
-    assert {p for _, parts in reads for p in parts} == {"sums", "medians", "hist", "steps"}
+    assert {p for _, parts in reads for p in parts} == {"sums", "medians", "steps"}
     assert [set(figures) for figures in passes] == [set(MEDIANS)]
     monkeypatch.undo()
     _assert_same_features(features, _features_from_rows(run))
@@ -663,54 +529,11 @@ def test_a_damaged_per_step_part_leaves_only_its_figures_to_the_rows(tmp_path):
         f.truncate(os.path.getsize(paths[0]) - 100)
     _digest_fold.forget()
     con = open_run(run, follow_spool=False)
-    assert verdict_digests(con, "hist") is not None and verdict_digests(con, "steps") is None
+    assert verdict_digests(con, "medians") is not None and verdict_digests(con, "steps") is None
     con.close()
     features = run_features(run)
     _assert_same_features(features, rows)
-    assert any(features[rank]["step_median_s"] != rows[rank]["step_median_s"] for rank in RANKS)  # histograms'
-
-
-def test_the_histogram_rows_of_many_ranks_reach_the_medians_grouped(monkeypatch):
-    """Node files of disjoint ranks, read in turn, hold each (rank, figure)'s rows together, buckets ascending:
-    the query handing them to ``medians_of`` keeps that order at 10,000 ranks (DuckDB's parallel scan of a
-    ``figure IN (...)`` of seven names did not), so no sort of every row runs; the medians are those of the
-    same rows in any order."""
-    from ranksight.collectors import _digest_queries
-    from ranksight.format.verdict_digest import _grouped
-
-    ranks, buckets, figures = 10_000, 60, sorted(MEDIANS)[:3]
-    rank = np.repeat(np.arange(ranks, dtype=np.int32), len(figures) * buckets)
-    bucket = np.tile(np.arange(300, 300 + buckets, dtype=np.int64), ranks * len(figures))
-    n = len(rank)
-    rng = np.random.default_rng(5)
-    counts = rng.integers(1, 4, n)
-    table = pa.table(
-        {
-            "rank": rank,
-            "warm": np.zeros(n, bool),
-            "figure": np.tile(np.repeat(figures, buckets), ranks),
-            "bucket": bucket,
-            "n": counts,
-            "lo": GAMMA ** (bucket - 0.5),
-            "hi": GAMMA ** (bucket - 0.5),
-        }
-    )
-    con = duckdb.connect()
-    con.register("hist", table)
-    handed = []
-    find = _digest_queries.medians_of
-    monkeypatch.setattr(_digest_queries, "medians_of", lambda rows: handed.append(rows) or find(rows))
-    found = _digest_queries._all_medians(con, {"hist": "hist"}, tuple(MEDIANS))
-    rows = handed[0]
-    assert len(rows["rank"]) == n and _grouped(rows["rank"], rows["figure"], rows["bucket"])
-    order = rng.permutation(n)
-    shuffled = find({k: np.asarray(v)[order] for k, v in rows.items()})
-    assert {len(by_rank) for by_rank in found.values()} == {ranks} and all(
-        found[name][r] == shuffled[(r, i)]
-        for r in (0, 4321, ranks - 1)
-        for i, name in enumerate(MEDIANS, 1)
-        if name in figures
-    )
+    assert all(features[rank]["step_median_s"] == rows[rank]["step_median_s"] for rank in RANKS)  # exact
 
 
 def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_counted(tmp_path, monkeypatch):
@@ -728,7 +551,7 @@ def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_coun
         return original(con)
 
     monkeypatch.setattr(_digest_source, "_step_rows", counting)
-    assert _parts_that_serve(run, "hist", "steps") and not any(counted)  # the footers' count was enough
+    assert _parts_that_serve(run, "medians", "steps") and not any(counted)  # the footers' count was enough
     import pyarrow.parquet as pq
 
     from ranksight.agent._node_spool import _write_durably
@@ -742,37 +565,5 @@ def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_coun
     rows = rows.set_column(rows.schema.get_field_index("gpu_sampled"), "gpu_sampled", sampled)
     write_digest(rows, os.path.join(run, "steps"), name, _write_durably)  # as a publisher digests such a file
     pq.write_table(rows, path)
-    assert _parts_that_serve(run, "hist", "steps") and any(counted)
+    assert _parts_that_serve(run, "medians", "steps") and any(counted)
     _assert_same_features(run_features(run), _features_from_rows(run))
-
-
-def test_the_histogram_part_kept_in_its_files_chunks_gives_the_medians_of_one_chunk():
-    """The ``hist`` part is read as its files' chunks (``_KEPT_IN_CHUNKS``: no copy into one): the medians
-    through DuckDB are those of the same rows in one chunk, for files cut by node and by time -- a rank in
-    several files, a bucket held by two, warm rows among them."""
-    from ranksight.collectors._digest_queries import _all_medians
-    from ranksight.format.digest import digest_of
-    from ranksight.format.digest_file import concat_part
-
-    rng = np.random.default_rng(3)
-    step, rank, grid = _step_grid(40, 8)
-    n = len(step)
-    table = pa.table(
-        {
-            **grid,
-            "world_size": np.full(n, 8),
-            "step_s": rng.uniform(0.02, 0.05, n),
-            "compute_s": np.where(step % 5 == 0, 0.02, rng.uniform(0.01, 0.03, n)),  # a value repeated
-            "buckets": rng.integers(1, 4, n),
-            "bucket_bytes": rng.integers(1, 3, n) * 1024,
-        }
-    )
-    files = [table.filter((rank // 4 == node) & ((step >= 17) == later)) for node in (0, 1) for later in (0, 1)]
-    hist = concat_part("hist", [digest_of(f)[1]["hist"] for f in files])
-    assert hist.column(0).num_chunks == len(files)
-    con = duckdb.connect()
-    con.register("chunks", hist)
-    con.register("whole", hist.combine_chunks())
-    for figures in (tuple(MEDIANS), ("compute", "buckets")):
-        found = _all_medians(con, {"hist": "chunks"}, figures)
-        assert found and found == _all_medians(con, {"hist": "whole"}, figures)

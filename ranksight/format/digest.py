@@ -26,16 +26,16 @@ from . import verdict_digest
 from .phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 from .warmup import WARM_SQL, WARMUP_STEPS
 
-FILE_FORMAT = "parts-3"
+FILE_FORMAT = "parts-4"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
 naming its parts, then each part an Arrow IPC file (``digest_file.pack_parts``); the ``steps`` part without the
-columns that are NULL on every one of its rows (``SPARSE_PARTS``); since ``parts-3`` a ``medians`` part, and only
-the histograms LZ4-compressed. The header may also carry the step file's card (``digest_file.CARD_KEY``), which
-a reader that does not know it never looks up: the parts and their meaning do not change with it."""
-PARTS = ("chunks", "hist", "sums", "medians", "steps")
+columns that are NULL on every one of its rows (``SPARSE_PARTS``); since ``parts-4`` exact per-file medians and no
+histograms. The header may also carry the step file's card (``digest_file.CARD_KEY``), which a reader that does
+not know it never looks up: the parts and their meaning do not change with it."""
+PARTS = ("chunks", "sums", "medians", "steps")
 """The tables of a digest, in the file's order: the rollup's ``chunks`` (``COLUMNS``) and the verdict's
-(``verdict_digest``); ``medians`` is made from ``hist`` (``verdict_digest.medians_part``). The parts every
-verdict reads (``sums``, ``medians``, ``steps``) lie together at the end: one read of that span."""
+(``verdict_digest``). The parts every verdict reads (``sums``, ``medians``, ``steps``) lie together at the end:
+one read of that span."""
 SPARSE_PARTS = {"steps": ("step", "warm", *(c for c, _, _ in verdict_digest.STEPS_COLUMNS))}
 """Part -> its columns, of the parts written without a column that is NULL on every row (a CPU job's GPU
 figures, a GPU job's CPU-timed ones: six of 22 columns of the per-step part, its largest) and read back with
@@ -161,7 +161,7 @@ def digest_of(table) -> tuple[int, dict]:
         queries = {
             "chunks": (fold_sql("batch"), {"chunk": chunk_steps_for(world_size), **warm}),
             "sums": (verdict_digest.sums_sql("batch"), warm),
-            "hist": (verdict_digest.hist_sql("batch"), warm),
+            "medians": (verdict_digest.medians_sql("batch"), warm),
             "steps": (verdict_digest.steps_sql("batch"), warm),
         }
         parts = {}
@@ -169,9 +169,6 @@ def digest_of(table) -> tuple[int, dict]:
             result = con.sql(sql, params=params)
             fetch = getattr(result, "to_arrow_table", None) or result.arrow  # DuckDB 2's name, and 1.x's
             parts[part] = _without_empty_columns(fetch()) if part in SPARSE_PARTS else fetch()
-        con.register("hist_part", parts["hist"])
-        medians = verdict_digest.medians_part(con.execute(verdict_digest.figure_rows_sql("hist_part")).fetchnumpy())
-        parts["medians"] = pa.table({c: medians[c] for c, _ in verdict_digest.MEDIANS_COLUMNS})
         return chunk_steps_for(world_size), {part: parts[part] for part in PARTS}  # the file's order: steps last
     finally:
         con.close()

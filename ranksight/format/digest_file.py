@@ -31,12 +31,9 @@ def pack_parts(parts: dict, card: dict | None = None) -> bytes:
     bodies = {}
     for name, table in parts.items():
         sink = pa.BufferOutputStream()
-        # Only the histograms are LZ4-compressed: readers take them where the files' medians do not serve.
-        # Every first verdict reads the per-step part, and decompressing it was 0.08 s of 0.1 s at 10,000
-        # ranks x 1,000 steps (1,250 files; docs/scale.md "Scale v5"), for a third of its bytes.
-        lz4 = name in _COMPRESSED and pa.Codec.is_available("lz4_frame")
-        options = pa.ipc.IpcWriteOptions(compression="lz4" if lz4 else None)
-        with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        # Not compressed: every first verdict reads the per-step part, and decompressing it was 0.08 s of 0.1 s
+        # at 10,000 ranks x 1,000 steps (1,250 files), for a third of its bytes.
+        with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
         bodies[name] = sink.getvalue().to_pybytes()
     offsets, at = {}, 0
@@ -46,9 +43,6 @@ def pack_parts(parts: dict, card: dict | None = None) -> bytes:
     header = json.dumps(offsets if card is None else {**offsets, CARD_KEY: card}).encode()
     return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
 
-
-_COMPRESSED = ("hist",)
-"""The parts written LZ4-compressed (part of ``FILE_FORMAT``: the readers take either)."""
 
 _READ_WITH = None
 
@@ -110,7 +104,7 @@ def _read_part_batches(path: str, parts) -> dict:
     out = {}
     for part, (offset, length) in zip(parts, spans):
         body = span.slice(offset - low, length)
-        batch = None if part in _COMPRESSED else _one_batch(body)
+        batch = _one_batch(body)
         if batch is not None:
             out[part] = batch
             continue
@@ -208,7 +202,6 @@ CARD_KEY = "file"
 does not know it never looks up, so a digest with a card keeps its definition (``FILE_FORMAT``)."""
 
 
-
 def parquet_bytes(table) -> bytes:
     """``table`` as the node spool writes a step file (zstd Parquet), in memory: the publisher records the
     file's card in its digest before the file is in place."""
@@ -304,7 +297,7 @@ def read_digests(paths: list[str], part: str = "chunks", with_file: bool = True)
     return read_digest_parts(paths, (part,), with_file)[part]
 
 
-_LARGE = ("hist", "steps")
+_LARGE = ("steps",)
 """The parts of thousands of rows per file (the others have a few per rank)."""
 
 _SCANNED_WHOLE = 2048
@@ -378,11 +371,10 @@ def concat_part(part: str, tables: list):
     return table
 
 
-_KEPT_IN_CHUNKS = ("steps", "hist")
-"""Parts left in their files' chunks: the readers merge the per-step part per step in one pass and take the
-histograms' rows in one query, each reading the chunks about as fast as one copy of them (at 10,000 ranks x
-1,000 steps, 0.06 s against 0.05 s and 0.22 s either way). Copied into one chunk first, they touched 215 MB
-more memory, whose page faults the kernel charges as system time."""
+_KEPT_IN_CHUNKS = ("steps",)
+"""Parts left in their files' chunks: the readers merge the per-step part per step in one pass, reading the
+chunks about as fast as one copy of them (at 10,000 ranks x 1,000 steps, 0.06 s against 0.05 s). Copied into
+one chunk first, they touched 215 MB more memory, whose page faults the kernel charges as system time."""
 
 _READERS = 4
 """Files read at once: pyarrow lets go of the GIL to read and decompress a part, and a fresh process's first

@@ -6,32 +6,25 @@ medians and sums, and two per-step comparisons across ranks): 4-5 s on a live sp
 folds them into three small tables, written in the file's digest (``ranksight.format.digest``):
 
 - ``sums``: per (rank, warm-up or not), the sums, counts and sums of squares the per-rank figures need;
-- ``hist``: per (rank, warm-up or not, figure), a histogram of the figures whose per-rank median the rules
-  read: durations in logarithmic buckets ``RELATIVE_ERROR`` wide (a median read from them is within 0.5 %
-  of the exact one, and exact where a bucket holds one value), whole numbers (bucket counts, bytes) one
-  bucket per value (exact);
+- ``medians``: per (rank, figure) the exact median of the file's rows after warm-up of the figures whose
+  per-rank median the rules read (DuckDB's ``median``, as the readers' row queries take it). A median does
+  not merge: a reader takes it where a rank's rows are in one file alone, and reads the rows' medians
+  otherwise, so a median means the same whatever the layout;
 - ``steps``: per (step, warm-up or not), what each comparison across ranks keeps of the file's ranks: the
   least and second-least wait at collectives and who waited least, the longest compute and whose it was.
 
 Like the readers' queries over rows, every part leaves out a GPU rank's steps without CUDA events
-(``ranksight.format.phases.SAMPLED_SQL``). Every column is a sum, count, minimum or maximum (or the value of the row
-holding one), so a rank's or a step's rows spread over several files merge exactly. Text only (no imports of
+(``ranksight.format.phases.SAMPLED_SQL``). Every column of ``sums`` and ``steps`` is a sum, count, minimum or
+maximum (or the value of the row holding one), so a rank's or a step's rows spread over several files merge
+exactly. Text only (no imports of
 the readers): the publisher is part of the agent."""
 
 from __future__ import annotations
 
-import math
 import re
 
 from .phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
 from .warmup import WARM_SQL
-
-RELATIVE_ERROR = 0.005
-"""Largest relative error of a duration's median read from ``hist``: buckets (1 - a, 1 + a) apart."""
-GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
-_LOG_GAMMA = math.log(GAMMA)
-ZERO_BUCKET = -(2**62)
-"""The bucket of durations of 0 (or below: a clock that stepped back), read as 0."""
 
 _DATA = PHASE_SQL["data_wait_s"]
 _BLOCKED_OR_NULL = f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
@@ -68,7 +61,8 @@ MEDIANS: dict[str, tuple[str, bool]] = {
     "collectives": ("collectives", True),
     "collective_bytes": ("collective_bytes", True),
 }
-"""Figure -> (SQL of one row's value, whole numbers: one bucket per value) of ``hist``."""
+"""Figure -> (SQL of one row's value, whether it is a whole number) of ``medians``, in the order of its
+``figure`` column (from 1)."""
 
 _TOTAL_WAIT = f"({GRAD_COMM_SQL}) + ({BLOCKED_SQL})"
 LEAST_KEY = f"({_TOTAL_WAIT}, rank)"
@@ -112,126 +106,22 @@ def sums_sql(source: str) -> str:
     return f"SELECT rank, {WARM_SQL} AS warm, {cols} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
 
 
-def bucket_sql(value: str, whole: bool) -> str:
-    """The ``hist`` bucket of one value (NULL stays NULL and is not counted)."""
-    if whole:
-        return f"CAST({value} AS BIGINT)"
-    return (
-        f"CASE WHEN {value} IS NULL THEN NULL WHEN {value} <= 0 THEN {ZERO_BUCKET}"
-        f" ELSE CAST(ceil(ln({value}) / {_LOG_GAMMA!r}) AS BIGINT) END"
-    )
-
-
-def bucket_values(bucket, lo, hi):
-    """The values ``hist`` buckets stand for (numpy arrays in, one out): their values' own where they are all
-    one (whole numbers, a duration repeated), else the point of the bucket whose relative distance to every
-    value in it is at most ``RELATIVE_ERROR``, kept within the least and greatest value the bucket holds."""
-    import numpy as np
-
-    with np.errstate(over="ignore", under="ignore"):
-        point = 2 * np.exp(bucket.astype(np.float64) * _LOG_GAMMA) / (GAMMA + 1)
-    return np.where(lo == hi, lo, np.clip(point, lo, hi))
-
-
-def medians_of(rows) -> dict:
-    """{(rank, figure): median} from ``hist`` rows -- numpy arrays ``rank``, ``figure`` (numbers), ``bucket``,
-    ``n``, ``lo``, ``hi``, in any order, a bucket on several rows where several files hold it -- the way
-    DuckDB's median reads the values: the mean of the two middle ones (one for an odd count). Sorted (unless
-    ``_grouped``) and merged here: a GROUP BY ... ORDER BY in DuckDB sorted the same rows more slowly."""
-    import numpy as np
-
-    if not len(rows["n"]):
-        return {}
-    rank, figure, bucket, lo, hi = (np.asarray(rows[c]) for c in ("rank", "figure", "bucket", "lo", "hi"))
-    n = np.asarray(rows["n"]).astype(np.int64)
-    if not _grouped(rank, figure, bucket):
-        order = np.lexsort((bucket, figure, rank))
-        rank, figure, bucket, lo, hi, n = (a[order] for a in (rank, figure, bucket, lo, hi, n))
-    same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
-    same_bucket = same_key & (bucket[1:] == bucket[:-1])
-    if same_bucket.any():  # one row per bucket, merged as MERGED_HIST merges them in SQL: n added, lo/hi kept
-        at = np.flatnonzero(np.r_[True, ~same_bucket])
-        n, lo, hi = np.add.reduceat(n, at), np.minimum.reduceat(lo, at), np.maximum.reduceat(hi, at)
-        rank, figure, bucket = rank[at], figure[at], bucket[at]
-        same_key = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
-    starts = np.flatnonzero(np.r_[True, ~same_key])
-    cum = np.cumsum(n)
-    before = np.r_[0, cum][starts]  # rows counted before each (rank, figure)
-    total = np.add.reduceat(n, starts)
-    low = np.searchsorted(cum, before + (total - 1) // 2, side="right")
-    high = np.searchsorted(cum, before + total // 2, side="right")
-    # The values of the middle buckets alone: a bucket's value depends on that bucket only.
-    middle = (bucket_values(bucket[low], lo[low], hi[low]) + bucket_values(bucket[high], lo[high], hi[high])) / 2
-    return {(int(rank[s]), int(figure[s])): float(m) for s, m in zip(starts, middle)}
-
-
-def _grouped(rank, figure, bucket) -> bool:
-    """Whether the rows of each (rank, figure) are already together, their buckets strictly ascending (one
-    file's ``hist`` part, or node files of disjoint ranks read in turn): then the middles are found without
-    sorting them (most of ``medians_of``'s time at 1,024 ranks). Checked in one pass, not assumed."""
-    import numpy as np
-
-    if len(rank) < 2:
-        return True
-    same = (rank[1:] == rank[:-1]) & (figure[1:] == figure[:-1])
-    if not (bucket[1:][same] > bucket[:-1][same]).all():
-        return False
-    starts = np.r_[0, np.flatnonzero(~same) + 1]
-    ranks, figures = rank[starts].astype(np.int64), figure[starts].astype(np.int64)
-    low, span = int(figures.min()), int(figures.max() - figures.min()) + 1
-    if span < 2**16 and int(np.abs(ranks).max()) < 2**46:  # one number per key: a sort of numbers, not of pairs
-        keys = ranks * span + (figures - low)
-        return len(np.unique(keys)) == len(starts)  # no (rank, figure) begins twice
-    return len(np.unique(np.stack([ranks, figures], axis=1), axis=0)) == len(starts)
-
-
 MEDIANS_COLUMNS: tuple[tuple[str, str], ...] = (("rank", "INTEGER"), ("figure", "TINYINT"), ("median", "DOUBLE"))
-"""Per (rank, figure) of ``medians``: the figure as its position in ``MEDIANS`` (from 1), the median of the
-file's rows after warm-up as ``medians_of`` reads it from this file's ``hist`` rows."""
+"""Per (rank, figure) of ``medians``: the figure as its position in ``MEDIANS`` (from 1), the exact median of
+the file's rows after warm-up."""
 
 
-def figure_rows_sql(source: str, figures: tuple[str, ...] = tuple(MEDIANS)) -> str:
-    """SELECT of the ``hist`` rows in ``source`` after warm-up of ``figures``, as ``medians_of`` takes them: the
-    figure as its position in ``figures`` (from 1; a CASE, cheaper per row than ``list_position``), counts as
-    BIGINT (DuckDB's 128-bit sums would reach numpy as Python objects), in the part's own order."""
-    position = "CASE figure " + " ".join(f"WHEN '{f}' THEN {i}" for i, f in enumerate(figures, 1)) + " END"
-    return (
-        f"SELECT rank, CAST({position} AS TINYINT) AS figure, bucket, n::BIGINT AS n, lo, hi"
-        f" FROM {source} WHERE NOT warm AND ({position}) IS NOT NULL"
-    )
-
-
-def medians_part(rows) -> dict:
-    """The ``medians`` part of one file (numpy arrays, ``MEDIANS_COLUMNS``) from its ``hist`` rows as
-    ``figure_rows_sql`` selects them: each (rank, figure)'s median over the file's rows after warm-up.
-
-    Why: a rank lives on one node, so at 10,000 ranks x 1,000 steps each rank's rows are in one node file,
-    and a reader whose every (rank, figure) is in one file's part reads these medians -- the very numbers
-    ``medians_of`` finds from all the files' histograms, since no other file holds a row of that (rank,
-    figure) -- instead of 2.2 M histogram rows (105 MB) and a pass over them. Where two files hold one, the
-    reader reads the histograms (``collectors._digest_queries``)."""
-    import numpy as np
-
-    found = medians_of(rows)
-    keys = sorted(found)
-    return {
-        "rank": np.array([r for r, _ in keys], np.int32),
-        "figure": np.array([f for _, f in keys], np.int8),
-        "median": np.array([found[k] for k in keys], np.float64),
-    }
-
-
-def hist_sql(source: str) -> str:
-    """SELECT of ``hist`` rows (rank, warm, figure, bucket, n, lo, hi) of the rows in ``source``; ``$warm``."""
+def medians_sql(source: str) -> str:
+    """SELECT of ``medians`` rows of the step rows in ``source`` after warm-up; parameter ``$warm``."""
     parts = [
-        f"SELECT rank, {WARM_SQL} AS warm, '{name}' AS figure, {bucket_sql(value, whole)} AS bucket,"
-        f" CAST({value} AS DOUBLE) AS v FROM {source} WHERE ({value}) IS NOT NULL AND {SAMPLED_SQL}"
-        for name, (value, whole) in MEDIANS.items()
+        f"SELECT rank, {i} AS figure, CAST({value} AS DOUBLE) AS v FROM {source}"
+        f" WHERE NOT ({WARM_SQL}) AND ({value}) IS NOT NULL AND {SAMPLED_SQL}"
+        for i, (value, _) in enumerate(MEDIANS.values(), 1)
     ]
     return (
-        "SELECT rank, warm, figure, bucket, count(*) AS n, min(v) AS lo, max(v) AS hi FROM ("
+        "SELECT rank, CAST(figure AS TINYINT) AS figure, median(v) AS median FROM ("
         + " UNION ALL ".join(parts)
-        + ") GROUP BY rank, warm, figure, bucket ORDER BY rank, warm, figure, bucket"  # read without a sort
+        + ") GROUP BY rank, figure ORDER BY rank, figure"
     )
 
 
@@ -311,13 +201,6 @@ _SUMS_NOT_SUMMED = {
 MERGED_SUMS: dict[str, str] = {c: _SUMS_NOT_SUMMED.get(c, f"sum({c})") for c, _, _ in SUMS_COLUMNS}
 """How ``sums`` rows of several files merge into one per (rank, warm): every column a sum or count but these."""
 
-MERGED_HIST: tuple[tuple[str, str, str], ...] = (
-    ("n", "sum(n)", "BIGINT"),
-    ("lo", "min(lo)", "DOUBLE"),
-    ("hi", "max(hi)", "DOUBLE"),
-)
-"""How ``hist`` rows of several files merge into one per (rank, warm, figure, bucket): column, SQL, type."""
-
 
 def merge_part_sql(part: str, source: str, absent=frozenset()) -> str:
     """SELECT of the rows of verdict part ``part`` in ``source`` merged into one per key, with the part's own
@@ -328,13 +211,9 @@ def merge_part_sql(part: str, source: str, absent=frozenset()) -> str:
     if part == "sums":
         cols = ", ".join(f"CAST({MERGED_SUMS[c]} AS {t}) AS {c}" for c, t, _ in SUMS_COLUMNS)
         return f"SELECT rank, warm, {cols} FROM {source} GROUP BY rank, warm"
-    if part == "hist":
-        cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, sql, t in MERGED_HIST)
-        return f"SELECT rank, warm, figure, bucket, {cols} FROM {source} GROUP BY rank, warm, figure, bucket"
     raise ValueError(f"no verdict part {part!r}")
 
 
 def definition() -> str:
     """Text that changes whenever a part's meaning does (it goes into the digest's key)."""
-    medians = f"medians={list(MEDIANS)} {MEDIANS_COLUMNS} after warm-up, medians_of of the file's hist"
-    return "\n".join([sums_sql("s"), hist_sql("s"), steps_sql("s"), repr(GAMMA), medians])
+    return "\n".join([sums_sql("s"), medians_sql("s"), steps_sql("s")])
