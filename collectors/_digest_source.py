@@ -137,9 +137,9 @@ def covering_digests(con) -> str | None:
 def verdict_digests(con, *wanted: str) -> dict[str, str] | None:
     """{part: name to read it from} of the verdict's digest parts (``ranksight.format.verdict_digest``) ``wanted``
     -- ``sums`` always, ``medians`` and ``steps`` when asked -- when they stand for every row of ``con``'s
-    ``steps`` view, else None. A part is read the first time it is asked for (the breakdown needs no
-    ``steps``, the biggest): from the pending files' digests (merged and kept for the next reader,
-    ``_digest_fold``), and from the store's copies of the ingested segments' (``VERDICT_PART_TABLES``), so a
+    ``steps`` view, else None. Every part is read at the first call, whichever it asks for (each file opened
+    once): from the pending files' digests (merged and kept for the next reader, ``_digest_fold``), and from
+    the store's copies of the ingested segments' (``VERDICT_PART_TABLES``), so a
     live run that ``ingest --every`` compacts is judged from them too. A part that does not read, or a file
     or segment without it, leaves the queries to the rows."""
     import duckdb

@@ -810,4 +810,3 @@ def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:
             f["straggler_work_explained"] = per["work_explained"]
         shared["least_wait_top_share"] = max(feats[r]["least_wait_step_share"] for r in reporting)
     return shared
-

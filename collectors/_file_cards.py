@@ -25,6 +25,7 @@ from ranksight.format.digest_file import footer_hash, read_card, schema_hash
 
 Verdict = tuple  # (problem or None, (name, Arrow type) columns) as ``_segment_checks`` keeps it
 
+
 def vouched(
     folder: str,
     listed: dict[str, tuple[int, int]],
