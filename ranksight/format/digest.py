@@ -74,21 +74,22 @@ def chunk_steps_for(world_size: int) -> int:
     return max(1, int(world_size) // 16)
 
 
-def fold_sql(source: str) -> str:
+def fold_sql(source: str, by: str | None = None) -> str:
     """SELECT of the digest rows of the step rows in ``source``; parameters ``$chunk`` and ``$warm``. A GPU
     rank's steps without CUDA events are left out (``ranksight.format.phases.SAMPLED_SQL``), as the readers leave
-    them out of the rows.
+    them out of the rows. ``by``: a column whose values each get their own rows (``ingest``'s segment name).
 
     Every figure is a sum, count, minimum or maximum, so the rows of one (rank, chunk, warm) spread over
     several files add up: readers sum digest rows again by (rank, chunk).
     """
     sums = ", ".join(f"sum({sql}) AS {c[:-2]}_sum" for c, sql in SUMS.items())
+    key = f"{by}, " if by else ""
     return f"""
-        SELECT rank, any_value(node) AS node, step // $chunk AS chunk, {WARM_SQL} AS warm, count(*) AS n,
+        SELECT {key}rank, any_value(node) AS node, step // $chunk AS chunk, {WARM_SQL} AS warm, count(*) AS n,
                min(step) AS step_min, max(step) AS step_max, min(time_ns) AS t_min, max(time_ns) AS t_max,
                {sums}, sum(coalesce(gpu_compute_s, compute_s)) AS compute_eff_sum,
                max({PERIOD_SQL}) AS step_max_s, count(h2d_s) AS h2d_n
-        FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, chunk, warm"""
+        FROM {source} WHERE {SAMPLED_SQL} GROUP BY {key}rank, chunk, warm"""
 
 
 def digest_key(chunk_steps: int) -> str:
