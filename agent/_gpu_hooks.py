@@ -156,11 +156,12 @@ class GpuMarks:
             self._fwd_marked = True
             self._mark(self._m._step, "f")
 
-    def optimizer(self) -> None:
-        """The optimizer's start, once per step and only after forward: under ``optimizer.step(closure)``
-        the pre-hook fires before the closure runs forward and backward, which are not the optimizer's
-        (the framework's own "before optimizer step" callback marks it then, through the monitor)."""
-        if not self._opt_marked and self._fwd_marked and self._m._in_step:
+    def optimizer(self, framework: bool = False) -> None:
+        """The optimizer's start, once per step and only after forward. Under ``optimizer.step(closure)``
+        the global pre-hook fires before the closure runs forward and backward, which are not the
+        optimizer's; the framework's own "before optimizer step" callback (``framework``) comes after the
+        closure and marks again: the latest mark of a step is the one kept."""
+        if (framework or not self._opt_marked) and self._fwd_marked and self._m._in_step:
             self._opt_marked = True
             self._mark(self._m._step, "o")
 

@@ -390,7 +390,7 @@ class Monitor:
             self._opt_begin_ns = self._clock()
             if self._gpu is not None:
                 try:
-                    self._gpu.optimizer()
+                    self._gpu.optimizer(framework=True)
                 except Exception as exc:
                     self._gpu = None
                     self._fail("gpu", exc)

@@ -446,8 +446,9 @@ def split_closure(trace_path: str) -> str:
     with open(trace_path) as f:
         trace = json.load(f)
     events = [e for e in trace.get("traceEvents", ()) if e.get("ph") == "X"]
+    # Any thread: on a GPU, autograd runs backward on its own device thread, not the caller's.
     backward = sorted(
-        (float(e["ts"]) + float(e.get("dur", 0)), e.get("tid"))
+        float(e["ts"]) + float(e.get("dur", 0))
         for e in events
         if str(e.get("name", "")).startswith("autograd::engine::evaluate_function")
     )
@@ -455,7 +456,7 @@ def split_closure(trace_path: str) -> str:
         if not str(e.get("name", "")).startswith("Optimizer.step#"):
             continue
         start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-        inside = [t for t, tid in backward if start <= t <= end and tid == e.get("tid")]
+        inside = [t for t in backward if start <= t <= end]
         if inside:
             e["ts"], e["dur"] = max(inside), end - max(inside)
     out = trace_path.replace(".trace.json", ".split.trace.json")

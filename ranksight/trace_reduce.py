@@ -218,8 +218,9 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         hi = max(hi, lo)
         span_ns = hi - lo
     sync_calls = _runtime_calls(events, SYNC_CALLS, cpu_lo, cpu_hi)
+    aten_sources = _enclosing_ops(events, sync_calls, aten_only=True)
     if span_ns > 0:
-        samples.update(_gpu_shares(gpu, lo, hi, launch_by_corr, sync_calls))
+        samples.update(_gpu_shares(gpu, lo, hi, launch_by_corr, sync_calls, aten_sources))
         kernels = [e for e in in_window if e.kind == "kernel"]
         samples["kernels_per_step"] = len(kernels) / steps
         # The GPU's own clock: kernel time of the steps' launches, wherever the host was when they ran.
@@ -243,7 +244,6 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["cpu_op_ratio"] = ratio
         samples["loader_cpu_op_ratio"] = loader_ns / step_span if step_span > 0 else 0.0
     syncs = _host_syncs(sync_calls, _enclosing_ops(events, sync_calls))
-    aten_sources = _enclosing_ops(events, sync_calls, aten_only=True)
     h2d_calls = _h2d_copy_calls(gpu, launch_by_corr, cpu_lo, cpu_hi)
     samples["host_syncs_per_step"] = len(sync_calls) / steps
     samples["compiled_syncs_per_step"] = _compiled_syncs(events, sync_calls) / steps
@@ -260,7 +260,9 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
     return WindowReduction(samples, cpu_ops_top, sync_sources, steps, span_ns)
 
 
-def _gpu_shares(gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict, sync_calls: list[Ev]) -> dict[str, float]:
+def _gpu_shares(
+    gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict, sync_calls: list[Ev], sync_sources: list[Optional[Ev]]
+) -> dict[str, float]:
     """Union-of-interval shares of the GPU span [lo, hi)."""
     span = hi - lo
     kernels = [(e.start_ns, e.end_ns) for e in gpu if e.kind == "kernel"]
@@ -298,7 +300,7 @@ def _gpu_shares(gpu: list[Ev], lo: int, hi: int, launch_by_corr: dict, sync_call
             if rt is not None and rt.start_ns >= gap_lo:
                 host_wait += gap_hi - gap_lo
     out["idle_host_wait_ratio"] = host_wait / span
-    out["sync_drain_idle_share"] = _sync_drain_idle_ns(busy, sync_calls) / span
+    out["sync_drain_idle_share"] = _sync_drain_idle_ns(busy, sync_calls, sync_sources) / span
     return out
 
 
@@ -433,24 +435,28 @@ def _copy_syncs(sync_calls: list[Ev], sources: list[Optional[Ev]], h2d_calls: li
     return found
 
 
-def _sync_drain_idle_ns(busy: list[tuple[int, int]], sync_calls: list[Ev]) -> int:
-    """GPU idle after the syncs that found it busy: the gap the host returns into, from the end of the last
-    GPU activity before the sync returned to the next one, which the host could only launch afterwards. A
-    sync that finds the GPU already idle (the host sets the pace) drains nothing; its cost is the host's own
-    time in it. The gap is the one the sync returns into, not the first after the work it found running: an
-    ``.item()`` waits for the step's kernels and then for its own copy back, two activities apart.
-    ``busy``: the GPU's merged activity in the window span."""
+def _sync_drain_idle_ns(busy: list[tuple[int, int]], sync_calls: list[Ev], sources: list[Optional[Ev]]) -> int:
+    """GPU idle after the syncs that waited for it: the gap the host returns into, from the end of the last
+    GPU activity before the sync returned to the next one, which the host could only launch afterwards.
+    A sync waited when that last activity ended after the op around it (``.item()``, ``nonzero``) began:
+    an ``.item()`` into pageable memory waits inside its copy call, and the stream sync after it then finds
+    the GPU idle. A sync whose op began with the GPU already idle (the host sets the pace) drains nothing;
+    its cost is the host's own time in it. ``busy``: the GPU's merged activity in the window span."""
     starts = [a for a, _ in busy]
     drained: set[int] = set()  # index of the busy interval the drained gap follows, counted once
-    for e in sync_calls:
-        i = bisect.bisect_right(starts, e.start_ns) - 1
-        if i < 0 or busy[i][1] <= e.start_ns:
-            continue  # the GPU was idle when the host began to wait
+    for e, op in zip(sync_calls, sources):
+        began = op.start_ns if op is not None else e.start_ns
         j = bisect.bisect_right(starts, e.end_ns) - 1
-        if busy[j][1] > e.end_ns or j + 1 >= len(busy):
-            continue  # returned while the GPU still ran (an event wait), or nothing followed in the window
+        if j < 0 or j + 1 >= len(busy) or busy[j][1] <= began:
+            continue  # nothing ran on the GPU while the host waited, or nothing followed in the window
+        if busy[j][1] > e.end_ns + _CLOCK_SLACK_NS:
+            continue  # returned while the GPU still ran (an event wait on another stream)
         drained.add(j)
     return sum(busy[j + 1][0] - busy[j][1] for j in drained)
+
+
+_CLOCK_SLACK_NS = 20_000
+"""How far a GPU activity's end may read after the host call that waited for it (the two clocks' skew)."""
 
 
 def _sync_op_ns(sync_calls: list[Ev], sources: list[Optional[Ev]]) -> int:

@@ -237,6 +237,23 @@ def test_host_sync_costs_are_bounded_by_the_host_and_leave_batch_copies_to_the_c
     assert f["cost_share"] == pytest.approx(0.38 * 3 / 5) and f["severity"] == "warning"
 
 
+def test_host_syncs_cost_the_idle_they_drained_not_the_wait_inside_them(rules):
+    """H100 figures. A healthy Hugging Face Trainer job: 5 syncs a step (2 end batch copies), the host
+    waiting inside them 56 % of the step for a busy GPU, which then idled 0.2 % after them: listed, not
+    loud. A nanoGPT loop with a per-step NaN check and token count: the GPU idles 13 % of the step, 10 % in
+    the gaps the two syncs returned into (the loop ran 10 % slower than without them): a warning at 10 %."""
+    hf = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.9, "gpu_busy_ratio": 0.94, "idle_ratio": 0.09}
+    hf.update(host_syncs_per_step=5.0, copy_syncs_per_step=2.0, idle_host_wait_ratio=0.06)
+    hf.update(sync_op_share=0.56, host_sync_wait_share=0.558, sync_drain_idle_share=0.002)
+    f = by_rule(evaluate(rules, frame(r0=hf)))["input-path-syncs"]
+    assert f["severity"] == "info" and f["cost_share"] == pytest.approx(0.002)
+    gpt = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.85, "gpu_busy_ratio": 0.87, "idle_ratio": 0.13}
+    gpt.update(host_syncs_per_step=2.0, copy_syncs_per_step=0.0, idle_host_wait_ratio=0.03)
+    gpt.update(sync_op_share=0.03, host_sync_wait_share=0.02, sync_drain_idle_share=0.10, data_wait_host_share=0.05)
+    f = by_rule(evaluate(rules, frame(r0=gpt)))["input-path-syncs"]
+    assert f["severity"] == "warning" and f["cost_share"] == pytest.approx(0.10)
+
+
 def test_allocator_churn_under_pressure_is_fragmentations_not_launch_overhead(rules):
     # nanoGPT with unpadded micro-batches on a nearly full H200: fragmented cache, no retry, the GPU idle
     # 61 % for a host that spends (here, say) 30 % of the step inside cudaFree/cudaMalloc.

@@ -473,3 +473,30 @@ def test_an_item_drains_into_the_gap_after_its_own_copy_back():
     ]
     got = reduce_window(events, model_on_gpu=True).samples
     assert got["sync_drain_idle_share"] == pytest.approx((110 - 63) / (150 - 10))
+
+
+def test_an_item_into_pageable_memory_drains_though_its_stream_sync_finds_the_gpu_idle():
+    """A pageable ``.item()`` waits inside its copy call; the stream sync after it finds the GPU idle. The
+    op around both began while the GPU ran, so the gap after the copy back is the sync's drain. A sync
+    whose op began after the GPU went idle drains nothing."""
+    from ranksight.agent._trace_reduce import AFTER_MARK, WINDOW_MARK, Ev
+
+    us = 1000
+    events = [
+        Ev("ann", WINDOW_MARK, 0, 300 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 1 * us, 3 * us, 1, 1),
+        Ev("kernel", "gemm", 10 * us, 60 * us, 7, 1),
+        Ev("op", "aten::item", 20 * us, 70 * us, 1, 0),
+        Ev("rt", "cudaMemcpyAsync", 21 * us, 64 * us, 1, 2),  # blocks: pageable destination
+        Ev("memcpy", "Memcpy DtoH (Device -> Pageable)", 62 * us, 63 * us, 7, 2),
+        Ev("rt", "cudaStreamSynchronize", 65 * us, 66 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 100 * us, 102 * us, 1, 3),
+        Ev("kernel", "add", 110 * us, 150 * us, 7, 3),
+        Ev("op", "aten::item", 160 * us, 170 * us, 1, 0),  # the GPU idle since 150 µs
+        Ev("rt", "cudaStreamSynchronize", 161 * us, 162 * us, 1, 0),
+        Ev("rt", "cudaLaunchKernel", 180 * us, 182 * us, 1, 4),
+        Ev("kernel", "mul", 190 * us, 200 * us, 7, 4),
+        Ev("ann", AFTER_MARK, 300 * us, 301 * us, 1, 0),
+    ]
+    got = reduce_window(events, model_on_gpu=True).samples
+    assert got["sync_drain_idle_share"] == pytest.approx((110 - 63) / (200 - 10))
