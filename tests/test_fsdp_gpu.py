@@ -34,7 +34,7 @@ def _describe(result: dict) -> list:
 @pytest.mark.xfail(
     strict=False,
     reason="on 2 H200s launch-bound (rank 0, cost 0.77) came before exposed-all-gather (0.29): open, see "
-    "docs/gpu-validation.md 'The FSDP2 demo on 2 GPUs'",
+    "benchmarks/results/gpu_validation_history.md 'The FSDP2 demo on 2 GPUs'",
 )
 def test_gpu_fsdp_without_prefetching_is_exposed_all_gather_first(tmp_path):
     path, result = _run(tmp_path, "fsdp-no-prefetch")
