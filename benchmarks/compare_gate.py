@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,11 +112,15 @@ def busy_loop() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
+PROBES = 3
+"""Pairs of a healthy and a planted run the planted work is calibrated from."""
+
 JOBS = {
-    "cpu": {"device": "cpu", "ranks": 2, "width": 256, "batch": 256, "depth": 3, "steps": 160},
+    "cpu": {"device": "cpu", "ranks": 2, "width": 256, "batch": 256, "depth": 3, "steps": 480},
     "cuda": {"device": "cuda", "ranks": 1, "width": 4096, "batch": 4096, "depth": 6, "steps": 400},
 }
-"""The job per device: on CPU about 10-20 ms a step on a shared 2-core machine (160 steps: a few seconds);
+"""The job per device: on CPU about 10-20 ms a step on a shared 2-core machine (480 steps, 5-10 s: at 160 steps
+the healthy pairs' intervals were 14 % wide, too wide to call an 8 % change);
 on a GPU about 50 ms a step (400 steps: about 20 s)."""
 
 
@@ -170,17 +175,21 @@ def main() -> int:
     started = time.perf_counter()
     try:
         job = lambda run_id, fetch_s=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "fetch_s": fetch_s})  # noqa: E731
-        # The healthy step time, then one planted run to see what that much work costs under this load (a busy
-        # host stretches it), and the planted work set from it.
+        # The healthy step time, then what the planted work costs the step under this load (a busy host
+        # stretches it): PROBES pairs of a healthy run and a planted one, side by side, and the work scaled by
+        # the median change they show. One probe read noise as cost (23 pp of data wait for a 4 % change).
         cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
         step_s = (cal["a_s"] + cal["b_s"]) / 2
-        probe = gate(os.path.join(run_dir, "cal-b"), job("cal-slow", slow * step_s), args.limit, root)
-        # Judged by the data phase's own part of the change, far less noisy than the whole step's.
-        cost = probe.get("data_wait_pp") or 0.0
-        scale = min(1.5, max(0.3, slow / cost)) if cost > 0 else 1.0
+        probes = []
+        for i in range(PROBES):
+            healthy, planted = job(f"cal-h{i}"), job(f"cal-slow{i}", slow * step_s)
+            probes.append(gate(healthy, planted, args.limit, root))
+        cost = statistics.median(p["b_s"] / p["a_s"] - 1 for p in probes if "b_s" in p)
+        scale = min(3.0, max(0.3, slow / cost)) if cost > 0 else 1.0
         sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
+        probe = {"pairs": probes, "median_change": cost, "scale": scale}
         print(f"healthy step {1000 * step_s:.2f} ms; planted work of {100 * slow:.0f} % of it cost "
-              f"{100 * cost:+.1f} pp of data wait: work {1000 * sleeps['slow']:.3f} ms (slow), "
+              f"{100 * cost:+.1f} % of the step (median of {PROBES}): work {1000 * sleeps['slow']:.3f} ms (slow), "
               f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
         runs: dict[str, str] = {}
 
