@@ -144,9 +144,9 @@ class Run:
         return int(self.end_ns - window_s * 1e9)
 
     def path_for(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> str:
-        """Which source serves the figures of a call: ``"digests"`` (the node spool's per-file sums, for the
-        default warm-up over the whole run) or ``"rows"``. The queries make the same choice, per figure,
-        through the same tests."""
+        """Which source serves the figures of a call: ``"digests"`` (the step summaries: the node spool's per
+        file, ``ingest``'s per segment or batch; for the default warm-up over the whole run) or ``"rows"``. The
+        queries make the same choice, per figure, through the same tests."""
         if digests_may_serve(warmup_steps, self.since_ns(window)) and (
             verdict_digests(self) is not None or covering_digests(self) is not None
         ):

@@ -6,6 +6,8 @@ file, appends the segments it does not hold yet in one transaction, records thei
 ``_segments``, and renames the result over ``store.duckdb``. A reader that attached the old file
 keeps reading it (its inode lives on); a new reader attaches the new one. Either way it pairs the
 store with exactly the segments that store has not ingested, so no row is counted twice or missed.
+Beside the rows the store keeps their summary (the step digests: the publisher's where the node spool wrote
+them, else made from the rows just appended), which the readers judge a finished run from.
 
 Ingests of one run are serialised with an ``flock`` on ``.store.lock`` (a second one fails with a
 clear message); a crash mid-ingest leaves only a temporary file, and the store stays as it was.
