@@ -245,6 +245,7 @@ def test_host_syncs_cost_the_idle_they_drained_not_the_wait_inside_them(rules):
     hf = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.9, "gpu_busy_ratio": 0.94, "idle_ratio": 0.09}
     hf.update(host_syncs_per_step=5.0, copy_syncs_per_step=2.0, idle_host_wait_ratio=0.06)
     hf.update(sync_op_share=0.56, host_sync_wait_share=0.558, sync_drain_idle_share=0.002)
+    hf.update(data_wait_share=0.003, data_wait_host_share=0.003)  # the fetch hidden behind the busy GPU
     f = by_rule(evaluate(rules, frame(r0=hf)))["input-path-syncs"]
     assert f["severity"] == "info" and f["cost_share"] == pytest.approx(0.002)
     gpt = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.85, "gpu_busy_ratio": 0.87, "idle_ratio": 0.13}
@@ -252,6 +253,25 @@ def test_host_syncs_cost_the_idle_they_drained_not_the_wait_inside_them(rules):
     gpt.update(sync_op_share=0.03, host_sync_wait_share=0.02, sync_drain_idle_share=0.10, data_wait_host_share=0.05)
     f = by_rule(evaluate(rules, frame(r0=gpt)))["input-path-syncs"]
     assert f["severity"] == "warning" and f["cost_share"] == pytest.approx(0.10)
+
+
+def test_host_syncs_cost_the_fetch_they_leave_exposed_on_the_gpu(rules):
+    """H100 figures. The nanoGPT loop with per-step .item() syncs: the GPU idles through 5.8 % of the step
+    while the host fetches the batch (0.4 % without the syncs, the host a step ahead), though the window's
+    gap after each sync is small: the exposed fetch is the syncs' doing, a warning, first. A slow loader
+    whose fetch outlasts the GPU's busy time keeps the excess: the syncs cost only what a host running ahead
+    would hide (the GPU's busy time), and input-bound stays first."""
+    gpt = {**HEALTHY, "model_on_gpu": 1, "compute_share": 0.8, "gpu_busy_ratio": 0.85, "idle_ratio": 0.2}
+    gpt.update(host_syncs_per_step=2.0, copy_syncs_per_step=0.0, idle_host_wait_ratio=0.13)
+    gpt.update(sync_op_share=0.018, host_sync_wait_share=0.012, sync_drain_idle_share=0.001)
+    gpt.update(data_wait_share=0.058, data_wait_host_share=0.059, data_measured=1)
+    found = evaluate(rules, frame(r0=gpt))
+    assert found[0]["rule"] == "input-path-syncs" and found[0]["severity"] == "warning"
+    assert found[0]["cost_share"] == pytest.approx(0.058)
+    slow = {**gpt, "data_wait_share": 0.75, "data_wait_host_share": 0.76, "idle_ratio": 0.75, "gpu_busy_ratio": 0.25}
+    found = evaluate(rules, frame(r0=slow))
+    assert found[0]["rule"] == "input-bound"
+    assert by_rule(found)["input-path-syncs"]["cost_share"] == pytest.approx(0.75 - (0.76 - 0.25))
 
 
 def test_allocator_churn_under_pressure_is_fragmentations_not_launch_overhead(rules):
