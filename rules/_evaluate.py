@@ -120,6 +120,11 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
     extreme = 0.0  # fmax: a NaN value (no levels to judge it) counts as the least extreme
     if value is not None:
         extreme = np.fmax(np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0), -np.inf)
+    # Where another measure of the figure says otherwise, a level down and less sure, rank by rank.
+    disagree = _disagreeing(rule, frame)
+    if disagree.any():
+        severity = np.where(disagree, np.maximum(np.broadcast_to(severity, (frame.n,)) - 1, 0), severity)
+        confidence = np.where(disagree, confidence * DISAGREE_CONFIDENCE, confidence)
     keys = (severity, _cost(rule, frame), extreme, confidence)
     severity, cost, extreme, confidence = (np.broadcast_to(key, (frame.n,))[at] for key in keys)
     tied = np.arange(at.size)
@@ -138,6 +143,10 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
     fill_env = {**env, **ctx}
     fill_env.update(suggestions(rule, fill_env))
     fill_env.update(value=value, ranks=_ranks_text(ranks, frame.n), cost_share=cost, speedup=speedup(cost))
+    summary = _fill(rule.summary, fill_env)
+    said = [_fill(says, fill_env) for check, says in rule.agree if _false_at(frame.value(check), at[worst])]
+    if said:
+        summary += f" (other measures disagree: {'; '.join(said)})"
     return {
         "axis": rule.axis,
         "rule": rule.id,
@@ -149,9 +158,27 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
         "cost_basis": rule.cost_basis if cost is not None else None,
         "explained_by": None,
         "evidence": evidence,
-        "summary": _fill(rule.summary, fill_env),
+        "summary": summary,
         "fix": fit_fix(rule, fill_env, ctx.get("framework") or "plain"),
     }
+
+
+DISAGREE_CONFIDENCE = 0.6
+"""A finding whose figure another measure contradicts keeps this share of its confidence."""
+
+
+def _disagreeing(rule: Rule, frame: Frame) -> np.ndarray:
+    """Rows where one of the rule's ``agree`` checks is known and false."""
+    out = np.zeros(frame.n, dtype=bool)
+    for check, _ in rule.agree:
+        v = frame.value(check)
+        out |= np.broadcast_to((v.st == OK) & (v.val == 0), (frame.n,))
+    return out
+
+
+def _false_at(v, row: int) -> bool:
+    held = v.at(row)
+    return held is not None and not held
 
 
 def suggestions(rule: Rule, env: dict) -> dict:

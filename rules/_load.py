@@ -42,7 +42,7 @@ _DURATION = re.compile(r"^[0-9]+[smhd]$")
 _RULE_KEYS = {
     "id", "axis", "title", "when", "value", "compare", "levels", "severity", "confidence", "evidence",
     "summary", "fix", "explains", "priority", "prometheus", "cost", "noise", "cost_basis", "suggest", "symptom",
-    "risk",
+    "risk", "agree",
 }  # fmt: skip
 _FIX_KEYS = ("text", "snippet", "cases", "frameworks")
 _ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
@@ -96,6 +96,7 @@ class Rule:
     fix_frameworks: dict = field(default_factory=dict)  # framework -> FixVariant
     symptom: bool = False  # names an effect: a cause that explains it ranks ahead but keeps its own cost
     risk: str | None = None  # why a finding with no time cost may be loud (appended to its summary)
+    agree: tuple = ()  # ((check Expr, says template), ...): other measures of the figure the rule rests on
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,7 @@ class _Checker:
             self.err(m["risk"][1], f"{where}: 'risk' is for a rule with no time cost; this one has a 'cost'")
         suggest = self.suggest(m["suggest"][1], where) if "suggest" in m else ()
         names = {n for n, _ in suggest}
+        agree = self.agree(m["agree"][1], where, names) if "agree" in m else ()
         summary = self.opt(m, "summary", f"{where}: summary")
         if summary is not None:
             summary = self.template(m["summary"][1], summary, where, "summary", names)
@@ -392,8 +394,32 @@ class _Checker:
             levels=levels or (), severity=severity, confidence=confidence, evidence=evidence, explains=explains,
             explains_when=explains_when, priority=priority, prometheus=prometheus,
             cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
-            symptom=symptom, risk=risk, source=f"{self.path}:{node.start_mark.line + 1}",
+            symptom=symptom, risk=risk, agree=agree, source=f"{self.path}:{node.start_mark.line + 1}",
         )  # fmt: skip
+
+    def agree(self, node, where: str, names: set) -> tuple:
+        """``agree``: a list of ``{check: expr, says: template}``, each an independent measure of the figure the
+        rule rests on; where a check is known and false, the finding says so and drops a level."""
+        if not isinstance(node, yaml.SequenceNode):
+            return self.err(node, f"{where}: agree must be a list of {{check, says}}")
+        out = []
+        for item in node.value:
+            m = self.mapping(item, f"{where}: an agree entry")
+            if m is None:
+                continue
+            for key, (knode, _) in m.items():
+                if key not in ("check", "says"):
+                    self.err(knode, f"{where}: unknown agree key {key!r} (expected check, says)")
+            if "check" not in m or "says" not in m:
+                self.err(item, f"{where}: an agree entry needs a 'check' and a 'says'")
+                continue
+            check = self.expr(m["check"][1], f"{where}: agree check")
+            says = self.opt(m, "says", f"{where}: agree says")
+            if says is not None:
+                says = self.template(m["says"][1], says, where, "agree says", names)
+            if check is not None and says is not None:
+                out.append((check, says))
+        return tuple(out)
 
     def rule_severity(self, m: dict, node, where: str, compare: str):
         if "levels" in m and "severity" in m:
