@@ -4,9 +4,11 @@ Phases partition the step's wall time ``[t0, end]``, where ``t0`` is the start o
 that fed the step (or the step's own start without a wrapped loader):
 
     data_wait   [fetch_begin, fetch_end] plus time inside ``mon.data()`` blocks (NULL when neither exists)
-    compute     [forward start, last bucket ready]      (no DDP: up to optimizer start or step end),
+    compute     [forward start, last bucket ready]      (no DDP: up to optimizer start or step end; without
+                bucket marks, backward's end: ``EV_GRAD_SYNC``),
                 less the data fetches and blocking collectives that ran inside it
-    comm_exposed[last bucket ready, min(last bucket done, optimizer start)], plus the time the thread was
+    comm_exposed[last bucket ready, min(last bucket done, optimizer start)] (without bucket marks: backward's
+                end to DDP's wait returning), plus the time the thread was
                 held in other collectives and barriers during the step (``comm_blocked_s`` on its own)
     optimizer   [optimizer pre-hook, post-hook]
     other       the rest (batch to device, loss bookkeeping, zero_grad, logging)
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ranksight.format.phases import host_other
 
-from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_COLLECTIVE, EV_STEP
+from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_COLLECTIVE, EV_GRAD_SYNC, EV_STEP
 
 _NS = 1e-9
 
@@ -36,6 +38,7 @@ class _Pending:
     # (op, origin, group, bytes, begin_ns, end_ns, blocked_ns[, wall clock ns at begin])
     collectives: list = field(default_factory=list)
     age: int = 0
+    sync: tuple | None = None  # (ready_ns, done_ns) of DDP's gradient sync, timed without bucket marks
 
 
 class Assembler:
@@ -46,6 +49,7 @@ class Assembler:
         self._pending: dict[int, _Pending] = {}
         self.last_step = -1
         self.grad_bytes: int | None = None  # what DDP all-reduces per step, when no comm hook times its buckets
+        self.bucket_count: int | None = None  # DDP's buckets, from its logging data, for steps timed by EV_GRAD_SYNC
 
     def add(self, event: tuple) -> None:
         """Feed one raw event from the hot path."""
@@ -62,6 +66,8 @@ class Assembler:
             _, step, index, done_ns = event
             b = self._pending.setdefault(step, _Pending()).buckets.setdefault(index, [0, 0, 0, False])
             b[2] = done_ns
+        elif tag == EV_GRAD_SYNC:
+            self._pending.setdefault(event[1], _Pending()).sync = event[2:]
         elif tag == EV_COLLECTIVE:
             self._pending.setdefault(event[1], _Pending()).collectives.append(event[2:])
 
@@ -94,6 +100,12 @@ class Assembler:
                 if p.collectives or p.buckets
                 else []
             )
+            if p.sync is not None and not p.buckets and row["buckets"]:  # DDP's all-reduce, untimed per bucket
+                crows.append(
+                    {"step": step, "op": "all_reduce", "origin": "ddp", "process_group": "default",
+                     "count": row["buckets"], "bytes": row["bucket_bytes"], "blocked_s": None, "gpu_s": None,
+                     "busy_s": None}
+                )  # fmt: skip
             collectives.extend(crows)
             if self.collective_gpu is not None:
                 begin = min([p.raw[2], *(c[4] for c in p.collectives)])
@@ -135,6 +147,9 @@ class Assembler:
             exposed = max(0, last_done - last_ready) * _NS
             allreduce = sum(b[2] - b[1] for b in p.buckets.values() if b[1] and b[2]) * _NS
             compute_end = last_ready
+        elif p.sync is not None:  # one mark pair per step: no per-bucket all-reduce times
+            compute_end = min(p.sync[0], boundary)
+            exposed = max(0, min(p.sync[1], boundary) - compute_end) * _NS
         else:
             compute_end = boundary
         # Time the thread was held by collectives / data fetches inside [t0, end]; those inside the compute
@@ -172,7 +187,7 @@ class Assembler:
             "allreduce_s": allreduce,
             "optimizer_s": optimizer,
             "other_s": host_other(step_s, data_wait, compute, exposed, comm_blocked, optimizer),
-            "buckets": len(p.buckets) if p.buckets else None,
+            "buckets": len(p.buckets) if p.buckets else (self.bucket_count if p.sync is not None else None),
             "bucket_bytes": bucket_bytes,
             "gpu_compute_s": None,
             "gpu_step_s": None,

@@ -1,12 +1,14 @@
 """Attach the monitor to a model and optimizer: a forward pre-hook, optimizer step hooks, timing of every
-``torch.distributed`` collective (``_collectives``), and on gloo a DDP communication hook that times
-each gradient bucket's all-reduce on the host.
+``torch.distributed`` collective (``_collectives``), and the timing of DDP's gradient all-reduce.
 
-On NCCL the per-bucket hook is not registered: NCCL completes its futures at enqueue, so the host
-learns nothing from it, and a Python callback per bucket cost 1.3-2.8 % of a ~17 ms step on two H200s.
-There the exposed all-reduce is read on the GPU's clock, from the end of backward to the end of DDP's
-wait for its buckets (one post-accumulate-grad hook and one autograd final callback per step,
-``_gpu_hooks``).
+DDP's all-reduce is timed per step, not per bucket, by default: one post-accumulate-grad hook queues an
+autograd final callback at the end of backward (backward's end: the exposed all-reduce starts) which queues
+a second one that runs after DDP's own finalisation has waited for every bucket (the all-reduce done). On
+gloo these are host clocks (``_time_grad_sync``); on NCCL, whose host futures complete at enqueue, CUDA
+events (``_gpu_hooks``). A Python comm hook per bucket (``Config(comm_hook=True)``, gloo only) adds per-bucket
+rows at a price: it runs PyTorch's Python ``allreduce_hook`` instead of DDP's C++ path (0.8 ms of training-
+thread CPU a step on a 2-rank gloo job, ``benchmarks/agent_cost_gloo.py``), and each bucket's done callback
+runs on gloo's communication thread, where it must take the GIL the training thread holds.
 
 All hooks run on the training (or autograd / communication) threads, so each one is a clock read and
 a ``deque.append``; errors inside them are caught, counted, and switch the hook off.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_INFO
+from ._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_GRAD_SYNC, EV_INFO
 from ._protocol import MonitorLike
 
 
@@ -134,13 +136,6 @@ def attach_model(m: MonitorLike, model: Any) -> None:
     else:
         parallelism = "none"
     m._append((EV_INFO, "parallelism", parallelism))
-    # Says what watch() attached to, so a user (and the dashboard's event list) can check it saw the job right.
-    m._reporter.info(
-        "watch",
-        {"ddp": "DDP: per-bucket all-reduce and every other collective timed",
-         "fsdp2": f"FSDP2 {fsdp_note}",
-         "none": "a module without DDP or FSDP2: collectives in user code timed"}[parallelism],
-    )  # fmt: skip
 
     host_hook = False
     if ddp is not None:
@@ -148,11 +143,24 @@ def attach_model(m: MonitorLike, model: Any) -> None:
         host_hook = m.config.comm_hook and facts["backend"] != "nccl"
         facts["comm_hook"] = host_hook
         facts["grad_bytes"] = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
-        m._append((EV_INFO, "ddp", facts))
         if hasattr(ddp, "_get_ddp_logging_data"):
             m._ddp_stats = ddp._get_ddp_logging_data
+            try:
+                facts["buckets"] = ddp_bucket_count(ddp._get_ddp_logging_data())
+            except Exception:
+                facts["buckets"] = None
+        m._append((EV_INFO, "ddp", facts))
         if host_hook:
             _register_comm_hook(m, ddp)
+        elif facts["backend"] != "nccl":
+            _time_grad_sync(m, ddp)
+    # Says what watch() attached to, so a user (and the dashboard's event list) can check it saw the job right.
+    m._reporter.info(
+        "watch",
+        {"ddp": f"DDP: {'per-bucket' if host_hook else 'exposed'} all-reduce and every other collective timed",
+         "fsdp2": f"FSDP2 {fsdp_note}",
+         "none": "a module without DDP or FSDP2: collectives in user code timed"}[parallelism],
+    )  # fmt: skip
 
     if torch.cuda.is_available():
         try:
@@ -184,6 +192,59 @@ def _backend_name(ddp: Any) -> str:
         return str(dist.get_backend(ddp.process_group))
     except Exception:
         return "unknown"
+
+
+def ddp_bucket_count(logging_data: dict) -> int | None:
+    """How many gradient buckets DDP all-reduces a step, from its logging data (``_get_ddp_logging_data()``):
+    the rebuilt layout once DDP has rebuilt its buckets (after its first steps), else the first one."""
+    sizes = logging_data.get("rebuilt_bucket_sizes") or logging_data.get("bucket_sizes")
+    return len(str(sizes).split(",")) if sizes else None
+
+
+def _time_grad_sync(m: MonitorLike, ddp: Any) -> None:
+    """Time DDP's gradient sync on the host clock, once per step and without a per-bucket hook.
+
+    The gradient computed last is the first trainable parameter's (the layers nearest the input finish
+    backward last): its post-accumulate-grad hook marks the end of backward (as ``_gpu_hooks`` does on NCCL;
+    read there, not later, so the mark does not wait behind gloo's threads for a core) and queues ``after_ddp``.
+    DDP queues its finalisation, which waits for every bucket's all-reduce and copies the results into the
+    gradients, when its last bucket becomes ready, after this hook ran; callbacks queued while final
+    callbacks run go to the end, so ``done``, queued by ``after_ddp``, runs after that wait. All three run on
+    the thread that ran backward: no callback on gloo's communication thread. A backward under ``no_sync()``
+    is not marked.
+    """
+    import torch
+
+    param = next((p for p in ddp.parameters() if p.requires_grad), None)
+    if param is None or not hasattr(param, "register_post_accumulate_grad_hook"):
+        m._warn_once("grad_sync", "cannot mark the end of backward (torch < 2.1?): exposed all-reduce is not measured")
+        return
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+    clock, append, is_compiling = m._clock, m._append, m._is_compiling
+    ready_ns = [0]
+
+    def done():
+        try:
+            if m._in_step:
+                append((EV_GRAD_SYNC, m._step, ready_ns[0], clock()))
+        except Exception as exc:
+            m._fail("grad_sync", exc)
+
+    def after_ddp():
+        try:
+            queue(done)
+        except Exception as exc:
+            m._fail("grad_sync", exc)
+
+    def on_grad(tensor):
+        try:
+            if m._in_step and ddp.require_backward_grad_sync and not is_compiling():
+                ready_ns[0] = clock()
+                queue(after_ddp)
+        except Exception as exc:
+            m._fail("grad_sync", exc)
+
+    m._hook_handles.append(param.register_post_accumulate_grad_hook(on_grad))
 
 
 def _register_comm_hook(m: MonitorLike, ddp: Any) -> None:

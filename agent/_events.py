@@ -25,6 +25,11 @@ EV_BUCKET_READY = "B"
 EV_BUCKET_DONE = "D"
 """(tag, step, bucket, done_ns): that bucket's all-reduce future completed (communication thread)."""
 
+EV_GRAD_SYNC = "Y"
+"""(tag, step, ready_ns, done_ns): DDP's gradient sync without the per-bucket hook (gloo's default): backward's
+end, before DDP waits for its buckets, and the moment that wait returned; two autograd final callbacks on the
+thread that ran backward. The step's last synced backward wins (gradient accumulation)."""
+
 EV_COLLECTIVE = "C"
 """(tag, step, op, origin, group, bytes, begin_ns, end_ns, blocked_ns[, wall_begin_ns]): one torch.distributed
 collective or barrier issued outside DDP's gradient buckets. ``end_ns`` is when the calling thread was

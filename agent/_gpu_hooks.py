@@ -260,8 +260,8 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
     """Set up GPU marks, the resolver and the GPU samplers for a model that lives on a CUDA device.
 
     What is sampled comes from ``Config.gpu`` (:class:`~ranksight.agent.GpuOptions`). ``backward_hook``
-    marks the end of backward with one post-accumulate-grad hook (DDP on NCCL, where no per-bucket
-    hook runs).
+    marks the end of backward with one post-accumulate-grad hook (DDP without the per-bucket hook: NCCL
+    always, gloo unless ``Config.comm_hook``).
     """
     import torch
 

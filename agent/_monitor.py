@@ -99,9 +99,10 @@ class _StepContext:
                 )  # fmt: skip
                 m._produced += 1
                 m._step = step + 1
-                # DDP samples its runtime stats on its first iterations and then every 100: step 10 is the
-                # first read that knows about unused parameters; then every ddp_stats_every_steps.
-                if m._ddp_stats is not None and (step == 10 or (step and step % m._ddp_stats_every == 0)):
+                # DDP samples its runtime stats on its first iterations and then every 100: step 2 is the
+                # first read that knows the rebuilt buckets, step 10 the first that knows about unused
+                # parameters; then every ddp_stats_every_steps.
+                if m._ddp_stats is not None and (step in (2, 10) or (step and step % m._ddp_stats_every == 0)):
                     m._append((EV_INFO, "ddp_logging", m._ddp_stats()))
             except Exception as exc:
                 m._fail("step", exc)

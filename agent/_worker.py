@@ -19,6 +19,7 @@ from ranksight._version import __version__
 from ranksight.format.schema import SCHEMA_VERSION
 
 from ._assemble import Assembler
+from ._attach import ddp_bucket_count
 from ._compile import CompilePoller
 from ._config import Config
 from ._events import EV_GPU, EV_INFO, STEP_MARKS
@@ -235,6 +236,10 @@ class Worker(threading.Thread):
             self._info[name] = payload
             if name == "ddp" and not payload.get("comm_hook", True):
                 self._assembler.grad_bytes = payload.get("grad_bytes")
+                if payload.get("backend") != "nccl":  # gloo without the hook: DDP's own bucket count
+                    self._assembler.bucket_count = payload.get("buckets")
+            elif name == "ddp_logging" and self._assembler.bucket_count is not None and isinstance(payload, dict):
+                self._assembler.bucket_count = ddp_bucket_count(payload) or self._assembler.bucket_count
 
     def _open_spool(self) -> None:
         """Open the spool, retried at every flush until it works (a run directory that becomes writable

@@ -59,7 +59,13 @@ def _rank_main(rank: int, cfg: dict, port: int) -> None:
     scenario = cfg["scenario"]
     # The agent's own sampled window on a GPU runs before the profiled steps (it yields to a user's profiler).
     gpu = {"trace_first_step": WARMUP, "trace_every_steps": 10**6} if cuda else None
-    mon = ranksight.init(run_dir=cfg["run_dir"], job=f"import-{scenario}", flush_interval_s=0.5, gpu=gpu)
+    # On gloo the agent runs the per-bucket comm hook here: the importer reads DDP's sync as that hook's marks
+    # (last bucket issued -> its gloo span's end). The default, one mark pair a step, ends the exposed
+    # all-reduce when DDP's wait returns (after DDP copies the buckets into the gradients), which the
+    # importer reads as "other" (docs/agent.md, "DDP's gradient all-reduce").
+    mon = ranksight.init(
+        run_dir=cfg["run_dir"], job=f"import-{scenario}", flush_interval_s=0.5, gpu=gpu, comm_hook=not cuda
+    )
     width, depth, batch, in_features, item_sleep_s, bucket_mb = 128, 3, 4096, 32, 0.0, 25.0
     if scenario == "input":
         item_sleep_s = 0.03

@@ -31,7 +31,8 @@ log = logging.getLogger("ranksight")
 ATTACH_ENV = "RANKSIGHT_ATTACH"
 """Set to 1 by ``ranksight run``; the bootstrap does nothing without it."""
 COMM_HOOK_ENV = "RANKSIGHT_ATTACH_COMM_HOOK"
-"""Set to 0 to leave DDP's communication hook alone (e.g. when the script registers its own later)."""
+"""Set to 1 to register the per-bucket DDP communication hook on gloo (``Config.comm_hook``); unset or 0 leaves
+DDP's hook alone."""
 _FIND_MODEL_STEPS = 3  # optimizer steps to look for the model before giving up on forward marks
 
 #: The ``sitecustomize.py`` that ``ranksight run`` writes into a private folder on ``PYTHONPATH``.
@@ -89,7 +90,7 @@ class _ZeroEdit:
             if user is not None and user.enabled:  # the script is instrumented already: step aside
                 self.off = True
                 return None
-            m = ranksight.init(comm_hook=os.environ.get(COMM_HOOK_ENV, "1") != "0", framework="run")
+            m = ranksight.init(comm_hook=os.environ.get(COMM_HOOK_ENV, "0") == "1", framework="run")
         except Exception as exc:
             self.off = True
             log.warning("ranksight run: agent not started (%s: %s)", type(exc).__name__, exc)

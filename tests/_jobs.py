@@ -32,6 +32,7 @@ class Job:
     bucket_cap_mb: float = 25.0
     slow_rank: int = -1  # this rank is slower every step...
     slow_by: str = "work"  # ...by 6 extra forward passes ("work") or a 25-ms sleep inside the step ("sleep")
+    comm_hook: bool = False  # the per-bucket comm hook (Config.comm_hook) instead of one sync mark per step
     env: dict = field(default_factory=dict)
 
 
@@ -62,7 +63,9 @@ def _rank_main(rank: int, job_dict: dict, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=job.ranks)
     torch.manual_seed(0)
-    mon = ranksight.init(run_dir=job.run_dir, job="tests", flush_interval_s=job.flush_interval_s)
+    mon = ranksight.init(
+        run_dir=job.run_dir, job="tests", flush_interval_s=job.flush_interval_s, comm_hook=job.comm_hook
+    )
 
     layers: list = [nn.Linear(16, job.width), nn.ReLU()]
     for _ in range(job.depth):

@@ -12,7 +12,7 @@ import pytest
 import ranksight
 from ranksight.agent import Config
 from ranksight.agent._assemble import Assembler
-from ranksight.agent._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_STEP
+from ranksight.agent._events import EV_BUCKET_DONE, EV_BUCKET_READY, EV_GRAD_SYNC, EV_STEP
 from ranksight.agent._identity import derive_run_id, resolve
 from ranksight.collectors import open_run, read_rank_meta
 
@@ -42,6 +42,30 @@ def test_phases_partition_the_step():
     assert row["other_s"] == pytest.approx(0.015)  # 10-15 and 80-85 and 95-100
     assert [b["bucket"] for b in buckets] == [0, 1]
     assert buckets[1]["ready_s"] == pytest.approx(0.060) and buckets[1]["is_last"]
+
+
+def test_one_sync_mark_pair_a_step_times_the_exposed_all_reduce():
+    """gloo without the per-bucket hook: backward's end (60) to DDP's wait returned (80), capped at the
+    optimizer; DDP's own bucket count and the gradient bytes; one ddp collectives row; no bucket rows."""
+    a = Assembler(wall_offset_ns=0)
+    a.grad_bytes, a.bucket_count = 300, 2
+    a.add((EV_GRAD_SYNC, 0, 60 * MS, 80 * MS))
+    a.add(_step(0, 10 * MS, 100 * MS, fetch=(0, 10 * MS), fwd=15 * MS, opt=(85 * MS, 95 * MS)))
+    a.add((EV_GRAD_SYNC, 1, 150 * MS, 190 * MS))  # done after the optimizer began (180): capped there
+    a.add(_step(1, 100 * MS, 200 * MS, fwd=110 * MS, opt=(180 * MS, 190 * MS)))
+    a.add(_step(2, 200 * MS, 300 * MS, fwd=210 * MS, opt=(280 * MS, 290 * MS)))  # no synced backward
+    rows, buckets, collectives = a.drain()
+    assert rows[0]["compute_s"] == pytest.approx(0.045) and rows[0]["comm_exposed_s"] == pytest.approx(0.020)
+    assert rows[0]["other_s"] == pytest.approx(0.015)
+    assert rows[0]["allreduce_s"] is None and rows[0]["buckets"] == 2 and rows[0]["bucket_bytes"] == 300
+    assert rows[1]["comm_exposed_s"] == pytest.approx(0.030)
+    assert rows[2]["comm_exposed_s"] is None and rows[2]["buckets"] is None
+    assert rows[2]["compute_s"] == pytest.approx(0.070)  # to the optimizer, as without DDP
+    assert buckets == []
+    assert [(c["step"], c["origin"], c["count"], c["bytes"]) for c in collectives] == [
+        (0, "ddp", 2, 300),
+        (1, "ddp", 2, 300),
+    ]
 
 
 def test_step_waits_for_a_late_bucket_done_then_gives_up_after_one_drain():
@@ -370,14 +394,19 @@ def test_users_own_comm_hook_is_kept_and_timing_degrades_with_one_warning(tmp_pa
 
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
         ddp.register_comm_hook(None, users_hook)
-        mon = ranksight.init(run_dir=str(tmp_path), job="hook", run_id="h", flush_interval_s=0.1)
-        with caplog.at_level(logging.WARNING, logger="ranksight"):
-            _tiny_training_with(mon, ddp, steps=3)
-        mon.close()
-        assert calls  # the user's hook still runs
-        assert sum("could not register a comm hook" in r.getMessage() for r in caplog.records) == 1
-        con = open_run(str(tmp_path / "h"))
-        assert con.execute("SELECT count(*), count(compute_s) FROM steps").fetchone() == (3, 3)
+        # By default the agent registers no comm hook: the user's is never in the way, and nothing is warned.
+        for run_id, comm_hook, warnings in (("default", False, 0), ("h", True, 1)):
+            mon = ranksight.init(
+                run_dir=str(tmp_path), job="hook", run_id=run_id, flush_interval_s=0.1, comm_hook=comm_hook
+            )
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="ranksight"):
+                _tiny_training_with(mon, ddp, steps=3)
+            mon.close()
+            assert calls  # the user's hook still runs
+            assert sum("could not register a comm hook" in r.getMessage() for r in caplog.records) == warnings
+            con = open_run(str(tmp_path / run_id))
+            assert con.execute("SELECT count(*), count(compute_s) FROM steps").fetchone() == (3, 3)
     finally:
         dist.destroy_process_group()
 
