@@ -50,12 +50,14 @@ def test_ddp_model_phases_are_measured(runs):
     from ranksight.collectors import open_run
 
     con = open_run(runs["healthy"])
-    # Forward pre-hook on the strategy's DDP module, all-reduce buckets, optimizer from the hooks.
+    # Forward pre-hook on the strategy's DDP module, DDP's sync marks (exposed all-reduce, its bucket count),
+    # optimizer from the hooks. No per-bucket rows: the comm hook is opt-in (Config.comm_hook).
     missing = con.execute(
-        "SELECT count(*) FROM steps WHERE step >= 1 AND (compute_s IS NULL OR optimizer_s IS NULL OR buckets IS NULL)"
+        "SELECT count(*) FROM steps WHERE step >= 1 AND (compute_s IS NULL OR optimizer_s IS NULL OR buckets IS NULL "
+        "OR comm_exposed_s IS NULL)"
     ).fetchone()[0]
     assert missing == 0
-    assert con.execute("SELECT count(DISTINCT rank) FROM buckets").fetchone()[0] == 2
+    assert con.execute("SELECT count(DISTINCT rank) FROM steps WHERE buckets >= 1").fetchone()[0] == 2
 
 
 def test_disabled_callback_adds_no_work(tmp_path, monkeypatch):
