@@ -123,7 +123,8 @@ def held_rank_main(rank: int, run_dir: str, run_id: str, out_dir: str, steps: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
-    mon = ranksight.init(run_dir=run_dir, job="promtest", flush_interval_s=0.5)
+    # The per-bucket comm hook (opt-in) so that ranksight_allreduce_seconds_total, the per-bucket sum, is not 0.
+    mon = ranksight.init(run_dir=run_dir, job="promtest", flush_interval_s=0.5, comm_hook=True)
     model = DDP(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     mon.watch(model, optimizer=opt)
