@@ -26,35 +26,12 @@ import numpy as np
 from ranksight.collectors import FEATURES
 from ranksight.rules import evaluate, load_rules, parse_rules, run_checklist
 
-from .test_rules_evaluate import HEALTHY
+from .test_severity_invariant import _draw  # the same seeded draws the invariant is tested on
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "rules_golden.json.gz")
 RULES = os.path.join(os.path.dirname(__file__), "data", "rules_golden")
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "corpus_cpu14_features.json.gz")
 _FRAMEWORKS = ("plain", "lightning", "transformers", "accelerate", "run")
-_COUNTS = {"graph_breaks", "recompiles", "recompiles_after_warmup", "memory_alloc_retries_total", "buckets_per_step"}
-_FLAGS = {"model_on_gpu", "ddp", "find_unused_parameters", "compiled", "data_measured", "static_graph"}
-
-
-def _draw(rng: random.Random, names: list[str]) -> dict:
-    """A job: the healthy one with a random half of its figures (and some absent ones) moved anywhere."""
-    f = dict.fromkeys(FEATURES)
-    f.update(HEALTHY)
-    for name in rng.sample(names, k=len(names) // 2):
-        roll = rng.random()
-        if roll < 0.1:
-            f[name] = None
-        elif name in _FLAGS:
-            f[name] = rng.choice((0, 1))
-        elif name in _COUNTS:
-            f[name] = rng.choice((0, 1, 2, 5, 30))
-        elif name.endswith(("_share", "_ratio", "_noise")):
-            f[name] = rng.choice((0.0, 0.01, 0.025, 0.05, 0.15, 0.19, 0.3, 0.6, 0.95)) * rng.uniform(0.9, 1.1)
-        else:
-            current = f.get(name)
-            f[name] = (current if isinstance(current, (int, float)) and current else 1.0) * rng.uniform(0.1, 4.0)
-    f.update(rank=0, steps=rng.choice((3, 40, 400)), ranks_reporting=1, world_size=1)
-    return f
 
 
 def _exprs(rule):
