@@ -234,8 +234,9 @@ SAMPLE_NAMES: dict[str, str] = {
     "waited for the GPU to drain.",
     "copy_syncs_per_step": "Those blocking calls that end a blocking copy of host memory to the GPU "
     "(x.to(device) without non_blocking): the op around the sync also copied host memory in.",
-    "sync_drain_idle_share": "GPU idle right after the blocking calls that found the GPU busy (from the end of "
-    "the work waited for to the next GPU activity), over the window span: the queue each such sync drained.",
+    "sync_drain_idle_share": "GPU idle in the gap each blocking call returned into, where the op around it began "
+    "with the GPU busy (from the last GPU activity before the return to the next one), over the window span: the "
+    "queue each such sync drained.",
     "sync_op_share": "Host time inside the ops that made those blocking calls (.item(), nonzero, .cpu(): the wait, "
     "the copy back and the op's own work; each op once), over the traced steps' time.",
     "pageable_copy_host_share": "Host time inside the runtime calls that copied pageable host memory to the GPU "
