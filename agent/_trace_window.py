@@ -1,5 +1,5 @@
 """The sampled kernel-level window: every few hundred steps (or ~60 s), trace a couple of steps with
-the Kineto profiler (CPU + CUDA) and reduce the trace on the agent thread.
+the Kineto profiler (CPU + CUDA) and reduce the trace off the training thread (a child process, else the agent thread).
 
 Why the low-level profiler calls instead of ``torch.profiler.profile``: its ``__exit__`` calls
 ``torch.cuda.synchronize()`` and parses every event into Python objects on the training thread.

@@ -121,7 +121,8 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
     if value is not None:
         extreme = np.fmax(np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0), -np.inf)
     # Where another measure of the figure says otherwise, a level down and less sure, rank by rank.
-    disagree = _disagreeing(rule, frame)
+    checks = _agree_checks(rule, frame)
+    disagree = np.logical_or.reduce([false for _, false in checks]) if checks else np.zeros(frame.n, dtype=bool)
     if disagree.any():
         severity = np.where(disagree, np.maximum(np.broadcast_to(severity, (frame.n,)) - 1, 0), severity)
         confidence = np.where(disagree, confidence * DISAGREE_CONFIDENCE, confidence)
@@ -144,7 +145,7 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
     fill_env.update(suggestions(rule, fill_env))
     fill_env.update(value=value, ranks=_ranks_text(ranks, frame.n), cost_share=cost, speedup=speedup(cost))
     summary = _fill(rule.summary, fill_env)
-    said = [_fill(says, fill_env) for check, says in rule.agree if _false_at(frame.value(check), at[worst])]
+    said = [_fill(says, fill_env) for says, false in checks if false[at[worst]]]
     if said:
         summary += f" (other measures disagree: {'; '.join(said)})"
     return {
@@ -167,18 +168,13 @@ DISAGREE_CONFIDENCE = 0.6
 """A finding whose figure another measure contradicts keeps this share of its confidence."""
 
 
-def _disagreeing(rule: Rule, frame: Frame) -> np.ndarray:
-    """Rows where one of the rule's ``agree`` checks is known and false."""
-    out = np.zeros(frame.n, dtype=bool)
-    for check, _ in rule.agree:
+def _agree_checks(rule: Rule, frame: Frame) -> list[tuple[str, np.ndarray]]:
+    """Each of the rule's ``agree`` checks: its text, and the rows where it is known and false."""
+    out = []
+    for check, says in rule.agree:
         v = frame.value(check)
-        out |= np.broadcast_to((v.st == OK) & (v.val == 0), (frame.n,))
+        out.append((says, np.broadcast_to((v.st == OK) & (v.val == 0), (frame.n,))))
     return out
-
-
-def _false_at(v, row: int) -> bool:
-    held = v.at(row)
-    return held is not None and not held
 
 
 def suggestions(rule: Rule, env: dict) -> dict:
