@@ -176,20 +176,23 @@ def main() -> int:
     try:
         job = lambda run_id, fetch_s=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "fetch_s": fetch_s})  # noqa: E731
         # The healthy step time, then what the planted work costs the step under this load (a busy host
-        # stretches it): PROBES pairs of a healthy run and a planted one, side by side, and the work scaled by
-        # the median change they show. One probe read noise as cost (23 pp of data wait for a 4 % change).
+        # stretches it): PROBES pairs of a healthy run and a planted one, side by side, and the work scaled so
+        # that the data wait it adds is ``slow`` of the healthy step. The data wait is what the work adds (the
+        # fetch runs on the training thread, before the step's other phases); the step time also carries the
+        # host's load, which moved it -7 % to +28 % between healthy reruns, so a median of three step changes
+        # had scaled the work to half its size.
         cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
         step_s = (cal["a_s"] + cal["b_s"]) / 2
         probes = []
         for i in range(PROBES):
             healthy, planted = job(f"cal-h{i}"), job(f"cal-slow{i}", slow * step_s)
             probes.append(gate(healthy, planted, args.limit, root))
-        cost = statistics.median(p["b_s"] / p["a_s"] - 1 for p in probes if "b_s" in p)
+        cost = statistics.median(p["data_wait_pp"] for p in probes if p.get("data_wait_pp") is not None)
         scale = min(3.0, max(0.3, slow / cost)) if cost > 0 else 1.0
         sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
-        probe = {"pairs": probes, "median_change": cost, "scale": scale}
-        print(f"healthy step {1000 * step_s:.2f} ms; planted work of {100 * slow:.0f} % of it cost "
-              f"{100 * cost:+.1f} % of the step (median of {PROBES}): work {1000 * sleeps['slow']:.3f} ms (slow), "
+        probe = {"pairs": probes, "median_data_wait": cost, "scale": scale}
+        print(f"healthy step {1000 * step_s:.2f} ms; planted work of {100 * slow:.0f} % of it added "
+              f"{100 * cost:+.1f} pp of data wait (median of {PROBES}): work {1000 * sleeps['slow']:.3f} ms (slow), "
               f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
         runs: dict[str, str] = {}
 
@@ -261,6 +264,7 @@ def summarise(pairs: dict, rounds: list, started: float) -> dict:
         "slow_change": spread([p.get("change") for p in pairs["slow"]]),
         "slow_data_wait_pp": spread([p.get("data_wait_pp") for p in pairs["slow"]]),
         "small_change": spread([p.get("change") for p in pairs["small"]]),
+        "small_data_wait_pp": spread([p.get("data_wait_pp") for p in pairs["small"]]),
         "loadavg_1m": spread([r["load"]["loadavg"][0] for r in rounds]),
         "wall_s": time.perf_counter() - started,
     }
