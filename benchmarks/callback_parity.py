@@ -497,7 +497,8 @@ def part_parity(args) -> dict:
     return {"profiled_steps": PROFILED, "jobs": jobs}
 
 
-def part_cost(args, job: str) -> dict:
+def part_cost(args, job: str, save=lambda figures: None) -> dict:
+    """The cost rounds; ``save`` gets the figures so far after each round (a call cut short keeps its rounds)."""
     from benchmarks._harness import rotated
 
     arms = list(args.arms)
@@ -521,6 +522,7 @@ def part_cost(args, job: str) -> dict:
         base = got["none"].get("step_s")
         ratios = {arm: (got[arm]["step_s"] / base if base and got[arm].get("step_s") else None) for arm in arms}
         rounds.append({"round": r, "order": rotated(arms, r), "launches": got, "ratio": ratios})
+        save({"job": job, "steps": steps, "warm": warm, "arms": arms, "rounds": rounds})
     summary = {
         arm: statistics.median([x["ratio"][arm] for x in rounds if x["ratio"][arm] is not None] or [float("nan")])
         for arm in arms
@@ -575,18 +577,23 @@ def main() -> None:
     elif args.part == "cost-summary":
         figures = part_summary(args)
     else:
-        figures = part_cost(args, "transformers" if args.part == "cost-hf" else "lightning-net")
         name = f"{args.part}-r{args.first_round}"
+        job = "transformers" if args.part == "cost-hf" else "lightning-net"
+        figures = part_cost(args, job, save=lambda so_far: write(args.out, name, so_far))
     figures["wall_s"] = time.perf_counter() - t0
+    write(args.out, name, figures)
+
+
+def write(out: str, name: str, figures: dict) -> None:
     try:
         from benchmarks._harness import header
 
         figures["header"] = header()
     except Exception:
         pass
-    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(figures, f, indent=1, default=str)
-    print(f"wrote {os.path.join(args.out, name + '.json')} in {figures['wall_s']:.0f} s")
+    print(f"wrote {os.path.join(out, name + '.json')} ({figures.get('wall_s', 0):.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
