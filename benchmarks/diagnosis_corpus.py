@@ -54,7 +54,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -156,8 +155,7 @@ class RunResult:
     breakdown: list = field(default_factory=list)
     truth: dict = field(default_factory=dict)  # the fault's share of the step, per rank, as the script timed it
     error_tail: str = ""
-    # --ingest-every: the `ranksight ingest --every S --prune` beside the job (exit code, passes it printed)
-    ingest: Optional[dict] = None
+    ingest: Optional[dict] = None  # kept for older results.jsonl (an ingest run beside the job, retired)
     fixed: bool = False  # --check-fix: the fault with its finding's fix applied (not scored for recall)
 
 
@@ -314,44 +312,6 @@ def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
     return ranks
 
 
-INGEST_STOP_S = 90.0
-"""How long ``ingest --every`` may take after the job ends (its last pass, once every rank has stopped)."""
-
-
-def _ingest_beside(run_path: str, every: float, env: dict, log_path: str, job_done: threading.Event) -> dict:
-    """``ranksight ingest RUN --every S --prune --prune-after 0`` beside a job, as a user compacts a live run:
-    started once the job's run folder holds a rank file, left to end by itself after the job (its last pass),
-    killed after ``INGEST_STOP_S``. Returns {"returncode", "passes"}."""
-    ranks = os.path.join(run_path, "ranks")
-    while not (os.path.isdir(ranks) and os.listdir(ranks)):
-        if job_done.is_set():
-            return {"returncode": None, "passes": 0}  # the job never wrote: nothing to compact
-        time.sleep(0.1)
-    cmd = [
-        sys.executable,
-        "-m",
-        "ranksight",
-        "ingest",
-        run_path,
-        "--every",
-        str(every),
-        "--prune",
-        "--prune-after",
-        "0",
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        job_done.wait()
-        try:
-            rc = proc.wait(timeout=INGEST_STOP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = proc.wait()
-    with open(log_path) as f:
-        passes = sum("segments, +" in line for line in f)
-    return {"returncode": rc, "passes": passes}
-
-
 def run_one(
     script_name: str,
     fault: str,
@@ -362,7 +322,6 @@ def run_one(
     src: Optional[str] = None,
     launch: Launch = Launch(),
     diagnose: bool = True,
-    ingest_every: Optional[float] = None,
     fixed: bool = False,
 ) -> RunResult:
     """One job and its diagnosis; never raises for a failing job (status and error_tail say what failed).
@@ -379,21 +338,7 @@ def run_one(
     os.makedirs(run_dir, exist_ok=True)
     res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault], fixed=fixed)
     cmd = launch_command(script, fault, steps, run_dir, run_id, launch, fixed)
-    beside = None
-    if ingest_every:
-        done, found = threading.Event(), {}
-        ingest_log = os.path.join(root, "logs", run_id + ".ingest.log")
-        beside = threading.Thread(
-            target=lambda: found.update(_ingest_beside(run_path, ingest_every, job_env("", src), ingest_log, done))
-        )
-        beside.start()
-    try:
-        rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
-    finally:
-        if beside is not None:
-            done.set()
-            beside.join()
-            res.ingest = found
+    rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
     res.elapsed_s = round(res.elapsed_s, 1)
     res.returncode = rc
     res.truth = truth_summary(truth_dir)
@@ -416,26 +361,6 @@ def run_one(
         return res
     _fill_from_report(res, report)
     return res
-
-
-def ingest_beside_summary(results: list) -> dict:
-    """What ``--ingest-every`` did: ingests that ended cleanly, their passes, and the diagnosed runs whose
-    every rank's step count is the script's own (``truth``) less the warm-up: no row lost or counted twice
-    while the store took them in and the spool was pruned under the readers."""
-    diagnosed = [r for r in results if r.status == "ok" and r.truth]
-    exact = [
-        r
-        for r in diagnosed
-        if all(r.steps_per_rank.get(rank) == t["steps"] - WARMUP_STEPS for rank, t in r.truth.items())
-    ]
-    ran = [r for r in results if r.ingest]
-    return {
-        "ingests_ended_cleanly": sum(r.ingest.get("returncode") == 0 for r in ran),
-        "ingests": len(ran),
-        "passes_median": statistics.median([r.ingest.get("passes", 0) for r in ran]) if ran else 0,
-        "steps_exact": len(exact),
-        "diagnosed": len(diagnosed),
-    }
 
 
 FINDING_KEYS = ("rule", "severity", "confidence", "ranks", "cost_share", "speedup", "cost_basis", "explained_by")
@@ -908,9 +833,6 @@ def main(argv: Optional[list] = None) -> int:
     add("--dist-backend", default=None, help=backend)
     add("--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)")
     add("--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)")
-    ingest = "run `ranksight ingest RUN --every S --prune --prune-after 0` beside each job (a live run compacted as "
-    ingest += "it writes); the verdict then reads the store"
-    add("--ingest-every", type=float, default=None, metavar="S", help=ingest)
     repeats_of = "this many repeats of these faults instead of --repeats (e.g. pageable=3)"
     add("--repeats-of", nargs="+", default=[], metavar="FAULT=N", help=repeats_of)
     check_fix = f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
@@ -963,7 +885,7 @@ def main(argv: Optional[list] = None) -> int:
                 break
             t_job = time.monotonic()
             diagnose = not args.no_diagnose
-            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, diagnose, args.ingest_every, fixed)
+            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, diagnose, fixed)
             results.append(r)
             longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
@@ -976,16 +898,11 @@ def main(argv: Optional[list] = None) -> int:
             )
     finally:
         summary = score(results)
-        if args.ingest_every:
-            summary["ingest_beside"] = ingest_beside_summary(results)
         header = (
             f"ranksight diagnosis corpus, {started}, commit {head[:12]}, source {source_hash[:12]}, "
             f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
             f"ranksight: {source}"
         )
-        if args.ingest_every:
-            header += f"\n`ranksight ingest --every {args.ingest_every:g} --prune --prune-after 0` beside each job: "
-            header += f"{summary['ingest_beside']}"
         if left_out:
             header += "\nleft out by --budget-s: " + ", ".join(
                 f"{s}/{f}{' (fixed)' if fixed else ''}/{rep}" for s, f, rep, fixed in left_out

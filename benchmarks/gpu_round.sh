@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # One validation round on a machine with 2 GPUs (NCCL): the agent's cost beside its peers on one GPU,
-# collective timing against torch.profiler, the demo's sync faults, and the CUDA tests. Work happens in $WORK; the JSON
+# the demo's sync faults, the CUDA tests, ranksight import against the agent and the sampled shares. Work happens in $WORK; the JSON
 # results and the run folders (packed in runs.tgz, for diagnosis elsewhere; the tests' own under pytest/)
 # are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
-# PARTS picks what runs (default all): overhead collectives demo tests import shares. COST_ARGS passes options to
+# PARTS picks what runs (default all): overhead demo tests import shares. COST_ARGS passes options to
 # benchmarks/gpu_cost.py (default: its defaults, 3 rounds of no tool / ranksight / ranksight disabled /
 # TraceML / torch.profiler at ~3 and ~10 ms steps on GPU 0; TraceML needs its wheels in .whl/);
 # ROUND_TESTS the test files; IMPORT_MB the size of the large imported trace (default 500); SHARES_FAULTS
 # and SHARES_STEPS the demo jobs whose sampled shares are compared with every step's. Each part runs under
 # its own `timeout` (PART_TIMEOUT, default 540 s) so the parts after a slow one still run.
 set -u
-PARTS=${PARTS:-overhead collectives demo tests import shares}
+PARTS=${PARTS:-overhead demo tests import shares}
 T=${PART_TIMEOUT:-540}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-gpu-round}
@@ -37,15 +37,8 @@ export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
 rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests benchmarks "$W/t/"  # some tests load benchmarks/ scripts
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
-if has collectives; then
-  for s in metrics fsdp2; do
-    torchrun --nproc-per-node 2 benchmarks/gpu_collectives.py run --out "$W/coll" --scenario $s 2>&1 | tail -3
-  done
-  python3 -P benchmarks/gpu_collectives.py report "$W/coll" 2>&1 | tail -40
-  cp "$W/coll/gpu_collectives.json" "$OUT/"
-fi
 if has overhead; then
-  # Each tool in its own launch, the order rotated every round (one GPU; see docs/benchmarks.md, 1f).
+  # Each tool in its own launch, the order rotated every round (one GPU).
   CUDA_VISIBLE_DEVICES=0 timeout "$T" python3 -P benchmarks/gpu_cost.py --work "$W/overhead" --json "$OUT/gpu_cost.json" \
     ${COST_ARGS:-} 2>&1 | tee "$OUT/gpu_cost.log" | tail -30
 fi
@@ -76,6 +69,6 @@ if has shares; then
   timeout "$T" python3 -P benchmarks/sampled_shares.py compare "$W"/shares/runs/* --every 4 8 16 \
     --json "$OUT/gpu_sampled_shares.json" 2>&1 | tail -30
 fi
-RUNS=$(cd "$W" && ls -d coll/runs demo/runs overhead/runs imp shares/runs pytest 2>/dev/null)
+RUNS=$(cd "$W" && ls -d demo/runs overhead/runs imp shares/runs pytest 2>/dev/null)
 [ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"

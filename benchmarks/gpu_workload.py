@@ -1,8 +1,8 @@
 """A small GPT-like workload on synthetic data (bf16 autocast on a GPU).
 
-Shared by the GPU cost and collective-timing scripts (``benchmarks/gpu_cost.py``,
-``benchmarks/gpu_collectives.py``). The planted faults of the retired ``gpu_validate.py`` (pageable
-copies, a LayerNorm on the CPU, ``.item()``, fragmentation) are in this file at commit d0882b6.
+The GPU cost benchmark's job (``benchmarks/gpu_cost.py``). The retired collective-timing script
+(``gpu_collectives.py``) ran it too, at commit e40e411; the planted faults of the retired ``gpu_validate.py``
+(pageable copies, a LayerNorm on the CPU, ``.item()``, fragmentation) are in this file at commit d0882b6.
 """
 
 from __future__ import annotations

@@ -7,53 +7,36 @@ Every scale figure the docs give comes from one run of this script (``--json`` k
     ``--step-ms``, one collective row per step, 8 samples per flush) through the agent's own
     ``SpoolWriter``, its rank file every flush, for ``--seconds``. Three runs: every rank writing to the
     run folder (the default agent), and the node spool (``Config.node_spool_dir``) with the job declared
-    as 1,024 and as 10,000 ranks, 8 per node, so each node publishes at that job's interval. A 2-core
-    machine cannot run 10,000 ranks: it runs ``--nodes`` nodes, time-compressed ``--speed`` times (flush
-    interval, publish interval and the file budget all scaled together, rows per flush as at real speed),
-    and the job's figures are the per-rank (default agent) or per-node (node spool) figures times the
-    ranks or nodes -- ranks and nodes do not talk to each other, so that product is exact, not a model.
+    as 1,024 and as 10,000 ranks, 8 per node. A 2-core machine cannot run 10,000 ranks: it runs ``--nodes``
+    nodes, time-compressed ``--speed`` times (flush interval, publish interval and the file budget scaled
+    together, rows per flush as at real speed), and the job's figures are the per-rank or per-node figures
+    times the ranks or nodes -- ranks and nodes do not talk to each other, so that product is exact.
 ``prometheus``
     Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
-    A 1,024-rank spool (``--store-steps`` steps each; 10,000 for the headline figure) in both layouts, one
-    segment per rank and one merged file per node of 8: ``ingest`` rows/s (and the verdict's answers over the
-    new store, computed after it as ``ranksight ingest`` does; inside it for older code), ``step_breakdown``
-    and ``diagnose()`` on the live spool (in this process, and as the first call of fresh processes) and on
-    the store, each beside DuckDB doing the least the same job takes (Arrow insert, Parquet -> table, GROUP
-    BY over the store, the same GROUP BY over the files); and the dashboard's Verdict page in headless
-    Chromium (``/usr/bin/chromium``) on each: a fresh server opened the moment it answers, then the page once
-    more, taking turns ``PAGE_ROUNDS`` times with a one-line Streamlit page on a fresh server (``--no-browser``
-    leaves it out).
-``dashboard``
-    The dashboard's rollup (first build, in this process and in fresh ones; refresh) and heatmap queries over
-    a node-merged spool of ``--dash-ranks`` x ``--dash-steps``.
+    A spool of ``--store-ranks`` x ``--store-steps`` (10,000 steps for the headline figure) in each of
+    ``--layouts`` (one segment per rank, one merged file per node of 8): ``step_breakdown`` and ``diagnose()``
+    on the live spool (in this process and as the first call of fresh processes), ``ingest`` in fresh
+    processes taking turns with DuckDB's Parquet -> table, the same calls on the store, and the dashboard's
+    Verdict page in headless Chromium taking turns with a one-line Streamlit page on fresh servers
+    (``--no-browser`` leaves it out).
 ``first``
-    The first ``diagnose()`` and ``open_run`` + ``step_breakdown`` of fresh processes on a node-merged spool of
+    The first ``diagnose()`` and ``open_run`` + ``step_breakdown`` of fresh processes on a node spool of
     ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
-    DuckDB's GROUP BY over the same files in a fresh process, and with ``--old-site`` an older version's
-    first ``diagnose()`` (``first_call_time.py``). A kept ``--dir`` is read again, not rebuilt.
-``digest``
-    What the node spool's publisher spends on one step file's digest, every part against the rollup's alone.
-``live``
-    A live run's store (ingested, no answers yet): ``step_breakdown`` and ``diagnose()`` from the verdict's
-    digest parts the store keeps and from its rows, on the node spool of ``--store-ranks`` x ``--store-steps``.
+    DuckDB's GROUP BY over the same files in a fresh process; ``--job-ranks``: rank files holding a DDP rank's
+    sections, as a job writes them. A kept ``--dir`` is read again, not rebuilt.
 ``nodes``
     Reading a run through ``--node-counts`` attached per-node stores (copies of one node's) against absorbing
     them with ``ingest --nodes`` first, as the first call of fresh processes.
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
 (rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
-
-Usage: ``python benchmarks/scale.py [--sections spool,prometheus,store,dashboard,first,digest,live,nodes] [--seconds 40]
-[--speed 10] [--nodes 2] [--store-steps 2000] [--layouts rank,node] [--no-browser] [--json OUT]``. Run it under
-``nice`` on a shared machine.
+Run it under ``nice`` on a shared machine.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
 import random
 import resource
@@ -64,8 +47,7 @@ import sys
 import tempfile
 import time
 
-from _harness import cli, fresh_process, timed, write_results
-from first_call_time import FLOOR_SQL, first_call_figures, first_calls_s, measure, node_spool
+from _harness import cli, fresh_process, in_rounds, timed, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -73,25 +55,16 @@ FLOORS = {
     # figure -> the DuckDB floor it is compared with (the same files, or the same store)
     "breakdown_live_s": "duckdb_groupby_files_s",
     "breakdown_live_first_fresh_s": "duckdb_groupby_files_s",
-    "breakdown_live_without_digests_s": "duckdb_groupby_files_s",
     "diagnose_live_s": "duckdb_groupby_files_s",
     "diagnose_live_first_fresh_s": "duckdb_groupby_files_s",
-    "diagnose_live_without_digests_s": "duckdb_groupby_files_s",
-    "rollup_first_build_live_s": "duckdb_groupby_files_s",
     "breakdown_store_s": "duckdb_groupby_table_s",
     "diagnose_store_s": "duckdb_groupby_table_s",
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
-    "ingest_rows_per_s_without_answers": "duckdb_arrow_insert_rows_per_s",
-    "ingest_and_answers_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_live_s",
     "verdict_first_render_store_s": "streamlit_floor_first_store_s",
     "verdict_render_again_live_s": "streamlit_floor_again_s",
     "verdict_render_again_store_s": "streamlit_floor_again_s",
-    "rollup_first_build_s": "duckdb_groupby_files_s",
-    "rollup_first_build_fresh_s": "duckdb_groupby_files_s",
-    "rollup_first_build_from_rows_s": "duckdb_groupby_files_s",
     "diagnose_first_s": "duckdb_groupby_files_s",
-    "diagnose_first_before_s": "duckdb_groupby_files_s",
     "breakdown_first_s": "duckdb_groupby_files_s",
 }
 """Each timed figure of the sections and its floor. Rows/s figures are rates: their ratio is the floor's rate
@@ -362,7 +335,7 @@ def prometheus_series() -> dict:
 # ------------------------------------------------------------------ store
 
 
-def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: bool = True) -> tuple[int, int]:
+def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[int, int]:
     """Write ``ranks`` x ``steps`` step rows as real spool files (the agent's Arrow schema, zstd Parquet): one
     segment and rank file per rank, or one file per node of 8 ranks with its digest and one rank file per node,
     as the node spool publishes them; the last rank is 1.3x slower in compute. Returns (files, rows)."""
@@ -414,7 +387,7 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
         )
         table = pa.Table.from_arrays(arrays, schema=schema)
         data = parquet_bytes(table)
-        if digests and per_node:  # as the node spool's publisher writes it, before the file, with its card
+        if per_node:  # as the node spool's publisher writes it, before the file, with its card
             write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
@@ -432,66 +405,66 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool, digests: 
     return files, ranks * steps
 
 
-def dashboard_figures(base: str, ranks: int, steps: int) -> dict:
-    """The dashboard's rollup (first build, from the digests and from the rows) and heatmap queries over a
-    node-merged spool of ``ranks``."""
-    import duckdb
-    import pyarrow.parquet as pq
+# ------------------------------------------------------------------ fresh processes and DuckDB's floors
 
-    from ranksight.collectors import segment_files
-    from ranksight.dashboard import _queries as q
-    from ranksight.dashboard._rollup import Rollup
-    from ranksight.format.digest import digest_of
+_CALL = r"""
+import json, resource, sys, time
+run, what = sys.argv[1], sys.argv[2]
+import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
+from ranksight.collectors import open_run
+from ranksight.collectors._queries import step_breakdown
+from ranksight.rules import diagnose
+before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+if what == "breakdown":
+    con = open_run(run, follow_spool=False)
+    step_breakdown(con)
+    con.close()
+else:
+    diagnose(run)
+wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"times": [wall], "user_s": after.ru_utime - before.ru_utime,
+                  "system_s": after.ru_stime - before.ru_stime}))
+"""
 
-    run_path = os.path.join(base, f"dash-{ranks}x{steps}", "bench-run")
-    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
-    t0 = time.perf_counter()
-    files, rows = build_spool(run_path, ranks, steps, per_node=True)
-    built_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rollup = Rollup(run_path)
-    rollup_s = time.perf_counter() - t0
-    assert rollup.digested == files, (rollup.digested, files)
-    rollup_fresh = [rollup_first_build_s(run_path)["seconds"] for _ in range(FRESH_PROCESSES)]
-    # The same first build from the files' rows (as for files published without digests), and its result.
-    with digests_aside(run_path):
-        rollup_rows_s, from_rows = timed(lambda: Rollup(run_path), repeats=1)
-    totals = "SELECT rank, sum(n), sum(step_sum), sum(compute_sum), max(step_max_s) FROM rollup GROUP BY 1 ORDER BY 1"
-    for a, b in zip(rollup.cursor().execute(totals).fetchall(), from_rows.cursor().execute(totals).fetchall()):
-        assert a[:2] == b[:2] and all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a[2:], b[2:])), (a, b)
-    from_rows.close()
-    one_file = pq.read_table(segment_files(run_path, "steps")[0])
-    digest_s, _ = timed(lambda: digest_of(one_file))
-    con = rollup.cursor()
-    order_s, order = timed(lambda: q.rank_order(con, "mean compute (most first)"))
-    heat_s, hm = timed(lambda: q.heatmap(con, "compute_s", order, 60, 128, 16))
-    assert hm["rows"][0]["ranks"] == [ranks - 1], hm["rows"][0]  # the slow rank is named, on top
-    refresh_s, _ = timed(rollup.refresh)
-    # DuckDB's floor for the first build: one GROUP BY (rank, chunk of steps) over the same files, one sum.
-    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
-    floor_sql = f"SELECT rank, step // {rollup.chunk_steps}, sum(step_s) FROM read_parquet('{glob}') GROUP BY ALL"
-    floor_s, _ = timed(lambda: duckdb.connect().execute(floor_sql).fetchall(), repeats=2)
-    return {
-        "ranks": ranks,
-        "steps": steps,
-        "rows": rows,
-        "files": files,
-        "built_s": built_s,
-        "rollup_first_build_s": rollup_s,
-        "rollup_first_build_from_rows_s": rollup_rows_s,
-        # the same first build in each of FRESH_PROCESSES fresh processes, as a new dashboard server pays it
-        "rollup_first_build_fresh_s": statistics.median(rollup_fresh),
-        "rollup_first_build_fresh_each_s": rollup_fresh,
-        # what the node spool's publisher spends on one file's digest (one node's rows of the whole run here)
-        "digest_one_file_s": digest_s,
-        "rows_per_file": one_file.num_rows,
-        "duckdb_groupby_files_s": floor_s,
-        "rollup_refresh_nothing_new_s": refresh_s,
-        "rank_order_s": order_s,
-        "heatmap_s": heat_s,
-        "heatmap_rows": len(hm["rows"]),
-        "heatmap_group": hm["group"],
-    }
+
+def measure(run: str, what: str) -> dict:
+    """``what`` ("breakdown" or "diagnose") on ``run`` as the first call of a fresh process: {"times": [its
+    seconds], "user_s", "system_s", "process": the whole process's}."""
+    return fresh_process(_CALL, run, what)
+
+
+def first_calls_s(run: str, what: str, processes: int) -> list[float]:
+    """The first call of ``what`` on ``run`` in each of ``processes`` fresh processes."""
+    return [measure(run, what)["times"][0] for _ in range(processes)]
+
+
+FRESH_PROCESSES = 5
+"""Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
+quarter here)."""
+
+FLOOR_SQL = "SELECT rank, median(step_s), avg(step_s) FROM read_parquet('{glob}') GROUP BY rank"
+"""DuckDB's floor for a verdict over step files: the per-rank median and mean of the step time in one pass."""
+
+_FLOOR = r"""
+import json, sys, time
+import duckdb  # imported before the clock starts, as in the readers' fresh processes
+con = duckdb.connect()
+times = []
+for _ in range(3):
+    t = time.perf_counter()
+    con.execute(sys.argv[1]).fetchall()
+    times.append(time.perf_counter() - t)
+print(json.dumps({"times": times}))
+"""
+
+
+def fresh_floor_s(glob: str) -> list[float]:
+    """``FLOOR_SQL`` over the files of ``glob`` three times on one connection of a fresh process: the first
+    reads the footers, the next two what a repeated query costs (the floors here are such a median)."""
+    return fresh_process(_FLOOR, FLOOR_SQL.format(glob=glob))["times"]
+
+
+# ------------------------------------------------------------------ store
 
 
 def verdict_render_s(run_path: str | None) -> dict[str, float]:
@@ -517,8 +490,6 @@ a fifth here, and a ratio of two single visits made minutes apart by more."""
 def page_rounds(run_path: str, rounds: int = PAGE_ROUNDS) -> dict:
     """``verdict_render_s`` of ``run_path`` and of the one-line page, taking turns ``rounds`` times: each
     visit's figures, the medians, and the first render over the one-line page's in each round."""
-    from statistics import median
-
     pages, floors = [], []
     for _ in range(rounds):
         pages.append(verdict_render_s(run_path))
@@ -527,36 +498,11 @@ def page_rounds(run_path: str, rounds: int = PAGE_ROUNDS) -> dict:
     return {
         "page": pages,
         "floor": floors,
-        **{key: median(p[key] for p in pages) for key in pages[0]},
-        **{f"floor_{key}": median(f[key] for f in floors) for key in floors[0]},
+        **{key: statistics.median(p[key] for p in pages) for key in pages[0]},
+        **{f"floor_{key}": statistics.median(f[key] for f in floors) for key in floors[0]},
         "first_over_floor_round_ratios": ratios,
-        "first_over_floor_median": median(ratios),
+        "first_over_floor_median": statistics.median(ratios),
     }
-
-
-@contextlib.contextmanager
-def digests_aside(run_path: str):
-    """The step files' digests moved aside while the block runs (as for files published without them)."""
-    from ranksight.format.digest import DIGEST_DIR
-
-    digests_dir = os.path.join(run_path, "steps", DIGEST_DIR)
-    os.rename(digests_dir, digests_dir + "-aside")
-    try:
-        yield
-    finally:
-        os.rename(digests_dir + "-aside", digests_dir)
-
-
-def rollup_first_build_s(run_path: str) -> dict:
-    """The dashboard rollup's first build of ``run_path`` in a fresh process (imports done first), as a new
-    dashboard server pays it: {"seconds", "digested"} (step files folded from their digests)."""
-    call = measure("", run_path, "rollup")
-    return {"seconds": call["times"][0], "digested": call["digested"]}
-
-
-FRESH_PROCESSES = 5
-"""Fresh processes per first-call figure: its median and each are kept (one process's first call varies by a
-quarter here)."""
 
 
 INGEST_ROUNDS = 3
@@ -564,19 +510,10 @@ INGEST_ROUNDS = 3
 
 _INGEST = r"""
 import json, sys
-old_site, run = sys.argv[1], sys.argv[2]
-if old_site:
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]  # not the checkout's finder
-    sys.path.insert(0, old_site)
 import duckdb, pyarrow  # imported before the clock starts, as the floor's process has them
 import ranksight.collectors as c
-r = c.ingest(run)
-answers = getattr(r, "answers_seconds", None)  # an older ingest computed them inside its own time
-kept = c.keep_answers(run) if answers is None and hasattr(c, "keep_answers") else None  # code before 2026-12
-print(json.dumps({"ingest_s": r.seconds, "answers_in_s": answers or 0.0, "answers_after_s": kept or 0.0,
-                  "module": c.__file__}))
+print(json.dumps({"seconds": c.ingest(sys.argv[1]).seconds}))
 """
-
 
 _PARQUET_TO_TABLE = r"""
 import json, sys, time
@@ -590,41 +527,35 @@ print(json.dumps({"seconds": time.perf_counter() - t0}))
 """
 
 
-def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int, old_site: str | None = None) -> dict:
+def _remove(*paths: str) -> None:
+    for path in paths:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int) -> dict:
     """Per round, taking turns, each in a fresh process (as ``ranksight ingest`` runs) from no store and no
-    table: ``ingest`` -- this checkout's and, with ``old_site``, an older version's -- and DuckDB's Parquet ->
-    table. Seconds per round, and each ``ingest``'s time without answers over the floor's."""
+    table: ``ingest`` and DuckDB's Parquet -> table. Seconds per round, and ingest's over the floor's."""
     from ranksight.collectors import store_path
 
-    arms = {"newer": ""} | ({"older": old_site} if old_site else {})
-    out: dict = {"floor_s": [], **{name: [] for name in arms}}
+    out: dict = {"floor_s": [], "ingest_s": []}
     for _ in range(rounds):
-        for name, site in arms.items():
-            os.remove(store_path(run_path))
-            got = fresh_process(_INGEST, site, run_path)
-            assert (site in got["module"]) if site else not (old_site and old_site in got["module"]), got["module"]
-            out[name].append(got)
-        for path in (floor_db, floor_db + ".wal"):
-            if os.path.exists(path):
-                os.remove(path)
+        _remove(store_path(run_path))
+        out["ingest_s"].append(fresh_process(_INGEST, run_path)["seconds"])
+        _remove(floor_db, floor_db + ".wal")
         out["floor_s"].append(fresh_process(_PARQUET_TO_TABLE, floor_db, glob)["seconds"])
-    for name in arms:
-        rows = [r["ingest_s"] - r["answers_in_s"] for r in out[name]]
-        out[f"{name}_over_floor_round_ratios"] = [f / i for f, i in zip(out["floor_s"], rows)]
-        out[f"{name}_over_floor_median"] = statistics.median(out[f"{name}_over_floor_round_ratios"])
+    out["over_floor_round_ratios"] = [f / i for f, i in zip(out["floor_s"], out["ingest_s"])]
+    out["over_floor_median"] = statistics.median(out["over_floor_round_ratios"])
     return out
 
 
-def store_figures(
-    base: str, ranks: int, steps: int, per_node: bool, browser: bool = True, old_site: str | None = None
-) -> dict:
-    """Ingest, breakdown and diagnose on one layout, each beside DuckDB's own floor for the same work."""
+def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
+    """Breakdown, diagnose and ingest on one layout, live and on the store, each beside DuckDB's own floor."""
     import duckdb
     import pyarrow.parquet as pq
 
-    from ranksight.collectors import ingest, open_run, prune
+    from ranksight.collectors import open_run
     from ranksight.collectors._queries import step_breakdown
-    from ranksight.format.digest import DIGEST_DIR
     from ranksight.rules import diagnose
 
     run_path = os.path.join(base, f"store-{'node' if per_node else 'rank'}-{ranks}x{steps}", "bench-run")
@@ -640,119 +571,68 @@ def store_figures(
         con.close()
         return out
 
-    # Calls in one process: the first reads the files' digest parts, later ones take the parts this process
-    # kept merged (collectors/_digest_fold.py), as a live dashboard's do; each call's time is kept too.
+    # Calls in one process (the first reads the files, later ones what this process kept, as a live
+    # dashboard's do), then the first call of fresh processes.
     live_each, diag_live_each = [], []
     live_s, live = timed(breakdown, each=live_each)
     diag_live_s, _ = timed(lambda: diagnose(run_path), repeats=2, each=diag_live_each)
     breakdown_fresh = first_calls_s(run_path, "breakdown", FRESH_PROCESSES)
     diagnose_fresh = first_calls_s(run_path, "diagnose", FRESH_PROCESSES)
-    # The same two with the node files' step digests set aside (as for files published without them).
-    has_digests = os.path.isdir(os.path.join(run_path, "steps", DIGEST_DIR))
-    rollup_live = rollup_first_build_s(run_path)
-    if has_digests:
-        with digests_aside(run_path):
-            live_rows_s, from_rows = timed(breakdown)
-            diag_live_rows_s, _ = timed(lambda: diagnose(run_path), repeats=2)
-            rollup_live_rows = rollup_first_build_s(run_path)
-        # the same figures (sums added in another order; medians exact)
-        for a, b in zip(live, from_rows):
-            assert all(
-                math.isclose(a[k], b[k], rel_tol=1e-9) if isinstance(a[k], float) else a[k] == b[k] for k in a
-            ), (a, b)
     verdict_live = page_rounds(run_path) if browser else {}
-    # DuckDB's floor for the breakdown: one GROUP BY over the same files.
-    con = duckdb.connect()
-    floor_files_s, _ = timed(lambda: con.execute(FLOOR_SQL.format(glob=glob)).fetchall())
-    result = ingest(run_path)
-    ingest_s = result.seconds
-    answers_s = getattr(result, "answers_seconds", None)  # the code before: ingest computed them, in its time
-    if answers_s is None:  # this code: no answers are kept (every reader reads the rows, or the digests)
-        answers_s = 0.0
-    else:
-        ingest_s -= answers_s
-    store_s, stored = timed(breakdown)
-    assert [r["steps"] for r in live] == [r["steps"] for r in stored]
-    diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
-    verdict_store = page_rounds(run_path) if browser else {}
-    # DuckDB's floors for the ingest: Parquet -> table, and an Arrow table already in memory -> table.
+    floor_files_s, _ = timed(lambda: duckdb.connect().execute(FLOOR_SQL.format(glob=glob)).fetchall())
+    # DuckDB's floors for the ingest: Parquet -> table (in rounds, below) and an Arrow table in memory -> table.
     floor_db = os.path.join(base, "floor.duckdb")
-    for path in (floor_db, floor_db + ".wal"):
-        if os.path.exists(path):
-            os.remove(path)
+    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS)  # leaves the store and the floor's table
     fcon = duckdb.connect(floor_db)
-    fcon.execute("SET preserve_insertion_order = false")  # as ingest reads: no row order kept
-    t0 = time.perf_counter()
-    fcon.execute(f"CREATE TABLE steps AS SELECT * FROM read_parquet('{glob}')")
-    fcon.execute("CHECKPOINT")
-    parquet_to_table_s = time.perf_counter() - t0
     arrow_steps = pq.read_table(os.path.join(run_path, "steps"))
     t0 = time.perf_counter()
     fcon.register("arrow_view", arrow_steps)
     fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM arrow_view")
     fcon.execute("CHECKPOINT")
     arrow_insert_s = time.perf_counter() - t0
-    groupby_s, _ = timed(
-        lambda: fcon.execute("SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank").fetchall()
-    )
+    table_sql = "SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank"
+    groupby_s, _ = timed(lambda: fcon.execute(table_sql).fetchall())
     fcon.close()
     del arrow_steps
-    rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS, old_site)
-    prune(run_path, older_than_s=0)  # the store alone now, with the digests ingest kept
-    rollup_pruned = rollup_first_build_s(run_path)
+    store_s, stored = timed(breakdown)
+    assert [r["steps"] for r in live] == [r["steps"] for r in stored]
+    diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
+    verdict_store = page_rounds(run_path) if browser else {}
+    ingest_s = statistics.median(rounds["ingest_s"])
     return {
         "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
         "ranks": ranks,
         "steps": steps,
-        "ingest_s": result.seconds,
         "rows": rows,
-        "ingest_rows_per_s": rows / result.seconds,
         "files": files,
         "built_s": built_s,
-        # the verdict's queries run over the new store once, their answers kept: inside ingest before, by the
-        # store's first reader (`keep_answers`, which `ranksight ingest` calls next) since
-        "ingest_answers_s": answers_s,
-        "ingest_rows_per_s_without_answers": rows / ingest_s,
-        "ingest_and_answers_rows_per_s": rows / (ingest_s + answers_s),
-        "duckdb_parquet_to_table_rows_per_s": rows / parquet_to_table_s,
-        # ingest (fresh processes; an older version's too with --old-site) and DuckDB's Parquet -> table taking
-        # turns, a fresh store and table each: "newer"/"older" hold each process's figures
+        # ingest and DuckDB's Parquet -> table taking turns in fresh processes, a fresh store and table each
+        "ingest_s": ingest_s,
+        "ingest_rows_per_s": rows / ingest_s,
         "ingest_rounds": rounds,
-        "ingest_over_parquet_to_table_median": rounds["newer_over_floor_median"],
+        "ingest_over_parquet_to_table_median": rounds["over_floor_median"],
+        "duckdb_parquet_to_table_rows_per_s": rows / statistics.median(rounds["floor_s"]),
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s,
         "breakdown_live_each_s": live_each,  # the first in this process, then two more
-        # the first call of each of FRESH_PROCESSES fresh processes (no part of the run read before)
         "breakdown_live_first_fresh_s": statistics.median(breakdown_fresh),
         "breakdown_live_first_fresh_each_s": breakdown_fresh,
-        "breakdown_live_without_digests_s": live_rows_s if has_digests else None,
         "breakdown_store_s": store_s,
         "duckdb_groupby_files_s": floor_files_s,
         "duckdb_groupby_table_s": groupby_s,
         "diagnose_live_s": diag_live_s,
-        "diagnose_live_each_s": diag_live_each,  # after the breakdown's calls: its verdict parts kept
+        "diagnose_live_each_s": diag_live_each,
         "diagnose_live_first_fresh_s": statistics.median(diagnose_fresh),
         "diagnose_live_first_fresh_each_s": diagnose_fresh,
-        "diagnose_live_without_digests_s": diag_live_rows_s if has_digests else None,
         "diagnose_store_s": diag_store_s,
-        # the dashboard's rollup, first build in a fresh process (footers unread), and the step files it folded
-        # from their digests: live, live with the digests set aside, and on the store after prune
-        "rollup_first_build_live_s": rollup_live["seconds"],
-        "rollup_live_digested_files": rollup_live["digested"],
-        "rollup_first_build_live_without_digests_s": rollup_live_rows["seconds"] if has_digests else None,
-        "rollup_first_build_pruned_store_s": rollup_pruned["seconds"],
-        "rollup_pruned_store_digested_files": rollup_pruned["digested"],
         "verdict_first_render_live_s": verdict_live.get("first"),
         "verdict_render_again_live_s": verdict_live.get("again"),
         "verdict_first_render_store_s": verdict_store.get("first"),
         "verdict_render_again_store_s": verdict_store.get("again"),
         # the same visits until no table or chart is a placeholder (the figures above stop at the script's idle)
         "verdict_first_drawn_live_s": verdict_live.get("first_drawn"),
-        "verdict_again_drawn_live_s": verdict_live.get("again_drawn"),
         "verdict_first_drawn_store_s": verdict_store.get("first_drawn"),
-        "verdict_again_drawn_store_s": verdict_store.get("again_drawn"),
         # the floor under those: a Streamlit page of one line, same flags, same fresh browser, taking turns
-        # with each page (``page_rounds``: the figures above and these are medians of its rounds)
         "streamlit_floor_first_live_s": verdict_live.get("floor_first"),
         "streamlit_floor_first_store_s": verdict_store.get("floor_first"),
         "streamlit_floor_again_s": verdict_store.get("floor_again"),
@@ -763,93 +643,105 @@ def store_figures(
     }
 
 
-# ------------------------------------------------------------------ digest, live, nodes
+# ------------------------------------------------------------------ first
 
 
-def digest_cost() -> list[dict]:
-    """What a node spool publisher spends on one step file's digest, every part against the rollup's part
-    alone: one node file of 8 ranks at 68 steps per rank (a 6.8 s batch at 1,024 ranks and 100 ms steps) and at
-    1,000, the job's world size 1,024; medians of seven, ``time.process_time`` (DuckDB on one thread)."""
-    import glob
+def _spool_ready(run_path: str, ranks: int) -> bool:
+    """Whether ``run_path`` holds the node spool ``build_spool`` writes for ``ranks`` with this code's digests
+    (a file and a digest per node of 8, a rank file per node), so that a kept ``--dir`` is read again."""
+    from ranksight.format.digest import chunk_steps_for, digest_paths
 
-    import duckdb
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ranksight.format.digest import WARMUP_STEPS, digest_of, fold_sql
-    from ranksight.format.digest_file import pack_parts
-
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for steps in (68, 1000):
-            run = os.path.join(tmp, f"s{steps}", "run")
-            build_spool(run, 8, steps, per_node=True, digests=False)
-            table = pq.read_table(glob.glob(os.path.join(run, "steps", "*.parquet"))[0])
-            i = table.schema.get_field_index("world_size")  # one node of a 1,024-rank job: 64-step chunks
-            table = table.set_column(i, table.schema.field(i), pa.array([1024] * table.num_rows, pa.int32()))
-            every, rollup, sizes = [], [], []
-            for _ in range(7):
-                t = time.process_time()
-                chunk, parts = digest_of(table)
-                sizes.append(len(pack_parts(parts)))
-                every.append(time.process_time() - t)
-                con = duckdb.connect(config={"threads": 1})
-                con.register("batch", table)
-                t = time.process_time()
-                con.sql(fold_sql("batch"), params={"chunk": chunk, "warm": WARMUP_STEPS}).fetchall()
-                rollup.append(time.process_time() - t)
-                con.close()
-            out.append({"rows": table.num_rows, "every_part_cpu_s": statistics.median(every),
-                        "rollup_part_cpu_s": statistics.median(rollup), "digest_bytes": sizes[-1]})  # fmt: skip
-            every_ms, rollup_ms = out[-1]["every_part_cpu_s"] * 1e3, out[-1]["rollup_part_cpu_s"] * 1e3
-            print(f"{table.num_rows} rows: every part {every_ms:.1f} ms CPU, the rollup's part alone {rollup_ms:.1f}"
-                  f" ms; digest {sizes[-1] / 1e3:.0f} KB")  # fmt: skip
-    return out
+    steps_dir = os.path.join(run_path, "steps")
+    try:
+        names = [n for n in os.listdir(steps_dir) if n.endswith(".parquet") and not n.startswith(".")]
+    except OSError:
+        return False
+    nodes = -(-ranks // RANKS_PER_NODE)
+    found = digest_paths(steps_dir, chunk_steps_for(ranks), names)
+    node_rank_file = os.path.join(run_path, "ranks", "node-node0000.json")
+    return len(names) == len(found) == nodes and os.path.exists(node_rank_file)
 
 
-def _verdict_s(run: str, repeats: int) -> dict:
-    """``step_breakdown`` and ``diagnose()`` of ``run`` ``repeats`` times each, and the findings."""
-    from ranksight.collectors import open_run
-    from ranksight.collectors._queries import step_breakdown
-    from ranksight.rules import diagnose
-
-    breakdown, judged = [], []
-    for _ in range(repeats):
-        con = open_run(run)
-        started = time.perf_counter()
-        step_breakdown(con)
-        breakdown.append(time.perf_counter() - started)
-        con.close()
-        started = time.perf_counter()
-        found = diagnose(run)
-        judged.append(time.perf_counter() - started)
-    findings = [(f["rule"], f["ranks"], f["severity"]) for f in found["findings"]]
-    return {"breakdown_s": breakdown, "diagnose_s": judged, "findings": findings}
+def node_spool(base: str, ranks: int, steps: int) -> str:
+    """The node spool of ``ranks`` x ``steps`` under ``base``, built unless a kept one is ready."""
+    run_path = os.path.join(base, f"first-{ranks}x{steps}", "bench-run")
+    if not _spool_ready(run_path, ranks):
+        shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
+        build_spool(run_path, ranks, steps, per_node=True)
+    return run_path
 
 
-def live_verdict(base: str, ranks: int, steps: int, repeats: int = 3) -> dict:
-    """The verdict of a live run that ``ingest --every`` compacts: a copy of the node spool of ``ranks`` x
-    ``steps`` ingested with no answers kept (ranks still write), so ``step_breakdown`` and ``diagnose()`` read
-    the verdict's digest parts the store kept or, with those tables dropped, the store's rows."""
-    import duckdb
+JOB_RANK_ENTRY = {
+    "job": "bench",
+    "run": "bench-run",
+    "hostname": "bench-host",
+    "framework": "plain",
+    "data_source": "loader",
+    "schema_version": 1,
+    "flush_interval_s": 2.0,
+    "started_ns": 1,
+    "counters": {"records_dropped_total": 0, "agent_errors_total": 0, "rows_spooled_total": 1000},
+    "model": {"class": "GPT", "parameter_bytes": 497_664_000, "devices": ["cpu"]},
+    "optimizer": {"class": "AdamW", "states_per_param": 2},
+    "ddp": {"backend": "gloo", "bucket_cap_bytes": 26_214_400, "find_unused_parameters": False,
+            "static_graph": False, "gradient_as_bucket_view": False},
+    "ddp_logging": {"iteration": 1000, "unused_parameter_size": 0},
+    "loader": {"class": "DataLoader", "num_workers": 4, "pin_memory": True, "batch_size": 32,
+               "prefetch_factor": 2, "persistent_workers": True},
+    "host": {"cpu_count": 96, "cpus_allowed": 96, "torch_threads": 12, "local_world_size": 8, "load_avg_1m": 30.5},
+}  # fmt: skip
+"""The sections the agent writes into a DDP rank's entry beyond its identity (a CPU job on gloo here): what a
+job's rank files hold, where the benchmark's own entries hold five fields."""
 
-    from ranksight.collectors import ingest
-    from ranksight.collectors._tables import VERDICT_PART_TABLES
 
-    spool = node_spool(base, ranks, steps, build_spool)  # the first section's, when kept
-    run = os.path.join(base, "live", "run")
-    shutil.rmtree(os.path.dirname(run), ignore_errors=True)
-    shutil.copytree(spool, run)
-    result = ingest(run)
-    figures = {"ranks": ranks, "steps": steps, "rows": result.rows, "ingest_s": result.seconds}
-    for kind, dropped in (("from_digest_parts", ["_answers"]), ("from_rows", VERDICT_PART_TABLES.values())):
-        with duckdb.connect(os.path.join(run, "store.duckdb")) as con:
-            # no answers kept, as while ranks still write; then no digest parts either: the rows are read
-            for table in dropped:
-                con.execute(f"DROP TABLE IF EXISTS {table}")
-        figures[kind] = _verdict_s(run, repeats)
-    shutil.rmtree(os.path.dirname(run), ignore_errors=True)
+def with_job_rank_entries(run: str) -> str:
+    """A sibling of ``run`` (``<run>-job``: its step files and digests hard links, made once) whose node rank
+    files give every rank ``JOB_RANK_ENTRY``'s sections, as a job's first verdict reads them."""
+    into = run.rstrip("/") + "-job"
+    ranks_dir = os.path.join(into, "ranks")
+    if not os.path.isdir(ranks_dir):
+        shutil.rmtree(into, ignore_errors=True)
+        shutil.copytree(run, into, copy_function=os.link)
+        for name in sorted(os.listdir(ranks_dir)):
+            path = os.path.join(ranks_dir, name)
+            with open(path) as f:
+                node = json.load(f)
+            node["ranks"] = [{**JOB_RANK_ENTRY, **meta, "node": node["node"]} for meta in node["ranks"]]
+            os.remove(path)  # a link to the other run's file: written anew
+            with open(path, "w") as f:
+                json.dump(node, f)
+    return into
+
+
+def first_call_figures(base: str, ranks: int, steps: int, rounds: int, job_ranks: bool = False) -> dict:
+    """The first calls of fresh processes on a node spool of ``ranks`` x ``steps`` beside DuckDB's GROUP BY
+    over the same files in a fresh process, ``rounds`` rounds taking turns; medians, each round's figures and
+    the median of the rounds' ratios to the floor."""
+    run_path = node_spool(base, ranks, steps)
+    if job_ranks:
+        run_path = with_job_rank_entries(run_path)
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    calls = {"duckdb_groupby_files": lambda: {"times": fresh_floor_s(glob)},
+             "diagnose_first_s": lambda: measure(run_path, "diagnose"),
+             "breakdown_first_s": lambda: measure(run_path, "breakdown")}  # fmt: skip
+    runs = in_rounds(calls, rounds, lambda arm, _: calls[arm](), lambda _, x: " ".join(f"{t:.3f}" for t in x["times"]))
+    floors = [r["times"] for r in runs.pop("duckdb_groupby_files")]
+    each = {"duckdb_groupby_files_s": [statistics.median(f) for f in floors],
+            "duckdb_groupby_files_first_s": [f[0] for f in floors],
+            **{name: [r["times"][0] for r in rs] for name, rs in runs.items()}}  # fmt: skip
+    figures: dict = {"ranks": ranks, "steps": steps, "rows": ranks * steps, "files": -(-ranks // RANKS_PER_NODE),
+                     "rounds": rounds, "rank_entries": "job" if job_ranks else "five fields"}  # fmt: skip
+    figures.update({name: statistics.median(values) for name, values in each.items()})
+    figures["each"] = each
+    figures["round_ratio_medians"] = {
+        name: statistics.median(v / f for v, f in zip(values, each["duckdb_groupby_files_s"]))
+        for name, values in each.items()
+        if name in FLOORS
+    }
     return figures
+
+
+# ------------------------------------------------------------------ nodes
 
 
 def node_stores(base: str, counts: list[int], steps: int, processes: int = 3) -> list[dict]:
@@ -889,12 +781,8 @@ def node_stores(base: str, counts: list[int], steps: int, processes: int = 3) ->
 
 
 def main() -> None:
-    parser = cli(__doc__)
-    parser.add_argument(
-        "--sections",
-        default="spool,prometheus,store",
-        help="spool, prometheus, store, dashboard, first, digest, live, nodes",
-    )
+    parser = cli(__doc__, rounds=5)
+    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first, nodes")
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
     spool = parser.add_argument_group("spool section")
     spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
@@ -906,20 +794,12 @@ def main() -> None:
     store.add_argument("--store-steps", type=int, default=2000)
     store.add_argument("--layouts", default="rank,node", help="rank, node or both")
     store.add_argument("--no-browser", action="store_true", help="skip the Verdict page in Chromium")
-    dashboard = parser.add_argument_group("dashboard section")
-    dashboard.add_argument("--dash-ranks", type=int, default=10_000)
-    dashboard.add_argument("--dash-steps", type=int, default=1000)
-    first = parser.add_argument_group("first section")
+    first = parser.add_argument_group("first section (--rounds: rounds of fresh processes)")
     first.add_argument("--first-ranks", type=int, default=10_000)
     first.add_argument("--first-steps", type=int, default=1000)
-    first.add_argument("--rounds", type=int, default=5, help="rounds of fresh processes")
-    first.add_argument(
-        "--old-site", help="an older commit's pip --target folder, timed in each round too (first; store's ingest)"
-    )
     first.add_argument(
         "--job-ranks", action="store_true", help="rank files holding a DDP rank's sections, as a job writes them"
     )
-    parser.add_argument("--live-repeats", type=int, default=3, help="live section (on --store-ranks x --store-steps)")
     nodes = parser.add_argument_group("nodes section")
     nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
     nodes.add_argument("--node-steps", type=int, default=1000, help="steps of each node's 8 ranks")
@@ -930,57 +810,37 @@ def main() -> None:
     figures: dict = {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}
     try:
         if "spool" in sections:
-            runs = []
             from ranksight.agent._node_spool import publish_interval_s
 
-            for node_spool, world in ((False, 10_000), (True, 1024), (True, 10_000)):
+            figures["spool"] = []
+            for node_spool_on, world in ((False, 10_000), (True, 1024), (True, 10_000)):
                 speed = args.speed
-                if node_spool:
+                if node_spool_on:
                     # A publish costs the same CPU whatever the compression: keep the compressed interval
                     # at 3 s or more, so this machine's publishes do not run back to back.
                     interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP)
                     speed = max(1.0, min(args.speed, interval / 3.0))
-                fig = simulate(base, node_spool=node_spool, world=world, nodes=args.nodes, seconds=args.seconds,
+                fig = simulate(base, node_spool=node_spool_on, world=world, nodes=args.nodes, seconds=args.seconds,
                                speed=speed, step_ms=args.step_ms)  # fmt: skip
-                runs.append(fig)
+                figures["spool"].append(fig)
                 print(json.dumps(fig), flush=True)
-            figures["spool"] = runs
         if "prometheus" in sections:
             figures["prometheus"] = prometheus_series()
             print(json.dumps(figures["prometheus"]), flush=True)
         if "store" in sections:
             figures["store"] = []
             for layout in args.layouts.split(","):
-                fig = store_figures(
-                    base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser, args.old_site
-                )
+                fig = store_figures(base, args.store_ranks, args.store_steps, layout == "node", not args.no_browser)
                 fig["ratio_to_floor"] = ratios_to_floor(fig)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
-        if "dashboard" in sections:
-            figures["dashboard"] = dashboard_figures(base, args.dash_ranks, args.dash_steps)
-            figures["dashboard"]["ratio_to_floor"] = ratios_to_floor(figures["dashboard"])
-            print(json.dumps(figures["dashboard"]), flush=True)
         if "first" in sections:
-            figures["first"] = first_call_figures(
-                base, args.first_ranks, args.first_steps, args.rounds, build_spool, args.old_site, args.job_ranks
-            )
-            first = figures["first"]
+            first = first_call_figures(base, args.first_ranks, args.first_steps, args.rounds, args.job_ranks)
             first["ratio_to_floor"] = ratios_to_floor(first)
-            first["round_ratio_medians"] = {
-                name: statistics.median(v / f for v, f in zip(values, first["each"]["duckdb_groupby_files_s"]))
-                for name, values in first["each"].items()
-                if name in FLOORS
-            }
+            figures["first"] = first
             print(json.dumps(first), flush=True)
-        if "digest" in sections:
-            figures["digest"] = digest_cost()
-        if "live" in sections:
-            figures["live"] = live_verdict(base, args.store_ranks, args.store_steps, args.live_repeats)
-            print(json.dumps(figures["live"]), flush=True)
         if "nodes" in sections:
-            counts = [int(c) for c in args.node_counts.split(",")]
-            figures["nodes"] = node_stores(base, counts, args.node_steps)
+            figures["nodes"] = node_stores(base, [int(c) for c in args.node_counts.split(",")], args.node_steps)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
             write_results(args.json, figures)

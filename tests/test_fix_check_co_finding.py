@@ -1,5 +1,6 @@
-"""benchmarks/fix_check.py --co-finding reproduces the figure docs/diagnosis.md gives from the committed runs:
-launch-bound's stated cost on the fixed-rows fragmentation plant against what packing the lengths gave back."""
+"""benchmarks/fix_check.py --co-finding reproduces, from the committed runs, a figure that
+benchmarks/results/benchmarks_history.md keeps: launch-bound's stated cost on the fixed-rows fragmentation plant
+against what packing the lengths gave back."""
 
 from __future__ import annotations
 

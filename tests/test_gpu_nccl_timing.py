@@ -5,7 +5,7 @@ The end-to-end test runs a real 2-rank gloo DDP job with the agent and reads PyT
 recorder (gloo keeps one too, with the same ``time_created_ns`` clock as NCCL's). Gloo has no GPU, so
 its entries carry no ``duration_ms``: the test gives every entry 1 ms, which makes the expected
 ``gpu_s`` of each row its count of collectives, and so checks that each entry landed in the right row.
-The NCCL run against torch.profiler is ``benchmarks/gpu_collectives.py`` (docs/gpu-validation.md).
+The NCCL run against torch.profiler was ``benchmarks/gpu_collectives.py``, at commit e40e411 (docs/gpu-validation.md).
 """
 
 from __future__ import annotations
