@@ -6,7 +6,7 @@ cores (docs/scale.md). A file the node spool publishes never changes, and its pu
 in memory at that moment, so it sums them there (~0.05 s for one node's 8,000 rows) and writes the sums as a
 small file, ``steps/.digests/<key>/<file name>``. A reader folds the digest instead of the rows.
 Its parts are Arrow IPC, not Parquet: a digest is read whole, often by the thousand, and opening a small
-Parquet file is most of its cost (docs/scale.md "Step digests").
+Parquet file is most of its cost.
 
 ``key`` names the definition of the sums: this module's SQL (the phases of ``ranksight.format.phases``), the
 chunk size, the warm-up and the file format. A reader whose definition differs (another chunk size, a newer agent or

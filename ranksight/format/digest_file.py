@@ -52,7 +52,7 @@ def _read_with() -> dict:
     ``_READERS`` files at once; pyarrow's own pool besides, its default, put up to six threads on 2 cores),
     into jemalloc's memory pool, or the system's where pyarrow has no jemalloc: pyarrow's default pool
     (mimalloc) took transparent huge pages for a per-step part, and some fresh processes' reads then spent
-    several times the system time (docs/scale.md, "Decompressing on the reading thread")."""
+    several times the system time."""
     global _READ_WITH
     if _READ_WITH is None:
         import pyarrow as pa
@@ -352,7 +352,7 @@ def concat_part(part: str, tables: list):
     import pyarrow as pa
 
     # Files of one schema (the common case) are joined as they are: unifying 1,250 schemas per part took
-    # 0.05-0.09 s of a first verdict's reading at 10,000 ranks (docs/scale.md "Scale v7").
+    # 0.05-0.09 s of a first verdict's reading at 10,000 ranks.
     first = tables[0].schema
     same = all(t.schema.equals(first) for t in tables)
     if same and all(isinstance(t, pa.RecordBatch) for t in tables):
