@@ -136,14 +136,17 @@ def gate(a: str, b: str, limit: str, cwd: str) -> dict:
     row = {"a": os.path.basename(a), "b": os.path.basename(b), "exit_code": out.returncode, "status": change["status"]}
     if change["status"] == "incomparable":
         return {**row, "reason": change["reason"]}
-    c = change["job"]["step"]["change"]
-    moved = [r["phase"] for r in change["attribution"] if r["moved"] and r["contribution"]["point"] > 0]
-    wait = change["job"]["phases"].get("data_wait_s", {}).get("contribution", {})
-    judged = change["job"]["step"].get("judged_change", c)
-    return {**row, "verdict": change["verdict"], "change": c["point"], "low": c["low"], "high": c["high"],
-            "a_s": change["job"]["step"]["a_s"], "b_s": change["job"]["step"]["b_s"],
-            "first_moved": moved[0] if moved else None, "data_wait_pp": wait.get("point"),
-            "judged": judged, "host_ratio": (change.get("contention") or {}).get("ratio")}  # fmt: skip
+    step = change["job"]["step"]
+    c = step["change"]
+    # Named first: the phase with the largest part beyond the host's stretch that moved up.
+    moved = [r["phase"] for r in change["attribution"] if r["moved"] and r["excess"]["point"] > 0]
+    wait = change["job"]["phases"].get("data_wait_s", {})
+    return {**row, "verdict": change["verdict"], "verdict_reason": change.get("verdict_reason"),
+            "change": c["point"], "low": c["low"], "high": c["high"], "a_s": step["a_s"], "b_s": step["b_s"],
+            "first_moved": moved[0] if moved else None,
+            "data_wait_pp": wait.get("contribution", {}).get("point"),
+            "data_wait_excess": wait.get("excess", {}).get("point"),
+            "explained": step["explained"], "host_stretch": step["host_stretch"]["point"]}  # fmt: skip
 
 
 def main() -> int:
@@ -178,16 +181,17 @@ def main() -> int:
         # The healthy step time, then what the planted work costs the step under this load (a busy host
         # stretches it): PROBES pairs of a healthy run and a planted one, side by side, and the work scaled so
         # that the data wait it adds is ``slow`` of the healthy step. The data wait is what the work adds (the
-        # fetch runs on the training thread, before the step's other phases); the step time also carries the
-        # host's load, which moved it -7 % to +28 % between healthy reruns, so a median of three step changes
-        # had scaled the work to half its size.
+        # fetch runs on the training thread, before the step's other phases), read beyond the host's stretch
+        # (``excess``: as if both runs had the same load); the step time also carries the host's load, which
+        # moved it -7 % to +28 % between healthy reruns, so a median of three step changes had scaled the
+        # work to half its size.
         cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
         step_s = (cal["a_s"] + cal["b_s"]) / 2
         probes = []
         for i in range(PROBES):
             healthy, planted = job(f"cal-h{i}"), job(f"cal-slow{i}", slow * step_s)
             probes.append(gate(healthy, planted, args.limit, root))
-        cost = statistics.median(p["data_wait_pp"] for p in probes if p.get("data_wait_pp") is not None)
+        cost = statistics.median(p["data_wait_excess"] for p in probes if p.get("data_wait_excess") is not None)
         scale = min(3.0, max(0.3, slow / cost)) if cost > 0 else 1.0
         sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
         probe = {"pairs": probes, "median_data_wait": cost, "scale": scale}
@@ -261,10 +265,17 @@ def summarise(pairs: dict, rounds: list, started: float) -> dict:
         "small_failed": sum(p["exit_code"] == 1 for p in pairs["small"]),
         "healthy_change": spread([p.get("change") for p in pairs["healthy"]]),
         "healthy_interval_width": spread([p["high"] - p["low"] for p in pairs["healthy"] if "high" in p]),
+        "healthy_explained_width": spread(
+            [p["explained"]["high"] - p["explained"]["low"] for p in pairs["healthy"] if "explained" in p]
+        ),
         "slow_change": spread([p.get("change") for p in pairs["slow"]]),
         "slow_data_wait_pp": spread([p.get("data_wait_pp") for p in pairs["slow"]]),
+        "slow_size": spread([p.get("data_wait_excess") for p in pairs["slow"]]),
+        "slow_explained": spread([(p.get("explained") or {}).get("point") for p in pairs["slow"]]),
+        "healthy_explained": spread([(p.get("explained") or {}).get("point") for p in pairs["healthy"]]),
         "small_change": spread([p.get("change") for p in pairs["small"]]),
         "small_data_wait_pp": spread([p.get("data_wait_pp") for p in pairs["small"]]),
+        "small_size": spread([p.get("data_wait_excess") for p in pairs["small"]]),
         "loadavg_1m": spread([r["load"]["loadavg"][0] for r in rounds]),
         "wall_s": time.perf_counter() - started,
     }

@@ -45,6 +45,9 @@ def test_a_planted_input_slowdown_fails_the_gate_and_names_the_data_wait(runs):
     assert change["job"]["step"]["change"]["low"] > 0.03
     assert change["attribution"][0]["phase"] == "data_wait_s" and change["attribution"][0]["moved"]
     assert [f["what"] for f in change["failed"]] == ["step_time"]
+    # Judged on what the phases explain beyond the host's stretch of the step's own work.
+    assert change["failed"][0]["interval"] == change["job"]["step"]["explained"]
+    assert change["attribution"][0]["excess"]["low"] > 0.03 and change["verdict_reason"] is None
     assert set(change["ranks"]) == {"0", "1"} and all(r["verdict"] == "slower" for r in change["ranks"].values())
     # The phases' parts add up to the change; the table's share change is in points, with no relative column.
     parts = sum(p["contribution"]["point"] for p in change["job"]["phases"].values())
@@ -121,7 +124,7 @@ def test_markdown_and_per_phase_limits_from_pyproject(runs, tmp_path):
     md = _cli(["compare", healthy, slow, "--gate", "3%", "--markdown"], root)
     assert md.returncode == 1
     assert md.stdout.startswith("### ❌ ranksight: slow-input against healthy")
-    assert "| phase | part of the change | interval | share A | share B |" in md.stdout
+    assert "| phase | part of the change | interval | beyond the host's stretch | share A | share B |" in md.stdout
     assert "| data wait | +" in md.stdout
     # Per-phase limits in ./pyproject.toml: a data-wait limit far above what was planted, a step-time limit
     # on the command line far above it too: it passes; a tight data-wait limit alone fails it.

@@ -2,13 +2,12 @@
 
 One function, :func:`assess`, from the two runs' samples (``_gate_samples``), the side-by-side comparison
 (``ranksight.dashboard.compare``: its findings' changes) and the gate config: the job's and each rank's
-change with its interval (``_gate_stats``), the phases that moved it, the findings that explain it, and the
-gate's status and exit code. The renderers (``_gate_report``) and ``--json`` print what it returns.
+change with its interval and the part of it the phases explain beyond the host's stretch (``_gate_stats``),
+the phases that moved it, the findings that explain it, and the gate's status and exit code (``judge``).
+The renderers (``_gate_report``) and ``--json`` print what it returns.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from ._gate_policy import DEFAULT_LIMIT, GateConfig, verdict
 from ._gate_samples import Samples, job_series, steady
@@ -16,44 +15,8 @@ from ._gate_stats import MIN_STEPS, compare_series
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPARABLE = 0, 1, 2
 
-STRETCHED = ("compute_s", "optimizer_s", "other_s", "comm_exposed_s")
-"""The phases a busier host stretches in a CPU job: the step's own work, and the wait at collectives for
-peers on the same host whose work it stretched too."""
-
 MAX_RANKS = 16
 """Ranks shown with their own interval (each costs a bootstrap); the job's series averages every rank."""
-
-CONTENTION_MARGIN = 0.10
-"""How much longer (or shorter) a CPU second of the step's own work may take in B than in A before the two
-runs are taken to have run on differently busy hosts (``contention``)."""
-
-CONTENTION_LIMIT = 1.5
-"""Beyond this factor between the two hosts' stretch the runs cannot be compared: every phase (the waits
-for a descheduled peer, a sleeper's late wake-up) stretches with the load, and scaling back the step's own
-work alone no longer says what the code did."""
-
-
-def _stretch(series: dict) -> float | None:
-    """Wall seconds of the step's own work (compute, optimizer, the rest: not the data or collective waits)
-    per CPU second of the training thread, median over steps; None on a GPU rank or without CPU times."""
-    cpu = series.get("cpu_s")
-    if cpu is None or series.get("on_gpu") is None or np.nansum(series["on_gpu"]) > 0:
-        return None
-    work = series["compute_s"] + series["optimizer_s"] + np.nan_to_num(series["other_s"])
-    ok = np.isfinite(cpu) & (cpu > 0)
-    return float(np.median(work[ok] / cpu[ok])) if ok.sum() >= 10 else None
-
-
-def contention(ja: dict, jb: dict) -> dict | None:
-    """Whether the host was busier in one run than the other (CPU jobs): on an idle core a CPU-bound step's
-    own work takes one wall second per CPU second; when other processes share the cores it takes more.
-    A code change that adds work adds CPU seconds too and leaves the ratio alone; a busier neighbour, or a
-    quieter one, moves it. ``ratio`` is B's over A's; beyond ``CONTENTION_MARGIN`` the verdict is judged on
-    the change with that taken out (``_adjust``)."""
-    sa, sb = _stretch(ja), _stretch(jb)
-    if sa is None or sb is None:
-        return None
-    return {"a": sa, "b": sb, "ratio": sb / sa, "differs": abs(sb / sa - 1) > CONTENTION_MARGIN}
 
 
 def _incomparable(reason: str, config: GateConfig) -> dict:
@@ -65,21 +28,35 @@ def _limits(config: GateConfig) -> dict:
     return {"step_time": config.step_time, "phases": dict(config.phases)}
 
 
-def _adjust(series: dict, ratio: float) -> None:
-    """Add ``adjusted_change``: the change with B's ``STRETCHED`` phases scaled back by the
-    host's ``ratio``, as if B had run on a host as busy as A's. The data wait stays as it was: a slower input
-    pipeline is the job's, whatever the host's load."""
-    own = sum(series["phases"].get(p, {}).get("b_s", 0.0) for p in STRETCHED)
-    shift = own * (1 - 1 / ratio) / series["step"]["a_s"]
-    c = series["step"]["change"]
-    series["step"]["adjusted_change"] = {k: c[k] - shift for k in ("point", "low", "high")}
-    # Judged on the span of both intervals: the scaling is a model of the load, so it may turn a verdict into
-    # "cannot tell" but never make a failure (or a "faster") that the measured change alone does not show.
-    series["step"]["judged_change"] = {
-        "point": c["point"] - shift,
-        "low": min(c["low"], c["low"] - shift),
-        "high": max(c["high"], c["high"] - shift),
-    }
+def _pct(i: dict) -> str:
+    return f"{100 * i['point']:+.1f} % [{100 * i['low']:+.1f} %, {100 * i['high']:+.1f} %]"
+
+
+def judge(series: dict, limit: float) -> tuple[str, str | None]:
+    """The verdict on a series' change (``compare_series``) and, for "cannot tell", why.
+
+    Judged on ``explained``, the change the phases make beyond the host's uniform stretch of the step's own
+    work: between two runs a busier host moves the step by more than its within-run interval shows, but not
+    the own-work phases' shares of it. The step's measured change only withholds "no change": where it reaches past the
+    limit and the phases do not, the step moved with every phase alike, which a busier host and a change
+    that slows most of the step alike both do."""
+    step, explained = series["step"]["change"], series["step"]["explained"]
+    word = verdict(explained, limit)
+    if word in ("slower", "faster"):
+        return word, None
+    if word == "cannot tell":
+        return word, (
+            f"the phases' part of the change, {_pct(explained)}, reaches past ±{100 * limit:g} % only in part: "
+            "longer runs would settle it"
+        )
+    if verdict(step, limit) == "no change":
+        return word, None
+    stretch = series["step"]["host_stretch"]["point"]
+    return "cannot tell", (
+        f"the step moved {_pct(step)} but every phase of its own work moved with it (x{stretch:.2f}), as on a "
+        f"busier or quieter host; beyond that the phases explain {_pct(explained)}. A change that slows most "
+        "of the step alike reads the same: rerun both to tell"
+    )
 
 
 def why_incomparable(a: Samples, b: Samples, warmup_steps: int) -> str | None:
@@ -100,15 +77,18 @@ def why_incomparable(a: Samples, b: Samples, warmup_steps: int) -> str | None:
 
 
 def _attribution(job: dict) -> list[dict]:
-    """The phases ranked by how much of the change each explains; ``moved`` where its interval excludes 0."""
-    change = job["step"]["change"]["point"]
+    """The phases ranked by how much of the change each explains beyond the host's stretch (``excess``),
+    ``moved`` where that interval excludes 0; the exposed wait at collectives (no ``excess``: it holds the
+    wait for peers the load slowed) last, with its measured part of the change."""
+    explained = job["step"]["explained"]["point"]
     rows = []
     for phase, p in job["phases"].items():
-        c = p["contribution"]
-        moved = c["low"] > 0 or c["high"] < 0
-        rows.append({"phase": phase, "contribution": c, "moved": moved,
-                     "explains": c["point"] / change if abs(change) > 1e-12 else None})  # fmt: skip
-    return sorted(rows, key=lambda r: -abs(r["contribution"]["point"]))
+        e = p.get("excess")
+        moved = e is not None and (e["low"] > 0 or e["high"] < 0)
+        explains = e["point"] / explained if e is not None and abs(explained) > 1e-12 else None
+        rows.append({"phase": phase, "contribution": p["contribution"], "excess": e, "moved": moved,
+                     "explains": explains})  # fmt: skip
+    return sorted(rows, key=lambda r: (r["excess"] is None, -abs((r["excess"] or r["contribution"])["point"])))
 
 
 def _finding_costs(findings: dict, ratio: float) -> list[dict]:
@@ -146,28 +126,15 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
     ranks = {r: compare_series(ra[r], rb[r], config.confidence) for r in both[:MAX_RANKS]}
     limit = config.step_time if config.step_time is not None else DEFAULT_LIMIT
     failed = []
+    explained = job["step"]["explained"]
+    if config.step_time is not None and explained["low"] > config.step_time:
+        failed.append({"what": "step_time", "limit": config.step_time, "interval": explained})
     for phase, phase_limit in config.phases.items():
-        c = job["phases"].get(phase, {}).get("contribution")
+        p = job["phases"].get(phase, {})
+        c = p.get("excess") or p.get("contribution")
         if c is not None and c["low"] > phase_limit:
             failed.append({"what": phase, "limit": phase_limit, "interval": c})
-    host = contention(ja, jb)
-    if host and max(host["ratio"], 1 / host["ratio"]) > CONTENTION_LIMIT:
-        busier, factor = ("B", host["ratio"]) if host["ratio"] > 1 else ("A", 1 / host["ratio"])
-        out = _incomparable(
-            f"the host was {factor:.1f}x as busy in {busier} (wall seconds per CPU second of the step's own work: "
-            f"A {host['a']:.2f}, B {host['b']:.2f}): the step times measure the neighbours; rerun on a quieter host",
-            config,
-        )
-        return {**out, "contention": host}
-    if host and host["differs"]:
-        # Take out what the busier (or quieter) host did to B's own work, so the verdict is about the code.
-        _adjust(job, host["ratio"])
-        for r in ranks.values():
-            _adjust(r, host["ratio"])
-    judged = job["step"].get("judged_change", job["step"]["change"])
-    if config.step_time is not None and judged["low"] > config.step_time:
-        failed.insert(0, {"what": "step_time", "limit": config.step_time, "interval": judged})
-    word = verdict(judged, limit)
+    word, why = judge(job, limit)
     ratio = job["step"]["b_s"] / job["step"]["a_s"]
     status = "fail" if failed else ("pass" if config.active else "report")
     return {
@@ -177,14 +144,11 @@ def assess(a: Samples, b: Samples, findings: dict, config: GateConfig, warmup_st
         "confidence": config.confidence,
         "limits": _limits(config),
         "verdict": word,
+        "verdict_reason": why,
         "verdict_margin": limit,
-        "contention": host,
         "failed": failed,
         "job": job,
-        "ranks": {
-            str(r): {**v, "verdict": verdict(v["step"].get("judged_change", v["step"]["change"]), limit)}
-            for r, v in ranks.items()
-        },
+        "ranks": {str(r): {**v, "verdict": judge(v, limit)[0]} for r, v in ranks.items()},
         "attribution": _attribution(job),
         "findings": _finding_costs(findings, ratio),
     }

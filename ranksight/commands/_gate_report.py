@@ -30,12 +30,17 @@ def _span(i: dict, unit=_pct) -> str:
 
 
 def headline(change: dict) -> str:
-    """'+11.0 % ± 2.1 %: data wait +9.0 pp, exposed comm +2.0 pp' (the phases whose interval excludes 0)."""
-    c = change["job"]["step"]["change"]
+    """'+11.0 % ± 2.1 % (slower): data wait +9.0 pp; beyond a uniform x1.02: +9.1 % [+8.3 %, +9.9 %]' (the
+    phases whose part beyond the host's stretch excludes 0, then the change they explain)."""
+    step = change["job"]["step"]
+    c, e = step["change"], step["explained"]
     half = (c["high"] - c["low"]) / 2
-    moved = [f"{label(r['phase'])} {_pp(r['contribution']['point'])}" for r in change["attribution"] if r["moved"]]
-    parts = ", ".join(moved) if moved else "no phase moved beyond its noise"
-    return f"{_pct(c['point'])} ± {100 * half:.1f} % ({change['verdict']}): {parts}"
+    moved = [f"{label(r['phase'])} {_pp(r['excess']['point'])}" for r in change["attribution"] if r["moved"]]
+    parts = ", ".join(moved) if moved else "no phase moved beyond the rest"
+    return (
+        f"{_pct(c['point'])} ± {100 * half:.1f} % ({change['verdict']}): {parts}; "
+        f"beyond a uniform x{step['host_stretch']['point']:.2f}: {_span(e)}"
+    )
 
 
 def _unit(failed: dict) -> str:
@@ -57,12 +62,13 @@ def _gate_line(change: dict) -> str:
     if status == "fail":
         why = "; ".join(
             f"{'step time' if f['what'] == 'step_time' else label(f['what'])} is at least "
-            f"{100 * f['interval']['low']:+.1f} {_unit(f)} (limit +{100 * f['limit']:g} {_unit(f)})"
+            f"{100 * f['interval']['low']:+.1f} {_unit(f)} beyond the host's stretch "
+            f"(limit +{100 * f['limit']:g} {_unit(f)})"
             for f in change["failed"]
         )
         return f"Gate ({', '.join(what)} at {conf}): FAIL: {why}"
-    note = " (cannot tell whether it is past the limit: longer runs would settle it)"
-    return f"Gate ({', '.join(what)} at {conf}): PASS" + (note if change["verdict"] == "cannot tell" else "")
+    note = f" (cannot tell: {change['verdict_reason']})" if change["verdict"] == "cannot tell" else ""
+    return f"Gate ({', '.join(what)} at {conf}): PASS" + note
 
 
 def render_text(change: dict) -> str:
@@ -84,33 +90,22 @@ def render_text(change: dict) -> str:
             f"  rank {rank:<2} {1000 * r['step']['a_s']:.2f} ms -> {1000 * r['step']['b_s']:.2f} ms  "
             f"{_span(r['step']['change'])}  {r['verdict']}"
         )
-    lines.append("  where it moved (points of A's step time; share of each run's step):")
+    lines.append(
+        "  where it moved (points of A's step time: measured, and beyond the host's stretch; share of each run's step):"
+    )
     for row in change["attribution"]:
         p = job["phases"][row["phase"]]
+        beyond = _span(row["excess"], _pp) if row["excess"] else "(a wait for peers: not judged)"
         lines.append(
-            f"    {label(row['phase']):<13} {_span(row['contribution'], _pp)}   share "
+            f"    {label(row['phase']):<13} {_span(row['contribution'], _pp)}   beyond {beyond}   share "
             f"{100 * p['share_a']:.1f} % -> {100 * p['share_b']:.1f} % ({_pp(p['share_change']['point'])})"
         )
     if change["findings"]:
         lines.append("  findings that account for it (their cost, in A's step time):")
         for f in change["findings"]:
             lines.append(f"    {f['rule']:<22} {f['how']:<11} {_pp(f['accounts_for'])}")
-    host = _host_line(change)
     gate = _gate_line(change)
-    return "\n".join(lines + ([host] if host else []) + ([gate] if gate else []))
-
-
-def _host_line(change: dict) -> str:
-    """The note when the two runs ran on differently busy hosts."""
-    host = change.get("contention")
-    if not host or not host["differs"]:
-        return ""
-    busier = "B" if host["ratio"] > 1 else "A"
-    return (
-        f"Host: busier in {busier}: a CPU second of the step's own work took {host['b']:.2f} s of wall time in B, "
-        f"{host['a']:.2f} s in A; with that taken out of B's own work the change is "
-        f"{_span(change['job']['step']['adjusted_change'])}; the verdict is judged on both"
-    )
+    return "\n".join(lines + ([gate] if gate else []))
 
 
 def render_markdown(result: dict) -> str:
@@ -126,8 +121,8 @@ def render_markdown(result: dict) -> str:
     if gate:
         lines += [f"**{gate}**", ""]
     lines += [f"Step time {headline(change)}", ""]
-    if _host_line(change):
-        lines += [f"> {_host_line(change)}", ""]
+    if change["verdict_reason"]:
+        lines += [f"> cannot tell: {change['verdict_reason']}", ""]
     job = change["job"]
     lines += ["| | A | B | B / A - 1 | interval | verdict |", "|---|---:|---:|---:|---|---|"]
     rows = [("job", job, change["verdict"])] + [(f"rank {k}", v, v["verdict"]) for k, v in change["ranks"].items()]
@@ -137,11 +132,16 @@ def render_markdown(result: dict) -> str:
             f"| {name} | {1000 * r['step']['a_s']:.2f} ms | {1000 * r['step']['b_s']:.2f} ms | {_pct(c['point'])} "
             f"| {_pct(c['low'])} … {_pct(c['high'])} | {word} |"
         )
-    lines += ["", "| phase | part of the change | interval | share A | share B |", "|---|---:|---|---:|---:|"]
+    lines += [
+        "",
+        "| phase | part of the change | interval | beyond the host's stretch | share A | share B |",
+        "|---|---:|---|---|---:|---:|",
+    ]
     for row in change["attribution"]:
-        p, c = job["phases"][row["phase"]], row["contribution"]
+        p, c, e = job["phases"][row["phase"]], row["contribution"], row["excess"]
+        beyond = f"{_pp(e['point'])} ({_pp(e['low'])} … {_pp(e['high'])})" if e else "a wait for peers: not judged"
         lines.append(
-            f"| {label(row['phase'])} | {_pp(c['point'])} | {_pp(c['low'])} … {_pp(c['high'])} "
+            f"| {label(row['phase'])} | {_pp(c['point'])} | {_pp(c['low'])} … {_pp(c['high'])} | {beyond} "
             f"| {100 * p['share_a']:.1f} % | {100 * p['share_b']:.1f} % |"
         )
     if change["findings"]:

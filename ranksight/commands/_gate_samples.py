@@ -21,7 +21,8 @@ COLUMNS = ("period_s", *PHASES)
 
 HOST_COLUMNS = ("cpu_s", "on_gpu")
 """Per step, besides: the training thread's CPU seconds, and 1 where the period is the GPU stream's (else
-the host's wall time). They tell a slower host (a busier machine) from slower code (``_gate.contention``)."""
+the host's wall time). Kept with the run's steps (and in a baseline file) for readers of them; the gate reads
+the host's stretch from the phases themselves (``_gate_stats.host_stretch``)."""
 
 WARMUP_FRACTION = 0.1
 """The gate leaves out at least this leading share of each rank's steps, besides ``--warmup``: a short run's
