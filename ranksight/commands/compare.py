@@ -44,14 +44,15 @@ def add_parser(sub):
 
 GATE_EPILOG = """\
 exit codes:
-  0  no gate, or the gate passed (also when it cannot tell whether B is past the limit: longer runs settle it)
+  0  no gate, or the gate passed (also when it cannot tell, with the reason)
   1  the gate failed: at the chosen confidence B is slower than A by more than a limit
-  2  the runs cannot be compared (different world size, no rank in both, too few steps after warm-up,
-     a host over 1.5x as busy in one run), or a bad argument; one line on stderr says which
+  2  the runs cannot be compared (different world size, no rank in both, too few steps after warm-up),
+     or a bad argument; one line on stderr says which
 
-the gate fails when the whole interval of B's slowdown lies above the limit; "cannot tell" when it reaches
-past the limit only in part. Per-phase limits: [tool.ranksight.gate] in ./pyproject.toml or --gate-config
-(docs/ci-gate.md)."""
+the gate judges the change the phases explain beyond the host's uniform stretch of the step's own work:
+it fails when that interval lies wholly above the limit; "cannot tell" when it reaches past the limit only
+in part, or when the step moved but every phase moved with it (a busier host does that). Per-phase limits:
+[tool.ranksight.gate] in ./pyproject.toml or --gate-config (docs/ci-gate.md)."""
 
 
 def add_options(p) -> None:
