@@ -420,52 +420,117 @@ def append_steps(run_path: str, ranks: int, first_step: int, steps: int, status:
     return -(-ranks // RANKS_PER_NODE)
 
 
+REFRESH_ARMS = ("kept", "read again")
+"""``--refresh-scale``'s arms: the dashboard as it is (its reading refreshed with ``incremental=True``: the
+medians kept and fed the new files) and its reading opened as before (``incremental=False``: the pending
+segments read into memory at each refresh, the medians read from every row)."""
+
+
 def refresh_at_scale(
-    folder: str, ranks: int = 1024, lengths: tuple[int, ...] = (1000, 2000, 4000, 8000), flush_steps: int = 16
-) -> list[dict]:
+    folder: str,
+    ranks: int = 1024,
+    lengths: tuple[int, ...] = (1000, 2000, 4000, 8000),
+    flush_steps: int = 16,
+    repeats: int = 5,
+    arms: tuple[str, ...] = REFRESH_ARMS,
+) -> dict:
     """The server's CPU for one refresh of a live ``ranks``-rank run that one flush (``flush_steps`` steps of
-    every rank, one file per node) has added to, at each of ``lengths`` steps: the snapshot (listing, rank
-    files, the rollup taking in the new files, the verdict) and the pulls of the Heatmaps and Breakdown pages.
-    One server's state, kept from length to length, as a dashboard watching the run keeps it."""
+    every rank, one file per node) has added to, ``repeats`` times at each of ``lengths`` steps: the snapshot
+    (listing, rank files, the rollup taking in the new files, the verdict) and the pulls of the Heatmaps and
+    Breakdown pages. One server's state per arm, kept from length to length, as a dashboard watching the run
+    keeps it; each arm follows the same run folder through a path of its own (a link), the arms taking turns
+    after each flush. The run's history up to each length is written in blocks of 500 steps a node (as an
+    ``ingest --every`` or a long flush interval leaves it); the refresh measured takes in one flush.
+
+    Returns the rows (arm, steps, CPU seconds, load average) and, per arm, the median per length and the slope
+    of CPU-s per 1,000 steps (Theil-Sen: the median of the slopes between every two refreshes at different
+    lengths, with their quartiles and range), so "flat" is a measured statement."""
+    import itertools
     import shutil
 
+    from _harness import rotated, spread
+
+    from ranksight.collectors import open_run
     from ranksight.dashboard import _data
     from ranksight.dashboard import _queries as q
 
-    run_path = os.path.join(folder, f"live-{ranks}", "live-run")
-    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
-    out, written = [], 0
-    for length in lengths:
-        block = 500
-        while written < length - flush_steps:
-            n = min(block, length - flush_steps - written)
-            append_steps(run_path, ranks, written, n)
-            written += n
-        _data.snapshot(run_path, refresh_s=0)  # the server has seen the run up to here
-        chunk = _data.rollup(run_path).chunk_steps
-        append_steps(run_path, ranks, written, flush_steps)  # one flush arrives
-        written += flush_steps
-        cpu, wall = time.process_time(), time.perf_counter()
-        snap = _data.snapshot(run_path, refresh_s=0)
-        snap_cpu = time.process_time() - cpu
-        order = _data.pull(run_path, q.rank_order, "mean step time (slowest first)")
+    base = os.path.join(folder, f"live-{ranks}")
+    shutil.rmtree(base, ignore_errors=True)
+    run_path = os.path.join(base, "live-run")
+    paths = {}
+    for i, arm in enumerate(arms):
+        os.makedirs(os.path.join(base, f"arm{i}"))
+        paths[arm] = os.path.join(base, f"arm{i}", "live-run")
+        os.symlink(run_path, paths[arm])
+
+    def refresh(arm: str) -> dict:
+        path = paths[arm]
+        if arm == "read again" and path not in _data._followers:
+            _data.open_run = lambda p, **kw: open_run(p, **{**kw, "incremental": False})  # this arm's reading
+        try:
+            cpu, wall = time.process_time(), time.perf_counter()
+            snap = _data.snapshot(path, refresh_s=0)
+            snap_cpu = time.process_time() - cpu
+        finally:
+            _data.open_run = open_run
+        chunk = _data.rollup(path).chunk_steps
+        order = _data.pull(path, q.rank_order, "mean step time (slowest first)")
         for metric in ("step_s", "data_wait_s", "comm_exposed_s", "compute_s"):
-            _data.pull(run_path, q.heatmap, metric, order, 60, 128, 16, chunk)
+            _data.pull(path, q.heatmap, metric, order, 60, 128, 16, chunk)
         for fn in (q.rank_outliers, q.rollup_total, q.breakdown_per_rank, q.breakdown_over_time, q.run_overview):
-            _data.pull(run_path, fn)
-        row = {
-            "steps": written,
-            "files": len(os.listdir(os.path.join(run_path, "steps"))) - 1,
+            _data.pull(path, fn)
+        return {
             "refresh_cpu_s": time.process_time() - cpu,
             "refresh_wall_s": time.perf_counter() - wall,
             "snapshot_cpu_s": snap_cpu,
+            "verdict_steps": snap.steps,
             "verdict_rules": [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error,
         }
-        out.append(row)
-        print(f"{ranks} ranks x {written} steps: refresh {row['refresh_cpu_s']:.3f} CPU s "
-              f"(snapshot {snap_cpu:.3f}), {row['refresh_wall_s']:.3f} s wall", flush=True)  # fmt: skip
-    shutil.rmtree(os.path.dirname(run_path), ignore_errors=True)
-    return out
+
+    rows, written, turn = [], 0, 0
+    for length in lengths:
+        while written < length - repeats * flush_steps:
+            n = min(500, length - repeats * flush_steps - written)
+            append_steps(run_path, ranks, written, n)
+            written += n
+        for arm in arms:
+            refresh(arm)  # each arm's server has seen the run up to here
+        for _ in range(repeats):
+            append_steps(run_path, ranks, written, flush_steps)  # one flush arrives
+            written += flush_steps
+            for arm in rotated(list(arms), turn):
+                row = {"arm": arm, "steps": written, **refresh(arm), "loadavg": os.getloadavg()}
+                row["files"] = sum(n.endswith(".parquet") for n in os.listdir(os.path.join(run_path, "steps")))
+                rows.append(row)
+                print(f"{arm:10s} {ranks} ranks x {written} steps: refresh {row['refresh_cpu_s']:.3f} CPU s "
+                      f"(snapshot {row['snapshot_cpu_s']:.3f}), {row['refresh_wall_s']:.3f} s wall, "
+                      f"load {row['loadavg'][0]:.1f}", flush=True)  # fmt: skip
+            turn += 1
+    shutil.rmtree(base, ignore_errors=True)
+    summary = {}
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        by_length = {}
+        for length in lengths:
+            at = [r for r in mine if length - repeats * flush_steps < r["steps"] <= length]
+            by_length[length] = {
+                "refresh_cpu_s": spread([r["refresh_cpu_s"] for r in at]),
+                "snapshot_cpu_s": spread([r["snapshot_cpu_s"] for r in at]),
+                "loadavg_1min": spread([r["loadavg"][0] for r in at]),
+            }
+        slopes = [
+            1000 * (b["refresh_cpu_s"] - a["refresh_cpu_s"]) / (b["steps"] - a["steps"])
+            for a, b in itertools.combinations(mine, 2)
+            if b["steps"] - a["steps"] >= min(lengths)
+        ]
+        summary[arm] = {"by_length": by_length, "slope_cpu_s_per_1000_steps": spread(slopes)}
+        medians = [v["refresh_cpu_s"]["median"] for v in by_length.values()]
+        slope = summary[arm]["slope_cpu_s_per_1000_steps"]
+        quartiles = f"p25 {slope.get('p25', 0):+.3f}, p75 {slope.get('p75', 0):+.3f}"
+        print(f"{arm}: median refresh {', '.join(f'{m:.2f}' for m in medians)} CPU-s at {lengths} steps; slope "
+              f"{slope['median']:+.3f} CPU-s per 1,000 steps ({quartiles}); longest / shortest "
+              f"{medians[-1] / medians[0]:.2f}x", flush=True)  # fmt: skip
+    return {"rows": rows, "arms": summary, "ranks": ranks, "flush_steps": flush_steps, "repeats": repeats}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,12 +543,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--open-after", action="store_true", help="live watch: open the tabs once the run exists")
     ap.add_argument("--refresh-scale", action="store_true", help="only one refresh's CPU at 1,024 ranks by length")
     ap.add_argument("--lengths", default="1000,2000,4000,8000", help="refresh-scale: run lengths in steps")
+    ap.add_argument("--repeats", type=int, default=5, help="refresh-scale: refreshes measured at each length")
+    ap.add_argument("--arms", default=",".join(REFRESH_ARMS), help="refresh-scale: arms, of " + ", ".join(REFRESH_ARMS))
     args = ap.parse_args(argv)
     if args.refresh_scale:
         os.makedirs(args.dir, exist_ok=True)
-        rows = refresh_at_scale(args.dir, args.ranks, tuple(int(n) for n in args.lengths.split(",")))
+        lengths = tuple(int(n) for n in args.lengths.split(","))
+        arms = tuple(a.strip() for a in args.arms.split(","))
+        figures = refresh_at_scale(args.dir, args.ranks, lengths, repeats=args.repeats, arms=arms)
         if args.json:
-            write_results(args.json, {"refresh_at_scale": rows})
+            write_results(args.json, {"refresh_at_scale": figures}, arms=list(arms), rounds=args.repeats)
         return 0
     if args.live:
         os.makedirs(args.dir, exist_ok=True)

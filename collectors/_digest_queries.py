@@ -15,7 +15,8 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS, merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, is_short, kept_sql, short_sql
 
-from ._digest_source import keep_medians, noted_medians, rank_summary
+from ._digest_source import incremental_step_files, keep_medians, noted_medians, rank_summary
+from ._median_fold import folded_medians
 from ._tables import fetch_rows, steps_source
 
 
@@ -46,7 +47,13 @@ def medians(con, parts: dict, warmup_steps: int) -> dict[str, dict[int, float]] 
 
 def _rows_medians(con, warmup_steps: int, figures: tuple[str, ...]) -> dict[str, dict[int, float]]:
     """{figure: {rank: median}} of ``figures`` over the rows after warm-up, as the row queries take them (no
-    rank is short of the warm-up here: ``_no_short_rank``)."""
+    rank is short of the warm-up here: ``_no_short_rank``). A reading refreshed again and again takes them from
+    the medians this process keeps of its files (``_median_fold``), which reads only the files added since."""
+    files = incremental_step_files(con)
+    if files is not None:
+        found = folded_medians(con, files, figures, warmup_steps)
+        if found is not None:
+            return found
     cols = ", ".join(f"median(CAST({MEDIANS[f][0]} AS DOUBLE))" for f in figures)
     sql = f"SELECT rank, {cols} FROM {steps_source(con)} WHERE step >= ? AND {SAMPLED_SQL} GROUP BY rank"
     out: dict[str, dict[int, float]] = {f: {} for f in figures}

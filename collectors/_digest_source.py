@@ -296,6 +296,15 @@ def rank_summary(con, sums: str) -> tuple[list[int], int | None]:
     return summary
 
 
+def incremental_step_files(con) -> list[str] | None:
+    """The step files whose rows are exactly ``con``'s ``steps`` view, for a reading refreshed again and again
+    (``open_run(incremental=True)``): its view names them and no store adds rows. None otherwise."""
+    state, noted = state_of(con), _noted(con)
+    if state is None or not state.incremental or noted is None or noted.store or not noted.view_files:
+        return None
+    return noted.view_files
+
+
 def noted_medians(con) -> tuple[dict[str, dict[int, float]], set[str]]:
     """The per-rank medians ``keep_medians`` kept for ``con`` ({figure: {rank: median}}), and the figures
     they hold."""

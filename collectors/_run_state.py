@@ -11,13 +11,16 @@ from __future__ import annotations
 class RunState:
     """One opening of a run's views: what each query may take instead of reading every row."""
 
-    __slots__ = ("digests", "skipped")
+    __slots__ = ("digests", "incremental", "skipped")
 
-    def __init__(self) -> None:
+    def __init__(self, incremental: bool = False) -> None:
         self.skipped: tuple = ()
         """The ``SkippedFile`` s the last opening left out of the views."""
         self.digests = None
         """The step digests noted for these views (``_digest_source._Noted``), or None."""
+        self.incremental = incremental
+        """Whether the reading is refreshed again and again (``open_run(incremental=True)``): what a refresh
+        can build on is kept in the process rather than read again (``_median_fold``)."""
 
 
 def state_of(reader) -> RunState | None:

@@ -171,7 +171,14 @@ def _spool_part(
     # One schema: DuckDB reads the files as one (by name still) instead of binding each at every query.
     source = f"read_parquet([{names}], union_by_name={'false' if one_schema(pending) else 'true'})"
     select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
-    if not follow and len(pending) >= MATERIALIZE_FROM_FILES and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES:
+    state = state_of(con)
+    once = state is None or not state.incremental  # a reading refreshed again would read every row at each refresh
+    if (
+        once
+        and not follow
+        and len(pending) >= MATERIALIZE_FROM_FILES
+        and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES
+    ):
         # One reading, many queries (diagnose runs a dozen): read many small segments once, into memory,
         # rather than every query opening every file again -- half the CPU of diagnose on 1,024 one-rank
         # segments, none gained on 128 merged ones (docs/scale.md).

@@ -346,7 +346,7 @@ def _diagnose(f: _Follower, listing: dict[str, frozenset[str]], live: bool) -> t
             f.kept.take_in(listing)
             return diagnose(f.kept.run()), None
         if f.run is None:
-            f.run = open_run(f.path, follow_spool=False)
+            f.run = open_run(f.path, follow_spool=False, incremental=True)
         else:
             f.run.refresh()
         return diagnose(f.run), None

@@ -1,0 +1,133 @@
+"""A reading refreshed again and again (``open_run(incremental=True)``, the live dashboard's) takes the per-rank
+medians from those its process keeps (``collectors/_median_fold.py``), fed only the files added since: the
+same numbers as a fresh reading of the same files, whose medians DuckDB takes from the rows.
+
+The spool is the node spool's, as ``benchmarks/dashboard_bench.py --refresh-scale`` writes it: a file per node
+of 8 ranks and flush, its digest beside it, so each rank's rows are in several files and no file's own
+median stands for the rank's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from ranksight.collectors import _median_fold, open_run
+from ranksight.rules import diagnose
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    folder = os.path.join(ROOT, "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("dashboard_bench")
+
+
+@pytest.fixture(autouse=True)
+def no_kept_folds():
+    _median_fold._folds.clear()
+    yield
+    _median_fold._folds.clear()
+
+
+def _fresh(path: str) -> tuple[dict, dict]:
+    """The verdict and features of a fresh reading of ``path``, medians from the rows (no fold kept)."""
+    kept = dict(_median_fold._folds)
+    _median_fold._folds.clear()
+    run = open_run(path, follow_spool=False)
+    try:
+        assert run.path_for() == "digests"
+        return diagnose(run), run.features()
+    finally:
+        run.close()
+        _median_fold._folds.clear()
+        _median_fold._folds.update(kept)
+
+
+def test_a_refreshed_reading_takes_the_rows_medians_reading_only_the_new_files(bench, tmp_path, monkeypatch):
+    rows_read = []
+    take_in = _median_fold._Fold.take_in
+    monkeypatch.setattr(
+        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
+    )
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 20)
+    bench.append_steps(path, 16, 20, 20)  # each rank's rows in two files: no file's median is the rank's
+    run = open_run(path, follow_spool=False, incremental=True)
+    try:
+        assert run.path_for() == "digests"
+        assert (diagnose(run), run.features()) == _fresh(path)
+        assert rows_read and set(rows_read) == {16 * (40 - 5)}  # every rank's steps after warm-up, per figure
+        (fold,) = _median_fold._folds.values()
+        files = len(fold.files)
+        assert files == 4 and fold.count > 0  # one file per node of 8 and flush
+        # Flushes of 16 and 15 steps: each rank's count of steps after warm-up goes odd, even, odd.
+        for first, steps in ((40, 16), (56, 15)):
+            bench.append_steps(path, 16, first, steps)
+            rows_read.clear()
+            assert run.refresh()
+            assert (diagnose(run), run.features()) == _fresh(path)
+            (fold,) = _median_fold._folds.values()
+            # Only the new files were read: two more, and the values of their steps alone.
+            assert len(fold.files) == files + 2 and set(rows_read) == {16 * steps}
+            files = len(fold.files)
+    finally:
+        run.close()
+
+
+def test_a_file_gone_from_the_spool_starts_the_fold_again(bench, tmp_path):
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 40)
+    bench.append_steps(path, 16, 40, 20)
+    run = open_run(path, follow_spool=False, incremental=True)
+    try:
+        diagnose(run)
+        gone = sorted(n for n in os.listdir(os.path.join(path, "steps")) if n.endswith(".parquet"))[-1]
+        os.remove(os.path.join(path, "steps", gone))  # as a prune after ingest would, here without the store
+        assert run.refresh()
+        assert (diagnose(run), run.features()) == _fresh(path)
+        (fold,) = _median_fold._folds.values()
+        assert len(fold.files) == 3
+    finally:
+        run.close()
+
+
+def test_the_folds_median_is_duckdbs_median_of_the_rows():
+    import duckdb
+
+    rng = np.random.default_rng(7)
+    con = duckdb.connect()
+    fold = _median_fold._Fold(("period",))
+    for n in (1, 2, 3, 10, 11, 64):
+        ranks = np.repeat(np.arange(20, dtype=np.int64), n)
+        values = rng.gamma(2.0, 0.01, len(ranks)) * 10 ** rng.uniform(-3, 3, len(ranks))
+        values[::7] = np.round(values[::7], 2)  # ties
+        fold.values["period"].clear()
+        fold.take_in("period", ranks, values)
+        found = fold.medians()["period"]
+        rows = con.execute(
+            "SELECT r, median(v) FROM (SELECT unnest($r) AS r, unnest($v) AS v) GROUP BY r",
+            {"r": ranks.tolist(), "v": values.tolist()},
+        ).fetchall()
+        assert found == dict(rows), n
+
+
+def test_the_dashboards_live_verdict_of_a_node_spool_is_a_fresh_readings_after_each_refresh(bench, tmp_path):
+    from ranksight.dashboard import _data
+
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 20)
+    bench.append_steps(path, 16, 20, 20)
+    for first in (40, 56):
+        snap = _data.snapshot(path, refresh_s=0)
+        assert snap.status == "live" and snap.steps == first
+        assert snap.diagnosis == _fresh(path)[0]
+        bench.append_steps(path, 16, first, 16)
+    assert _data._follower(path).run is not None and _median_fold._folds  # judged incrementally, not re-read
