@@ -4,16 +4,18 @@ Runs one small training job with the agent attached many times, under a competin
 CPU machine), and gates pairs of runs with the real command line (``ranksight compare A B --gate 3% --json``):
 
 * healthy pairs (two runs of the same job): each should pass (exit 0); the target is >= 19 of 20;
-* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as per-item CPU work in the data
-  loader's fetch: each should fail (exit 1) with the data wait named first; the target is >= 9 of 10;
+* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as CPU work in the data loader's
+  fetch: each should fail (exit 1) with the data wait named first; the target is >= 9 of 10;
 * a planted 3 % slowdown (below what a short run can tell from noise): "cannot tell" or caught, never "faster".
 
     python -m benchmarks compare_gate --json benchmarks/results/compare_gate_cpu.json
     python -m benchmarks compare_gate --device cuda --json benchmarks/results/compare_gate_cuda.json
 
 The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
-(about 20 s). The planted work is set from the healthy runs' own step time, measured first. The rounds
-rotate which run goes first, so drift in the machine falls on every arm alike; each round's load is kept.
+(about 20 s). Each planted run sizes its own slowdown: it times its first steps unplanted (inside the warm-up
+the gate leaves out), then each fetch spins for the stated share of their median step, so the plant is that
+share of the step under the load the run meets. The rounds rotate which run goes first, so drift in the machine
+falls on every arm alike; each round's load is kept.
 Needs only torch, ranksight and duckdb.
 """
 
@@ -62,21 +64,27 @@ def _worker(config: dict) -> None:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     mon.watch(model, optimizer=opt)
-    fetch_s = config["fetch_s"]
+    plant = {"share": config["plant"], "spin_s": 0.0}
+    starts: list[float] = []
 
     class Data(torch.utils.data.Dataset):
         def __len__(self) -> int:
             return 10**7
 
         def __getitem__(self, i):
-            if fetch_s:  # the planted slowdown: per-item work (CPU time, stretched by a busy host as decoding is)
-                end = time.thread_time() + fetch_s
-                while time.thread_time() < end:
+            if plant["spin_s"]:  # the planted slowdown: CPU work in the fetch, as decoding is
+                end = time.perf_counter() + plant["spin_s"]
+                while time.perf_counter() < end:
                     pass
             return torch.randn(batch, 64), torch.randn(batch, 1)
 
     loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=device == "cuda")
     for step, (x, y) in enumerate(mon.loader(loader)):
+        if plant["share"] and step <= PLANT_FROM:
+            starts.append(time.perf_counter())
+            if step == PLANT_FROM:  # the unplanted steps' median, past the first few
+                plant["spin_s"] = plant["share"] * statistics.median(b - a for a, b in zip(starts[4:], starts[5:]))
+                print(f"planted {1000 * plant['spin_s']:.3f} ms a fetch", flush=True)
         with mon.step():
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = nn.functional.mse_loss(model(x), y)
@@ -112,8 +120,9 @@ def busy_loop() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-PROBES = 3
-"""Pairs of a healthy and a planted run the planted work is calibrated from."""
+PLANT_FROM = 24
+"""A planted run's first planted fetch: the steps before it size the plant, and lie inside the warm-up the gate
+leaves out of a 400- or 480-step run (its first 10 %)."""
 
 JOBS = {
     "cpu": {"device": "cpu", "ranks": 2, "width": 256, "batch": 256, "depth": 3, "steps": 480},
@@ -177,27 +186,8 @@ def main() -> int:
     busy = [busy_loop() for _ in range(load)]
     started = time.perf_counter()
     try:
-        job = lambda run_id, fetch_s=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "fetch_s": fetch_s})  # noqa: E731
-        # The healthy step time, then what the planted work costs the step under this load (a busy host
-        # stretches it): PROBES pairs of a healthy run and a planted one, side by side, and the work scaled so
-        # that the data wait it adds is ``slow`` of the healthy step. The data wait is what the work adds (the
-        # fetch runs on the training thread, before the step's other phases), read beyond the host's stretch
-        # (``excess``: as if both runs had the same load); the step time also carries the host's load, which
-        # moved it -7 % to +28 % between healthy reruns, so a median of three step changes had scaled the
-        # work to half its size.
-        cal = gate(job("cal-a"), job("cal-b"), args.limit, root)
-        step_s = (cal["a_s"] + cal["b_s"]) / 2
-        probes = []
-        for i in range(PROBES):
-            healthy, planted = job(f"cal-h{i}"), job(f"cal-slow{i}", slow * step_s)
-            probes.append(gate(healthy, planted, args.limit, root))
-        cost = statistics.median(p["data_wait_excess"] for p in probes if p.get("data_wait_excess") is not None)
-        scale = min(10.0, max(0.1, slow / cost)) if cost > 0 else 1.0  # a guard against a broken probe only
-        sleeps = {"slow": slow * step_s * scale, "small": args.small * step_s * scale}
-        probe = {"pairs": probes, "median_data_wait": cost, "scale": scale}
-        print(f"healthy step {1000 * step_s:.2f} ms; planted work of {100 * slow:.0f} % of it added "
-              f"{100 * cost:+.1f} pp of data wait (median of {PROBES}): work {1000 * sleeps['slow']:.3f} ms (slow), "
-              f"{1000 * sleeps['small']:.3f} ms (small)", flush=True)  # fmt: skip
+        job = lambda run_id, plant=0.0: run_job({**base, "run_dir": run_dir, "run_id": run_id, "plant": plant})  # noqa: E731
+        shares = {"slow": slow, "small": args.small}
         runs: dict[str, str] = {}
 
         rounds: list[dict] = []
@@ -206,7 +196,7 @@ def main() -> int:
             arms = ["healthy_a", "healthy_b"] + (["slow", "small"] if r < args.slow_pairs else [])
             load_now = machine_load()
             for arm in rotated(arms, r):
-                runs[f"{arm}-{r}"] = job(f"{arm}-{r}", sleeps.get(arm, 0.0))
+                runs[f"{arm}-{r}"] = job(f"{arm}-{r}", shares.get(arm, 0.0))
             rounds.append({"round": r, "load": load_now})
             # Gated as each round ends, and written each round: a run cut short still leaves its figures.
             pairs["healthy"].append(gate(runs[f"healthy_a-{r}"], runs[f"healthy_b-{r}"], args.limit, root))
@@ -217,9 +207,8 @@ def main() -> int:
             last = ", ".join(f"{k} {[p.get('verdict', p['status']) for p in v[-1:]]}" for k, v in pairs.items())
             print(f"round {r}: load {load_now['loadavg'][0]:.1f}; {last}", flush=True)
             figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
-                       "busy_loops": load, "healthy_step_s": step_s, "sleeps_s": sleeps, "probe": probe,
-                       "calibration": cal, "summary": summary, "pairs": pairs, "rounds": rounds,
-                       "runs_dir": run_dir}  # fmt: skip
+                       "busy_loops": load, "plant_from_step": PLANT_FROM, "summary": summary, "pairs": pairs,
+                       "rounds": rounds, "runs_dir": run_dir}  # fmt: skip
             if args.json:
                 write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=r + 1)
     finally:
