@@ -135,8 +135,14 @@ def profiler(trace_path: str, cuda: bool):
     )
 
 
+ARMS = ["ranksight", "ranksight-nowindow", "none", "traceml"]
+"""``ranksight-nowindow``: the callback without the sampled kernel window (what the window costs a short job)."""
+
+
 def ranksight_options(args) -> dict:
-    return {"run_dir": os.path.join(args.out, "runs"), "run_id": f"{args.job}-{args.arm}-{args.tag}", "job": args.job}
+    run_id = f"{args.job}-{args.arm}-{args.tag}"
+    options = {"run_dir": os.path.join(args.out, "runs"), "run_id": run_id, "job": args.job}
+    return {**options, "gpu": {"trace_window": False}} if args.arm == "ranksight-nowindow" else options
 
 
 def traceml_start(args, model_hook):
@@ -225,7 +231,7 @@ def run_lightning(args, style: str) -> dict:
                 trainer.should_stop = True
 
     callbacks: list = []
-    if args.arm == "ranksight":
+    if args.arm.startswith("ranksight"):
         from ranksight.integrations.lightning import RanksightCallback
 
         callbacks.append(RanksightCallback(**ranksight_options(args)))
@@ -291,7 +297,7 @@ def run_transformers(args) -> dict:
                 control.should_training_stop = True
 
     callbacks: list = []
-    if args.arm == "ranksight":
+    if args.arm.startswith("ranksight"):
         from ranksight.integrations.transformers import RanksightCallback
 
         callbacks.append(RanksightCallback(**ranksight_options(args)))
@@ -325,7 +331,7 @@ def run_accelerate(args) -> dict:
     timing = Timing(args.steps, cuda, 0.0)
     prof = profiler(os.path.join(args.out, f"{args.job}-{args.tag}.trace.json"), cuda) if args.profile else None
     tracker = None
-    if args.arm == "ranksight":
+    if args.arm.startswith("ranksight"):
         from ranksight.integrations.accelerate import attach
 
         tracker = attach(accelerator, model, opt, **ranksight_options(args))
@@ -362,7 +368,7 @@ def child(argv: list[str]) -> None:
     """One job in this process; its figures as the last stdout line."""
     p = argparse.ArgumentParser()
     p.add_argument("--job", required=True, choices=list(JOBS))
-    p.add_argument("--arm", default="ranksight", choices=["ranksight", "none", "traceml"])
+    p.add_argument("--arm", default="ranksight", choices=ARMS)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seconds", type=float, default=0.0, help="run until this long past step 20 (calibration)")
     p.add_argument("--profile", action="store_true")
@@ -564,7 +570,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="small models (a CPU smoke test)")
     p.add_argument("--rounds", type=int, default=3, help="cost: rounds in this invocation")
     p.add_argument("--first-round", type=int, default=0, help="cost: the first round's number (sets the rotation)")
-    p.add_argument("--arms", nargs="+", default=["ranksight", "none"], choices=["ranksight", "none", "traceml"])
+    p.add_argument("--arms", nargs="+", default=["ranksight", "none"], choices=ARMS)
     p.add_argument("--job-s", type=float, default=15.0, help="seconds of timed steps a cost launch runs")
     p.add_argument("--jobs", nargs="*", choices=list(JOBS), help="parity: these jobs only (default: all)")
     args = p.parse_args()
