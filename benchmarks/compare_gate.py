@@ -4,8 +4,9 @@ Runs one small training job with the agent attached many times, under a competin
 CPU machine), and gates pairs of runs with the real command line (``ranksight compare A B --gate 3% --json``):
 
 * healthy pairs (two runs of the same job): each should pass (exit 0); the target is >= 19 of 20;
-* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as CPU work in the data loader's
-  fetch: each should fail (exit 1) with the data wait named first; the target is >= 9 of 10;
+* a planted slowdown of ``--slow`` (8 % on CPU, 5 % on a GPU) of the step time, as a wait in the data loader's
+  fetch (a read from slow storage): each should fail (exit 1) with the data wait named first; the target is
+  >= 9 of 10;
 * a planted 3 % slowdown (below what a short run can tell from noise): "cannot tell" or caught, never "faster".
 
     python -m benchmarks compare_gate --json benchmarks/results/compare_gate_cpu.json
@@ -13,8 +14,10 @@ CPU machine), and gates pairs of runs with the real command line (``ranksight co
 
 The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
 (about 20 s). Each planted run sizes its own slowdown: it times its first steps unplanted (inside the warm-up
-the gate leaves out), then each fetch spins for the stated share of their median step, so the plant is that
-share of the step under the load the run meets. The rounds rotate which run goes first, so drift in the machine
+the gate leaves out), then each fetch waits for the stated share of their median step, so the plant is that
+share of the step under the load the run meets. A wait, not CPU work: on the 2-core machine, CPU work in the
+fetch made the scheduler take the core back later in the step (the rank's "other" time rose as much as its
+data wait), which is the host's doing, not the plant's. The rounds rotate which run goes first, so drift in the machine
 falls on every arm alike; each round's load is kept.
 Needs only torch, ranksight and duckdb.
 """
@@ -64,7 +67,7 @@ def _worker(config: dict) -> None:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     mon.watch(model, optimizer=opt)
-    plant = {"share": config["plant"], "spin_s": 0.0}
+    plant = {"share": config["plant"], "wait_s": 0.0}
     starts: list[float] = []
 
     class Data(torch.utils.data.Dataset):
@@ -72,10 +75,8 @@ def _worker(config: dict) -> None:
             return 10**7
 
         def __getitem__(self, i):
-            if plant["spin_s"]:  # the planted slowdown: CPU work in the fetch, as decoding is
-                end = time.perf_counter() + plant["spin_s"]
-                while time.perf_counter() < end:
-                    pass
+            if plant["wait_s"]:  # the planted slowdown: the fetch waits, as a read from slow storage does
+                time.sleep(plant["wait_s"])
             return torch.randn(batch, 64), torch.randn(batch, 1)
 
     loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=device == "cuda")
@@ -83,8 +84,8 @@ def _worker(config: dict) -> None:
         if plant["share"] and step <= PLANT_FROM:
             starts.append(time.perf_counter())
             if step == PLANT_FROM:  # the unplanted steps' median, past the first few
-                plant["spin_s"] = plant["share"] * statistics.median(b - a for a, b in zip(starts[4:], starts[5:]))
-                print(f"planted {1000 * plant['spin_s']:.3f} ms a fetch", flush=True)
+                plant["wait_s"] = plant["share"] * statistics.median(b - a for a, b in zip(starts[4:], starts[5:]))
+                print(f"planted {1000 * plant['wait_s']:.3f} ms a fetch", flush=True)
         with mon.step():
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = nn.functional.mse_loss(model(x), y)
