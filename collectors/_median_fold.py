@@ -31,6 +31,7 @@ KEPT_FOLDS = 2
 
 _lock = threading.Lock()
 _folds: OrderedDict[tuple, _Fold] = OrderedDict()
+_too_big: dict[tuple, int] = {}  # key -> the files it had when its fold passed ``KEPT_MEDIAN_VALUES``
 
 
 class _Fold:
@@ -84,6 +85,8 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
     key = (os.path.dirname(files[0]), figures, warmup_steps)
     signatures = {p: _signature(p) for p in files}
     with _lock:
+        if len(files) >= _too_big.get(key, len(files) + 1):
+            return None  # passed the bound before, and the run only grows: not read again to find that out
         fold = _folds.pop(key, None)
         if fold is None or any(signatures.get(p) != s for p, s in fold.files.items()):
             fold = _Fold(figures)
@@ -110,6 +113,7 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
             for figure, column in zip(figures, columns[1:]):
                 fold.take_in(figure, ranks, np.ma.filled(np.ma.asarray(column, dtype=np.float64), np.nan))
             if fold.count > KEPT_MEDIAN_VALUES:
+                _too_big[key] = len(files)
                 return None  # dropped: too big to keep
             fold.files.update((p, signatures[p]) for p in fresh)
         _folds[key] = fold

@@ -33,8 +33,10 @@ def bench():
 @pytest.fixture(autouse=True)
 def no_kept_folds():
     _median_fold._folds.clear()
+    _median_fold._too_big.clear()
     yield
     _median_fold._folds.clear()
+    _median_fold._too_big.clear()
 
 
 def _fresh(path: str) -> tuple[dict, dict]:
@@ -131,3 +133,21 @@ def test_the_dashboards_live_verdict_of_a_node_spool_is_a_fresh_readings_after_e
         assert snap.diagnosis == _fresh(path)[0]
         bench.append_steps(path, 16, first, 16)
     assert _data._follower(path).run is not None and _median_fold._folds  # judged incrementally, not re-read
+
+
+def test_a_run_past_the_bound_has_its_medians_read_from_the_rows_without_folding_again(bench, tmp_path, monkeypatch):
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 20)
+    bench.append_steps(path, 16, 20, 20)
+    monkeypatch.setattr(_median_fold, "KEPT_MEDIAN_VALUES", 100)
+    run = open_run(path, follow_spool=False, incremental=True)
+    try:
+        assert (diagnose(run), run.features()) == _fresh(path)
+        assert not _median_fold._folds and _median_fold._too_big
+        taken = []
+        monkeypatch.setattr(_median_fold._Fold, "take_in", lambda *a: taken.append(a))
+        bench.append_steps(path, 16, 40, 16)
+        assert run.refresh()
+        assert (diagnose(run), run.features()) == _fresh(path) and not taken
+    finally:
+        run.close()
