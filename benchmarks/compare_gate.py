@@ -67,7 +67,7 @@ def _worker(config: dict) -> None:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     mon.watch(model, optimizer=opt)
-    plant = {"share": config["plant"], "wait_s": 0.0}
+    plant = {"share": config["plant"], "wait_s": 0.0, "ask_s": 0.0}
     starts: list[float] = []
 
     class Data(torch.utils.data.Dataset):
@@ -76,7 +76,12 @@ def _worker(config: dict) -> None:
 
         def __getitem__(self, i):
             if plant["wait_s"]:  # the planted slowdown: the fetch waits, as a read from slow storage does
-                time.sleep(plant["wait_s"])
+                t0 = time.perf_counter()
+                if plant["ask_s"] > 0:
+                    time.sleep(plant["ask_s"])
+                # A sleep wakes late on a busy host (a 0.9 ms sleep took about 2 ms beside the busy loop): the next
+                # asks for less, so the waits average the planted share whatever the host does.
+                plant["ask_s"] += 0.5 * (plant["wait_s"] - (time.perf_counter() - t0))
             return torch.randn(batch, 64), torch.randn(batch, 1)
 
     loader = torch.utils.data.DataLoader(Data(), batch_size=None, num_workers=0, pin_memory=device == "cuda")
@@ -85,6 +90,7 @@ def _worker(config: dict) -> None:
             starts.append(time.perf_counter())
             if step == PLANT_FROM:  # the unplanted steps' median, past the first few
                 plant["wait_s"] = plant["share"] * statistics.median(b - a for a, b in zip(starts[4:], starts[5:]))
+                plant["ask_s"] = plant["wait_s"]
                 print(f"planted {1000 * plant['wait_s']:.3f} ms a fetch", flush=True)
         with mon.step():
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
