@@ -420,10 +420,12 @@ def append_steps(run_path: str, ranks: int, first_step: int, steps: int, status:
     return -(-ranks // RANKS_PER_NODE)
 
 
-REFRESH_ARMS = ("kept", "read again")
-"""``--refresh-scale``'s arms: the dashboard as it is (its reading refreshed with ``incremental=True``: the
-medians kept and fed the new files) and its reading opened as before (``incremental=False``: the pending
-segments read into memory at each refresh, the medians read from every row)."""
+REFRESH_ARMS = ("kept", "judged each refresh")
+"""``--refresh-scale``'s arms: the dashboard as it is (its verdict made again once the run has grown by
+``_data.REJUDGE_GROWTH``, its reading refreshed with ``incremental=True``), and the same with the verdict made
+at every refresh (``REJUDGE_GROWTH`` 0: what a refresh that judges costs). ``read again`` (not run by default):
+the verdict at every refresh from a reading opened as before (``incremental=False``: the pending segments read
+into memory at each refresh, the medians read from every row)."""
 
 
 def refresh_at_scale(
@@ -463,16 +465,21 @@ def refresh_at_scale(
         paths[arm] = os.path.join(base, f"arm{i}", "live-run")
         os.symlink(run_path, paths[arm])
 
+    growth = _data.REJUDGE_GROWTH
+
     def refresh(arm: str) -> dict:
         path = paths[arm]
         if arm == "read again" and path not in _data._followers:
             _data.open_run = lambda p, **kw: open_run(p, **{**kw, "incremental": False})  # this arm's reading
+        if arm != "kept":
+            _data.REJUDGE_GROWTH = 0  # the verdict made at every refresh
         try:
             cpu, wall = time.process_time(), time.perf_counter()
             snap = _data.snapshot(path, refresh_s=0)
             snap_cpu = time.process_time() - cpu
         finally:
             _data.open_run = open_run
+            _data.REJUDGE_GROWTH = growth
         chunk = _data.rollup(path).chunk_steps
         order = _data.pull(path, q.rank_order, "mean step time (slowest first)")
         for metric in ("step_s", "data_wait_s", "comm_exposed_s", "compute_s"):
@@ -483,7 +490,8 @@ def refresh_at_scale(
             "refresh_cpu_s": time.process_time() - cpu,
             "refresh_wall_s": time.perf_counter() - wall,
             "snapshot_cpu_s": snap_cpu,
-            "verdict_steps": snap.steps,
+            "steps_shown": snap.steps,
+            "verdict_steps": snap.verdict_steps,
             "verdict_rules": [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error,
         }
 
@@ -524,13 +532,63 @@ def refresh_at_scale(
             if b["steps"] - a["steps"] >= min(lengths)
         ]
         summary[arm] = {"by_length": by_length, "slope_cpu_s_per_1000_steps": spread(slopes)}
+        judged = [r for r in mine if r["verdict_steps"] == r["steps_shown"]]
+        summary[arm]["refreshes_that_judged"] = f"{len(judged)} of {len(mine)}"
         medians = [v["refresh_cpu_s"]["median"] for v in by_length.values()]
         slope = summary[arm]["slope_cpu_s_per_1000_steps"]
         quartiles = f"p25 {slope.get('p25', 0):+.3f}, p75 {slope.get('p75', 0):+.3f}"
         print(f"{arm}: median refresh {', '.join(f'{m:.2f}' for m in medians)} CPU-s at {lengths} steps; slope "
               f"{slope['median']:+.3f} CPU-s per 1,000 steps ({quartiles}); longest / shortest "
               f"{medians[-1] / medians[0]:.2f}x", flush=True)  # fmt: skip
-    return {"rows": rows, "arms": summary, "ranks": ranks, "flush_steps": flush_steps, "repeats": repeats}
+    if "kept" in summary and "judged each refresh" in summary:
+        summary["kept, per refresh over a verdict's cycle"] = _cycle_cost(rows, lengths, repeats, flush_steps, growth)
+    return {
+        "rows": rows,
+        "arms": summary,
+        "ranks": ranks,
+        "flush_steps": flush_steps,
+        "repeats": repeats,
+        "rejudge_growth": growth,
+    }
+
+
+def _cycle_cost(rows: list[dict], lengths: tuple[int, ...], repeats: int, flush_steps: int, growth: float) -> dict:
+    """The kept arm's CPU per refresh averaged over one cycle of its verdict: of the ``k`` refreshes from one
+    verdict to the next (``k`` = the flushes of ``flush_steps`` in ``growth`` x the length), one judges (the
+    ``judged each refresh`` arm's refresh, measured in the same turn) and ``k - 1`` keep the verdict (the kept
+    arm's). Paired turn by turn, so each length gives ``repeats`` figures, and the slope over them as for an arm."""
+    import itertools
+    import math
+
+    from _harness import spread
+
+    out_rows, by_length = [], {}
+    for length in lengths:
+        at = {
+            arm: [r for r in rows if r["arm"] == arm and length - repeats * flush_steps < r["steps"] <= length]
+            for arm in ("kept", "judged each refresh")
+        }
+        k = max(1, math.ceil(max(1, growth * length) / flush_steps))
+        figures = [
+            {"steps": kept["steps"], "refresh_cpu_s": (judged["refresh_cpu_s"] + (k - 1) * kept["refresh_cpu_s"]) / k}
+            for kept, judged in zip(at["kept"], at["judged each refresh"])
+        ]
+        out_rows += figures
+        by_length[length] = {"refreshes_per_verdict": k, "refresh_cpu_s": spread([f["refresh_cpu_s"] for f in figures])}
+    slopes = [
+        1000 * (b["refresh_cpu_s"] - a["refresh_cpu_s"]) / (b["steps"] - a["steps"])
+        for a, b in itertools.combinations(out_rows, 2)
+        if b["steps"] - a["steps"] >= min(lengths)
+    ]
+    slope = spread(slopes)
+    medians = [v["refresh_cpu_s"]["median"] for v in by_length.values()]
+    quartiles = f"p25 {slope.get('p25', 0):+.3f}, p75 {slope.get('p75', 0):+.3f}"
+    shown = ", ".join(f"{m:.2f}" for m in medians)
+    print(
+        f"kept, over a verdict's cycle: {shown} CPU-s per refresh; slope {slope['median']:+.3f} ({quartiles})",
+        flush=True,
+    )
+    return {"by_length": by_length, "slope_cpu_s_per_1000_steps": slope}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from ranksight.format.warmup import WARMUP_STEPS
 from ._rundir import store_signature
 from ._runs import read_rank_meta
 from ._segment_checks import segment_columns, segment_files
+from ._spool_reader import _any_segment
 from ._tables import (
     DIGESTS_TABLE,
     SEGMENT_COLUMN,
@@ -80,7 +81,10 @@ class Rollup:
         return self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
 
     def _present_kinds(self) -> frozenset[str]:
-        return frozenset(k for k in KINDS if segment_files(self.run_path, k))
+        # The first segment name of each folder is enough: listing and checking every segment of every kind at
+        # each refresh (segment_files) cost more the longer the run (at 1,024 ranks, part of a refresh's
+        # 0.028 -> 0.046 CPU-s from 1,000 to 8,000 steps); the step files are checked once below.
+        return frozenset(k for k in KINDS if _any_segment(self.run_path, k))
 
     def cursor(self):
         """A cursor on the rollup's database, for one caller's queries."""

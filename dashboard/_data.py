@@ -8,6 +8,7 @@ serial: a refresh with nothing new re-runs no query, and every part of a page sh
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -135,6 +136,11 @@ class Snapshot:
     """Why the verdict could not be made (one line), when it could not."""
     cost_s: float = 0.0
     """CPU seconds this snapshot took the server (reading what was new, the verdict)."""
+    verdict_steps: int = 0
+    """The run's steps when its verdict was made (``steps`` where this snapshot made it; fewer where it kept an
+    earlier one, ``REJUDGE_GROWTH``)."""
+    verdict_as_of_ns: int = 0
+    """The ``as_of_ns`` of the snapshot that made the verdict."""
 
     @property
     def key(self) -> tuple:
@@ -248,6 +254,14 @@ looked at again only once the server's CPU since its last snapshot (that snapsho
 caused in every tab, the clocks' ticks) averages under this share, or ``HOLD_AT_MOST`` refresh intervals
 have passed. Why: a dashboard on a training node is a guest; where watching costs more than that, the pages
 refresh less often (the clock says how old their figures are) rather than slow the job down."""
+REJUDGE_GROWTH = 0.10
+"""A live run's verdict is made again once the run has grown by this share of the steps the last one rests on
+(from 8,000 steps: at 8,800); the snapshots between keep it, and the Verdict page says which step it is from
+(``verdict_note``). Why: a verdict reads every step of the run (its per-step figures, its medians), so making
+it at every refresh cost more the longer the run (at 1,024 ranks 0.28 CPU-s at 1,000 steps, 0.35-0.53 at
+4,000); made at every 10 % of growth, its cost per refresh stays flat (a verdict every 10 % of N steps costs
+O(N) / O(N)). A run that ended, or whose verdict could not be made, is judged at once: a finished run's
+verdict is the one ``ranksight diagnose`` gives of the same steps."""
 HOLD_AT_MOST = 60
 """Refresh intervals a new snapshot is held back at most (``SERVER_CPU_SHARE``): 2 minutes at the default 2 s,
 where one refresh costs more than 4.8 CPU-s (at 1,024 ranks it cost 0.43-0.88 CPU-s from 1,000 to 8,000 steps
@@ -303,23 +317,46 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         if f._rollup is not None:
             f._rollup.refresh()
         status = _status(metas)
-        diagnosis, error = _diagnose(f, listing, status == "live")
+        steps = max((m.steps for m in metas), default=0)
+        as_of = max((m.heartbeat_ns for m in metas), default=0)
+        prev = f.snap
+        if _rejudge(prev, status, steps):
+            diagnosis, error = _diagnose(f, listing, status == "live")
+            verdict_steps, verdict_as_of = steps, as_of
+        else:  # the run has not grown by REJUDGE_GROWTH since its verdict: kept, and the page says from when
+            diagnosis, error = prev.diagnosis, prev.error
+            verdict_steps, verdict_as_of = prev.verdict_steps, prev.verdict_as_of_ns
         if status != "live":
             f.close()  # its last verdict is made: a run that no longer grows needs no rows kept in memory
         started = min((m.data["started_ns"] for m in metas if "started_ns" in m.data), default=0)
         f.snap = Snapshot(
             path=run_path,
-            serial=(f.snap.serial + 1) if f.snap is not None else 1,
+            serial=(prev.serial + 1) if prev is not None else 1,
             status=status,
-            steps=max((m.steps for m in metas), default=0),
-            as_of_ns=max((m.heartbeat_ns for m in metas), default=0),
-            started_ns=started or max((m.heartbeat_ns for m in metas), default=0),
+            steps=steps,
+            as_of_ns=as_of,
+            started_ns=started or as_of,
             diagnosis=diagnosis,
             error=error,
             # the process's CPU meanwhile (DuckDB's threads too; another tab's page run would count: an upper bound)
             cost_s=time.process_time() - cpu,
+            verdict_steps=verdict_steps,
+            verdict_as_of_ns=verdict_as_of,
         )
         return f.snap
+
+
+def _rejudge(prev: Snapshot | None, status: str, steps: int) -> bool:
+    """Whether this snapshot makes the verdict again (``REJUDGE_GROWTH``): the first, one of a run that is not
+    live, one after a verdict that could not be made, or the run grown by that share since the last one."""
+    if prev is None or status != "live" or prev.diagnosis is None:
+        return True
+    return steps >= rejudge_at(prev.verdict_steps)
+
+
+def rejudge_at(verdict_steps: int) -> int:
+    """The run's step from which a live run's verdict of ``verdict_steps`` is made again (``REJUDGE_GROWTH``)."""
+    return verdict_steps + max(1, math.ceil(round(REJUDGE_GROWTH * verdict_steps, 6)))
 
 
 def _diagnose(f: _Follower, listing: dict[str, frozenset[str]], live: bool) -> tuple[dict | None, str | None]:
@@ -377,6 +414,19 @@ def provisional_note(run_path: str) -> str | None:
     return None if steps is None else provisional_text(steps)
 
 
+def verdict_note(run_path: str) -> str | None:
+    """'verdict of step 7360 (as of 09:11:40); made again from step 8096' when the run's latest snapshot kept
+    an earlier verdict (``REJUDGE_GROWTH``); None when the verdict is of the step the clock shows."""
+    snap = current(run_path)
+    if snap.diagnosis is None or snap.verdict_steps == snap.steps:
+        return None
+    clock = time.strftime("%H:%M:%S", time.localtime(snap.verdict_as_of_ns / 1e9))
+    return (
+        f"verdict of step {snap.verdict_steps} (as of {clock}); made again from step {rejudge_at(snap.verdict_steps)}, "
+        f"as the run grows by {REJUDGE_GROWTH:.0%}"
+    )
+
+
 def prometheus_snapshot(url: str) -> dict:
     """Runs and the latest per-rank values from a Prometheus server (multi-node jobs)."""
     from ranksight.collectors import PrometheusReader
@@ -390,6 +440,7 @@ __all__ = [
     "RunDirError",
     "diagnosis",
     "prometheus_snapshot",
+    "verdict_note",
     "pull",
     "rollup",
     "runs",

@@ -86,6 +86,9 @@ if require_run(ctx):
         b_path = st.selectbox("B (after)", [r["path"] for r in others], format_func=labels.get)
         with guard("the comparison"), st.spinner("diagnosing both runs ..."):
             result = compare(_data.diagnosis(ctx.run["path"]), _data.diagnosis(b_path))
+            for name, path in (("A", ctx.run["path"]), ("B", b_path)):
+                if note := _data.verdict_note(path):  # a live run's verdict trails its clock (REJUDGE_GROWTH)
+                    st.caption(f"{name}: {note}")
             st.markdown(f"**{speedup_sentence(result)}**")
             st.table(
                 [

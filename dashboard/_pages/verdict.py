@@ -29,6 +29,8 @@ def verdict(path: str) -> None:
         diag = _data.diagnosis(path)
         if note := _data.provisional_note(path):
             st.warning(note, icon="⏳")
+        if note := _data.verdict_note(path):  # the clock has moved on since the verdict was made
+            st.caption(note)
         # The diagnosis carries the per-rank breakdown: the landing page needs no other pass over the steps.
         rows = diag.get("breakdown", {}).get("ranks", [])
         total = breakdown_total(rows)
