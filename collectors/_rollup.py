@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterable, Mapping
 
 from ranksight.format.digest import COLUMNS, chunk_steps_for, digest_key, digest_paths, fold_sql
 from ranksight.format.digest_file import DigestError, read_digests
@@ -90,10 +91,16 @@ class Rollup:
         """A cursor on the rollup's database, for one caller's queries."""
         return self.con.cursor()
 
-    def refresh(self) -> bool:
-        """Fold the step segments that appeared since the last call into the rollup; True if any did."""
+    def refresh(self, listing: Mapping[str, Iterable[str]] | None = None) -> bool:
+        """Fold the step segments that appeared since the last call into the rollup; True if any did.
+        ``listing``: kind -> the segment names the caller just listed in the run (the dashboard's snapshot
+        does), so that only the new ones are looked at, not every segment again (``run_listing``)."""
         with self._lock:
-            kinds, store_sig = self._present_kinds(), store_signature(self.run_path)
+            if listing is not None:
+                kinds = frozenset(k for k in KINDS if listing.get(k))
+            else:
+                kinds = self._present_kinds()
+            store_sig = store_signature(self.run_path)
             if kinds != self._kinds_with_files or store_sig != self._store_sig:
                 # A kind got its first segment or lost its last (pruned), or a new store was renamed into
                 # place: rebuild the views on the run (spool + the store now there).
@@ -103,7 +110,11 @@ class Rollup:
             if store_sig != self._store_sig:
                 self._store_sig = store_sig
                 changed = self._fold_store(everything=False)
-            files = [p for p in segment_files(self.run_path, "steps") if os.path.basename(p) not in self._loaded]
+            if listing is not None:  # the new names alone, their footers checked (segment_files)
+                new = sorted(n for n in listing.get("steps", ()) if n not in self._loaded)
+                files = segment_files(self.run_path, "steps", new) if new else []
+            else:
+                files = [p for p in segment_files(self.run_path, "steps") if os.path.basename(p) not in self._loaded]
             if files:
                 rest = self._fold_digests(files)
                 if rest:

@@ -173,8 +173,10 @@ class _SegmentVerdicts:
         # name -> (size, mtime_ns, problem or None, column names of a readable file, rows by its card or None)
         self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset, int | None]]] = {}
 
-    def scan(self, folder: str, kind: str, unread: frozenset, con=None) -> tuple[list[str], list[SkippedFile]]:
-        listed = {n: sig for n, sig in _listing(folder).items() if n not in unread}
+    def scan(
+        self, folder: str, kind: str, unread: frozenset, con=None, names: list[str] | None = None
+    ) -> tuple[list[str], list[SkippedFile]]:
+        listed = {n: sig for n, sig in _listing(folder, names).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
         verdicts: dict[str, tuple[int, int, str | None, frozenset, int | None]] = {}
@@ -193,7 +195,10 @@ class _SegmentVerdicts:
             if verdict is not None:
                 verdicts[name] = (*listed[name][:2], *verdict, rows.get(name))
         with self._lock:  # keep what is known of the files left unread: another caller may want them
-            kept = {n: v for n, v in known.items() if n in unread and os.path.lexists(os.path.join(folder, n))}
+            if names is not None:  # only these were looked at: what is known of the others stays
+                kept = self._by_folder.get(folder, {})
+            else:
+                kept = {n: v for n, v in known.items() if n in unread and os.path.lexists(os.path.join(folder, n))}
             self._by_folder[folder] = {**kept, **verdicts}
         good, bad = [], []
         for name in sorted(verdicts):
@@ -233,13 +238,30 @@ class _SegmentVerdicts:
 _NOT_JUDGED = "\0not judged"
 
 
-def _listing(folder: str) -> dict[str, tuple[int, int, str]]:
-    """name -> (size, mtime_ns, placeholder) of the files the segment glob matches; non-files get a reason."""
+class _Named:
+    """A file of ``folder`` by name, with what ``_listing`` asks of an ``os.DirEntry``."""
+
+    def __init__(self, folder: str, name: str) -> None:
+        self.name, self.path = name, os.path.join(folder, name)
+
+    def stat(self):
+        return os.stat(self.path)
+
+    def is_file(self) -> bool:
+        return os.path.isfile(self.path)
+
+
+def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int, int, str]]:
+    """name -> (size, mtime_ns, placeholder) of the files the segment glob matches (of ``names`` alone when
+    given: no listing); non-files get a reason."""
     out: dict[str, tuple[int, int, str]] = {}
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return out
+    if names is not None:
+        entries = [_Named(folder, n) for n in names]
+    else:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return out
     for entry in entries:
         if not is_listed(entry.name):
             continue
@@ -380,11 +402,12 @@ def one_schema(paths: list[str]) -> bool:
     return len(folders) == 1 and _verdicts.one_schema(folders.pop(), [os.path.basename(p) for p in paths])
 
 
-def segment_files(run_path: str, kind: str) -> list[str]:
+def segment_files(run_path: str, kind: str, names: list[str] | None = None) -> list[str]:
     """Paths of a record kind's readable spool segments, sorted, every footer checked once per process;
     each damaged or foreign one is left out with one warning line (an agent never leaves one: segments
-    appear whole, by rename)."""
-    good, bad = scan_segments(run_path, kind)
+    appear whole, by rename). ``names``: of these segments alone (a caller that listed the folder itself and
+    wants the new ones), the folder not listed again."""
+    good, bad = _verdicts.scan(os.path.join(run_path, kind), kind, frozenset(), None, names)
     for skipped in bad:
         warn_skipped(skipped)
     return good

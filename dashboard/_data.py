@@ -315,7 +315,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
         f.metas = metas = f.ended_metas or read_rank_meta(run_path)
         f.ended_metas = None
         if f._rollup is not None:
-            f._rollup.refresh()
+            f._rollup.refresh(listing)  # the names just listed: no second listing of every segment
         status = _status(metas)
         steps = max((m.steps for m in metas), default=0)
         as_of = max((m.heartbeat_ns for m in metas), default=0)

@@ -153,3 +153,42 @@ def test_the_cpu_budget_holds_refreshes_back_but_not_the_end_of_the_run(tmp_path
     time.sleep(0.2)
     end = _data.snapshot(path, refresh_s=0.1)
     assert end.status == "finished" and end.steps == 40  # the end does not wait
+
+
+def test_a_live_verdict_is_made_again_once_the_run_grew_by_a_tenth_and_the_page_says_which_step_it_is_of(
+    tmp_path, monkeypatch
+):
+    path = write_run(str(tmp_path / "runs" / "live"), 2, 100, status="running")
+    first = _data.snapshot(path, refresh_s=0)
+    assert (first.steps, first.verdict_steps) == (100, 100) and _data.verdict_note(path) is None
+    assert _data.rejudge_at(100) == 110 and _data.rejudge_at(0) == 1
+    write_run(path, 2, 9, first_step=100, segment="b", status="running")  # 109 steps: under 10 % more
+    kept = _data.snapshot(path, refresh_s=0)
+    assert kept.serial == 2 and kept.steps == 109  # the clock moves on ...
+    assert kept.verdict_steps == 100 and kept.diagnosis is first.diagnosis  # ... the verdict is the last one's
+    note = _data.verdict_note(path)
+    assert note.startswith("verdict of step 100 (as of ") and "made again from step 110" in note
+    at = _app(monkeypatch, os.path.dirname(path))
+    assert not at.exception, at.exception
+    assert any(c.value.startswith("verdict of step 100") for c in at.main.caption), [c.value for c in at.main.caption]
+    write_run(path, 2, 1, first_step=109, segment="c", status="running")  # 110: judged again
+    again = _data.snapshot(path, refresh_s=0)
+    assert (again.steps, again.verdict_steps) == (110, 110) and _data.verdict_note(path) is None
+    assert max(r["steps"] for r in again.diagnosis["breakdown"]["ranks"]) == 110 - 5
+    write_run(path, 2, 1, first_step=110, segment="d", status="finished")  # ended: judged at once, whatever grew
+    end = _data.snapshot(path, refresh_s=0)
+    assert (end.status, end.steps, end.verdict_steps) == ("finished", 111, 111)
+    assert max(r["steps"] for r in end.diagnosis["breakdown"]["ranks"]) == 111 - 5
+
+
+def test_a_rollup_given_the_snapshots_listing_folds_the_new_segments_named_there_and_lists_nothing(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    rollup = Rollup(path)
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    _, listing = _data.run_listing(path)
+    write_run(path, 2, 20, first_step=40, segment="c", status="running")  # written after the listing
+    assert rollup.refresh(listing) and q.run_overview(rollup.cursor())["steps"] == 40  # "c" not looked at yet
+    assert not rollup.refresh(listing)
+    _, listing = _data.run_listing(path)
+    assert rollup.refresh(listing) and q.run_overview(rollup.cursor())["steps"] == 60
+    assert q.breakdown_per_rank(rollup.cursor()) == q.breakdown_per_rank(Rollup(path).cursor())
