@@ -523,6 +523,11 @@ def part_cost(args, job: str, save=lambda figures: None) -> dict:
         got = {}
         for arm in rotated(arms, r):
             got[arm] = launch(args, job, arm, f"r{r}", steps=steps)
+            if arm.startswith("ranksight") and "error" not in got[arm]:  # what the kernel window cost this launch
+                try:
+                    got[arm]["agent"] = run_facts(os.path.join(args.out, "runs", f"{job}-{arm}-r{r}"))["kernel_window"]
+                except Exception as exc:  # a figure missing from the results, not a lost round
+                    got[arm]["agent"] = {"error": str(exc)}
             print(f"round {r} {arm}: {got[arm].get('step_s')} s a step, launch {got[arm]['launch_s']:.1f} s"
                   + (" FAILED" if "error" in got[arm] else ""), flush=True)  # fmt: skip
         base = got["none"].get("step_s")
