@@ -192,3 +192,11 @@ def test_a_rollup_given_the_snapshots_listing_folds_the_new_segments_named_there
     _, listing = _data.run_listing(path)
     assert rollup.refresh(listing) and q.run_overview(rollup.cursor())["steps"] == 60
     assert q.breakdown_per_rank(rollup.cursor()) == q.breakdown_per_rank(Rollup(path).cursor())
+
+
+def test_a_followed_runs_rollup_answers_the_pulls_on_one_duckdb_thread(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    _data.snapshot(path, refresh_s=0)
+    rollup = _data.rollup(path)
+    assert rollup.cursor().execute("SELECT current_setting('threads')").fetchone()[0] == 1
+    assert _data.pull(path, q.run_overview)["steps"] == 20
