@@ -272,15 +272,16 @@ refresh less often (the clock says how old their figures are) rather than slow t
 REJUDGE_GROWTH = 0.10
 """A live run's verdict is made again once the run has grown by this share of the steps the last one rests on
 (from 8,000 steps: at 8,800); the snapshots between keep it, and the Verdict page says which step it is from
-(``verdict_note``). Why: a verdict reads every step of the run (its per-step figures, its medians), so making
-it at every refresh cost more the longer the run (at 1,024 ranks 0.28 CPU-s at 1,000 steps, 0.35-0.53 at
-4,000); made at every 10 % of growth, its cost per refresh stays flat (a verdict every 10 % of N steps costs
-O(N) / O(N)). A run that ended, or whose verdict could not be made, is judged at once: a finished run's
-verdict is the one ``ranksight diagnose`` gives of the same steps."""
+(``verdict_note``). Why: a verdict reads every step of the run (its per-step figures, its medians), so
+making it at every refresh cost more the longer the run: at 1,024 ranks a refresh that makes it 0.36 CPU-s at
+1,000 steps and 0.69 at 8,000, one that keeps it 0.11 and 0.17. Made once per 10 % of growth (a verdict of N
+steps spread over the refreshes of 0.1 N steps), the server's CPU per refresh over a verdict's cycle is
+0.14-0.18 from 1,000 to 8,000 steps (docs/dashboard.md). A run that ended, or whose verdict could not be
+made, is judged at once: a finished run's verdict is the one ``ranksight diagnose`` gives of the same steps."""
 HOLD_AT_MOST = 60
 """Refresh intervals a new snapshot is held back at most (``SERVER_CPU_SHARE``): 2 minutes at the default 2 s,
-where one refresh costs more than 4.8 CPU-s (at 1,024 ranks it cost 0.43-0.88 CPU-s from 1,000 to 8,000 steps
-on 2 cores, docs/dashboard.md)."""
+where one refresh costs more than 4.8 CPU-s (at 1,024 ranks one that makes the verdict cost 0.36-0.69 CPU-s from
+1,000 to 8,000 steps on 2 cores, one that keeps it 0.11-0.17, docs/dashboard.md)."""
 
 
 def _ended(f: _Follower, run_path: str) -> bool:
