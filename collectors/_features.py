@@ -237,7 +237,7 @@ def compute_features(
     # compile record and nothing sampled has, so only the ranks that have them are written (``_compile_into``).
     blank = {**dict.fromkeys(FEATURES), **_NOT_COMPILED}
     # Each rank's figures are written into its copy by the ``_*_into`` helpers, not returned as a dict per
-    # helper and merged with ``update``: 10,000 ranks x four dicts (docs/scale.md "Scale v6").
+    # helper and merged with ``update``: 10,000 ranks x four dicts (cpu_scale_history.md "Scale v6").
     for rank in ranks:
         f = blank.copy()
         f["rank"] = rank
@@ -287,7 +287,7 @@ def compute_context(
 class RankContexts(Mapping):
     """rank -> its context strings, each rank's made the first time it is read. Why: a verdict fits its fixes
     to the context of the rank each finding names, and at 10,000 ranks making every rank's took 0.02 s of a
-    first verdict (docs/scale.md "Scale v6")."""
+    first verdict (cpu_scale_history.md "Scale v6")."""
 
     def __init__(self, features: dict[int, dict], meta_by_rank: dict, ops: dict, fsdp: dict) -> None:
         self._features, self._meta, self._ops, self._fsdp = features, meta_by_rank, ops, fsdp

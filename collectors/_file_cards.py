@@ -2,7 +2,7 @@
 
 Why: a fresh reader checks every segment's footer before DuckDB reads it (``_segment_checks``), and the
 verdict counts the view's rows from the footers (``_digest_source``). At 10,000 ranks that is 1,250 node
-files whose footers DuckDB parses twice, 0.13 s and 0.07 s: a fifth of a first verdict (docs/scale.md,
+files whose footers DuckDB parses twice, 0.13 s and 0.07 s: a fifth of a first verdict (cpu_scale_history.md,
 "Scale v6"). The publisher holds the file's bytes when it writes the file's digest, so it records in the
 digest's header the file's size, a hash of its footer's bytes, its rows and a hash of its columns
 (``digest_file.file_card``). A file of its card's size whose footer hashes as the card says holds the very

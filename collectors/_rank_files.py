@@ -110,7 +110,7 @@ def _read_node_file(path: str) -> list[RankMeta]:
 def _read_whole(path: str) -> tuple[bytes, int]:
     """(the file's bytes, its mtime in ns), from one opening. Why not ``open()`` and ``os.stat``: a 10,000-rank
     run has 10,000 rank files, and Python's buffered file object plus a second lookup of the path cost twice
-    the system calls (0.10 s against 0.05 s for 10,000 small files, docs/scale.md "Scale v4"). The time is the
+    the system calls (0.10 s against 0.05 s for 10,000 small files, cpu_scale_history.md "Scale v4"). The time is the
     opened file's own, so it belongs to the bytes read even where the file was replaced meanwhile."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -213,7 +213,7 @@ def _checked_numbers(key: str, obj: dict) -> tuple[dict, list[str]]:
     """(the object without its numbers of the wrong type, one line per such number): the object itself where
     every number is right, a copy only where one is left out: a job's rank entry holds seven objects, whose
     copies (with ``_fit``'s calls for each) were most of the 0.146 s that checking 10,000 entries took, 0.080 s
-    now (docs/scale.md "Scale v8")."""
+    now (cpu_scale_history.md "Scale v8")."""
     names = _NESTED_NUMBERS.get(key)
     if not names:
         return obj, []

@@ -3,7 +3,7 @@
 Why: a reader takes a step file's digest only under its own definition's key (``ranksight.format.digest``), and
 vouches for the file without DuckDB reading its footer only by a card (``_file_cards``). A spool an older agent
 published -- its digests of another definition, or none, or without cards -- is read from its rows (at
-10,000 ranks about five times slower: docs/scale.md "Scale v5") or has its footers read by DuckDB, until
+10,000 ranks about five times slower: cpu_scale_history.md "Scale v5") or has its footers read by DuckDB, until
 something writes what a publisher of this version would have written. This does, beside what is there: a
 digest of another definition is left as it is (no reader of this version reads it), one of this definition
 without a card gets its card in its header (its parts byte for byte), and a file without one gets one.

@@ -35,7 +35,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-
 def wait_healthy(proc, base: str) -> None:
     """Until the dashboard server at ``base`` answers its health check (60 s at most, and only while it runs)."""
     import urllib.request
@@ -51,6 +50,7 @@ def wait_healthy(proc, base: str) -> None:
         assert proc.poll() is None, "the dashboard server exited"
         assert time.time() < deadline, "the dashboard did not start within 60 s"
         time.sleep(0.3)
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):

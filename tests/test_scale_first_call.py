@@ -1,4 +1,4 @@
-"""A fresh process's first verdict, made cheaper in Python over many ranks (docs/scale.md, "Scale v4"): the rank
+"""A fresh process's first verdict, made cheaper in Python over many ranks (cpu_scale_history.md "Scale v4"): the rank
 files read in one opening each, each rank's features started from a copied blank, the wait figures of a rank
 that never arrived last set at once. The same features and verdicts as before those changes: commit 0ec3d5f's
 (its reading of the rows, which the digests' exact medians give as well),
