@@ -11,6 +11,9 @@ CPU machine), and gates pairs of runs with the real command line (``ranksight co
 
     python -m benchmarks compare_gate --json benchmarks/results/compare_gate_cpu.json
     python -m benchmarks compare_gate --device cuda --json benchmarks/results/compare_gate_cuda.json
+    python -m benchmarks compare_gate --device cuda --pairs 7 --json A.json     # rounds 0-6, one call...
+    python -m benchmarks compare_gate --device cuda --first-round 7 --pairs 14 --json B.json   # rounds 7-13
+    python -m benchmarks compare_gate --merge A.json B.json C.json --json OUT  # the parts as one
 
 The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
 (about 20 s). Each planted run sizes its own slowdown: it times its first steps unplanted (inside the warm-up
@@ -168,7 +171,7 @@ def gate(a: str, b: str, limit: str, cwd: str) -> dict:
 def main() -> int:
     parser = cli(__doc__)
     parser.add_argument("--device", choices=sorted(JOBS), default="cpu")
-    parser.add_argument("--pairs", type=int, default=20, help="healthy pairs (default 20)")
+    parser.add_argument("--pairs", type=int, default=20, help="rounds up to this one, a healthy pair each (default 20)")
     parser.add_argument("--slow-pairs", type=int, default=10, help="pairs of each planted slowdown (default 10)")
     parser.add_argument("--slow", type=float, default=None, help="the planted slowdown (default 0.08 CPU, 0.05 GPU)")
     parser.add_argument("--small", type=float, default=0.03, help="the slowdown too small to call (default 0.03)")
@@ -179,9 +182,16 @@ def main() -> int:
     parser.add_argument(
         "--regate", metavar="RESULTS", default=None, help="judge an earlier results file's pairs again (same runs)"
     )
+    parser.add_argument(
+        "--first-round", type=int, default=0,
+        help="the first round's number: a machine that allows ten minutes a call runs rounds in parts (GPU)",
+    )  # fmt: skip
+    parser.add_argument("--merge", nargs="+", metavar="RESULTS", help="the parts' results files, as one (--json)")
     args = parser.parse_args()
     if args.regate:
         return regate(args)
+    if args.merge:
+        return merge(args)
     slow = args.slow if args.slow is not None else (0.08 if args.device == "cpu" else 0.05)
     load = args.load if args.load is not None else (1 if args.device == "cpu" else 0)
     base = dict(JOBS[args.device], **({"steps": args.steps} if args.steps else {}))
@@ -199,7 +209,7 @@ def main() -> int:
 
         rounds: list[dict] = []
         pairs: dict[str, list] = {"healthy": [], "slow": [], "small": []}
-        for r in range(args.pairs):
+        for r in range(args.first_round, args.pairs):
             arms = ["healthy_a", "healthy_b"] + (["slow", "small"] if r < args.slow_pairs else [])
             load_now = machine_load()
             for arm in rotated(arms, r):
@@ -223,6 +233,25 @@ def main() -> int:
             p.kill()
             p.wait()
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def merge(args) -> int:
+    """Several parts' results (``--first-round``, each its own launch of the benchmark) as one file (``--json``):
+    their pairs and rounds joined, the summary made again; each part's header kept."""
+    docs = []
+    for path in args.merge:
+        with open(path) as f:
+            docs.append(json.load(f))
+    doc = {k: v for k, v in docs[0].items() if k not in ("header", "pairs", "rounds", "summary")}
+    doc["pairs"] = {k: [p for d in docs for p in d["pairs"][k]] for k in docs[0]["pairs"]}
+    doc["rounds"] = [r for d in docs for r in d["rounds"]]
+    doc["parts"] = [{"file": os.path.basename(p), "header": d.get("header")} for p, d in zip(args.merge, docs)]
+    doc["summary"] = {**summarise(doc["pairs"], doc["rounds"], time.perf_counter()),
+                      "wall_s": sum(d["summary"]["wall_s"] for d in docs)}  # fmt: skip
+    print(json.dumps(doc["summary"], indent=1))
+    if args.json:
+        write_results(args.json, doc, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=len(doc["rounds"]))
     return 0
 
 
