@@ -269,6 +269,13 @@ class _Checker:
         line = node.start_mark.line + 1 if node is not None else 1
         self.errors.append(f"{self.path}:{line}: {message}")
 
+    def unknown_keys(self, m: dict, allowed, say) -> bool:
+        """Report each key of ``m`` not in ``allowed`` (``say(key)`` is its message); True when there was one."""
+        bad = [(key, knode) for key, (knode, _) in m.items() if key not in allowed]
+        for key, knode in bad:
+            self.err(knode, say(key))
+        return bool(bad)
+
     def mapping(self, node, what: str) -> dict | None:
         if not isinstance(node, yaml.MappingNode):
             return self.err(node, f"{what} must be a mapping")
@@ -323,9 +330,9 @@ class _Checker:
         top = self.mapping(root, "a rule file")
         if top is None:
             return
-        for key, (knode, _) in top.items():
-            if key not in ("rules", "checklist"):
-                self.err(knode, f"unknown top-level key {key!r} (expected rules, checklist)")
+        self.unknown_keys(
+            top, ("rules", "checklist"), lambda k: f"unknown top-level key {k!r} (expected rules, checklist)"
+        )
         if "rules" not in top and "checklist" not in top:
             self.err(root, "a rule file needs a 'rules' or a 'checklist' list")
         for key, handler, out in (("rules", self.rule, self.out.rules), ("checklist", self.item, self.out.checklist)):
@@ -340,9 +347,7 @@ class _Checker:
         if m is None:
             return None
         start = len(self.errors)  # a rule with any error is not built
-        for key, (knode, _) in m.items():
-            if key not in _RULE_KEYS:
-                self.err(knode, f"unknown rule key {key!r}")
+        self.unknown_keys(m, _RULE_KEYS, lambda k: f"unknown rule key {k!r}")
         for key in ("id", "axis", "title", "summary", "fix"):
             if key not in m:
                 self.err(node, f"rule is missing {key!r}")
@@ -407,9 +412,9 @@ class _Checker:
             m = self.mapping(item, f"{where}: an agree entry")
             if m is None:
                 continue
-            for key, (knode, _) in m.items():
-                if key not in ("check", "says"):
-                    self.err(knode, f"{where}: unknown agree key {key!r} (expected check, says)")
+            self.unknown_keys(
+                m, ("check", "says"), lambda k: f"{where}: unknown agree key {k!r} (expected check, says)"
+            )
             if "check" not in m or "says" not in m:
                 self.err(item, f"{where}: an agree entry needs a 'check' and a 'says'")
                 continue
@@ -559,9 +564,7 @@ class _Checker:
         start, fm = len(self.errors), self.mapping(node, f"{where}: {what}")
         if fm is None:
             return None, None, False
-        for key, (knode, _) in fm.items():
-            if key not in allow:
-                self.err(knode, f"{where}: {what} has unknown key {key!r} ({', '.join(allow)})")
+        self.unknown_keys(fm, allow, lambda k: f"{where}: {what} has unknown key {k!r} ({', '.join(allow)})")
         if required_text and "text" not in fm:
             self.err(node, f"{where}: {what} needs a 'text'")
         out = {}
@@ -585,9 +588,10 @@ class _Checker:
         pm = self.mapping(node, f"{where}: prometheus")
         if pm is None:
             return None
-        for key, (knode, _) in pm.items():
-            if key not in ("expr", "for", "levels"):
-                return self.err(knode, f"{where}: prometheus has unknown key {key!r} (expr, for, levels)")
+        if self.unknown_keys(
+            pm, ("expr", "for", "levels"), lambda k: f"{where}: prometheus has unknown key {k!r} (expr, for, levels)"
+        ):
+            return None
         if "levels" in pm:  # thresholds in the series' own units, where the series is not the rule's value
             levels = self.levels(pm["levels"][1], f"{where}: prometheus.levels", ">=")
             if levels is None:
@@ -608,9 +612,8 @@ class _Checker:
         m = self.mapping(node, "a checklist item")
         if m is None:
             return None
-        for key, (knode, _) in m.items():
-            if key not in _ITEM_KEYS:
-                return self.err(knode, f"unknown checklist key {key!r}")
+        if self.unknown_keys(m, _ITEM_KEYS, lambda k: f"unknown checklist key {k!r}"):
+            return None
         missing = [k for k in ("item", "group", "value", "warn", "fail") if k not in m]
         if missing:
             return self.err(node, f"checklist item is missing {', '.join(missing)}")
