@@ -174,11 +174,17 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=20, help="rounds up to this one, a healthy pair each (default 20)")
     parser.add_argument("--slow-pairs", type=int, default=10, help="pairs of each planted slowdown (default 10)")
     parser.add_argument("--slow", type=float, default=None, help="the planted slowdown (default 0.08 CPU, 0.05 GPU)")
-    parser.add_argument("--small", type=float, default=0.03, help="the slowdown too small to call (default 0.03)")
+    parser.add_argument(
+        "--small", type=float, default=0.03, help="the slowdown too small to call (default 0.03; 0 leaves that arm out)"
+    )
     parser.add_argument("--limit", default="3%", help="the gate's limit (default 3%%)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the device's job)")
     parser.add_argument("--load", type=int, default=None, help="competing busy loops (default 1 on CPU, 0 on GPU)")
     parser.add_argument("--keep", default=None, help="keep the runs in this folder (default: a temporary one)")
+    parser.add_argument(
+        "--warmup", action="store_true",
+        help="one launch first, not gated: a fresh machine's first launch pays cold caches (GPU)",
+    )  # fmt: skip
     parser.add_argument(
         "--regate", metavar="RESULTS", default=None, help="judge an earlier results file's pairs again (same runs)"
     )
@@ -209,8 +215,11 @@ def main() -> int:
 
         rounds: list[dict] = []
         pairs: dict[str, list] = {"healthy": [], "slow": [], "small": []}
+        if args.warmup:
+            job(f"warmup-{args.first_round}")
+        planted = ["slow"] + (["small"] if args.small > 0 else [])
         for r in range(args.first_round, args.pairs):
-            arms = ["healthy_a", "healthy_b"] + (["slow", "small"] if r < args.slow_pairs else [])
+            arms = ["healthy_a", "healthy_b"] + (planted if r < args.slow_pairs else [])
             load_now = machine_load()
             for arm in rotated(arms, r):
                 runs[f"{arm}-{r}"] = job(f"{arm}-{r}", shares.get(arm, 0.0))
@@ -219,13 +228,14 @@ def main() -> int:
             pairs["healthy"].append(gate(runs[f"healthy_a-{r}"], runs[f"healthy_b-{r}"], args.limit, root))
             if r < args.slow_pairs:
                 pairs["slow"].append(gate(runs[f"healthy_a-{r}"], runs[f"slow-{r}"], args.limit, root))
+            if r < args.slow_pairs and args.small > 0:
                 pairs["small"].append(gate(runs[f"healthy_b-{r}"], runs[f"small-{r}"], args.limit, root))
             summary = summarise(pairs, rounds, started)
             last = ", ".join(f"{k} {[p.get('verdict', p['status']) for p in v[-1:]]}" for k, v in pairs.items())
             print(f"round {r}: load {load_now['loadavg'][0]:.1f}; {last}", flush=True)
             figures = {"device": args.device, "job": base, "limit": args.limit, "slow": slow, "small": args.small,
-                       "busy_loops": load, "plant_from_step": PLANT_FROM, "summary": summary, "pairs": pairs,
-                       "rounds": rounds, "runs_dir": run_dir}  # fmt: skip
+                       "busy_loops": load, "plant_from_step": PLANT_FROM, "warmup_launch": args.warmup,
+                       "summary": summary, "pairs": pairs, "rounds": rounds, "runs_dir": run_dir}  # fmt: skip
             if args.json:
                 write_results(args.json, figures, arms=["healthy_a", "healthy_b", "slow", "small"], rounds=r + 1)
     finally:
