@@ -25,9 +25,6 @@ Every scale figure the docs give comes from one run of this script (``--json`` k
     ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
     DuckDB's GROUP BY over the same files in a fresh process; ``--job-ranks``: rank files holding a DDP rank's
     sections, as a job writes them. A kept ``--dir`` is read again, not rebuilt.
-``nodes``
-    Reading a run through ``--node-counts`` attached per-node stores (copies of one node's) against absorbing
-    them with ``ingest --nodes`` first, as the first call of fresh processes.
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
 (rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
@@ -335,10 +332,14 @@ def prometheus_series() -> dict:
 # ------------------------------------------------------------------ store
 
 
-def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[int, int]:
+def build_spool(
+    run_path: str, ranks: int, steps: int, per_node: bool, first_step: int = 0, live: bool = False
+) -> tuple[int, int]:
     """Write ``ranks`` x ``steps`` step rows as real spool files (the agent's Arrow schema, zstd Parquet): one
     segment and rank file per rank, or one file per node of 8 ranks with its digest and one rank file per node,
-    as the node spool publishes them; the last rank is 1.3x slower in compute. Returns (files, rows)."""
+    as the node spool publishes them; the last rank is 1.3x slower in compute. ``live``: steps ``first_step``
+    on of ~0.1 s ending now, the rank files heartbeating now (a live run, as ``dashboard_bench`` follows it).
+    Returns (files, rows)."""
     import numpy as np
     import pyarrow as pa
 
@@ -349,39 +350,34 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
     schema = arrow_schema("steps")
     os.makedirs(os.path.join(run_path, "steps"), exist_ok=True)
     os.makedirs(os.path.join(run_path, "ranks"), exist_ok=True)
-    rng = np.random.default_rng(0)
+    rng, now, end = np.random.default_rng(first_step), time.time_ns(), first_step + steps
     files = 0
     for first in range(0, ranks, RANKS_PER_NODE if per_node else 1):
         members = np.arange(first, min(ranks, first + (RANKS_PER_NODE if per_node else 1)), dtype=np.int32)
         n = len(members) * steps
         rank = np.repeat(members, steps)
-        step = np.tile(np.arange(steps, dtype=np.int64), len(members))
-        compute = rng.gamma(20.0, 0.0005, n) * np.where(rank == ranks - 1, 1.3, 1.0)
-        wait, exposed, other = rng.exponential(0.001, n), rng.exponential(0.0005, n), rng.exponential(0.0002, n)
-        opt = rng.normal(0.002, 0.0002, n).clip(0)
-        node = f"node{first // RANKS_PER_NODE:04d}"
-        cols = {
-            "job": pa.array(["bench"] * n),
-            "run": pa.array(["bench-run"] * n),
-            "node": pa.array([node] * n),
-            "rank": pa.array(rank),
-            "local_rank": pa.array(rank % RANKS_PER_NODE),
-            "world_size": pa.array(np.full(n, ranks, dtype=np.int32)),
-            "pid": pa.array(1000 + rank),
-            "step": pa.array(step),
-            "time_ns": pa.array(1_700_000_000_000_000_000 + step * 10_000_000),
-            "step_s": pa.array(wait + compute + exposed + opt + other),
-            "data_wait_s": pa.array(wait),
-            "compute_s": pa.array(compute),
-            "comm_exposed_s": pa.array(exposed),
-            "allreduce_s": pa.array(exposed * 3),
-            "optimizer_s": pa.array(opt),
-            "other_s": pa.array(other),
-        }
+        step = np.tile(np.arange(first_step, end, dtype=np.int64), len(members))
+        slow = np.where(rank == ranks - 1, 1.3, 1.0)
+        if live:
+            compute = rng.gamma(20.0, 0.005, n) * slow
+            wait, exposed = rng.exponential(0.002, n), rng.exponential(0.005, n)
+            opt, other, time_ns = np.full(n, 0.01), np.full(n, 0.002), now - (end - step) * 100_000_000
+        else:
+            compute = rng.gamma(20.0, 0.0005, n) * slow
+            wait, exposed, other = rng.exponential(0.001, n), rng.exponential(0.0005, n), rng.exponential(0.0002, n)
+            opt, time_ns = rng.normal(0.002, 0.0002, n).clip(0), 1_700_000_000_000_000_000 + step * 10_000_000
+        step_s = wait + compute + exposed + opt + other
+        node, run = f"node{first // RANKS_PER_NODE:04d}", os.path.basename(run_path)
+        cols = {"job": pa.array(["bench"] * n), "run": pa.array([run] * n), "node": pa.array([node] * n)}
+        numbers = {"rank": rank, "local_rank": rank % RANKS_PER_NODE, "world_size": np.full(n, ranks, dtype=np.int32),
+                   "pid": 1000 + rank, "step": step, "time_ns": time_ns, "step_s": step_s,
+                   "data_wait_s": wait, "compute_s": compute, "comm_exposed_s": exposed, "allreduce_s": exposed * 3,
+                   "optimizer_s": opt, "other_s": other}  # fmt: skip
+        cols.update((name, pa.array(values)) for name, values in numbers.items())
         # Columns added to the schema later (and GPU-only ones) stay NULL, as on a CPU rank.
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
         name = (
-            f"{node}_m{first:020d}-000000.parquet"
+            f"{node}_m{first:020d}-{first_step:06d}.parquet"
             if per_node
             else f"{node}_r{first:05d}_p{1000 + first}_000000.parquet"
         )
@@ -392,16 +388,17 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
         files += 1
-        metas = [
-            {"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": steps, "world_size": ranks}
-            for r in members
-        ]
+        metas = [{"rank": int(r), "status": "finished", "heartbeat_ns": 1, "steps": end, "world_size": ranks}
+                 for r in members]  # fmt: skip
+        for meta in metas if live else []:
+            meta.update(status="running", heartbeat_ns=now, job="bench", run=run, started_ns=now - end * 100_000_000,
+                        flush_interval_s=2.0)  # fmt: skip
         if per_node:  # the node spool's publisher writes one rank file per node
             with open(os.path.join(run_path, "ranks", f"node-{node}.json"), "w") as f:
                 json.dump({"node": node, "ranks": metas}, f)
-            continue
-        with open(os.path.join(run_path, "ranks", f"rank-{first:05d}.json"), "w") as f:
-            json.dump(metas[0], f)
+        else:
+            with open(os.path.join(run_path, "ranks", f"rank-{first:05d}.json"), "w") as f:
+                json.dump(metas[0], f)
     return files, ranks * steps
 
 
@@ -473,12 +470,12 @@ def verdict_render_s(run_path: str | None) -> dict[str, float]:
     and (``*_drawn``) until no table or chart on it is a placeholder any more. ``run_path`` None: the same
     visits to a Streamlit app of one line holding the same marker, with the dashboard's flags (the floor:
     what any Streamlit page costs a fresh headless Chromium on this machine)."""
-    from dashboard_bench import RENDER_PAGES, page_on_fresh_server, time_visit_drawn
+    from dashboard_bench import LANDING, page_on_fresh_server, time_visit_drawn
 
     out = {}
-    with page_on_fresh_server(run_path, RENDER_PAGES[""]) as (page, port):
+    with page_on_fresh_server(run_path, LANDING) as (page, port):
         for visit in ("first", "again"):
-            out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", RENDER_PAGES[""])
+            out[visit], out[f"{visit}_drawn"] = time_visit_drawn(page, f"http://127.0.0.1:{port}/", LANDING)
     return out
 
 
@@ -741,48 +738,12 @@ def first_call_figures(base: str, ranks: int, steps: int, rounds: int, job_ranks
     return figures
 
 
-# ------------------------------------------------------------------ nodes
-
-
-def node_stores(base: str, counts: list[int], steps: int, processes: int = 3) -> list[dict]:
-    """Reading a run through many per-node stores (``<run>/nodes/*.duckdb``, the multi-node path without a
-    shared filesystem) against absorbing them into one store first (``ingest --nodes``): one node's store
-    (8 ranks' node spool, ingested) copied under ``counts`` node names -- copies, so the figures are what
-    ``open_run`` pays per attached store, not a verdict; ``open_run`` + ``step_breakdown`` as the first call
-    of ``processes`` fresh processes."""
-    from ranksight.collectors import ingest
-
-    node = os.path.join(base, "node", "bench-run")
-    shutil.rmtree(os.path.dirname(node), ignore_errors=True)
-    build_spool(node, 8, steps, per_node=True)
-    ingest(node)
-    rows = []
-    for count in counts:
-        run = os.path.join(base, f"head-{count}", "bench-run")
-        shutil.rmtree(os.path.dirname(run), ignore_errors=True)
-        os.makedirs(os.path.join(run, "nodes"))
-        shutil.copytree(os.path.join(node, "ranks"), os.path.join(run, "ranks"))
-        for i in range(count):
-            shutil.copyfile(os.path.join(node, "store.duckdb"), os.path.join(run, "nodes", f"node{i:05d}.duckdb"))
-        attached = first_calls_s(run, "breakdown", processes)
-        started = time.perf_counter()
-        absorbed = ingest(run, absorb_node_stores=True)
-        absorb_s = time.perf_counter() - started
-        one_store = first_calls_s(run, "breakdown", processes)
-        rows.append({"node_stores": count, "rows": absorbed.rows, "read_attached_s": statistics.median(attached),
-                     "read_attached_each_s": attached, "ingest_nodes_s": absorb_s,
-                     "read_absorbed_s": statistics.median(one_store), "read_absorbed_each_s": one_store})  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
-        shutil.rmtree(os.path.dirname(run), ignore_errors=True)
-    return rows
-
-
 # ------------------------------------------------------------------ main
 
 
 def main() -> None:
     parser = cli(__doc__, rounds=5)
-    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first, nodes")
+    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first")
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
     spool = parser.add_argument_group("spool section")
     spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
@@ -800,9 +761,6 @@ def main() -> None:
     first.add_argument(
         "--job-ranks", action="store_true", help="rank files holding a DDP rank's sections, as a job writes them"
     )
-    nodes = parser.add_argument_group("nodes section")
-    nodes.add_argument("--node-counts", default="16,128,1250", help="node stores attached, comma-separated")
-    nodes.add_argument("--node-steps", type=int, default=1000, help="steps of each node's 8 ranks")
     args = parser.parse_args()
     base = args.dir or tempfile.mkdtemp(prefix="ranksight-scale-")
     os.makedirs(base, exist_ok=True)
@@ -839,8 +797,6 @@ def main() -> None:
             first["ratio_to_floor"] = ratios_to_floor(first)
             figures["first"] = first
             print(json.dumps(first), flush=True)
-        if "nodes" in sections:
-            figures["nodes"] = node_stores(base, [int(c) for c in args.node_counts.split(",")], args.node_steps)
         figures["load_avg_at_end"] = os.getloadavg()[0]
         if args.json:
             write_results(args.json, figures)
