@@ -1,45 +1,26 @@
 """The diagnosis on realistic training scripts: does ``ranksight diagnose`` name the planted fault?
 
-Runs each (script, fault) of ``benchmarks/workloads/`` — a nanoGPT-style trainer, the PyTorch DDP
-tutorial's trainer, a Hugging Face ``Trainer`` script and a Lightning script, each with the agent
-attached the way its users would attach it — ``--repeats`` times as a 2-rank gloo job on CPU, each in
-its own run directory, then ``ranksight diagnose RUN --json``, and scores the verdict (the first
-finding of severity warning or critical; "silent" when there is none) against the planted fault.
+Runs each (script, fault) of ``benchmarks/workloads/`` (a nanoGPT-style trainer, the PyTorch DDP tutorial's
+trainer, a Hugging Face ``Trainer`` script and a Lightning script, each with the agent attached the way its
+users would attach it) ``--repeats`` times as a 2-rank gloo job on CPU, each in its own run directory, then
+``ranksight diagnose RUN --json``, and scores the verdict (the first finding of severity warning or critical;
+"silent" when there is none) against the planted fault.
 
     python benchmarks/diagnosis_corpus.py --repeats 3 --json benchmarks/results/corpus_cpu_DATE.json
-    python benchmarks/diagnosis_corpus.py --scripts ddp_tutorial --faults none input --repeats 1
+    python benchmarks/diagnosis_corpus.py --rediagnose OUT_DIR        # the kept runs, judged with today's rules
+    python benchmarks/diagnosis_corpus.py --device cuda --gpus 1 --scripts gpt_trainer --check-fix
 
-Printed: one row per run (script, fault, repeat, verdict rule, severity, confidence, ranks, median
-step, and the fault's true share of the step as the script measured it itself), then per fault
-class: runs, errors, recall (the expected rule named first), the straggler's named rank, the healthy
-silent rate, and the flip rate (share of (script, fault) groups whose verdict differs between
-repeats); and per verdict rule its precision (of the runs whose verdict was rule R, how many had the
-fault R stands for).
+Printed: one row per run (verdict, severity, confidence, ranks, median step, and the fault's true share of the
+step as the script timed it), then per fault: recall, the straggler's named rank, the healthy silent rate and
+the flip rate between repeats; per verdict rule its precision. On GPUs (``--device cuda``): one rank per GPU
+over NCCL, each script at its GPU size, with the faults only a GPU job has (``GPU_FAULTS``);
+``benchmarks/gpu_corpus.sh`` runs it on a bare GPU machine. ``--check-fix`` reruns each planted fault with the
+fix its finding names (the workloads' ``--fix``) and compares the cost the finding stated with the step time
+the fix gave back (``fix_check``). ``--gpus 1 --straggler-rank 0 --no-diagnose`` times each fault on one GPU
+(calibration); ``--dist-backend gloo`` runs 2 ranks on one GPU (a smoke test of the 2-rank paths only).
 
-On GPUs (``--device cuda``): one rank per GPU over NCCL (``torchrun --nproc-per-node --gpus``,
-Lightning ``devices=--gpus``), each script at its GPU size (a healthy step of ~10-30 ms of GPU compute
-on an H200, not kernel launches; see each script's docstring) and without ``OMP_NUM_THREADS=1``:
-
-    python benchmarks/diagnosis_corpus.py --device cuda --repeats 3 --json corpus_gpu.json   # 2 GPUs
-    bash benchmarks/gpu_corpus.sh                          # the same on a bare GPU machine, into $OUT
-
-``--gpus 1 --straggler-rank 0 --no-diagnose`` times each fault on one GPU (calibration: the fault's
-share of the step, no verdict); ``--dist-backend gloo`` runs 2 ranks on one GPU (a smoke test of the
-2-rank code paths only: the timings mean nothing, Lightning cannot do it).
-
-On one GPU the single-GPU faults too (``GPU_FAULTS``: pageable copies, ops left on the CPU, host syncs,
-fragmentation under memory pressure, launch-bound kernels), and ``--check-fix`` reruns each planted fault
-with the fix its finding names (the workloads' ``--fix``) and compares the cost the finding stated with the
-step time the fix gave back (``fix_check``; ``benchmarks/fix_check.py`` does it on saved results):
-
-    python benchmarks/diagnosis_corpus.py --device cuda --gpus 1 --scripts gpt_trainer --repeats 3 --check-fix
-
-``--repeats-of FAULT=N`` gives some faults more repeats; ``--budget-s`` starts no job past a time budget
-(the reports are written either way).
-
-A run whose script crashes or times out is an "error" row with the tail of its output, never
-skipped. Each job runs in its own session and the whole session is killed when it ends, so no rank
-is left behind.
+A run whose script crashes or times out is an "error" row with the tail of its output, never skipped. Each
+job runs in its own session, killed as a whole when it ends, so no rank is left behind.
 """
 
 from __future__ import annotations
@@ -86,7 +67,6 @@ EXPECTED = {
 }
 FIXABLE = ("input", "unused-params", "graph-breaks", *GPU_FAULTS)
 """Faults whose workloads take ``--fix`` (the fault with the fix its finding names applied): ``--check-fix``."""
-FAULT_OF_RULE = {rule: fault for fault, rule in EXPECTED.items()}
 STRAGGLER_RANK = 1  # every workload plants the extra work on rank 1
 
 
@@ -125,11 +105,8 @@ class Launch:
 
     def script_args(self) -> list:
         out = [] if self.device == "cpu" else ["--device", self.device]
-        if self.size:
-            out += ["--size", self.size]
-        if self.straggler_rank is not None:
-            out += ["--straggler-rank", str(self.straggler_rank)]
-        return out
+        out += ["--size", self.size] if self.size else []
+        return out + (["--straggler-rank", str(self.straggler_rank)] if self.straggler_rank is not None else [])
 
 
 @dataclass
@@ -185,21 +162,14 @@ def _tail(path: str, n_chars: int = 3000) -> str:
 
 
 def launch_command(
-    script: Script,
-    fault: str,
-    steps: int,
-    run_dir: str,
-    run_id: str,
-    launch: Launch = Launch(),
-    fixed: bool = False,
+    script: Script, fault: str, steps: int, run_dir: str, run_id: str, launch: Launch = Launch(), fixed: bool = False
 ) -> list:
     script_args = [os.path.join(WORKLOADS, script.file), "--fault", fault, "--steps", str(steps), "--run-dir", run_dir]
     # graph breaks are dynamo's, the same with any backend; inductor takes minutes a run on 2 CPU cores
     script_args += ["--run-id", run_id, "--compile-backend", "eager", *launch.script_args()]
     script_args += ["--fix"] if fixed else []
     if script.launcher == "torchrun":
-        if launch.dist_backend:
-            script_args += ["--dist-backend", launch.dist_backend]
+        script_args += ["--dist-backend", launch.dist_backend] if launch.dist_backend else []
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         return [*torchrun, "--nproc-per-node", str(launch.ranks), *script_args]
     if launch.ranks != RANKS:  # Lightning starts its own ranks, 2 unless told
@@ -216,13 +186,8 @@ def job_env(truth_dir: str, src: Optional[str] = None, device: str = "cpu") -> d
         env.pop(k, None)
     if device == "cpu":  # 2 gloo ranks on a small host; GPU scripts leave it to torchrun, as users do
         env["OMP_NUM_THREADS"] = "1"
-    env.update(
-        PYTHONUNBUFFERED="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        CORPUS_TRUTH_DIR=truth_dir,
-    )
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["CORPUS_TRUTH_DIR"] = truth_dir
     return env
 
 
@@ -236,12 +201,8 @@ def run_job(cmd: list, env: dict, log_path: str, timeout: float) -> tuple:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-        except BaseException:  # Ctrl-C: take the job down with us
+        finally:  # also on Ctrl-C: the job and whatever it left behind (a rank stuck in a collective)
             _kill_session(proc)
-            proc.wait()
-            raise
-        finally:
-            _kill_session(proc)  # whatever the job left behind (a rank stuck in a collective)
             if proc.poll() is None:
                 proc.wait()
     return rc, time.monotonic() - t0
@@ -252,14 +213,9 @@ def diagnose_json(
 ) -> dict:
     """``ranksight diagnose RUN --json``, as a user runs it; raises RuntimeError with its stderr."""
     extra = [] if warmup is None else ["--warmup", str(warmup)]
-    out = subprocess.run(
-        [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json", *extra],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=os.path.dirname(os.path.abspath(run_path)),
-        env=job_env("", src),
-    )
+    cmd = [sys.executable, "-m", "ranksight", "diagnose", run_path, "--json", *extra]
+    cwd, env = os.path.dirname(os.path.abspath(run_path)), job_env("", src)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"diagnose exit {out.returncode}: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
@@ -272,12 +228,8 @@ HYGIENE = {"unused-parameter-scan"}
 
 def verdict_of(report: dict) -> Optional[dict]:
     findings = report.get("findings", [])
-    for finding in findings:
-        if finding.get("severity") in ("warning", "critical"):
-            return finding
-    if findings and findings[0].get("rule") in HYGIENE:
-        return findings[0]
-    return None
+    loud = [f for f in findings if f.get("severity") in ("warning", "critical")]
+    return loud[0] if loud else (findings[0] if findings and findings[0].get("rule") in HYGIENE else None)
 
 
 def _read_json(path: str, default=None):
@@ -292,21 +244,18 @@ def _read_json(path: str, default=None):
 def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
     """Per rank: steps seen, median and mean step interval, and the planted code's share of the step time."""
     ranks = {}
-    if not os.path.isdir(truth_dir):
-        return ranks
-    for name in sorted(os.listdir(truth_dir)):
+    for name in sorted(os.listdir(truth_dir)) if os.path.isdir(truth_dir) else []:
         t = _read_json(os.path.join(truth_dir, name))
         if t is None:
             continue
         ends, fault_s = t.get("step_ends", []), t.get("fault_s", [])
         intervals = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1 :])]
-        faults = fault_s[warmup + 1 :]
         total = sum(intervals)
         ranks[str(t.get("rank"))] = {
             "steps": len(ends),
             "step_median_s": round(statistics.median(intervals), 5) if intervals else None,
             "step_mean_s": round(total / len(intervals), 6) if intervals else None,
-            "fault_share": round(sum(faults) / total, 4) if total > 0 else None,
+            "fault_share": round(sum(fault_s[warmup + 1 :]) / total, 4) if total > 0 else None,
             "samples_per_step": t.get("samples_per_step"),
         }
     return ranks
@@ -328,38 +277,34 @@ def run_one(
 
     ``src``: a folder holding a frozen ``ranksight`` package (``snapshot_source``) used by the job and
     the diagnosis instead of the installed one. ``diagnose=False``: the job and its truth only."""
-    script = SCRIPTS[script_name]
     run_dir = os.path.join(root, "runs")
     run_id = f"{script_name}-{fault}{'-fixed' if fixed else ''}-r{repeat}-{uuid.uuid4().hex[:6]}"
-    run_path = os.path.join(run_dir, run_id)
-    log_path = os.path.join(root, "logs", run_id + ".log")
+    run_path, log_path = os.path.join(run_dir, run_id), os.path.join(root, "logs", run_id + ".log")
     truth_dir = os.path.join(root, "truth", run_id)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     os.makedirs(run_dir, exist_ok=True)
     res = RunResult(script_name, fault, repeat, run_id, run_path, expected=EXPECTED[fault], fixed=fixed)
-    cmd = launch_command(script, fault, steps, run_dir, run_id, launch, fixed)
-    rc, res.elapsed_s = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
-    res.elapsed_s = round(res.elapsed_s, 1)
-    res.returncode = rc
-    res.truth = truth_summary(truth_dir)
-    if rc is None or rc != 0:
-        res.status = "timeout" if rc is None else "error"
-        res.verdict = "error"
-        res.error_tail = _tail(log_path)
+    cmd = launch_command(SCRIPTS[script_name], fault, steps, run_dir, run_id, launch, fixed)
+    res.returncode, elapsed = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
+    res.elapsed_s, res.truth = round(elapsed, 1), truth_summary(truth_dir)
+    if res.returncode != 0:
+        res.status, res.verdict, res.error_tail = (
+            "timeout" if res.returncode is None else "error",
+            "error",
+            _tail(log_path),
+        )
         return res
     if not diagnose:
         res.verdict = "not-diagnosed"
         return res
     try:
-        report = diagnose_json(run_path, src=src)
+        _fill_from_report(res, diagnose_json(run_path, src=src))
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         res.status, res.verdict, res.error_tail = (
             "diagnose-error",
             "error",
             f"{exc}\n--- job log ---\n{_tail(log_path)}",
         )
-        return res
-    _fill_from_report(res, report)
     return res
 
 
@@ -386,30 +331,15 @@ PACKAGES = ("ranksight", "agent", "collectors", "rules", "dashboard", "integrati
 """pyproject's package-dir: ``ranksight`` from its folder, the others as its subpackages from theirs."""
 
 
-def snapshot_source(how: str, dest: str) -> tuple:
-    """Freeze the ranksight package for a long corpus run while the working tree keeps changing.
-
-    ``tree``: copy the working tree's package folders now; ``head``: the committed HEAD
-    (``git archive``). Lays them out as one importable ``ranksight`` package under ``dest`` (put on
-    PYTHONPATH, it wins over the editable install's finder) and returns (dest, description)."""
-    src_root = REPO
-    if how == "head":
-        src_root = os.path.join(dest, "_head")
-        os.makedirs(src_root, exist_ok=True)
-        archive = subprocess.run(["git", "archive", "HEAD"], capture_output=True, cwd=REPO, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", src_root], input=archive, check=True)
-    pkg = os.path.join(dest, "ranksight")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(os.path.join(src_root, "ranksight"), pkg, ignore=ignore)
+def snapshot_source(dest: str) -> tuple:
+    """Freeze the working tree's ranksight for a long corpus run while the tree keeps changing: its package
+    folders copied now as one importable ``ranksight`` package under ``dest`` (put on PYTHONPATH, it wins over
+    the editable install's finder). Returns (dest, description)."""
+    pkg, ignore = os.path.join(dest, "ranksight"), shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(os.path.join(REPO, "ranksight"), pkg, ignore=ignore)
     for sub in PACKAGES[1:]:
-        shutil.copytree(os.path.join(src_root, sub), os.path.join(pkg, sub), ignore=ignore)
-    if how == "head":
-        shutil.rmtree(src_root, ignore_errors=True)
-        return dest, f"HEAD {(commit() or '')[:12]}"
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", *PACKAGES], capture_output=True, text=True, cwd=REPO
-    ).stdout.count("\n")
-    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {(commit() or '')[:12]} ({dirty} changed files)"
+        shutil.copytree(os.path.join(REPO, sub), os.path.join(pkg, sub), ignore=ignore)
+    return dest, f"working tree at {time.strftime('%H:%M:%S')} on {commit() or ''}"
 
 
 # ------------------------------------------------------------------------------------------- scoring
@@ -438,13 +368,9 @@ def score(results: list) -> dict:
     groups: dict = {}
     for r in results:
         groups.setdefault((r.script, r.fault), []).append(r)
-    flips, judged, per_group = 0, 0, {}
-    for (script, fault), rs in groups.items():
-        vs = [r.verdict for r in rs if r.status == "ok"]
-        per_group[f"{script}/{fault}"] = [r.verdict for r in rs]
-        if len(vs) >= 2:
-            judged += 1
-            flips += len(set(vs)) > 1
+    judged = [[r.verdict for r in rs if r.status == "ok"] for rs in groups.values()]
+    judged = [vs for vs in judged if len(vs) >= 2]
+    flips = sum(len(set(vs)) > 1 for vs in judged)
     by_script: dict = {}
     for script in dict.fromkeys(r.script for r in results):
         hits = sum(bool(r.hit) for r in ok if r.script == script)
@@ -456,10 +382,10 @@ def score(results: list) -> dict:
         "by_fault": by_fault,
         "precision": precision,
         "healthy_silent_rate": _rate(sum(r.verdict == "silent" for r in healthy), len(healthy)),
-        "flip_rate": _rate(flips, judged),
+        "flip_rate": _rate(flips, len(judged)),
         "flipped_groups": flips,
-        "groups_judged": judged,
-        "verdicts_by_group": per_group,
+        "groups_judged": len(judged),
+        "verdicts_by_group": {f"{s}/{f}": [r.verdict for r in rs] for (s, f), rs in groups.items()},
         "overall_recall": _rate(sum(bool(r.hit) for r in ok), len(ok)),
         "runs": len(results),
         "errors": len(results) - len(ok),
@@ -475,9 +401,8 @@ def _per_sample_s(r: RunResult, clock: str = "truth") -> Optional[float]:
     script's own median step interval (``truth``) or mean one (``truth_mean``: its time after warm-up over
     its steps, the denominator of a cost share), or ranksight's median step period (``ranksight``)."""
     samples = [t.get("samples_per_step") for t in r.truth.values() if t.get("samples_per_step")]
-    per = samples[0] if samples else 1
     if clock == "ranksight":
-        return r.step_median_s / per if r.step_median_s else None
+        return r.step_median_s / (samples[0] if samples else 1) if r.step_median_s else None
     key = "step_mean_s" if clock == "truth_mean" else "step_median_s"
     values = [t[key] / (t.get("samples_per_step") or 1) for t in r.truth.values() if t.get(key)]
     return statistics.median(values) if values else None
@@ -491,53 +416,44 @@ def stated_cost(r: RunResult) -> Optional[dict]:
     for place, f in enumerate(r.findings, 1):
         if f.get("rule") == rule:
             cost = f.get("cost_share")
-            return {
-                "cost_share": cost if cost is not None else 0.0,
-                "stated": cost is not None,
-                "speedup": f.get("speedup"),
-                "place": place,
-                "severity": f.get("severity"),
-                "first": r.verdict == rule,
-            }
+            return {"cost_share": cost if cost is not None else 0.0, "stated": cost is not None,
+                    "speedup": f.get("speedup"), "place": place, "severity": f.get("severity"),
+                    "first": r.verdict == rule}  # fmt: skip
     return None
+
+
+def _median(values: list, digits: int) -> Optional[float]:
+    return round(statistics.median(values), digits) if values else None
 
 
 def fix_check(results: list) -> list:
     """Per (script, fault) with faulty and fixed runs: the cost the planted fault's finding stated against
     the step time the fix gave back (1 - fixed / faulty, per sample, medians over the runs), on the
-    script's own clock and on ranksight's."""
+    script's own clock and on ranksight's. Judged on the median step (what a typical step gives back); the
+    mean step's gain (all the time after warm-up, the denominator of a cost share) is kept beside it: in a
+    30-step run the kernel windows' fixed cost weighs more on the faster, fixed run."""
     rows = []
-    keys = dict.fromkeys((r.script, r.fault) for r in results if r.fixed)
-    for script, fault in keys:
-        faulty = [r for r in results if r.script == script and r.fault == fault and not r.fixed and r.status == "ok"]
-        fixed = [r for r in results if r.script == script and r.fault == fault and r.fixed and r.status == "ok"]
+    for script, fault in dict.fromkeys((r.script, r.fault) for r in results if r.fixed):
+        mine = [r for r in results if r.script == script and r.fault == fault and r.status == "ok"]
+        faulty, fixed = [r for r in mine if not r.fixed], [r for r in mine if r.fixed]
         row = {"script": script, "fault": fault, "rule": EXPECTED[fault], "runs": len(faulty), "fixed_runs": len(fixed)}
         stated = [c for c in (stated_cost(r) for r in faulty) if c is not None]
-        row["named"] = len(stated)
-        row["named_first"] = sum(c["first"] for c in stated)
+        row.update(named=len(stated), named_first=sum(c["first"] for c in stated))
         row["costs"] = [round(c["cost_share"], 4) for c in stated]
-        row["cost_share"] = round(statistics.median(row["costs"]), 4) if stated else None
+        row["cost_share"] = _median(row["costs"], 4)
         row["cost_stated"] = any(c["stated"] for c in stated)
         row["speedup"] = round(1.0 / (1.0 - row["cost_share"]), 2) if row["cost_share"] is not None else None
         for clock in ("truth", "truth_mean", "ranksight"):
             before = [v for v in (_per_sample_s(r, clock) for r in faulty) if v]
             after = [v for v in (_per_sample_s(r, clock) for r in fixed) if v]
-            gain = None
-            if before and after:
-                gain = round(1.0 - statistics.median(after) / statistics.median(before), 4)
+            gain = round(1.0 - statistics.median(after) / statistics.median(before), 4) if before and after else None
             row[f"gain_{clock}"] = gain
             if clock == "truth":
-                row["step_before_s"] = round(statistics.median(before), 6) if before else None
-                row["step_after_s"] = round(statistics.median(after), 6) if after else None
-        # Judged on the median step (its gain is what a typical step gives back). The mean step's gain (all the
-        # time after warm-up, the denominator of a cost share) is kept beside it: in a 30-step run the kernel
-        # windows' fixed cost weighs more on the faster, fixed run, so it swings more than the median's.
-        gain = row["gain_truth"]
-        row["diff_pp"] = round((row["cost_share"] - gain) * 100, 1) if gain is not None and stated else None
-        mean_gain = row["gain_truth_mean"]
-        row["diff_pp_mean"] = (
-            round((row["cost_share"] - mean_gain) * 100, 1) if mean_gain is not None and stated else None
-        )
+                row["step_before_s"], row["step_after_s"] = _median(before, 6), _median(after, 6)
+        for suffix, gain in (("", row["gain_truth"]), ("_mean", row["gain_truth_mean"])):
+            row["diff_pp" + suffix] = (
+                round((row["cost_share"] - gain) * 100, 1) if gain is not None and stated else None
+            )
         row["within"] = row["diff_pp"] is not None and abs(row["diff_pp"]) <= FIX_TOLERANCE * 100
         row["fixed_verdicts"] = [r.verdict for r in fixed]
         row["fixed_still_named"] = sum(
@@ -548,6 +464,14 @@ def fix_check(results: list) -> list:
     return rows
 
 
+def _fmt(v, spec: str = "") -> str:
+    return "-" if v is None or v == "" else format(v, spec)
+
+
+def _pct(v, spec: str = ".1%") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def fix_check_text(rows: list) -> list:
     """The fix check as table lines (empty without fixed runs)."""
     if not rows:
@@ -556,24 +480,14 @@ def fix_check_text(rows: list) -> list:
     cols += ("gain (mean step)", "gain (ranksight clock)", "stated - gain", "within 5 pp", "after the fix")
     out = []
     for row in rows:
-        cost = row["cost_share"]
-        out.append(
-            (
-                row["script"],
-                row["fault"],
-                f"{row['named_first']}/{row['runs']}",
-                "-" if cost is None else f"{cost:.1%}" + ("" if row["cost_stated"] else " (none stated)"),
-                _fmt(row["speedup"], ".2f"),
-                _fmt(row["step_before_s"] * 1000 if row["step_before_s"] else None, ".3f"),
-                _fmt(row["step_after_s"] * 1000 if row["step_after_s"] else None, ".3f"),
-                "-" if row["gain_truth"] is None else f"{row['gain_truth']:.1%}",
-                "-" if row.get("gain_truth_mean") is None else f"{row['gain_truth_mean']:.1%}",
-                "-" if row["gain_ranksight"] is None else f"{row['gain_ranksight']:.1%}",
-                "-" if row["diff_pp"] is None else f"{row['diff_pp']:+.1f} pp",
-                "yes" if row["within"] else "no",
-                f"{', '.join(row['fixed_verdicts'])}; still named {row['fixed_still_named']}/{row['fixed_runs']}",
-            )
-        )
+        cost = _pct(row["cost_share"]) + ("" if row["cost_stated"] or row["cost_share"] is None else " (none stated)")
+        ms = [_fmt(row[k] * 1000 if row[k] else None, ".3f") for k in ("step_before_s", "step_after_s")]
+        gains = [_pct(row.get(k)) for k in ("gain_truth", "gain_truth_mean", "gain_ranksight")]
+        fixed = f"{', '.join(row['fixed_verdicts'])}; still named {row['fixed_still_named']}/{row['fixed_runs']}"
+        diff = "-" if row["diff_pp"] is None else f"{row['diff_pp']:+.1f} pp"
+        out.append((row["script"], row["fault"], f"{row['named_first']}/{row['runs']}", cost,
+                    _fmt(row["speedup"], ".2f"), *ms, *gains, diff,
+                    "yes" if row["within"] else "no", fixed))  # fmt: skip
     lines = [
         "fix check: the cost each planted fault's finding stated (median of its runs) against the step time "
         "its fix gave back (1 - fixed / faulty per sample, the script's own clock, median step; its mean step "
@@ -582,35 +496,21 @@ def fix_check_text(rows: list) -> list:
     return lines + _table(cols, out)
 
 
-def _fmt(v, spec: str = "") -> str:
-    if v is None or v == "":
-        return "-"
-    return format(v, spec) if spec else str(v)
-
-
-def _truth_cell(r: RunResult) -> str:
-    shares = [f"r{rank}:{t['fault_share']:.0%}" for rank, t in sorted(r.truth.items()) if t.get("fault_share")]
-    return " ".join(shares) if shares else "-"
-
-
 def report_text(results: list, summary: dict, header: str = "") -> str:
     lines = [header] if header else []
     cols = ("script", "fault", "rep", "verdict", "severity", "conf", "ranks", "step ms", "fault share", "status", "s")
     rows = []
     for r in results:
-        fault, verdict = r.fault + (" (fixed)" if r.fixed else ""), r.verdict
-        verdict += "" if r.hit or r.status != "ok" or r.fixed else " (miss)"
-        step_ms = _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f")
-        ranks = ",".join(map(str, r.ranks)) or "-"
-        rows.append((r.script, fault, str(r.repeat), verdict, _fmt(r.severity), _fmt(r.confidence, ".2f"), ranks))
-        rows[-1] += (step_ms, _truth_cell(r), r.status, f"{r.elapsed_s:.0f}")
-    lines += _table(cols, rows)
-    lines.append("")
+        verdict = r.verdict + ("" if r.hit or r.status != "ok" or r.fixed else " (miss)")
+        shares = " ".join(f"r{k}:{t['fault_share']:.0%}" for k, t in sorted(r.truth.items()) if t.get("fault_share"))
+        rows.append((r.script, r.fault + (" (fixed)" if r.fixed else ""), str(r.repeat), verdict, _fmt(r.severity),
+                     _fmt(r.confidence, ".2f"), ",".join(map(str, r.ranks)) or "-",
+                     _fmt(r.step_median_s * 1000 if r.step_median_s else None, ".1f"), shares or "-", r.status,
+                     f"{r.elapsed_s:.0f}"))  # fmt: skip
+    lines += [*_table(cols, rows), ""]
     fixes = fix_check_text(fix_check(results))
-    if fixes:
-        lines += fixes + [""]
+    lines += [*fixes, ""] if fixes else []
     everything, results = results, [r for r in results if not r.fixed]
-    cols = ("fault", "expected", "runs", "errors", "recall", "verdicts", "note")
     rows = []
     for fault, row in summary["by_fault"].items():
         verdicts = ", ".join(f"{k} x{v}" for k, v in sorted(row["verdicts"].items(), key=lambda kv: -kv[1]))
@@ -618,10 +518,8 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
         recall = f"{row['hits']}/{row['runs'] - row['errors']}"
         recall += f" ({row['recall']:.0%})" if row["recall"] is not None else ""
         rows.append((fault, row["expected"], str(row["runs"]), str(row["errors"]), recall, verdicts, note))
-    lines += _table(cols, rows)
-    lines.append("")
+    lines += [*_table(("fault", "expected", "runs", "errors", "recall", "verdicts", "note"), rows), ""]
     faults = list(dict.fromkeys(r.fault for r in results))
-    cols = ("hits / runs", *faults, "all")
     rows = []
     for script, row in summary["by_script"].items():
         cells = []
@@ -630,27 +528,20 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
             errs = sum(r.status != "ok" for r in rs)
             cells.append(f"{sum(bool(r.hit) for r in rs)}/{len(rs)}" + (f" ({errs} err)" if errs else "") if rs else "")
         rows.append((script, *cells, f"{row['hits']}/{row['runs']}"))
-    lines += _table(cols, rows)
-    lines.append("")
-    cols = ("verdict rule", "runs", "precision", "from faults")
+    lines += [*_table(("hits / runs", *faults, "all"), rows), ""]
     rows = [
         (rule, str(p["runs"]), f"{p['right']}/{p['runs']} ({p['precision']:.0%})", ", ".join(p["faults"]))
         for rule, p in sorted(summary["precision"].items())
     ]
-    lines += _table(cols, rows)
-    lines.append("")
-    hs = summary["healthy_silent_rate"]
-    fr = summary["flip_rate"]
+    lines += [*_table(("verdict rule", "runs", "precision", "from faults"), rows), ""]
     lines.append(
-        f"healthy silent rate: {'-' if hs is None else f'{hs:.0%}'}   "
-        f"flip rate: {'-' if fr is None else f'{fr:.0%}'} ({summary['flipped_groups']}/{summary['groups_judged']} "
+        f"healthy silent rate: {_pct(summary['healthy_silent_rate'], '.0%')}   "
+        f"flip rate: {_pct(summary['flip_rate'], '.0%')} ({summary['flipped_groups']}/{summary['groups_judged']} "
         f"(script, fault) groups changed verdict between repeats)   "
         f"overall recall: {summary['overall_recall']}   runs: {summary['runs']}, errors: {summary['errors']}"
     )
-    errors = [r for r in everything if r.status != "ok"]
-    for r in errors:
-        lines.append("")
-        lines.append(f"--- {r.status}: {r.script} / {r.fault} / repeat {r.repeat} (exit {r.returncode}) ---")
+    for r in (r for r in everything if r.status != "ok"):
+        lines += ["", f"--- {r.status}: {r.script} / {r.fault} / repeat {r.repeat} (exit {r.returncode}) ---"]
         lines.append(r.error_tail.rstrip()[-3000:])
     return "\n".join(lines)
 
@@ -658,8 +549,7 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
 def _table(cols: tuple, rows: list) -> list:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
     out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-    return out
+    return out + ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
 
 
 def rediagnose(args) -> int:
@@ -667,10 +557,8 @@ def rediagnose(args) -> int:
     root = args.rediagnose
     with open(os.path.join(root, "results.jsonl")) as fh:
         old = [RunResult(**json.loads(line)) for line in fh if line.strip()]
-    dest = tempfile.mkdtemp(prefix="ranksight-src-") if args.snapshot != "none" else ""
-    src, source = ranksight_source(args.snapshot, dest)
-    # where the jobs ran (kept by the run since the GPU corpus; CPU before that)
-    device_record = _read_json(os.path.join(root, DEVICE_FILE), {})
+    src, source = ranksight_source(args.snapshot, None)
+    device_record = _read_json(os.path.join(root, DEVICE_FILE), {})  # where the jobs ran (CPU before GPU runs)
     results = []
     for r in old:
         truth_dir = os.path.join(root, "truth", r.run_id)
@@ -695,11 +583,12 @@ def rediagnose(args) -> int:
     return 0
 
 
-def ranksight_source(snapshot: str, dest: str) -> tuple:
-    """(folder to put ahead on PYTHONPATH or None, words): the installed package, or ``--snapshot``'s copy."""
+def ranksight_source(snapshot: str, dest: Optional[str]) -> tuple:
+    """(folder to put ahead on PYTHONPATH or None, words): the installed package, or ``--snapshot``'s copy in
+    ``dest`` (default: a new temporary folder)."""
     if snapshot == "none":
         return None, f"installed package (live working tree {REPO})"
-    return snapshot_source(snapshot, dest)
+    return snapshot_source(dest or tempfile.mkdtemp(prefix="ranksight-src-"))
 
 
 def write_reports(args, results: list, summary: dict, header: str, meta: dict, left_out: Optional[list] = None) -> None:
@@ -717,70 +606,26 @@ def write_reports(args, results: list, summary: dict, header: str, meta: dict, l
         write_results(args.json, {**doc, "runs": [asdict(r) for r in results]})
 
 
-def gpu_names() -> list:
-    """The GPUs' names as nvidia-smi lists them (torch's when it is missing): for the report's header."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    probe = "import torch; [print(torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]"
-    try:  # in a child: CUDA is not initialised in this process, which forks none of the jobs anyway
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-
-
 def describe_device(launch: Launch) -> tuple:
     """(header words, JSON record) of where the jobs ran."""
     if launch.device == "cpu":
         return f"{launch.ranks} gloo ranks", {"device": "cpu", "ranks": launch.ranks, "backend": "gloo"}
-    names = gpu_names()
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        names = [n.strip() for n in subprocess.run(query, capture_output=True, text=True).stdout.splitlines()]
+    except OSError:
+        names = []
     backend = launch.dist_backend or "nccl"
     shared = " (ranks share GPUs: smoke test, timings mean nothing)" if launch.ranks > max(len(names), 1) else ""
     distinct = ", ".join(f"{n} x{names.count(n)}" for n in dict.fromkeys(names)) or "no GPU found"
-    words = f"{launch.ranks} {backend} ranks on {distinct}{shared}"
     record = {"device": "cuda", "ranks": launch.ranks, "backend": backend, "gpus": names, "size": launch.size}
-    return words, record
-
-
-def source_digest(package_root: Optional[str] = None) -> str:
-    """A hash of the package's source files (``.py``, ``.yaml``), named as installed (``ranksight/agent/...``):
-    names the code that ran even where the checkout's last commit does not (a copy of a working tree, as
-    the GPU machines get). ``package_root``: a ``snapshot_source`` package folder; default the checkout's
-    folders, which hash the same for the same code."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for sub in sorted(PACKAGES):
-        if package_root is None:
-            top = os.path.join(REPO, sub)
-        else:
-            top = package_root if sub == "ranksight" else os.path.join(package_root, sub)
-        for dirpath, dirnames, filenames in os.walk(top):
-            skip = {"__pycache__", *PACKAGES} if dirpath == top and sub == "ranksight" else {"__pycache__"}
-            dirnames[:] = sorted(d for d in dirnames if d not in skip)
-            for name in sorted(filenames):
-                if name.endswith((".py", ".yaml")):
-                    path = os.path.join(dirpath, name)
-                    h.update(f"{sub}/{os.path.relpath(path, top)}".encode())
-                    with open(path, "rb") as fh:
-                        h.update(hashlib.sha256(fh.read()).digest())
-    return h.hexdigest()
+    return f"{launch.ranks} {backend} ranks on {distinct}{shared}", record
 
 
 def build_plan(
-    scripts: list,
-    faults: list,
-    repeats: int,
-    repeats_of: tuple = (),
-    check_fix: Optional[list] = None,
+    scripts: list, faults: list, repeats: int, repeats_of: tuple = (), check_fix: Optional[list] = None,
     fix_repeats: int = 1,
-) -> list:
+) -> list:  # fmt: skip
     """(script, fault, repeat, fixed) in run order: every repeat of every (script, fault) the script plants,
     then (``check_fix`` not None) the fixed variants: of every fixable fault planned, or of those named
     (``fault`` or ``script/fault``)."""
@@ -790,10 +635,9 @@ def build_plan(
         if fault not in EXPECTED or not n.isdigit():
             raise SystemExit(f"--repeats-of takes FAULT=N with a known fault, got {item!r}")
         counts[fault] = int(n)
-    most = max([repeats, *counts.values()])
     plan = [
         (s, f, rep, False)
-        for rep in range(most)
+        for rep in range(max([repeats, *counts.values()]))
         for s in scripts
         for f in faults
         if f in SCRIPTS[s].faults and rep < counts.get(f, repeats)
@@ -823,28 +667,22 @@ def main(argv: Optional[list] = None) -> int:
     add("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
     add("--json", default=None, help="write every run and the scores here")
     add("--text", default=None, help="write the printed report here too")
-    snapshot = "run jobs and diagnosis on a frozen copy of ranksight: the working tree as it is at start, or the "
-    snapshot += "committed HEAD (default: the installed package, live)"
-    add("--snapshot", choices=("none", "tree", "head"), default="none", help=snapshot)
+    snapshot = "tree: run jobs and diagnosis on a copy of ranksight as the working tree is at start (default: the "
+    add("--snapshot", choices=("none", "tree"), default="none", help=snapshot + "installed package, live)")
     add("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
     add("--gpus", type=int, default=2, help="ranks (GPUs) of a --device cuda job")
     add("--size", choices=("cpu", "gpu"), default=None, help="the scripts' size preset (default: gpu on cuda)")
-    backend = "override the scripts' backend (gloo on cuda: more ranks than GPUs, a smoke test only)"
-    add("--dist-backend", default=None, help=backend)
+    add("--dist-backend", default=None, help="override the scripts' backend (gloo on cuda: a smoke test only)")
     add("--straggler-rank", type=int, default=None, help="rank the straggler slows (0 to time it with --gpus 1)")
     add("--no-diagnose", action="store_true", help="run the jobs and keep their truth, no verdict (calibration)")
-    repeats_of = "this many repeats of these faults instead of --repeats (e.g. pageable=3)"
-    add("--repeats-of", nargs="+", default=[], metavar="FAULT=N", help=repeats_of)
+    add("--repeats-of", nargs="+", default=[], metavar="FAULT=N", help="this many repeats of these faults")
     check_fix = f"after the runs, run each (script, fault) of {', '.join(FIXABLE)} again with the fix its finding "
-    check_fix += "names applied (the workloads' --fix), and compare the cost the finding stated with the step time "
-    check_fix += "gained; with arguments, only those faults (FAULT, or SCRIPT/FAULT for one script's)"
-    add("--check-fix", nargs="*", default=None, metavar="[SCRIPT/]FAULT", help=check_fix)
+    check_fix += "names (the workloads' --fix) and compare the cost the finding stated with the step time gained; "
+    add("--check-fix", nargs="*", default=None, metavar="[SCRIPT/]FAULT", help=check_fix + "with arguments, only those")
     add("--fix-repeats", type=int, default=1, help="runs of each fixed variant (--check-fix)")
-    budget = "start no job that would likely end past this many seconds from the start (the longest job so far is "
-    budget += "the guess); the reports are written either way, the jobs left out listed"
+    budget = "start no job likely to end past this many seconds (the longest job so far is the guess)"
     add("--budget-s", type=float, default=None, help=budget)
-    again = "run no job: diagnose again the runs an earlier --out OUT_DIR kept (after a rule change)"
-    add("--rediagnose", default=None, metavar="OUT_DIR", help=again)
+    add("--rediagnose", default=None, metavar="OUT_DIR", help="run no job: judge again the runs OUT_DIR kept")
     args = parser.parse_args(argv)
     if args.rediagnose:
         return rediagnose(args)
@@ -863,20 +701,12 @@ def main(argv: Optional[list] = None) -> int:
     with open(os.path.join(root, DEVICE_FILE), "w") as fh:
         json.dump({**device_record, "where": where}, fh)
     plan = build_plan(args.scripts, args.faults, args.repeats, args.repeats_of, args.check_fix, args.fix_repeats)
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-    head = commit() or ""  # at the start: others may commit while the corpus runs
+    started, head = time.strftime("%Y-%m-%d %H:%M:%S"), commit() or ""  # at the start: others may commit meanwhile
     src, source = ranksight_source(args.snapshot, os.path.join(root, "src"))
-    source_hash = source_digest(os.path.join(src, "ranksight") if src else None)
-    print(f"ranksight: {source}", flush=True)
-    print(
-        f"{len(plan)} runs ({len(args.scripts)} scripts x {len(args.faults)} faults x {args.repeats} repeats"
-        f"{', and the fixed variants' if args.check_fix is not None else ''}), "
-        f"{args.steps} steps each, under {root}",
-        flush=True,
-    )
-    results = []
+    print(f"ranksight: {source}\n{len(plan)} runs, {args.steps} steps each, under {root}", flush=True)
+    results, left_out = [], []
     manifest = os.path.join(root, "results.jsonl")  # one line per finished run, for --rediagnose
-    t_start, longest, left_out = time.monotonic(), 0.0, []
+    t_start, longest = time.monotonic(), 0.0
     try:
         for i, (s, f, rep, fixed) in enumerate(plan, 1):
             if args.budget_s and time.monotonic() - t_start + longest > args.budget_s:
@@ -884,24 +714,18 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"budget of {args.budget_s:g} s: {len(left_out)} job(s) left out", flush=True)
                 break
             t_job = time.monotonic()
-            diagnose = not args.no_diagnose
-            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, diagnose, fixed)
+            r = run_one(s, f, rep, args.steps, root, args.timeout, src, launch, not args.no_diagnose, fixed)
             results.append(r)
             longest = max(longest, time.monotonic() - t_job)
             with open(manifest, "a") as fh:
                 fh.write(json.dumps(asdict(r), default=str) + "\n")
             extra = "" if r.status == "ok" else "  " + (r.error_tail.strip().splitlines() or [""])[-1]
-            print(
-                f"[{i}/{len(plan)}] {s} / {f}{' (fixed)' if fixed else ''} / {rep}: {r.verdict} {r.severity} "
-                f"({r.status}, {r.elapsed_s:.0f} s){extra}",
-                flush=True,
-            )
+            print(f"[{i}/{len(plan)}] {s} / {f}{' (fixed)' if fixed else ''} / {rep}: {r.verdict} {r.severity} "
+                  f"({r.status}, {r.elapsed_s:.0f} s){extra}", flush=True)  # fmt: skip
     finally:
-        summary = score(results)
         header = (
-            f"ranksight diagnosis corpus, {started}, commit {head[:12]}, source {source_hash[:12]}, "
-            f"{platform.node()}, {os.cpu_count()} CPUs, {where}, {args.steps} steps, repeats {args.repeats}\n"
-            f"ranksight: {source}"
+            f"ranksight diagnosis corpus, {started}, commit {head[:12]}, {platform.node()}, {os.cpu_count()} CPUs, "
+            f"{where}, {args.steps} steps, repeats {args.repeats}\nranksight: {source}"
         )
         if left_out:
             header += "\nleft out by --budget-s: " + ", ".join(
@@ -909,11 +733,11 @@ def main(argv: Optional[list] = None) -> int:
             )
         script = os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "diagnosis_corpus.py"
         meta = {"command": " ".join([script, *(argv if argv is not None else sys.argv[1:])]), "started": started}
-        meta.update(commit=head, source_digest=source_hash, ranksight_source=source)
+        meta.update(commit=head, ranksight_source=source, device=device_record)
         meta["host"] = {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
-        meta.update(device=device_record, settings={**vars(args), "compile_backend": "eager"})
+        meta["settings"] = {**vars(args), "compile_backend": "eager"}
         print()
-        write_reports(args, results, summary, header, meta, left_out)
+        write_reports(args, results, score(results), header, meta, left_out)
         if not args.out:
             shutil.rmtree(root, ignore_errors=True)
     return 0
