@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# One validation round on a machine with 2 GPUs (NCCL): the agent's cost beside its peers on one GPU,
-# the demo's sync faults, the CUDA tests, ranksight import against the agent and the sampled shares. Work happens in $WORK; the JSON
+# One validation round on a machine with 2 GPUs (NCCL): the demo's sync faults, the CUDA tests, ranksight
+# import against the agent and the sampled shares. Work happens in $WORK; the JSON
 # results and the run folders (packed in runs.tgz, for diagnosis elsewhere; the tests' own under pytest/)
 # are copied to $OUT.
 # ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
 # .whl/ when the machine lacks it (see docs/gpu-validation.md).
-# PARTS picks what runs (default all): overhead demo tests import shares. COST_ARGS passes options to
-# benchmarks/gpu_cost.py (default: its defaults, 3 rounds of no tool / ranksight / ranksight disabled /
-# TraceML / torch.profiler at ~3 and ~10 ms steps on GPU 0; TraceML needs its wheels in .whl/);
-# ROUND_TESTS the test files; IMPORT_MB the size of the large imported trace (default 500); SHARES_FAULTS
+# PARTS picks what runs (default all): demo tests import shares; ROUND_TESTS the test files; IMPORT_MB the size of the large imported trace (default 500); SHARES_FAULTS
 # and SHARES_STEPS the demo jobs whose sampled shares are compared with every step's. Each part runs under
 # its own `timeout` (PART_TIMEOUT, default 540 s) so the parts after a slow one still run.
 set -u
-PARTS=${PARTS:-overhead demo tests import shares}
+PARTS=${PARTS:-demo tests import shares}
 T=${PART_TIMEOUT:-540}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-gpu-round}
@@ -26,22 +23,11 @@ if ! python3 -c 'import duckdb, ijson' 2>/dev/null && ls .whl/duckdb-*.whl >/dev
     $(ls .whl/{duckdb,ijson}-*.whl 2>/dev/null)
   PKG=$PKG:/tmp/site
 fi
-if has overhead && ! python3 -c 'import traceml_ai' 2>/dev/null && ls .whl/traceml_ai-*.whl >/dev/null 2>&1; then
-  # TraceML 0.5.0 and its pure-Python dependencies, for gpu_cost.py's TraceML arm
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-tm \
-    $(ls .whl/{traceml_ai,msgspec,rich,markdown_it_py,mdurl,pygments,pyyaml,psutil}-*.whl 2>/dev/null)
-  PKG=$PKG:/tmp/site-tm
-fi
 export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # The checkout's own ranksight/ folder (without agent/, collectors/...) would shadow the package from the
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
 rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests benchmarks "$W/t/"  # some tests load benchmarks/ scripts
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
-if has overhead; then
-  # Each tool in its own launch, the order rotated every round (one GPU).
-  CUDA_VISIBLE_DEVICES=0 timeout "$T" python3 -P benchmarks/gpu_cost.py --work "$W/overhead" --json "$OUT/gpu_cost.json" \
-    ${COST_ARGS:-} 2>&1 | tee "$OUT/gpu_cost.log" | tail -30
-fi
 if has demo; then
   python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
   python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
@@ -69,6 +55,6 @@ if has shares; then
   timeout "$T" python3 -P benchmarks/sampled_shares.py compare "$W"/shares/runs/* --every 4 8 16 \
     --json "$OUT/gpu_sampled_shares.json" 2>&1 | tail -30
 fi
-RUNS=$(cd "$W" && ls -d demo/runs overhead/runs imp shares/runs pytest 2>/dev/null)
+RUNS=$(cd "$W" && ls -d demo/runs imp shares/runs pytest 2>/dev/null)
 [ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"
