@@ -331,17 +331,13 @@ def main() -> None:
     length_rng = random.Random(1337 + seed_offset)  # the same lengths with and without the fix
     split_tokens = {"train": 200_000, "val": 20_000}
 
-    # the variable lengths packed to the micro-batch's token count (rows x length held, as token-budget
-    # batching does), so shapes vary but the kernels' work does not. CORPUS_FRAG_TOKENS=0 (a probe's knob):
-    # fixed rows, the plant before (its 128-token micro-batches were launch-bound: gpu1_frag_probe.json)
-    frag_tokens = os.environ.get("CORPUS_FRAG_TOKENS", "1") == "1"
-
     def draw(split):
         length, rows = block_size, batch_size
-        if fault == "fragmentation":  # unpadded documents: every micro-batch its own length
+        if fault == "fragmentation":
+            # unpadded documents: every micro-batch its own length, packed to the same token count (as
+            # token-budget batching does): shapes vary, the kernels' work does not
             length = length_rng.choice(range(block_size // 4, block_size + 1, 64))
-            if frag_tokens:
-                rows = batch_size * block_size // length
+            rows = batch_size * block_size // length
         return torch.randint(split_tokens[split] - block_size, (rows,)), length
 
     def read_batch(split, ix, length):
@@ -448,26 +444,12 @@ def main() -> None:
     read_back = fault == "host-sync" and device_type == "cuda"
     running_loss, valid_tokens, spike_norms = 0.0, 0, []
     teacher = None
-    # the fragmentation plant's pressure (a probe's knobs; the corpus runs the defaults)
-    frag_left = float(os.environ.get("CORPUS_FRAG_LEFT", "0.5"))
-    frag_empty_cache = os.environ.get("CORPUS_FRAG_EMPTY_CACHE") == "1"
-    # CORPUS_FRAG_KEEP=N: each micro-batch's logits kept on the GPU for the N after it (gpu1_fragkeep.tar)
-    # (predictions kept for a metric), live blocks of every length between the freed ones
-    frag_keep = int(os.environ.get("CORPUS_FRAG_KEEP", "0")) if fault == "fragmentation" else 0
-    kept_logits: collections.deque = collections.deque(maxlen=max(1, frag_keep))
     while True:
         if fault == "fragmentation" and device_type == "cuda" and iter_num == 3 and teacher is None:
-            # a second model's memory (a frozen teacher, an EMA copy) takes the GPU after warm-up, all but
-            # frag_left of what the job itself reserved at its peak so far. Probe variant: the cache emptied
-            # first and all but the activations' peak and that margin taken, so the job's segments are cut
-            # again for each new length (benchmarks/results/gpu1_frag_probe.json: neither costs step time)
-            if frag_empty_cache:
-                torch.cuda.empty_cache()
-                keep_free = (torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()) * (1 + frag_left)
-            else:
-                keep_free = torch.cuda.max_memory_reserved() * frag_left
+            # a second model's memory (a frozen teacher, an EMA copy) takes the GPU after warm-up, all but half
+            # of what the job itself reserved at its peak so far
             free, _ = torch.cuda.mem_get_info()
-            taken = max(0, free - int(keep_free))
+            taken = max(0, free - int(torch.cuda.max_memory_reserved() * 0.5))
             teacher = torch.empty(taken, dtype=torch.uint8, device=device)
         lr = get_lr(iter_num)
         for param_group in optimizer.param_groups:
@@ -486,8 +468,6 @@ def main() -> None:
                 with ctx:
                     logits, loss = model(X, Y)
                     loss = loss / gradient_accumulation_steps
-                if frag_keep:
-                    kept_logits.append(logits.detach())
                 if read_back and not fix:
                     with truth.fault():
                         running_loss += loss.item()  # .item(): the host waits for forward
@@ -547,9 +527,6 @@ def main() -> None:
     if fault == "fragmentation" and device_type == "cuda":
         stats = torch.cuda.memory_stats()
         truth.facts.update(
-            frag_left=frag_left,
-            frag_keep=frag_keep,
-            frag_tokens=frag_tokens,
             alloc_retries=stats.get("num_alloc_retries", 0),
             device_allocs=stats.get("num_device_alloc", 0),
             device_frees=stats.get("num_device_free", 0),
