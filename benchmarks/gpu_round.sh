@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# One validation round on a machine with 2 GPUs (NCCL): the demo's sync faults, the CUDA tests, ranksight
-# import against the agent and the sampled shares. Work happens in $WORK; the JSON
-# results and the run folders (packed in runs.tgz, for diagnosis elsewhere; the tests' own under pytest/)
-# are copied to $OUT.
-# ranksight is put on PYTHONPATH in the layout it installs as (no pip needed); DuckDB comes from
-# .whl/ when the machine lacks it (see docs/gpu-validation.md).
-# PARTS picks what runs (default all): demo tests import shares; ROUND_TESTS the test files; IMPORT_MB the size of the large imported trace (default 500); SHARES_FAULTS
-# and SHARES_STEPS the demo jobs whose sampled shares are compared with every step's. Each part runs under
-# its own `timeout` (PART_TIMEOUT, default 540 s) so the parts after a slow one still run.
+# One validation round on a GPU machine: the CUDA tests, ranksight import against the agent and the sampled
+# shares. Work happens in $WORK; the JSON results and the run folders (packed in runs.tgz, for diagnosis
+# elsewhere; the tests' own under pytest/) are copied to $OUT. ranksight is put on PYTHONPATH in the layout it
+# installs as (no pip needed); DuckDB comes from .whl/ when the machine lacks it (see docs/gpu-validation.md).
+# PARTS picks what runs (default all): tests import shares; ROUND_TESTS the test files; SHARES_FAULTS and
+# SHARES_STEPS the demo jobs whose sampled shares are compared with every step's. Each part runs under its
+# own `timeout` (PART_TIMEOUT, default 540 s) so the parts after a slow one still run.
 set -u
-PARTS=${PARTS:-demo tests import shares}
+PARTS=${PARTS:-tests import shares}
 T=${PART_TIMEOUT:-540}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-gpu-round}
@@ -28,11 +26,6 @@ export PYTHONPATH=$PKG${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # current directory: tests run from a copy of tests/ elsewhere, one-liners with -P.
 rm -rf "$W/t" && mkdir -p "$W/t" && cp -r tests benchmarks "$W/t/"  # some tests load benchmarks/ scripts
 python3 -P -c 'import torch, ranksight.agent; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'
-if has demo; then
-  python3 benchmarks/demo_suite.py run --out "$W/demo" --faults none sync straggler straggler30 blocking --ranks 2 --steps 60 2>&1 | tail -5
-  python3 benchmarks/demo_suite.py report "$W/demo" 2>&1 | tail -12
-  cp "$W/demo/demo_diagnosis.json" "$W/demo/demo_runs.json" "$OUT/"
-fi
 if has tests; then
   # --basetemp keeps each test's run folders under $W (packed into runs.tgz below), so a verdict a GPU
   # test disagreed with can be re-diagnosed here after the machine is gone.
@@ -40,21 +33,20 @@ if has tests; then
     tests/test_gpu_nccl_timing.py tests/test_measurement.py} 2>&1 | tee "$OUT/gpu_pytest.log" | tail -15)
 fi
 if has import; then
-  # ranksight import against the agent on the same steps (pageable copies and a host sync), then a
-  # real profiled window of >= IMPORT_MB imported in a fresh process: time and peak RSS.
+  # ranksight import against the agent on the same steps (pageable copies and a host sync)
   timeout "$T" python3 -P benchmarks/import_trace.py paired --device cuda --out "$W/imp" \
     --json "$OUT/gpu_import_paired.json" 2>&1 | tail -25
-  timeout "$T" python3 -P benchmarks/import_trace.py large --device cuda --source real --target-mb "${IMPORT_MB:-500}" \
-    --out "$W/imp-large" --json "$OUT/gpu_import_trace.json" 2>&1 | tail -10
-  rm -rf "$W/imp-large"  # the trace itself does not travel back
 fi
 if has shares; then
-  # Events on every step, then the same rows read as if sampled at 1 in N (docs/agent.md).
-  timeout "$T" python3 -P benchmarks/sampled_shares.py run --out "$W/shares" --faults ${SHARES_FAULTS:-none input \
-    pageable host-sync} --steps "${SHARES_STEPS:-500}" 2>&1 | tail -6
+  # The demo's one-GPU jobs with events on every step, then the same rows read as if sampled at 1 in N
+  # (docs/agent.md); from $W: the checkout's own ranksight/ folder would shadow the package.
+  for fault in ${SHARES_FAULTS:-none input pageable host-sync}; do
+    (cd "$W" && RANKSIGHT_GPU='{"events_every_steps": 1}' timeout "$T" python3 -m ranksight demo --fault "$fault" \
+      --steps "${SHARES_STEPS:-500}" --ranks 1 --no-dashboard --run-dir shares/runs --run-id "sampled-$fault" | tail -2)
+  done
   timeout "$T" python3 -P benchmarks/sampled_shares.py compare "$W"/shares/runs/* --every 4 8 16 \
     --json "$OUT/gpu_sampled_shares.json" 2>&1 | tail -30
 fi
-RUNS=$(cd "$W" && ls -d demo/runs imp shares/runs pytest 2>/dev/null)
+RUNS=$(cd "$W" && ls -d imp shares/runs pytest 2>/dev/null)
 [ -n "$RUNS" ] && (cd "$W" && tar czf "$OUT/runs.tgz" $RUNS)
 ls -la "$OUT"

@@ -1,31 +1,19 @@
-"""``ranksight import`` against the agent on the same steps, and on a large trace.
+"""``ranksight import`` against the agent on the same steps.
 
     python benchmarks/import_trace.py paired --device cpu --scenarios none,input,sync,straggler \\
         --json benchmarks/results/cpu_import_paired.json
     python benchmarks/import_trace.py paired --device cuda --scenarios pageable-sync --json gpu_import_paired.json
-    python benchmarks/import_trace.py large --device cpu --source synthetic --target-mb 500 \\
-        --json benchmarks/results/cpu_import_trace.json
-    python benchmarks/import_trace.py large --device cuda --source real --target-mb 500 --json gpu_import_trace.json
-    python benchmarks/import_trace.py compare AGENT_RUN TRACE_DIR --steps 11-18   # a kept paired run, imported again
 
-``paired``: a real job (2 gloo ranks on CPU; one rank on a GPU) runs with the agent attached and with
-``torch.profiler`` (``tensorboard_trace_handler``) on the same steps; the traces are imported and both
-runs diagnosed. Prints per scenario and rank each phase's share from both runs over the same step
-numbers, the largest difference in percentage points, and both first findings.
-
-``large``: a Kineto trace of at least ``--target-mb`` (``real``: a profiled window of a deep, narrow
-model, as many steps as the size needs; ``synthetic``: a small real trace's steps repeated with shifted
-times, step numbers and correlation ids), then ``ranksight import`` on it in a fresh process: wall
-time and peak RSS (``ru_maxrss``) of that process.
+A real job (2 gloo ranks on CPU; one rank on a GPU) runs with the agent attached and with ``torch.profiler``
+(``tensorboard_trace_handler``) on the same steps; the traces are imported and both runs diagnosed. Prints per
+scenario and rank each phase's share from both runs over the same step numbers, the largest difference in
+percentage points, and both first findings.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -237,128 +225,6 @@ def _print_paired(results: list[dict]) -> None:
             print(f"  import warning: {line}")
 
 
-# --------------------------------------------------------------------------------------------- large
-
-
-def _profile_deep(device: str, trace_dir: str, steps: int, depth: int) -> None:
-    """Profile ``steps`` steps of a deep, narrow MLP (many small kernels per step) into ``trace_dir``."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda" if device == "cuda" else "cpu")
-    layers = []
-    for _ in range(depth):
-        layers += [nn.Linear(64, 64), nn.ReLU()]
-    model = nn.Sequential(*layers).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=False)  # one kernel per parameter: many events
-    x = torch.randn(32, 64, device=dev)
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
-    with torch.profiler.profile(
-        activities=acts,
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir),
-    ) as prof:
-        for _ in range(steps + 2):
-            loss = model(x).square().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            prof.step()
-
-
-def _trace_size(folder: str) -> int:
-    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-
-
-def make_real(device: str, folder: str, target_mb: float, depth: int = 100) -> str:
-    """A real profiled window of at least ``target_mb``: a short calibration profile sizes the long one."""
-    probe = os.path.join(folder, "probe")
-    _profile_deep(device, probe, 4, depth)
-    per_step = _trace_size(probe) / 4
-    steps = max(4, int(target_mb * 1e6 / per_step * 1.08) + 1)
-    out = os.path.join(folder, "trace")
-    _profile_deep(device, out, steps, depth)
-    return out
-
-
-def make_synthetic(device: str, folder: str, target_mb: float, seed: str | None = None) -> str:
-    """A small real trace's steps repeated, shifted in time, step number and correlation id, to ``target_mb``.
-
-    ``seed``: that trace file (e.g. one recorded on a GPU, for a GPU trace's mix of events) instead of a
-    fresh profile of the deep model on ``device``."""
-    if seed is None:
-        probe = os.path.join(folder, "probe")
-        _profile_deep(device, probe, 4, 20)
-        seed = os.path.join(probe, sorted(os.listdir(probe))[0])
-    opener = gzip.open if seed.endswith(".gz") else open
-    with opener(seed, "rt") as fh:
-        trace = json.load(fh)
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    lo = min(e["ts"] for e in events)
-    span = max(e["ts"] + e.get("dur", 0) for e in events) - lo
-    steps = sorted(int(e["name"][13:]) for e in events if e["name"].startswith("ProfilerStep#"))
-    nsteps = steps[-1] - steps[0] + 1
-    max_corr = max(((e.get("args") or {}).get("correlation", 0) for e in events), default=0) + 1
-    out_dir = os.path.join(folder, "trace")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "synthetic_rank0.pt.trace.json")
-    header = {k: v for k, v in trace.items() if k != "traceEvents"}
-    with open(path, "w") as out:
-        out.write("{\n" + json.dumps(header, indent=2)[2:-2] + ',\n  "traceEvents": [\n')
-        k, first = 0, True
-        while out.tell() < target_mb * 1e6:
-            for e in events:
-                e2 = dict(e, ts=e["ts"] + k * span * 1.001)
-                if e2["name"].startswith("ProfilerStep#"):
-                    e2["name"] = f"ProfilerStep#{int(e['name'][13:]) + k * nsteps}"
-                args = e.get("args")
-                if isinstance(args, dict) and "correlation" in args:
-                    e2["args"] = dict(args, correlation=args["correlation"] + k * max_corr)
-                out.write(("" if first else ",\n") + "  " + json.dumps(e2, indent=2).replace("\n", "\n  "))
-                first = False
-            k += 1
-        out.write("\n  ]\n}\n")
-    return out_dir
-
-
-_IMPORT_CHILD = """
-import json, resource, sys, time
-t0 = time.perf_counter()
-from ranksight.collectors import import_traces
-r = import_traces([sys.argv[1]], sys.argv[2], run_id="large")
-wall = time.perf_counter() - t0
-print(json.dumps({"import_s": wall, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "events": r.events, "steps": sum(r.ranks.values()), "problems": r.problems}))
-"""
-
-
-def large(device: str, source: str, target_mb: float, out: str, seed: str | None = None) -> dict:
-    """Make a large trace and time a fresh process importing it (wall time and peak RSS)."""
-    t0 = time.perf_counter()
-    if source == "real":
-        trace = make_real(device, out, target_mb)
-    else:
-        trace = make_synthetic(device, out, target_mb, seed)
-    make_s = time.perf_counter() - t0
-    size = _trace_size(trace)
-    # From the output folder: a checkout's root as the current directory would shadow the installed
-    # package with its bare ranksight/ folder.
-    cmd = [sys.executable, "-c", _IMPORT_CHILD, os.path.abspath(trace), os.path.abspath(os.path.join(out, "runs"))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
-    if proc.returncode != 0:
-        raise SystemExit(f"the import failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    measured = json.loads(proc.stdout.strip().splitlines()[-1])
-    result = {"device": device if seed is None else f"the seed's ({os.path.basename(seed)})", "source": source}
-    result.update(seed=seed, trace_mb=size / 1e6, make_s=make_s, **measured, mb_per_s=size / 1e6 / measured["import_s"])
-    print(
-        f"{source} trace from {result['device']}: {result['trace_mb']:.0f} MB ({result['events']:,} events, "
-        f"{result['steps']} steps): "
-        f"import {result['import_s']:.1f} s ({result['mb_per_s']:.0f} MB/s), peak RSS {result['peak_rss_mb']:.0f} MB"
-    )
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -368,47 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--active", type=int, default=8, help="profiled steps")
     p.add_argument("--out", default=None, help="folder for runs and traces (default: a temporary one)")
     p.add_argument("--json", default=None)
-    c = sub.add_parser("compare", help="import a kept paired run's traces again and compare with its agent run")
-    c.add_argument("agent_run", help="the paired run's agent run folder (e.g. .../agent/agent-pageable-sync)")
-    c.add_argument("trace_dir", help="its traces folder (e.g. .../traces-pageable-sync)")
-    c.add_argument("--steps", default="11-18", help="profiled steps, FIRST-LAST (default 11-18: the GPU pairing)")
-    c.add_argument("--out", default=None)
-    c.add_argument("--json", default=None)
-    q = sub.add_parser("large", help="import a large trace: time and peak RSS")
-    q.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    q.add_argument("--source", choices=("real", "synthetic"), default="synthetic")
-    q.add_argument("--target-mb", type=float, default=500.0)
-    q.add_argument("--seed-trace", default=None, help="synthetic: repeat this trace file (plain or .gz)")
-    q.add_argument("--out", default=None)
-    q.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="ranksight-import-bench-")
-    if args.what == "paired":
-        names = (
-            args.scenarios.split(",") if args.scenarios else (GPU_SCENARIOS if args.device == "cuda" else CPU_SCENARIOS)
-        )
-        results = [paired(s, args.device, out, args.active) for s in names]
-        _print_paired(results)
-        payload: dict = {"what": "paired", "results": results}
-        ok = all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results)
-    elif args.what == "compare":
-        from ranksight.collectors import import_traces
-
-        first, last = (int(x) for x in args.steps.split("-"))
-        imported = import_traces([args.trace_dir], os.path.join(out, "imported"), run_id="import-again")
-        result = {"scenario": os.path.basename(os.path.normpath(args.agent_run)), "device": "kept run",
-                  "problems": imported.problems,
-                  **compare_runs(args.agent_run, imported.run_path, list(range(first, last + 1)))}  # fmt: skip
-        _print_paired([result])
-        payload = {"what": "compare", "results": [result]}
-        ok = result["same_first"] and result["max_diff_pp"] <= 3.0
-    else:
-        payload = {"what": "large", **large(args.device, args.source, args.target_mb, out, args.seed_trace)}
-        ok = True
-    payload["out"] = out
+    names = args.scenarios.split(",") if args.scenarios else (GPU_SCENARIOS if args.device == "cuda" else CPU_SCENARIOS)
+    results = [paired(s, args.device, out, args.active) for s in names]
+    _print_paired(results)
     if args.json:
-        write_results(args.json, payload)
-    return 0 if ok else 1
+        write_results(args.json, {"what": "paired", "results": results, "out": out})
+    return 0 if all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -7,17 +7,17 @@ is copied, and in the copy the steps the agent's schedule (``ranksight.agent._ev
 sampled at N get ``gpu_sampled = false`` and their GPU columns NULL, exactly as the agent writes an unsampled
 step; then the real readers give each phase's share and the first finding, for every step and for each N.
 
-    python benchmarks/sampled_shares.py run --out DIR [--faults none input ...] [--steps 600]   # GPU machine
-    python benchmarks/sampled_shares.py compare DIR/runs/* [--every 4 8 16] [--json OUT]        # needs DuckDB
+    python benchmarks/sampled_shares.py compare DIR/runs/* [--every 4 8 16] [--json OUT]
+
+``benchmarks/gpu_round.sh`` (``PARTS=shares``) records the runs: the demo's one-GPU jobs with events on every
+step.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,24 +30,6 @@ _GPU_COLUMNS = (
     "h2d_s", "gpu_compute_s", "gpu_step_s", "gpu_gap_s", "gpu_comm_exposed_s", "gpu_optimizer_s",
     "gpu_comm_blocked_s", "gpu_data_idle_s",
 )  # fmt: skip
-
-
-def run(args) -> int:
-    """One ``ranksight demo`` job per fault with events on every step (the demo's own GPU scenarios)."""
-    out = os.path.abspath(args.out)
-    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
-    env = {**os.environ, "RANKSIGHT_GPU": json.dumps({"events_every_steps": 1})}
-    for fault in args.faults:
-        t0 = time.time()
-        cmd = [sys.executable, "-m", "ranksight", "demo", "--fault", fault, "--steps", str(args.steps),
-               "--ranks", "1", "--no-dashboard", "--run-dir", os.path.join(out, "runs"),
-               "--run-id", f"sampled-{fault}"]  # fmt: skip
-        # From the output folder: a checkout's own ranksight/ in the current folder would shadow the package.
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out)
-        print(f"{fault}: exit {done.returncode} in {time.time() - t0:.0f} s", flush=True)
-        if done.returncode:
-            print(done.stderr[-2000:], file=sys.stderr)
-    return 0
 
 
 def _mask(src: str, dst: str, every: int) -> int:
@@ -140,16 +122,12 @@ def compare(args) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--out", required=True)
-    r.add_argument("--faults", nargs="+", default=["none", "input", "pageable", "cpu-op", "host-sync", "fragmentation"])
-    r.add_argument("--steps", type=int, default=600)
     c = sub.add_parser("compare")
     c.add_argument("runs", nargs="+")
     c.add_argument("--every", type=int, nargs="+", default=[4, 8, 16])
     c.add_argument("--json")
     args = ap.parse_args()
-    return run(args) if args.cmd == "run" else compare(args)
+    return compare(args)
 
 
 if __name__ == "__main__":
