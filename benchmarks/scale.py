@@ -4,31 +4,26 @@ Every scale figure the docs give comes from one run of this script (``--json`` k
 
 ``spool``
     Real processes, one per simulated rank, write synthetic rows at a real rank's rates (a step every
-    ``--step-ms``, one collective row per step, 8 samples per flush) through the agent's own
-    ``SpoolWriter``, its rank file every flush, for ``--seconds``. Three runs: every rank writing to the
-    run folder (the default agent), and the node spool (``Config.node_spool_dir``) with the job declared
-    as 1,024 and as 10,000 ranks, 8 per node. A 2-core machine cannot run 10,000 ranks: it runs ``--nodes``
-    nodes, time-compressed ``--speed`` times (flush interval, publish interval and the file budget scaled
-    together, rows per flush as at real speed), and the job's figures are the per-rank or per-node figures
-    times the ranks or nodes -- ranks and nodes do not talk to each other, so that product is exact.
+    ``--step-ms``, one collective row per step, 8 samples per flush) through the agent's own ``SpoolWriter``
+    for ``--seconds``: every rank to the run folder (the default agent), then the node spool with the job
+    declared as 1,024 and as 10,000 ranks. ``--nodes`` nodes of 8 ranks, time-compressed ``--speed`` times
+    (flush, publish interval and file budget scaled together); ranks and nodes do not talk to each other, so
+    the job's figures are exactly the per-rank or per-node figures times the ranks or nodes.
 ``prometheus``
     Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
-    A spool of ``--store-ranks`` x ``--store-steps`` (10,000 steps for the headline figure) in each of
-    ``--layouts`` (one segment per rank, one merged file per node of 8): ``step_breakdown`` and ``diagnose()``
-    on the live spool (in this process and as the first call of fresh processes), ``ingest`` in fresh
-    processes taking turns with DuckDB's Parquet -> table, the same calls on the store, and the dashboard's
-    Verdict page in headless Chromium taking turns with a one-line Streamlit page on fresh servers
-    (``--no-browser`` leaves it out).
+    A spool of ``--store-ranks`` x ``--store-steps`` in each of ``--layouts`` (a segment per rank, a file per
+    node of 8): ``step_breakdown`` and ``diagnose()`` live (in this process and as fresh processes' first
+    call), ``ingest`` taking turns with DuckDB's Parquet -> table, the same calls on the store, and the Verdict
+    page in headless Chromium taking turns with a one-line Streamlit page (``--no-browser``: not that).
 ``first``
     The first ``diagnose()`` and ``open_run`` + ``step_breakdown`` of fresh processes on a node spool of
-    ``--first-ranks`` x ``--first-steps`` (10,000 x 1,000: 1,250 files), taking turns ``--rounds`` times with
-    DuckDB's GROUP BY over the same files in a fresh process; ``--job-ranks``: rank files holding a DDP rank's
-    sections, as a job writes them. A kept ``--dir`` is read again, not rebuilt.
+    ``--first-ranks`` x ``--first-steps``, taking turns ``--rounds`` times with DuckDB's GROUP BY over the same
+    files in a fresh process; ``--job-ranks``: rank files holding a DDP rank's sections, as a job writes them.
+    A kept ``--dir`` is read again, not rebuilt.
 
-Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run
-(rows/s: the floor's rate over the figure's), the only comparison that holds across runs on a shared machine.
-Run it under ``nice`` on a shared machine.
+Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run, the
+only comparison that holds across runs on a shared machine. Run it under ``nice`` on a shared machine.
 """
 
 from __future__ import annotations
@@ -49,23 +44,16 @@ from _harness import cli, fresh_process, in_rounds, timed, write_results
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 FLOORS = {
-    # figure -> the DuckDB floor it is compared with (the same files, or the same store)
-    "breakdown_live_s": "duckdb_groupby_files_s",
-    "breakdown_live_first_fresh_s": "duckdb_groupby_files_s",
-    "diagnose_live_s": "duckdb_groupby_files_s",
-    "diagnose_live_first_fresh_s": "duckdb_groupby_files_s",
-    "breakdown_store_s": "duckdb_groupby_table_s",
-    "diagnose_store_s": "duckdb_groupby_table_s",
+    **dict.fromkeys(("breakdown_live_s", "breakdown_live_first_fresh_s", "diagnose_live_s", "diagnose_first_s",
+                     "diagnose_live_first_fresh_s", "breakdown_first_s"), "duckdb_groupby_files_s"),
+    **dict.fromkeys(("breakdown_store_s", "diagnose_store_s"), "duckdb_groupby_table_s"),
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_live_s",
     "verdict_first_render_store_s": "streamlit_floor_first_store_s",
-    "verdict_render_again_live_s": "streamlit_floor_again_s",
-    "verdict_render_again_store_s": "streamlit_floor_again_s",
-    "diagnose_first_s": "duckdb_groupby_files_s",
-    "breakdown_first_s": "duckdb_groupby_files_s",
-}
-"""Each timed figure of the sections and its floor. Rows/s figures are rates: their ratio is the floor's rate
-over theirs, so every ratio reads "times the floor's time" (1 is DuckDB's own speed)."""
+    **dict.fromkeys(("verdict_render_again_live_s", "verdict_render_again_store_s"), "streamlit_floor_again_s"),
+}  # fmt: skip
+"""Each timed figure of the sections and the DuckDB floor it is compared with (the same files, or store). Rows/s
+figures are rates: their ratio is the floor's rate over theirs, so every ratio reads "times the floor's time"."""
 
 
 def ratios_to_floor(figures: dict) -> dict[str, dict]:
@@ -99,13 +87,8 @@ def run_rank(spec: dict) -> None:
     rank, node = spec["rank"], spec["node"]
     ident = Identity("scale", "scale-run", node, rank, rank % RANKS_PER_NODE, spec["world"], os.getpid())
     flush_s = REAL_FLUSH_S / spec["speed"]
-    writer = SpoolWriter(
-        spec["run_path"],
-        ident,
-        node_spool_dir=spec["node_spool"],
-        flush_interval_s=flush_s,
-        max_job_files_per_s=DEFAULT_CAP * spec["speed"],
-    )
+    writer = SpoolWriter(spec["run_path"], ident, node_spool_dir=spec["node_spool"], flush_interval_s=flush_s,
+                         max_job_files_per_s=DEFAULT_CAP * spec["speed"])  # fmt: skip
     steps_per_flush = max(1, round(REAL_FLUSH_S * 1000 / spec["step_ms"]))
     rng = random.Random(rank)
     publishes: list[tuple[float, float]] = []  # (when, seconds) of each publish this rank made
@@ -136,61 +119,33 @@ def run_rank(spec: dict) -> None:
         batch = range(step, step + steps_per_flush)
         # Values that vary as measured ones do: constant columns would compress to nothing.
         steps = [
-            {
-                "step": s,
-                "time_ns": now - (step + steps_per_flush - s) * 100_000_000 + rng.randrange(10**6),
-                "step_s": rng.gauss(0.1, 0.005),
-                "data_wait_s": rng.expovariate(500),
-                "compute_s": rng.gauss(0.08, 0.004),
-                "comm_exposed_s": rng.expovariate(200),
-                "allreduce_s": rng.gauss(0.03, 0.002),
-                "optimizer_s": rng.gauss(0.01, 0.0005),
-                "other_s": rng.expovariate(1000),
-                "cpu_s": rng.gauss(0.09, 0.004),
-            }
+            {"step": s, "time_ns": now - (step + steps_per_flush - s) * 100_000_000 + rng.randrange(10**6),
+             "step_s": rng.gauss(0.1, 0.005), "data_wait_s": rng.expovariate(500), "compute_s": rng.gauss(0.08, 0.004),
+             "comm_exposed_s": rng.expovariate(200), "allreduce_s": rng.gauss(0.03, 0.002),
+             "optimizer_s": rng.gauss(0.01, 0.0005), "other_s": rng.expovariate(1000), "cpu_s": rng.gauss(0.09, 0.004)}
             for s in batch
-        ]
+        ]  # fmt: skip
         colls = [
-            {
-                "step": s,
-                "op": "all_reduce",
-                "origin": "ddp",
-                "process_group": "default",
-                "count": 4,
-                "bytes": 10**8,
-                "blocked_s": rng.expovariate(200),
-                "busy_s": rng.gauss(0.03, 0.002),
-            }
+            {"step": s, "op": "all_reduce", "origin": "ddp", "process_group": "default", "count": 4, "bytes": 10**8,
+             "blocked_s": rng.expovariate(200), "busy_s": rng.gauss(0.03, 0.002)}
             for s in batch
-        ]
+        ]  # fmt: skip
         samples = [{"time_ns": now, "step": step, "name": f"s{i}", "value": rng.random()} for i in range(8)]
         for kind, batch_rows in (("steps", steps), ("collectives", colls), ("samples", samples)):
             writer.write(kind, batch_rows)
             rows += len(batch_rows)
         step += steps_per_flush
         flushes += 1
-        meta = {
-            **ident.labels(),
-            "status": "finished" if final else "running",
-            "heartbeat_ns": time.time_ns(),
-            "started_ns": int(started * 1e9),
-            "flush_interval_s": flush_s,
-            "steps": step,
-        }
-        writer.write_meta(meta)
+        writer.write_meta({**ident.labels(), "status": "finished" if final else "running",
+                           "heartbeat_ns": time.time_ns(), "started_ns": int(started * 1e9),
+                           "flush_interval_s": flush_s, "steps": step})  # fmt: skip
         if final:
             break
         next_flush += flush_s
     published = writer.publisher.published if writer.publisher else None
-    out = {
-        "rank": rank,
-        "flushes": flushes,
-        "rows": rows,
-        "steps": step,
-        "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "published_files": published.files if published else 0,
-        "publishes": publishes,
-    }
+    out = {"rank": rank, "flushes": flushes, "rows": rows, "steps": step, "publishes": publishes,
+           "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+           "published_files": published.files if published else 0}  # fmt: skip
     with open(spec["out"], "w") as f:
         json.dump(out, f)
 
@@ -220,18 +175,9 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
         for local in range(RANKS_PER_NODE):
             rank = n * RANKS_PER_NODE + local
             out = os.path.join(root, f"rank{rank}.json")
-            spec = {
-                "rank": rank,
-                "node": f"node{n:04d}",
-                "world": world,
-                "speed": speed,
-                "seconds": seconds,
-                "step_ms": step_ms,
-                "run_path": run_path,
-                "node_spool": os.path.join(root, f"local-{n}") if node_spool else None,
-                "out": out,
-                "go": os.path.join(root, "go"),
-            }
+            spec = {"rank": rank, "node": f"node{n:04d}", "world": world, "speed": speed, "seconds": seconds,
+                    "step_ms": step_ms, "run_path": run_path, "out": out, "go": os.path.join(root, "go"),
+                    "node_spool": os.path.join(root, f"local-{n}") if node_spool else None}  # fmt: skip
             procs.append(subprocess.Popen([sys.executable, __file__, "_rank", json.dumps(spec)]))
             outs.append(out)
     while not all(os.path.exists(o + ".ready") for o in outs):
@@ -275,20 +221,11 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
 
     interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP) if node_spool else REAL_FLUSH_S
     return {
-        "mode": "node spool" if node_spool else "every rank to the run folder",
-        "declared_world": world,
-        "simulated_ranks": n_ranks,
-        "simulated_nodes": nodes,
-        "speed": speed,
-        "wall_s": wall,
-        "rows": rows,
-        "segments_in_run_folder": files,
-        "rank_files_in_run_folder": len(rank_files),
-        "publish_interval_s": interval,
-        "shared_creates_per_s_per_unit": creates_per_s / per,
-        "unit": "rank" if not node_spool else "node",
-        "shared_bytes_per_s_per_unit": bytes_per_s / per,
-        "rows_per_s_per_rank": rows / (wall * speed) / n_ranks,
+        "mode": "node spool" if node_spool else "every rank to the run folder", "declared_world": world,
+        "simulated_ranks": n_ranks, "simulated_nodes": nodes, "speed": speed, "wall_s": wall, "rows": rows,
+        "segments_in_run_folder": files, "rank_files_in_run_folder": len(rank_files), "publish_interval_s": interval,
+        "shared_creates_per_s_per_unit": creates_per_s / per, "unit": "rank" if not node_spool else "node",
+        "shared_bytes_per_s_per_unit": bytes_per_s / per, "rows_per_s_per_rank": rows / (wall * speed) / n_ranks,
         # Job totals: per rank x ranks (default agent, the same at any size), or per node x nodes of the
         # job the node spool was declared as (its publish interval depends on the job's size).
         "creates_per_s_at": {str(w): creates_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
@@ -298,15 +235,12 @@ def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: fl
         # A rank that published holds pyarrow's pool peak afterwards; the others show the writer alone.
         "maxrss_mb_ranks_that_published": sorted(r["maxrss_kb"] / 1024 for r in ranks if r["publishes"]),
         "maxrss_mb_ranks_that_did_not": sorted(r["maxrss_kb"] / 1024 for r in ranks if not r["publishes"]),
-        "lost_on_rank_crash_s": REAL_FLUSH_S,
-        "lost_on_node_loss_s": interval,
-        "rows_checked_once": stored,
-        "publishes": len(publish_s),
-        "publish_s_median": statistics.median(publish_s) if publish_s else None,
+        "lost_on_rank_crash_s": REAL_FLUSH_S, "lost_on_node_loss_s": interval, "rows_checked_once": stored,
+        "publishes": len(publish_s), "publish_s_median": statistics.median(publish_s) if publish_s else None,
         "publish_s_max": max(publish_s) if publish_s else None,
         "flushes_per_rank_expected": seconds * speed / REAL_FLUSH_S,
         "flushes_per_rank": statistics.median(r["flushes"] for r in ranks),
-    }
+    }  # fmt: skip
 
 
 # ------------------------------------------------------------------ prometheus
@@ -596,48 +530,33 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
     verdict_store = page_rounds(run_path) if browser else {}
     ingest_s = statistics.median(rounds["ingest_s"])
-    return {
-        "layout": "one file per node of 8 ranks" if per_node else "one segment per rank",
-        "ranks": ranks,
-        "steps": steps,
-        "rows": rows,
-        "files": files,
-        "built_s": built_s,
+    out = {
+        "layout": "one file per node of 8 ranks" if per_node else "one segment per rank", "ranks": ranks,
+        "steps": steps, "rows": rows, "files": files, "built_s": built_s,
         # ingest and DuckDB's Parquet -> table taking turns in fresh processes, a fresh store and table each
-        "ingest_s": ingest_s,
-        "ingest_rows_per_s": rows / ingest_s,
-        "ingest_rounds": rounds,
+        "ingest_s": ingest_s, "ingest_rows_per_s": rows / ingest_s, "ingest_rounds": rounds,
         "ingest_over_parquet_to_table_median": rounds["over_floor_median"],
         "duckdb_parquet_to_table_rows_per_s": rows / statistics.median(rounds["floor_s"]),
         "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
-        "breakdown_live_s": live_s,
-        "breakdown_live_each_s": live_each,  # the first in this process, then two more
+        "breakdown_live_s": live_s, "breakdown_live_each_s": live_each,  # the first in this process, then two more
         "breakdown_live_first_fresh_s": statistics.median(breakdown_fresh),
-        "breakdown_live_first_fresh_each_s": breakdown_fresh,
-        "breakdown_store_s": store_s,
-        "duckdb_groupby_files_s": floor_files_s,
-        "duckdb_groupby_table_s": groupby_s,
-        "diagnose_live_s": diag_live_s,
-        "diagnose_live_each_s": diag_live_each,
+        "breakdown_live_first_fresh_each_s": breakdown_fresh, "breakdown_store_s": store_s,
+        "duckdb_groupby_files_s": floor_files_s, "duckdb_groupby_table_s": groupby_s,
+        "diagnose_live_s": diag_live_s, "diagnose_live_each_s": diag_live_each,
         "diagnose_live_first_fresh_s": statistics.median(diagnose_fresh),
-        "diagnose_live_first_fresh_each_s": diagnose_fresh,
-        "diagnose_store_s": diag_store_s,
-        "verdict_first_render_live_s": verdict_live.get("first"),
-        "verdict_render_again_live_s": verdict_live.get("again"),
-        "verdict_first_render_store_s": verdict_store.get("first"),
-        "verdict_render_again_store_s": verdict_store.get("again"),
-        # the same visits until no table or chart is a placeholder (the figures above stop at the script's idle)
-        "verdict_first_drawn_live_s": verdict_live.get("first_drawn"),
-        "verdict_first_drawn_store_s": verdict_store.get("first_drawn"),
-        # the floor under those: a Streamlit page of one line, same flags, same fresh browser, taking turns
-        "streamlit_floor_first_live_s": verdict_live.get("floor_first"),
-        "streamlit_floor_first_store_s": verdict_store.get("floor_first"),
+        "diagnose_live_first_fresh_each_s": diagnose_fresh, "diagnose_store_s": diag_store_s,
         "streamlit_floor_again_s": verdict_store.get("floor_again"),
-        "verdict_first_over_floor_live": verdict_live.get("first_over_floor_median"),
-        "verdict_first_over_floor_store": verdict_store.get("first_over_floor_median"),
-        "verdict_page_rounds_live": verdict_live,
-        "verdict_page_rounds_store": verdict_store,
-    }
+    }  # fmt: skip
+    for where, pages in (("live", verdict_live), ("store", verdict_store)):
+        # *_drawn: until no table or chart is a placeholder (the others stop at the script's idle); the floor: a
+        # Streamlit page of one line, same flags, same fresh browser, taking turns
+        out.update({f"verdict_first_render_{where}_s": pages.get("first"),
+                    f"verdict_render_again_{where}_s": pages.get("again"),
+                    f"verdict_first_drawn_{where}_s": pages.get("first_drawn"),
+                    f"streamlit_floor_first_{where}_s": pages.get("floor_first"),
+                    f"verdict_first_over_floor_{where}": pages.get("first_over_floor_median"),
+                    f"verdict_page_rounds_{where}": pages})  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------ first
