@@ -49,17 +49,11 @@ def add_corpus_options(
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--size", choices=("cpu", "gpu"), default=None, help="sizes preset (default: gpu on cuda)")
     if dist_backend:
-        parser.add_argument(
-            "--dist-backend",
-            default=None,
-            help="default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)",
-        )
+        backend = "default: nccl on cuda, gloo on cpu (gloo on cuda only to smoke-test more ranks than GPUs)"
+        parser.add_argument("--dist-backend", default=None, help=backend)
     parser.add_argument("--straggler-rank", type=int, default=1, help="the rank the straggler fault slows")
-    parser.add_argument(
-        "--fix",
-        action="store_true",
-        help="plant the fault with its fix applied, as the finding's fix text says (the corpus's --check-fix)",
-    )
+    fix = "plant the fault with its fix applied, as the finding's fix text says (the corpus's --check-fix)"
+    parser.add_argument("--fix", action="store_true", help=fix)
 
 
 def gpu_sampling(device: str):

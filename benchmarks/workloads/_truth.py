@@ -52,16 +52,8 @@ class Truth:
             return
         self._written = True
         os.makedirs(self.dir, exist_ok=True)
+        record = {"rank": self.rank, "fault": self.fault_name, "fixed": self.fixed, "facts": self.facts,
+                  "samples_per_step": self.samples_per_step, "step_ends": self.step_ends,
+                  "fault_s": self.fault_s}  # fmt: skip
         with open(os.path.join(self.dir, f"truth-rank{self.rank}.json"), "w") as f:
-            json.dump(
-                {
-                    "rank": self.rank,
-                    "fault": self.fault_name,
-                    "fixed": self.fixed,
-                    "samples_per_step": self.samples_per_step,
-                    "step_ends": self.step_ends,
-                    "fault_s": self.fault_s,
-                    "facts": self.facts,
-                },
-                f,
-            )
+            json.dump(record, f)

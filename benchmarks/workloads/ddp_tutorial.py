@@ -206,20 +206,8 @@ class MetricLogger:
 
 
 class Trainer:
-    def __init__(
-        self,
-        model,
-        train_data,
-        optimizer,
-        mon,
-        truth,
-        log_metrics=False,
-        find_unused_parameters=False,
-        device="cpu",
-        read_back=None,
-        non_blocking=False,
-        time_copy=False,
-    ):
+    def __init__(self, model, train_data, optimizer, mon, truth, log_metrics=False, find_unused_parameters=False,
+                 device="cpu", read_back=None, non_blocking=False, time_copy=False):  # fmt: skip
         self.gpu_id = int(os.environ["LOCAL_RANK"])
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.model = model.to(self.device)
@@ -344,12 +332,7 @@ def main():
     if fault == "pageable" and args.device == "cuda":  # an image pipeline's workers, fixed or not
         workers = dict(num_workers=6, persistent_workers=True)
     train_data = DataLoader(
-        dataset,
-        batch_size=batch,
-        pin_memory=pin_memory,
-        shuffle=False,
-        sampler=DistributedSampler(dataset),
-        **workers,
+        dataset, batch_size=batch, pin_memory=pin_memory, shuffle=False, sampler=DistributedSampler(dataset), **workers
     )
     range_check = ("where" if fix else "branch") if fault == "graph-breaks" else None
     noise = GaussianNoise(on_cpu=not fix, timer=truth.fault) if fault == "cpu-ops" else None
@@ -358,19 +341,11 @@ def main():
         model = torch.compile(model, backend=args.compile_backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id, gpu=gpu_sampling(args.device))
-    trainer = Trainer(
-        model,
-        train_data,
-        optimizer,
-        mon,
-        truth,
-        log_metrics=fault == "metric-collectives",
-        find_unused_parameters=fault == "unused-params" and not fix,
-        device=args.device,
-        read_back=("every 10" if fix else "every step") if fault == "host-sync" and args.device == "cuda" else None,
-        non_blocking=fault == "pageable" and fix,
-        time_copy=fault == "pageable",
-    )
+    read_back = ("every 10" if fix else "every step") if fault == "host-sync" and args.device == "cuda" else None
+    trainer = Trainer(model, train_data, optimizer, mon, truth, log_metrics=fault == "metric-collectives",
+                      find_unused_parameters=fault == "unused-params" and not fix, device=args.device,
+                      read_back=read_back, non_blocking=fault == "pageable" and fix,
+                      time_copy=fault == "pageable")  # fmt: skip
     trainer.train(args.steps)
     mon.close()
     truth.write()

@@ -186,12 +186,6 @@ class GPT(nn.Module):
             if pn.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def get_num_params(self, non_embedding=True):
-        n_params = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            n_params -= self.transformer.wpe.weight.numel()
-        return n_params
-
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -376,13 +370,9 @@ def main() -> None:
     # -------------------------------------------------------------- model init
     # nanoGPT's own line, then what the planted faults add
     model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=False, dropout=0.0)
-    model_args.update(
-        vocab_size=vocab_size,
-        check_logits=fault == "graph-breaks" and not fix,
-        sanitize_logits=fault == "graph-breaks" and fix,
-        neftune_alpha=5.0 if fault == "cpu-ops" else 0.0,
-        noise_on_cpu=fault == "cpu-ops" and not fix,
-    )
+    model_args.update(vocab_size=vocab_size, check_logits=fault == "graph-breaks" and not fix,
+                      sanitize_logits=fault == "graph-breaks" and fix, neftune_alpha=5.0 if fault == "cpu-ops" else 0.0,
+                      noise_on_cpu=fault == "cpu-ops" and not fix)  # fmt: skip
     model = GPT(GPTConfig(**model_args)).to(device)
     model.fault_timer = truth.fault
     optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
@@ -526,12 +516,9 @@ def main() -> None:
 
     if fault == "fragmentation" and device_type == "cuda":
         stats = torch.cuda.memory_stats()
-        truth.facts.update(
-            alloc_retries=stats.get("num_alloc_retries", 0),
-            device_allocs=stats.get("num_device_alloc", 0),
-            device_frees=stats.get("num_device_free", 0),
-            reserved_bytes=stats.get("reserved_bytes.all.peak", 0),
-        )
+        keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "reserved_bytes.all.peak")
+        names = ("alloc_retries", "device_allocs", "device_frees", "reserved_bytes")
+        truth.facts.update({name: stats.get(key, 0) for name, key in zip(names, keys)})
         print(f"allocator: {truth.facts}")
     del raw_model, teacher
     if pool is not None:

@@ -126,13 +126,10 @@ class MetricsTrainer(Trainer):
             world = dist.get_world_size()
             with torch.no_grad():
                 predicted = outputs.logits[:, :-1].argmax(-1)
-                metrics = {
-                    "loss": loss.detach(),
-                    "perplexity": torch.exp(loss.detach()),
-                    "token_accuracy": (predicted == inputs["labels"][:, 1:]).float().mean(),
-                    "tokens": torch.tensor(float(inputs["input_ids"].numel())),
-                    "seq_len": torch.tensor(float(inputs["input_ids"].shape[1])),
-                }
+                metrics = {"loss": loss.detach(), "perplexity": torch.exp(loss.detach()),
+                           "token_accuracy": (predicted == inputs["labels"][:, 1:]).float().mean(),
+                           "tokens": torch.tensor(float(inputs["input_ids"].numel())),
+                           "seq_len": torch.tensor(float(inputs["input_ids"].shape[1]))}  # fmt: skip
             for name, value in metrics.items():
                 value = value.to(loss.device).clone()  # NCCL reduces only GPU tensors
                 dist.barrier()  # every rank at the same step before reducing, like Lightning's sync_dist
@@ -177,60 +174,32 @@ def main():
             seq_len = 32
         else:  # the 124M model's 497 MB would be ~8 % of a launch-bound step: a wider model
             n_head, n_embd = 16, 2048
-    config = GPT2Config(
-        n_layer=n_layer,
-        n_head=n_head,
-        n_embd=n_embd,
-        n_positions=n_positions,
-        vocab_size=vocab_size,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
+    config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                        vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)  # fmt: skip
     torch.manual_seed(0)
     model = (CheckedGPT2 if fault == "graph-breaks" else GPT2LMHeadModel)(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    train_dataset = TextDataset(
-        batch * world * (args.steps + 2),
-        seq_len,
-        vocab_size,
-        tokenize_on_the_fly=fault == "input",
-        truth=truth,
-        doc_chars=12000,
-    )
+    train_dataset = TextDataset(batch * world * (args.steps + 2), seq_len, vocab_size,
+                                tokenize_on_the_fly=fault == "input", truth=truth, doc_chars=12000)  # fmt: skip
 
     output_dir = tempfile.mkdtemp(prefix="hf-trainer-")
     training_args = TrainingArguments(
-        output_dir=output_dir,  # nothing is saved there (save_strategy="no")
-        per_device_train_batch_size=batch,
-        max_steps=args.steps,
-        learning_rate=5e-4,
-        warmup_steps=5,
-        weight_decay=0.01,
-        use_cpu=not on_gpu,
-        ddp_backend=args.dist_backend or ("nccl" if on_gpu else "gloo"),
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
+        output_dir=output_dir, per_device_train_batch_size=batch, max_steps=args.steps, learning_rate=5e-4,
+        warmup_steps=5, weight_decay=0.01, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        ddp_backend=args.dist_backend or ("nccl" if on_gpu else "gloo"), report_to="none", save_strategy="no",
+        disable_tqdm=True, seed=0,
         # the healthy runs switch off the unused-parameter scan; the fault leaves the Trainer's default
         ddp_find_unused_parameters=None if fault == "unused-params" else False,
         torch_compile=fault == "graph-breaks",
         torch_compile_backend=args.compile_backend if fault == "graph-breaks" else None,
-    )
+    )  # fmt: skip
     trainer_cls = MetricsTrainer if fault == "metric-collectives" else Trainer
     MetricsTrainer.truth = truth
-    trainer = trainer_cls(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        callbacks=[
-            ranksight.integrations.transformers.RanksightCallback(
-                run_dir=args.run_dir, job=args.job, run_id=args.run_id
-            ),
-            TruthCallback(truth),
-        ],
+    monitor = ranksight.integrations.transformers.RanksightCallback(
+        run_dir=args.run_dir, job=args.job, run_id=args.run_id
     )
+    trainer = trainer_cls(model=model, args=training_args, train_dataset=train_dataset,
+                          callbacks=[monitor, TruthCallback(truth)])  # fmt: skip
     try:
         trainer.train()
     finally:

@@ -133,16 +133,8 @@ class Net(nn.Module):
 
 
 class LitClassifier(LightningModule):
-    def __init__(
-        self,
-        head_width=128,
-        consistency_rank=-1,
-        range_check=False,
-        sync_metrics=False,
-        compile_backend=None,
-        truth=None,
-        channels=(32, 64, 64),
-    ):
+    def __init__(self, head_width=128, consistency_rank=-1, range_check=False, sync_metrics=False,
+                 compile_backend=None, truth=None, channels=(32, 64, 64)):  # fmt: skip
         super().__init__()
         self.save_hyperparameters(ignore=["truth"])
         self.net = Net(head_width, range_check, tuple(channels))
@@ -204,37 +196,22 @@ def main():
         batch, channels, augment_rounds = 256, (256, 512, 512), 1
     if fault == "exposed-allreduce":
         batch, head_width = 8, 4096 if size == "cpu" else 12288
-    model = LitClassifier(
-        head_width=head_width,
-        channels=channels,
-        consistency_rank=args.straggler_rank if fault == "straggler" else -1,
-        range_check=fault == "graph-breaks",
-        sync_metrics=fault == "metric-collectives",
-        compile_backend=args.compile_backend if fault == "graph-breaks" else None,
-        truth=truth,
-    )
-    data = ImageDataModule(
-        batch,
-        batch * args.devices * (args.steps + 2),
-        fault == "input",
-        truth,
-        augment_rounds=augment_rounds,
-        num_workers=4 if size == "gpu" and fault != "input" else 0,
-    )
+    model = LitClassifier(head_width=head_width, channels=channels, truth=truth,
+                          consistency_rank=args.straggler_rank if fault == "straggler" else -1,
+                          range_check=fault == "graph-breaks", sync_metrics=fault == "metric-collectives",
+                          compile_backend=args.compile_backend if fault == "graph-breaks" else None)  # fmt: skip
+    data = ImageDataModule(batch, batch * args.devices * (args.steps + 2), fault == "input", truth,
+                           augment_rounds=augment_rounds,
+                           num_workers=4 if size == "gpu" and fault != "input" else 0)  # fmt: skip
     strategy = "ddp_find_unused_parameters_true" if fault == "unused-params" else "ddp"
     trainer = Trainer(
-        accelerator="gpu" if on_gpu else "cpu",
-        devices=args.devices,
+        accelerator="gpu" if on_gpu else "cpu", devices=args.devices,
         # on one GPU (calibration) still DDP over NCCL, so the DDP code paths are the ones timed
         strategy=strategy if args.devices > 1 or on_gpu else "auto",
-        max_steps=args.steps,
-        default_root_dir=tempfile.mkdtemp(prefix="lightning-trainer-"),
+        max_steps=args.steps, default_root_dir=tempfile.mkdtemp(prefix="lightning-trainer-"),
         callbacks=[RanksightCallback(run_dir=args.run_dir, job=args.job, run_id=args.run_id), TruthCallback(truth)],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=10,
-    )
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
+    )  # fmt: skip
     trainer.fit(model, datamodule=data)
     truth.write()
 
