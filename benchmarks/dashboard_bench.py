@@ -1,14 +1,13 @@
 """What the dashboard's server costs while it follows a live run: tabs on a small job, one refresh at 1,024 ranks.
 
-    python -m benchmarks dashboard_bench --live 1000 [--open-after] [--json OUT]
+    python -m benchmarks dashboard_bench --live 1000 [--json OUT]
     python -m benchmarks dashboard_bench --refresh-scale [--ranks 1024] [--lengths ...] [--repeats 5] [--json OUT]
 
 ``--live STEPS``: the server's own CPU (``/proc``, apart from the browser's) while three tabs of headless
 Chromium (Verdict, Breakdown, Heatmaps) watch a real 2-rank CPU demo job of STEPS steps, opened on the empty
-folder before the job starts (``--open-after``: on the run once it exists), beside the same job run unwatched
-just before. ``--refresh-scale``: the server's CPU for one refresh of a live ``--ranks``-rank node-spool run
-after one flush, at each of ``--lengths`` steps (``refresh_at_scale``). The Chromium helpers here also time
-the Verdict page for ``scale.py --sections store``.
+folder before the job starts, beside the same job run unwatched just before. ``--refresh-scale``: the server's
+CPU for one refresh of a live ``--ranks``-rank node-spool run after one flush, at each of ``--lengths`` steps
+(``refresh_at_scale``). The Chromium helpers here also time the Verdict page for ``scale.py --sections store``.
 """
 
 from __future__ import annotations
@@ -129,16 +128,12 @@ def run_demo_job(root: str, run_id: str, steps: int) -> float:
     return time.perf_counter() - t
 
 
-def watch_live(
-    folder: str, steps: int = 2000, tabs: tuple[str, ...] = LIVE_TABS, refresh_s: float = 2.0, open_before: bool = True
-) -> dict:
-    """A healthy 2-rank demo run of ``steps`` steps watched by ``len(tabs)`` tabs of headless Chromium, opened
-    on a dashboard server started before the job, beside the same job run with no dashboard.
+def watch_live(folder: str, steps: int = 2000, tabs: tuple[str, ...] = LIVE_TABS, refresh_s: float = 2.0) -> dict:
+    """A healthy 2-rank demo run of ``steps`` steps watched by ``len(tabs)`` tabs of headless Chromium, open on
+    the empty folder of a dashboard server started before the job, beside the same job run with no dashboard.
 
     Figures: the server's CPU seconds over the watched run and as a share of one core, per tab and refresh;
     the job's median step watched and unwatched. The unwatched job runs first, so both find the machine alike.
-    ``open_before``: the tabs are open on the empty folder before the job starts (else each opens on the run
-    once its first rank file is there).
     """
     import shutil
     import tempfile
@@ -149,7 +144,7 @@ def watch_live(
     from ranksight.commands.dashboard import start, stop, wait_ready
 
     out: dict = {"steps": steps, "tabs": [t or "verdict" for t in tabs], "refresh_s": refresh_s}
-    out["tabs_opened"] = "before the job" if open_before else "on the run's first rank file"
+    out["tabs_opened"] = "before the job"
     root = tempfile.mkdtemp(prefix="ranksight-live-", dir=folder)
     try:
         runs = os.path.join(root, "runs")
@@ -163,20 +158,13 @@ def watch_live(
             with sync_playwright() as pw:
                 browser = _browser(pw)
                 pages = [browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in tabs]
-                if open_before:
-                    for page, tab in zip(pages, tabs):
-                        page.goto(f"http://127.0.0.1:{port}/{tab}")
-                        page.get_by_text("no runs yet").first.wait_for(timeout=60000)
-                    time.sleep(2 * refresh_s)  # the tabs settle: idle watching of an empty folder
+                for page, tab in zip(pages, tabs):
+                    page.goto(f"http://127.0.0.1:{port}/{tab}")
+                    page.get_by_text("no runs yet").first.wait_for(timeout=60000)
+                time.sleep(2 * refresh_s)  # the tabs settle: idle watching of an empty folder
                 cpu0, t0 = process_cpu_s(proc.pid), time.perf_counter()
                 job = threading.Thread(target=lambda: out.update(watched_wall_s=run_demo_job(runs, "watched", steps)))
                 job.start()
-                if not open_before:  # each tab opened on the run as soon as its first rank file is there
-                    ranks = os.path.join(runs, "watched", "ranks")
-                    while job.is_alive() and not (os.path.isdir(ranks) and os.listdir(ranks)):
-                        time.sleep(0.2)
-                    for page, tab in zip(pages, tabs):
-                        page.goto(f"http://127.0.0.1:{port}/{tab}?run=watched")
                 job.join()
                 cpu1, t1 = process_cpu_s(proc.pid), time.perf_counter()
                 out["pages_at_end"] = [p.locator("[data-testid='stMain']").first.inner_text()[:4000] for p in pages]
@@ -344,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = cli(__doc__)
     ap.add_argument("--dir", default="/tmp/ranksight-bench")
     ap.add_argument("--live", type=int, metavar="STEPS", help="a STEPS-step 2-rank demo watched by 3 tabs")
-    ap.add_argument("--open-after", action="store_true", help="live watch: open the tabs once the run exists")
     ap.add_argument("--refresh-scale", action="store_true", help="one refresh's CPU at --ranks ranks by length")
     ap.add_argument("--ranks", type=int, default=1024, help="refresh-scale: ranks")
     ap.add_argument("--lengths", default="1000,2000,4000,8000", help="refresh-scale: run lengths in steps")
@@ -357,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             write_results(args.json, {"refresh_at_scale": figures}, arms=list(ARMS), rounds=args.repeats)
     elif args.live:
-        figures = watch_live(args.dir, args.live, open_before=not args.open_after)
+        figures = watch_live(args.dir, args.live)
         for name, value in figures.items():
             if name == "pages_at_end":
                 value = [" | ".join(text.splitlines()[:6]) for text in value]

@@ -52,19 +52,12 @@ ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allre
 GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
 """Faults only a GPU job has (on a CPU job the same code is no fault): run with ``--device cuda`` only."""
 EXPECTED = {
-    "none": "silent",
-    "input": "input-bound",
-    "straggler": "straggler",
-    "metric-collectives": "blocking-collectives",
-    "exposed-allreduce": "exposed-allreduce",
-    "unused-params": "unused-parameter-scan",
-    "graph-breaks": "graph-breaks",
-    "pageable": "pageable-copies",
-    "cpu-ops": "cpu-ops",
-    "host-sync": "input-path-syncs",
-    "fragmentation": "fragmentation",
-    "launch-bound": "launch-bound",
-}
+    "none": "silent", "input": "input-bound", "straggler": "straggler", "metric-collectives": "blocking-collectives",
+    "exposed-allreduce": "exposed-allreduce", "unused-params": "unused-parameter-scan", "graph-breaks": "graph-breaks",
+    "pageable": "pageable-copies", "cpu-ops": "cpu-ops", "host-sync": "input-path-syncs",
+    "fragmentation": "fragmentation", "launch-bound": "launch-bound",
+}  # fmt: skip
+"""Each planted fault and the rule that names it first."""
 FIXABLE = ("input", "unused-params", "graph-breaks", *GPU_FAULTS)
 """Faults whose workloads take ``--fix`` (the fault with the fix its finding names applied): ``--check-fix``."""
 STRAGGLER_RANK = 1  # every workload plants the extra work on rank 1
@@ -262,17 +255,9 @@ def truth_summary(truth_dir: str, warmup: int = WARMUP_STEPS) -> dict:
 
 
 def run_one(
-    script_name: str,
-    fault: str,
-    repeat: int,
-    steps: int,
-    root: str,
-    timeout: float = 300.0,
-    src: Optional[str] = None,
-    launch: Launch = Launch(),
-    diagnose: bool = True,
-    fixed: bool = False,
-) -> RunResult:
+    script_name: str, fault: str, repeat: int, steps: int, root: str, timeout: float = 300.0,
+    src: Optional[str] = None, launch: Launch = Launch(), diagnose: bool = True, fixed: bool = False,
+) -> RunResult:  # fmt: skip
     """One job and its diagnosis; never raises for a failing job (status and error_tail say what failed).
 
     ``src``: a folder holding a frozen ``ranksight`` package (``snapshot_source``) used by the job and
@@ -378,18 +363,13 @@ def score(results: list) -> dict:
         by_script[script] = {"runs": runs, "hits": hits, "recall": _rate(hits, sum(r.script == script for r in ok))}
     healthy = [r for r in ok if r.fault == "none"]
     return {
-        "by_script": by_script,
-        "by_fault": by_fault,
-        "precision": precision,
+        "by_script": by_script, "by_fault": by_fault, "precision": precision,
         "healthy_silent_rate": _rate(sum(r.verdict == "silent" for r in healthy), len(healthy)),
-        "flip_rate": _rate(flips, len(judged)),
-        "flipped_groups": flips,
-        "groups_judged": len(judged),
+        "flip_rate": _rate(flips, len(judged)), "flipped_groups": flips, "groups_judged": len(judged),
         "verdicts_by_group": {f"{s}/{f}": [r.verdict for r in rs] for (s, f), rs in groups.items()},
-        "overall_recall": _rate(sum(bool(r.hit) for r in ok), len(ok)),
-        "runs": len(results),
+        "overall_recall": _rate(sum(bool(r.hit) for r in ok), len(ok)), "runs": len(results),
         "errors": len(results) - len(ok),
-    }
+    }  # fmt: skip
 
 
 FIX_TOLERANCE = 0.05
@@ -613,7 +593,7 @@ def describe_device(launch: Launch) -> tuple:
     try:
         query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
         names = [n.strip() for n in subprocess.run(query, capture_output=True, text=True).stdout.splitlines()]
-    except OSError:
+    except OSError:  # no nvidia-smi: the header says no GPU found
         names = []
     backend = launch.dist_backend or "nccl"
     shared = " (ranks share GPUs: smoke test, timings mean nothing)" if launch.ranks > max(len(names), 1) else ""

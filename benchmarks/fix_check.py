@@ -1,11 +1,8 @@
 """Cost against fix: did the step time a fix gave back match the cost its finding stated?
 
-Reads the results of ``diagnosis_corpus.py --check-fix`` (its ``--json``, or the ``--rediagnose`` of its
-kept runs after a rule change) and prints, per (script, fault) that has both the faulty runs and the fixed
-reruns: how often the planted fault's rule was named first, the cost its finding stated (``cost_share``,
-the median over the runs that named it; fragmentation states none: 0) and the speedup it claims, the step
-time per sample before and after the fix on the script's own clock (and on ranksight's), the gain
-``1 - after / before``, and whether the two lie within 5 pp of the step.
+Reads the results of ``diagnosis_corpus.py --check-fix`` (its ``--json``, or its ``--rediagnose``'s) and prints
+its ``fix_check`` per (script, fault) with faulty and fixed runs: the cost the planted fault's finding stated
+against the step time the fix gave back per sample, and whether the two lie within 5 pp of the step.
 
     python benchmarks/diagnosis_corpus.py --device cuda --gpus 1 --check-fix --json corpus.json ...
     python benchmarks/fix_check.py corpus.json [more.json ...] [--json fix_check.json]

@@ -51,9 +51,8 @@ def _rank_main(rank: int, cfg: dict, port: int) -> None:
     # (last bucket issued -> its gloo span's end). The default, one mark pair a step, ends the exposed
     # all-reduce when DDP's wait returns (after DDP copies the buckets into the gradients), which the
     # importer reads as "other" (docs/agent.md, "DDP's gradient all-reduce").
-    mon = ranksight.init(
-        run_dir=cfg["run_dir"], job=f"import-{scenario}", flush_interval_s=0.5, gpu=gpu, comm_hook=not cuda
-    )
+    mon = ranksight.init(run_dir=cfg["run_dir"], job=f"import-{scenario}", flush_interval_s=0.5, gpu=gpu,
+                         comm_hook=not cuda)  # fmt: skip
     width, depth, batch, in_features, item_sleep_s, bucket_mb = 128, 3, 4096, 32, 0.0, 25.0
     if scenario == "input":
         item_sleep_s = 0.03
@@ -170,14 +169,8 @@ def compare_runs(agent_run: str, imported_run: str, steps: list[int]) -> dict:
         ranks[rank] = rows
     fa, fb = first_finding(agent_run), first_finding(imported_run)
     same = (fa or {}).get("rule") == (fb or {}).get("rule")
-    return {
-        "steps": steps,
-        "ranks": ranks,
-        "max_diff_pp": worst,
-        "agent_first": fa,
-        "import_first": fb,
-        "same_first": same,
-    }
+    return {"steps": steps, "ranks": ranks, "max_diff_pp": worst, "agent_first": fa, "import_first": fb,
+            "same_first": same}  # fmt: skip
 
 
 def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:
@@ -196,14 +189,8 @@ def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:
     result = import_traces([cfg["trace_dir"]], os.path.join(out, "imported"), run_id=f"import-{scenario}")
     import_s = time.perf_counter() - t0
     cmp = compare_runs(os.path.join(cfg["run_dir"], cfg["run_id"]), result.run_path, list(range(first, first + active)))
-    return {
-        "scenario": scenario,
-        "device": device,
-        "job_s": job_s,
-        "import_s": import_s,
-        "problems": result.problems,
-        **cmp,
-    }
+    return {"scenario": scenario, "device": device, "job_s": job_s, "import_s": import_s, "problems": result.problems,
+            **cmp}  # fmt: skip
 
 
 def _print_paired(results: list[dict]) -> None:
