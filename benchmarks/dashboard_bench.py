@@ -258,14 +258,10 @@ def refresh_at_scale(
             _data.pull(path, q.heatmap, metric, order, 60, 128, 16, chunk)
         for fn in (q.rank_outliers, q.rollup_total, q.breakdown_per_rank, q.breakdown_over_time, q.run_overview):
             _data.pull(path, fn)
-        return {
-            "refresh_cpu_s": time.process_time() - cpu,
-            "refresh_wall_s": time.perf_counter() - wall,
-            "snapshot_cpu_s": snap_cpu,
-            "steps_shown": snap.steps,
-            "verdict_steps": snap.verdict_steps,
-            "verdict_rules": [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error,
-        }
+        rules = [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error
+        return {"refresh_cpu_s": time.process_time() - cpu, "refresh_wall_s": time.perf_counter() - wall,
+                "snapshot_cpu_s": snap_cpu, "steps_shown": snap.steps, "verdict_steps": snap.verdict_steps,
+                "verdict_rules": rules}  # fmt: skip
 
     rows, written, turn = [], 0, 0
     for length in lengths:

@@ -273,11 +273,8 @@ def run_one(
     res.returncode, elapsed = run_job(cmd, job_env(truth_dir, src, launch.device), log_path, timeout)
     res.elapsed_s, res.truth = round(elapsed, 1), truth_summary(truth_dir)
     if res.returncode != 0:
-        res.status, res.verdict, res.error_tail = (
-            "timeout" if res.returncode is None else "error",
-            "error",
-            _tail(log_path),
-        )
+        res.status, res.verdict = "timeout" if res.returncode is None else "error", "error"
+        res.error_tail = _tail(log_path)
         return res
     if not diagnose:
         res.verdict = "not-diagnosed"
@@ -285,11 +282,8 @@ def run_one(
     try:
         _fill_from_report(res, diagnose_json(run_path, src=src))
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-        res.status, res.verdict, res.error_tail = (
-            "diagnose-error",
-            "error",
-            f"{exc}\n--- job log ---\n{_tail(log_path)}",
-        )
+        res.status, res.verdict = "diagnose-error", "error"
+        res.error_tail = f"{exc}\n--- job log ---\n{_tail(log_path)}"
     return res
 
 

@@ -24,12 +24,8 @@ def _ns(us: float) -> int:
 def truth_from_trace(trace: dict) -> dict:
     """Compute kernel/compute/comm/memcpy/h2d/idle shares of the marked window of one trace."""
     evs = trace["traceEvents"]
-    win = sorted(_ns(e["ts"]) for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#window")
-    win_end = max(
-        _ns(e["ts"]) + _ns(e["dur"])
-        for e in evs
-        if e.get("cat") == "user_annotation" and e["name"] == "ranksight#window"
-    )
+    marks = [e for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#window"]
+    win, win_end = sorted(_ns(e["ts"]) for e in marks), max(_ns(e["ts"]) + _ns(e["dur"]) for e in marks)
     after = sorted(_ns(e["ts"]) for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#after")
     cpu_lo = win[0]
     cpu_hi = after[0] if after else win_end
@@ -69,15 +65,9 @@ def truth_from_trace(trace: dict) -> dict:
     mem = paint(lambda c, nm: c != "kernel")
     h2d = paint(lambda c, nm: c == "gpu_memcpy" and "HtoD" in nm)
     busy = comp | comm | mem
-    out = {
-        "span_s": (hi - lo) * 1e-9,
-        "compute_kernel_ratio": comp.mean(),
-        "comm_kernel_ratio": comm.mean(),
-        "memcpy_ratio": mem.mean(),
-        "h2d_copy_ratio": h2d.mean(),
-        "idle_ratio": 1.0 - busy.mean(),
-        "kernel_busy_ratio": (comp | comm).mean(),
-    }
+    out = {"span_s": (hi - lo) * 1e-9, "compute_kernel_ratio": comp.mean(), "comm_kernel_ratio": comm.mean(),
+           "memcpy_ratio": mem.mean(), "h2d_copy_ratio": h2d.mean(), "idle_ratio": 1.0 - busy.mean(),
+           "kernel_busy_ratio": (comp | comm).mean()}  # fmt: skip
     if comm.any():
         out["comm_overlap_ratio"] = (comp & comm).sum() / comm.sum()
     return {k: float(v) for k, v in out.items()}

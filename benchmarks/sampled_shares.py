@@ -69,11 +69,8 @@ def _read(path: str) -> dict:
 
     (row,) = [r for r in step_breakdown(open_run(path)) if r["rank"] == 0]
     found = [f for f in diagnose(path)["findings"] if f["severity"] != "info"]
-    return {
-        "steps": row["steps"],
-        "shares": {p[:-2]: row[f"{p[:-2]}_share"] for p in PHASES},
-        "first": found[0]["rule"] if found else "silent",
-    }
+    shares = {p[:-2]: row[f"{p[:-2]}_share"] for p in PHASES}
+    return {"steps": row["steps"], "shares": shares, "first": found[0]["rule"] if found else "silent"}
 
 
 def compare(args) -> int:

@@ -310,11 +310,8 @@ def build_spool(
         cols.update((name, pa.array(values)) for name, values in numbers.items())
         # Columns added to the schema later (and GPU-only ones) stay NULL, as on a CPU rank.
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
-        name = (
-            f"{node}_m{first:020d}-{first_step:06d}.parquet"
-            if per_node
-            else f"{node}_r{first:05d}_p{1000 + first}_000000.parquet"
-        )
+        name = f"{node}_m{first:020d}-{first_step:06d}" if per_node else f"{node}_r{first:05d}_p{1000 + first}_000000"
+        name += ".parquet"
         table = pa.Table.from_arrays(arrays, schema=schema)
         data = parquet_bytes(table)
         if per_node:  # as the node spool's publisher writes it, before the file, with its card
@@ -426,14 +423,9 @@ def page_rounds(run_path: str, rounds: int = PAGE_ROUNDS) -> dict:
         pages.append(verdict_render_s(run_path))
         floors.append(verdict_render_s(None))
     ratios = [p["first"] / f["first"] for p, f in zip(pages, floors)]
-    return {
-        "page": pages,
-        "floor": floors,
-        **{key: statistics.median(p[key] for p in pages) for key in pages[0]},
-        **{f"floor_{key}": statistics.median(f[key] for f in floors) for key in floors[0]},
-        "first_over_floor_round_ratios": ratios,
-        "first_over_floor_median": statistics.median(ratios),
-    }
+    return {"page": pages, "floor": floors, **{key: statistics.median(p[key] for p in pages) for key in pages[0]},
+            **{f"floor_{key}": statistics.median(f[key] for f in floors) for key in floors[0]},
+            "first_over_floor_round_ratios": ratios, "first_over_floor_median": statistics.median(ratios)}  # fmt: skip
 
 
 INGEST_ROUNDS = 3

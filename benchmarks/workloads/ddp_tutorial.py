@@ -248,20 +248,15 @@ class Trainer:
             with self.truth.fault():
                 acc1, acc5 = accuracy(output, targets, topk=(1, 5))
                 grad_norm = torch.norm(torch.stack([p.grad.norm() for p in self.model.parameters()]))
-                self.meters.update(
-                    loss=loss.item(),
-                    lr=self.optimizer.param_groups[0]["lr"],
-                    acc1=acc1,
-                    acc5=acc5,
-                    grad_norm=grad_norm.item(),
-                    data=self.data_time,
-                    img_per_s=len(targets) / max(time.perf_counter() - self.last_step_end, 1e-9),
-                    **{
-                        f"grad_norm/{n}": p.grad.norm().item()
-                        for n, p in self.model.module.named_parameters()
-                        if n.endswith("weight")
-                    },
-                )
+                layer_norms = {
+                    f"grad_norm/{n}": p.grad.norm().item()
+                    for n, p in self.model.module.named_parameters()
+                    if n.endswith("weight")
+                }
+                self.meters.update(loss=loss.item(), lr=self.optimizer.param_groups[0]["lr"], acc1=acc1, acc5=acc5,
+                                   grad_norm=grad_norm.item(), data=self.data_time,
+                                   img_per_s=len(targets) / max(time.perf_counter() - self.last_step_end, 1e-9),
+                                   **layer_norms)  # fmt: skip
                 self.meters.synchronize_between_processes()  # every step, so the printed numbers are global
                 per_rank = [None] * dist.get_world_size()
                 dist.all_gather_object(

@@ -107,24 +107,14 @@ class Net(nn.Module):
         self.range_check = range_check
         c1, c2, c3 = channels
         self.trunk = nn.Sequential(
-            nn.Conv2d(3, c1, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(c2, c3, 3, padding=1),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(4),
-        )
+            nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        )  # fmt: skip
         self.head = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(c3 * 16, head_width),
-            nn.ReLU(),
-            nn.Linear(head_width, head_width),
-            nn.ReLU(),
+            nn.Flatten(), nn.Linear(c3 * 16, head_width), nn.ReLU(), nn.Linear(head_width, head_width), nn.ReLU(),
             nn.Linear(head_width, 10),
-        )
+        )  # fmt: skip
 
     def forward(self, x):
         if self.range_check and x.abs().max() > 100:  # data-dependent branch: a graph break
