@@ -9,8 +9,8 @@ shares of the GPU span of the marked steps, idle = span − |∪ activity|.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -74,6 +74,8 @@ def truth_from_trace(trace: dict) -> dict:
 
 
 if __name__ == "__main__":
-    for path in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="+", help="Chrome traces (JSON) exported from a window ranksight marked")
+    for path in parser.parse_args().traces:
         with open(path) as f:
             print(path, json.dumps(truth_from_trace(json.load(f)), indent=1))
