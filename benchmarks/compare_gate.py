@@ -10,9 +10,8 @@ CPU machine), and gates pairs of runs with the real command line (``ranksight co
 * a planted 3 % slowdown (below what a short run can tell from noise): "cannot tell" or caught, never "faster".
 
     python -m benchmarks compare_gate --json benchmarks/results/compare_gate_cpu.json
-    python -m benchmarks compare_gate --device cuda --json benchmarks/results/compare_gate_cuda.json
-    python -m benchmarks compare_gate --device cuda --pairs 7 --json A.json     # rounds 0-6, one call...
-    python -m benchmarks compare_gate --device cuda --first-round 7 --pairs 14 --json B.json   # rounds 7-13
+    python -m benchmarks compare_gate --device cuda --small 0 --warmup --pairs 6 --json A.json   # one call...
+    python -m benchmarks compare_gate --device cuda --small 0 --first-round 5 --pairs 20 --json B.json   # the next
     python -m benchmarks compare_gate --merge A.json B.json C.json --json OUT  # the parts as one
 
 The job on CPU is a 2-rank DDP MLP on gloo (a few seconds of steps); with ``--device cuda`` one rank on the GPU
