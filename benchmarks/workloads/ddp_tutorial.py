@@ -10,8 +10,7 @@ Same shape as the tutorial: a map-style ``Dataset`` of synthetic samples, ``Dist
 On ``--device cuda`` it is the tutorial's GPU code: ``torch.cuda.set_device(LOCAL_RANK)``, NCCL, the
 model moved to the GPU and ``DDP(model, device_ids=[gpu_id])``, ``pin_memory=True`` and
 ``source.to(gpu_id)`` (the tutorial copies without ``non_blocking``), fp32 as in the tutorial (no
-autocast, TF32 off). ``--size gpu`` (implied by cuda): 8192 wide at 512 samples a rank, ~0.6 TFLOP a
-step (the CPU size is launch-bound on a GPU).
+autocast, TF32 off). ``--size gpu`` (implied by cuda): 8192 wide at 512 samples a rank.
 
 Faults (``--fault``), planted the way people make the mistake:
 
@@ -24,7 +23,7 @@ Faults (``--fault``), planted the way people make the mistake:
   (``barrier`` + ``all_reduce`` per meter), plus ``all_gather_object`` of per-rank throughput: 26
   collectives per step.
 - ``exposed-allreduce``: a 2048-wide MLP (~50 MB of gradients) at batch 8 per rank; at the GPU size a
-  12288-wide MLP (1.8 GB of gradients, ~9 ms at 200 GB/s) at batch 64.
+  12288-wide MLP (1.8 GB of gradients) at batch 64.
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile(model)`` of a forward with an input range check in Python
   (``if x.abs().max() > ...``: a data-dependent branch).

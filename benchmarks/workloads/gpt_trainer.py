@@ -14,16 +14,13 @@ synthetic tokens, nothing downloaded.
 On ``--device cuda`` it runs as nanoGPT does on GPUs: ``torch.cuda.set_device(local_rank)``, NCCL,
 ``DDP(model, device_ids=[local_rank])``, bf16 autocast, fused AdamW, TF32 on, and batches pinned and
 copied with ``non_blocking=True``. ``--size gpu`` (implied by cuda) is a 4-layer, 1536-wide GPT (191M
-parameters, vocabulary 50304) at 6 x 512 tokens a micro-batch, 2 micro-batches a rank: ~3.5 TFLOP, ~28
-ms a step on an H200 (estimated from 16 ms timed at 3 rows), GPU compute rather than kernel launches.
-Fewer, wider layers because eager nanoGPT launches ~8 ms of kernels a micro-step per 4 layers: GPT-2
-small (12 x 768) stayed bound by launches at 6 x 512 tokens (its +33 % straggler rows cost 0-5 %).
+parameters, vocabulary 50304) at 6 x 512 tokens a micro-batch, 2 micro-batches a rank: GPU compute, not
+kernel launches (the sizes' reasons: ``benchmarks/results/diagnosis_history.md``, "The GPU sizes").
 
 Faults (``--fault``), each the way people really make the mistake:
 
 - ``input``: the token file sits on a slow network filesystem and every row of ``get_batch`` is a
-  random read (emulated: ``sleep`` per row read; 2.5 ms a read on CPU, 1 ms at the GPU size, where
-  12 ms of reads plus ~9 ms of launches a micro-step outlast its ~13.5 ms of GPU work: the GPU waits).
+  random read (emulated: ``sleep`` per row read; 2.5 ms a read on CPU, 1 ms at the GPU size).
 - ``straggler``: uneven per-rank micro-batches (the remainder of the global batch lands on the last
   rank): rank 1 does ~1/3 more forward/backward work (8 rows against 6 at the GPU size, +33 % GPU work).
 - ``metric-collectives``: values averaged over ranks for the log on every iteration: each
@@ -31,9 +28,7 @@ Faults (``--fault``), each the way people really make the mistake:
   + ``all_reduce`` + ``.item()`` (18 collectives per step).
 - ``exposed-allreduce``: the GPT-2 vocabulary (50304) on a 2-layer model, one 32-token sequence per
   rank and no accumulation: a 26 MB embedding gradient, all-reduced after backward each step. At the
-  GPU size: the 191M model at one 512-token sequence per GPU and no accumulation (strong scaling past
-  the useful per-GPU batch): a ~11 ms step against a 765 MB fp32 gradient, ~3.8 ms at 200 GB/s bus
-  bandwidth (~26 % of the step; ~19 % at 300 GB/s).
+  GPU size: the 191M model at one 512-token sequence per GPU and no accumulation (765 MB of gradients).
 - ``unused-params``: ``DDP(model, find_unused_parameters=True)`` though every parameter is used.
 - ``graph-breaks``: ``torch.compile`` of a model whose forward checks its logits with a Python
   ``if`` on a tensor (a data-dependent branch).

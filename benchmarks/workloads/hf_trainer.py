@@ -10,10 +10,8 @@ synthetic.
 
 On ``--device cuda`` the Trainer runs on the GPUs as ``run_clm.py --bf16`` does: its own device
 placement (``LOCAL_RANK``), NCCL, bf16 autocast, pinned DataLoader memory. ``--size gpu`` (implied by
-cuda) is GPT-2 small (12 layers, 768 wide, vocabulary 50257) at 8 x 512 tokens a GPU: ~3 TFLOP, ~35 ms
-of GPU work a step on an H200 (~50 ms a step through the Trainer). Not smaller: eager GPT-2 launches
-kernels for ~20 ms a step whatever the batch (6 layers at one sequence took 23 ms), so a smaller batch
-would be bound by launches, as the CPU size is.
+cuda) is GPT-2 small (12 layers, 768 wide, vocabulary 50257) at 8 x 512 tokens a GPU: GPU compute, not
+kernel launches (``benchmarks/results/diagnosis_history.md``, "The GPU sizes").
 
 Faults (``--fault``):
 
@@ -25,8 +23,7 @@ Faults (``--fault``):
   and batch facts over ranks for logging every step (``barrier`` + ``all_reduce`` + ``.item()`` each).
 - ``exposed-allreduce``: GPT-2's full 50257-token vocabulary on the tiny model at one 32-token
   sequence per device: a 26 MB embedding gradient every step. At the GPU size: a 2048-wide, 12-layer
-  GPT-2 (707M parameters) at one 512-token sequence per GPU: 2.8 GB of fp32 gradients, ~14 ms at
-  200 GB/s against a step the Trainer's launches keep at ~30 ms (~32 % of it; ~24 % at 300 GB/s).
+  GPT-2 (707M parameters) at one 512-token sequence per GPU: 2.8 GB of fp32 gradients.
 - ``unused-params``: ``ddp_find_unused_parameters`` left at its default, which the Trainer turns into
   ``find_unused_parameters=True`` for any ``PreTrainedModel`` without gradient checkpointing (the
   healthy runs set it to False).

@@ -9,25 +9,22 @@ Synthetic 32x32 images, nothing downloaded.
     python lightning_trainer.py --device cuda --fault none    # Trainer(accelerator="gpu", devices=2): NCCL
 
 ``--size gpu`` (implied by ``--device cuda``): the same three convolutions 256/512/512 channels wide at
-256 images a GPU, ~0.7 TFLOP a step in fp32 (TF32 convolutions, cuDNN's default): ~17 ms a step on an
-H200 (the CPU size is launch-bound on a GPU), with 4 loader workers as a GPU script has them: in the main
-process the plain normalisation of 256 images alone was 30-34 % of the step there.
+256 images a GPU (TF32 convolutions, cuDNN's default), with 4 loader workers as a GPU script has them
+(``benchmarks/results/diagnosis_history.md``, "The GPU sizes").
 
 Faults (``--fault``):
 
 - ``input``: per-image random crop + flip + colour jitter + normalisation in numpy in
-  ``__getitem__`` (9 rounds on CPU, 1 at the GPU size: 3 rounds were 83 % of a 104 ms step on an
-  H200), with ``num_workers=0`` (the fault: at the GPU size the other faults load with 4 workers).
+  ``__getitem__`` (9 rounds on CPU, 1 at the GPU size), with ``num_workers=0``.
 - ``straggler``: rank 1 also runs a second "consistency" pass of the convolutional trunk on a
   flipped copy of the batch (``if self.global_rank == 1``, a debug leftover): ~1/3 more work.
 - ``metric-collectives``: ``self.log_dict(..., on_step=True, sync_dist=True)`` of loss, accuracy,
   top-5 and lr (a barrier and an all-reduce each, every step) and ``self.trainer.strategy.barrier()``.
 - ``exposed-allreduce``: a 4096-wide fully connected classifier head on 8 images per rank (~84 MB
-  of gradients); 12288 wide at the GPU size (1.0 GB, ~5 ms at 200 GB/s).
+  of gradients); 12288 wide at the GPU size (1.0 GB).
 - ``unused-params``: ``strategy="ddp_find_unused_parameters_true"`` though every parameter is used.
-- ``graph-breaks``: ``torch.compile`` of the network inside the module (compiling the whole
-  LightningModule sends ``training_step`` and ``self.log`` through dynamo, which failed with an
-  internal dynamo error here), whose ``forward`` has a data-dependent ``if``.
+- ``graph-breaks``: ``torch.compile`` of the network inside the module (not the whole LightningModule:
+  dynamo failed on ``training_step`` and ``self.log``), whose ``forward`` has a data-dependent ``if``.
 """
 
 from __future__ import annotations
