@@ -36,6 +36,23 @@ from ._tables import (
 
 log = logging.getLogger("ranksight")
 
+MAX_COLUMNS = 120
+"""The most columns a heatmap asks of the rollup (the Heatmaps page's slider tops out here): the rollup's rows
+past its head are merged no wider than such a column, so every column still holds whole rows."""
+FINE_STEPS = 64
+"""Steps after the warm-up the rollup keeps at its own chunk whatever the run's length: the heatmaps' colour
+scale is read from them (``SCALE_STEPS``, 50), so it stays what it was once fixed."""
+
+
+def merged_width(last_step: int, chunk_steps: int) -> int:
+    """Steps per merged row past the head: ``chunk_steps`` doubled until ``MAX_COLUMNS`` of them hold the run,
+    the narrowest column a heatmap of ``last_step + 1`` steps draws (``column_steps`` doubles the same way).
+    It only widens as the run grows, so rows merged earlier lie whole in the rows merged later."""
+    width = max(1, int(chunk_steps))
+    while width * MAX_COLUMNS < int(last_step) + 1:
+        width *= 2
+    return width
+
 
 class Rollup:
     """The ``rollup`` table beside a ``Run``'s views, on its connection (``Run.rollup()`` makes it).
@@ -43,6 +60,8 @@ class Rollup:
     ``refresh()`` is cheap when nothing changed (one directory listing per kind). Connections for
     queries come from ``cursor()``; DuckDB cursors of one database may be used from several threads.
     """
+
+    max_columns = MAX_COLUMNS
 
     def __init__(self, run, chunk_steps: int | None = None) -> None:
         """``run``: the ``Run`` whose views the rollup reads (opened before the store's signature is taken
@@ -59,6 +78,7 @@ class Rollup:
         self.chunk_steps = int(chunk_steps)
         self.con.execute(f"CREATE TABLE rollup ({', '.join(f'{c} {t}' for c, t in COLUMNS)})")
         self.digested = 0  # step files folded from their digests rather than their rows
+        self._merged_rows = 64  # the table's rows after its last merge (``_compact_if_grown``)
         self.version = 0
         with self._lock:
             if self._fold_store(everything=True):
@@ -122,8 +142,43 @@ class Rollup:
                 self._loaded.update(os.path.basename(p) for p in files)
                 changed = True
             if changed:
+                self._compact_if_grown()
                 self.version += 1
             return changed
+
+    def _compact_if_grown(self) -> None:
+        """Merge the rollup's rows once they have doubled since the last merge (each merge is one pass over a
+        table it keeps bounded, so its cost per new row stays constant).
+
+        Why: every page query scans the rollup, and unmerged it grows a row per rank and chunk of steps (more
+        where a chunk spans several files), so a live refresh at 1,024 ranks cost more the longer the run.
+        Merged, a rank keeps the head's rows (warm-up and ``FINE_STEPS``) plus at most ``MAX_COLUMNS`` rows of
+        ``merged_width`` steps: the table stops growing once the run is ``MAX_COLUMNS`` chunks long. Every
+        figure in a row is a sum, count, minimum or maximum, so the merged rows give the same totals, and a
+        heatmap column (``column_steps``, never narrower than ``merged_width``) the same cells."""
+        rows, last = self.con.execute("SELECT count(*), max(step_max) FROM rollup").fetchone()
+        if rows <= 2 * self._merged_rows or last is None:
+            return
+        fine = WARMUP_STEPS + max(FINE_STEPS, 4 * self.chunk_steps)
+        key = "CASE WHEN step_min < $fine THEN chunk ELSE -1 - step_min // $width END"
+        merged = {"node": "any_value(node)", "chunk": "min(chunk)", "warm": "warm", "rank": "rank",
+                  "step_min": "min(step_min)", "t_min": "min(t_min)", "step_max": "max(step_max)",
+                  "t_max": "max(t_max)", "step_max_s": "max(step_max_s)"}  # fmt: skip
+        select = ", ".join(f"{merged.get(c, f'sum({c})')} AS {c}" for c, _ in COLUMNS)
+        params = {"fine": fine, "width": merged_width(last, self.chunk_steps)}
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute(
+                f"CREATE TEMP TABLE _merged AS SELECT {select} FROM rollup GROUP BY rank, warm, {key}", params
+            )
+            self.con.execute("DELETE FROM rollup")
+            self.con.execute("INSERT INTO rollup SELECT * FROM _merged")
+            self.con.execute("DROP TABLE _merged")
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+        self._merged_rows = self.con.execute("SELECT count(*) FROM rollup").fetchone()[0]
 
     def _fold_digests(self, files: list[str]) -> list[str]:
         """Fold the files that have a digest under this rollup's definition from their digests; the files

@@ -178,6 +178,45 @@ def test_rollup_reads_only_new_segments_and_adds_up(tmp_path):
     assert q.run_overview(rollup.cursor())["steps"] == 40
 
 
+def test_a_followed_rollup_merges_its_rows_and_reads_the_same(tmp_path, monkeypatch):
+    """A long live run followed file by file: the rollup merges its rows past the head (so every page query
+    scans a bounded table) and every panel reads what an unmerged rollup of the same files reads."""
+    from ranksight.collectors import _rollup
+
+    path = str(tmp_path / "long")
+    rollup = None
+    for i in range(24):
+        write_run(path, 4, 50, first_step=50 * i, segment=f"s{i:02d}", status="running", data_wait_s=0.01 + 0.001 * i)
+        if rollup is None:
+            rollup = Rollup(path)
+        rollup.refresh()
+    rows, last = rollup.cursor().execute("SELECT count(*), max(step_max) FROM rollup").fetchone()
+    fine = 5 + _rollup.FINE_STEPS
+    assert last == 1199 and rows <= 4 * (fine + _rollup.MAX_COLUMNS)  # 4,800 rows unmerged
+    monkeypatch.setattr(_rollup.Rollup, "_compact_if_grown", lambda self: None)
+    plain = Rollup(path)
+    assert plain.cursor().execute("SELECT count(*) FROM rollup").fetchone()[0] == 4 * 1200
+    a, b = rollup.cursor(), plain.cursor()
+
+    def same(x: dict, y: dict) -> None:
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == (pytest.approx(y[k], rel=1e-12) if isinstance(y[k], float) else y[k]), k
+
+    for fn in (q.breakdown_per_rank, q.rank_outliers):
+        for x, y in zip(fn(a), fn(b), strict=True):
+            same(x, y)
+    same(q.rollup_total(a), q.rollup_total(b))
+    same(q.run_overview(a), q.run_overview(b))
+    assert q.rank_order(a) == q.rank_order(b)
+    for bins in (10, 60, 120):
+        for metric in ("step_s", "data_wait_s"):
+            x, y = (q.heatmap(c, metric, [0, 1, 2, 3], bins, chunk_steps=rollup.chunk_steps) for c in (a, b))
+            assert x["col_steps"] == y["col_steps"] and x["scale"] == y["scale"]
+            assert [(c["row"], c["bin"]) for c in x["cells"]] == [(c["row"], c["bin"]) for c in y["cells"]]
+            assert [c["value"] for c in x["cells"]] == pytest.approx([c["value"] for c in y["cells"]], rel=1e-12)
+
+
 def _same_breakdown(rollup_con, path) -> None:
     ours = q.breakdown_per_rank(rollup_con)
     ref = step_breakdown(open_run(path))

@@ -2,6 +2,7 @@
 
 import streamlit as st
 
+from ranksight.collectors import Rollup
 from ranksight.dashboard import _data
 from ranksight.dashboard._charts import heatmap_chart, heatmap_scale_text
 from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
@@ -61,7 +62,7 @@ if require_run(ctx):
     st.text(f"run: {ctx.run['run']}")
     c = st.columns(3)
     order = c[0].selectbox("sort ranks by", list(RANK_ORDERS))
-    bins = c[1].slider("columns at most (steps per column double when they fill)", 10, 120, 60, step=10)
+    bins = c[1].slider("columns at most (steps per column double when they fill)", 10, Rollup.max_columns, 60, step=10)
     max_rows = c[2].slider("rows at most (ranks are grouped above)", 16, 256, 128, step=16)
     live_panel(ctx, outliers, ctx.run["path"])
     for key in HEATMAP_METRICS:
