@@ -108,10 +108,9 @@ def verdict_change(whole: list[dict], recent: list[dict], series: list[tuple[int
 
 
 def _onset(series: list[tuple[int, float]], since_ns: int, before: float | None, now: float | None) -> int | None:
-    inside = [i for i, (t, _) in enumerate(series) if t > since_ns]
-    if not inside:
+    start = next((i for i, (t, _) in enumerate(series) if t > since_ns), None)
+    if start is None:
         return None
-    start = inside[0]
     if before is None or now is None or abs(now - before) <= 0.1 * max(before, now):
         return series[start][0]  # the step time did not move: the window's start is all we can say
 

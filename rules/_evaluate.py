@@ -1,18 +1,11 @@
 """The pure evaluator: per-rank features in, ranked findings and a checklist out. No I/O.
 
-Each rule is evaluated on every rank's features; the ranks where it fires make one finding, whose
-severity is the worst rank's and whose evidence numbers come from that rank. A rule with a ``cost``
-says what share of the step time its fix would give back (``cost_share``, and ``speedup`` =
-1 / (1 - cost_share)). Findings are then put in the order a person should act on them: by severity,
-then by what fixing them gives back, then confidence; and a root cause before what it explains (a
-rank that waits for data, or computes slower, makes the others wait at collectives).
-
-Every figure of a rule is computed over all ranks at once, as columns of a ``Frame`` (``_expr``): where it
-fires, and on those ranks its value, severity, margin, cost and confidence. The worst rank is the first (in
-rank order) of the greatest (severity, cost, extreme value, confidence rounded as reported); a cost that is
-unknown ranks below every known one, and a NaN value (a rule without levels may report one) as the least
-extreme. The finding reports that rank's figures, each rounded by Python's ``round`` (numpy's differs on
-some halves), and fills its text and fix on that rank's features alone (a one-row frame).
+A rule is judged on every rank at once, as columns of a ``Frame`` (``_expr``); the ranks where it fires make
+one finding, reported from its worst rank (figures rounded by Python's ``round``: numpy's differs on some
+halves) and worded from that rank's features alone (a one-row frame). A rule with a ``cost`` says what share
+of the step time its fix gives back (``cost_share``; ``speedup`` = 1 / (1 - cost_share)). Findings are put in
+the order a person should act on them, a root cause before what it explains (a rank that waits for data, or
+computes slower, makes the others wait at collectives).
 """
 
 from __future__ import annotations
@@ -31,6 +24,8 @@ from ._load import LOUD_FLOORS, SEVERITIES, ChecklistItem, Rule, format_spec_pro
 _SAMPLE_STEPS = 20  # steps after warm-up at which a per-rank median is taken as settled
 _MAX_COST = 0.99  # a fix cannot give back the whole step; keeps the speedup finite
 _COST_UNKNOWN = -1.0  # how the worst rank's choice keys a hit without a cost: below every clamped cost
+DISAGREE_CONFIDENCE = 0.6
+"""A finding whose figure another measure contradicts keeps this share of its confidence."""
 
 
 def evaluate(
@@ -66,8 +61,7 @@ def _fire(rule: Rule, frame: Frame) -> tuple:
     for name, t in rule.levels:  # the most severe level reached
         reached = _beyond(judged, t, rule.compare)
         severity, threshold = np.where(reached, SEVERITIES.index(name), severity), np.where(reached, t, threshold)
-    # How far past the band it reached (after the noise): a cost just past 10 % is a weaker warning than one
-    # at 20 %.
+    # How far past the band it reached (after the noise): a cost just past 10 % warns less than one at 20 %.
     margin = _margin(judged, threshold, rule.compare)
     return np.flatnonzero(fires & value.known() & (severity >= 0)), severity, margin
 
@@ -110,7 +104,8 @@ def speedup(cost: float | None) -> float | None:
 
 
 def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context: dict[int, dict]) -> dict:
-    """The finding at the hits' worst row: the first of the greatest (severity, cost, extreme value, confidence)."""
+    """The finding at the hits' worst row: the first of the greatest (severity, cost, extreme value, confidence
+    rounded as reported); an unknown cost ranks below every known one, a NaN value as the least extreme."""
     value = frame.value(rule.value) if rule.value is not None else None
     steps = frame.column("steps")
     settled = steps.val / _SAMPLE_STEPS
@@ -122,10 +117,9 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
         extreme = np.fmax(np.where(value.st == OK, value.val if rule.compare == ">=" else -value.val, 0.0), -np.inf)
     # Where another measure of the figure says otherwise, a level down and less sure, rank by rank.
     checks = _agree_checks(rule, frame)
-    disagree = np.logical_or.reduce([false for _, false in checks]) if checks else np.zeros(frame.n, dtype=bool)
-    if disagree.any():
-        severity = np.where(disagree, np.maximum(np.broadcast_to(severity, (frame.n,)) - 1, 0), severity)
-        confidence = np.where(disagree, confidence * DISAGREE_CONFIDENCE, confidence)
+    disagree = np.logical_or.reduce([false for _, false in checks], initial=False)
+    severity = np.where(disagree, np.maximum(severity - 1, 0), severity)
+    confidence = np.where(disagree, confidence * DISAGREE_CONFIDENCE, confidence)
     keys = (severity, _cost(rule, frame), extreme, confidence)
     severity, cost, extreme, confidence = (np.broadcast_to(key, (frame.n,))[at] for key in keys)
     tied = np.arange(at.size)
@@ -164,17 +158,10 @@ def _finding(rule: Rule, at: np.ndarray, severity, margin, frame: Frame, context
     }
 
 
-DISAGREE_CONFIDENCE = 0.6
-"""A finding whose figure another measure contradicts keeps this share of its confidence."""
-
-
 def _agree_checks(rule: Rule, frame: Frame) -> list[tuple[str, np.ndarray]]:
     """Each of the rule's ``agree`` checks: its text, and the rows where it is known and false."""
-    out = []
-    for check, says in rule.agree:
-        v = frame.value(check)
-        out.append((says, np.broadcast_to((v.st == OK) & (v.val == 0), (frame.n,))))
-    return out
+    values = [(says, frame.value(check)) for check, says in rule.agree]
+    return [(says, np.broadcast_to((v.st == OK) & (v.val == 0), (frame.n,))) for says, v in values]
 
 
 def suggestions(rule: Rule, env: dict) -> dict:
@@ -209,7 +196,7 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     it takes the higher severity and cost of the two. ``explains`` (rule id -> ids) is what each rule
     explains on this job (``_explained_here``); without it, a rule's unconditional ``explains``."""
     for f in findings:
-        _bound_by_cost(f, rules.get(f["rule"]))
+        _bound_by_cost(f, rules[f["rule"]])
     order = sorted(findings, key=lambda f: _order_key(f, rules))
     fired = {f["rule"]: f for f in order}
     explained_by: dict[str, str] = {}
@@ -231,11 +218,11 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
                     grew = True
         for _ in range(len(order)):  # chains (a explains b explains c)
             for other, cause in explained_by.items():
-                _inherit(fired[cause], fired[other], with_cost=not getattr(rules.get(other), "symptom", False))
+                _inherit(fired[cause], fired[other], with_cost=not rules[other].symptom)
         if not grew:
             break
     for f in order:  # a cause that took a symptom's severity keeps its own cost: bound it again
-        _bound_by_cost(f, rules.get(f["rule"]))
+        _bound_by_cost(f, rules[f["rule"]])
     order.sort(key=lambda f: _order_key(f, rules))
     # Move each explaining finding just before the first finding it explains; bounded against cycles.
     for _ in range(len(order) * len(order) + 1):
@@ -252,12 +239,12 @@ def rank_findings(findings: list[dict], rules: dict[str, Rule], explains: dict |
     return order
 
 
-def _bound_by_cost(f: dict, rule: Rule | None) -> None:
+def _bound_by_cost(f: dict, rule: Rule) -> None:
     """The engine's invariant over every rule: a finding is no louder than its cost allows (``LOUD_FLOORS``);
     one without a cost may be loud only as a stated ``risk``, whose reason joins its summary."""
     cost = f.get("cost_share")
     if cost is None:
-        if rule is None or rule.risk is None:
+        if rule.risk is None:
             f["severity"] = "info"
         elif f["severity"] != "info" and rule.risk not in f["summary"]:
             f["summary"] += f" ({rule.risk})"
@@ -269,12 +256,11 @@ def _bound_by_cost(f: dict, rule: Rule | None) -> None:
 
 def _order_key(f: dict, rules: dict[str, Rule]):
     cost = f.get("cost_share")
-    rule = rules.get(f["rule"])
     return (
         -SEVERITIES.index(f["severity"]),
         f.get("cost_basis") == "unmeasured",  # time no phase explains: after the measured causes
         -(cost if cost is not None else -1.0),
-        -(rule.priority if rule else 0),
+        -rules[f["rule"]].priority,
         -f["confidence"],
         f["rule"],
     )
@@ -298,14 +284,12 @@ def run_checklist(items: list[ChecklistItem], features: dict[int, dict] | Frame)
         unit = "ratio" if item.value.text.strip().endswith(_RATIO_SUFFIXES) else "number"
         value = frame.value(item.value)
         where = np.flatnonzero(frame.holds(item.when) & value.known())
-        if not where.size:
-            out.append({"item": item.item, "group": item.group, "status": "n/a", "value": None, "unit": unit})
-            continue
-        values = np.broadcast_to(value.val, (frame.n,))[where]  # the first of the extremes, as max/min keep
-        worst = value.at(int(where[np.argmax(values) if item.compare == ">=" else np.argmin(values)]))
-        status = "fail" if _beyond(worst, item.fail, item.compare) else "pass"
-        if status == "pass" and _beyond(worst, item.warn, item.compare):
-            status = "warn"
+        status, worst = "n/a", None
+        if where.size:
+            values = np.broadcast_to(value.val, (frame.n,))[where]  # the first of the extremes, as max/min keep
+            worst = value.at(int(where[np.argmax(values) if item.compare == ">=" else np.argmin(values)]))
+            status = "fail" if _beyond(worst, item.fail, item.compare) else "pass"
+            status = "warn" if status == "pass" and _beyond(worst, item.warn, item.compare) else status
         out.append({"item": item.item, "group": item.group, "status": status, "value": _round(worst), "unit": unit})
     return out
 

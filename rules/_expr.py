@@ -4,23 +4,18 @@ Expressions are parsed with Python's own grammar (``ast.parse(mode="eval")``) an
 this module, which accepts only: numbers, ``true``/``false``, feature names, ``+ - * /``, comparisons,
 ``and or not``, and the functions ``min max abs round floor ceil coalesce``. Anything else (attributes,
 subscripts, lambdas, other calls) is rejected when the rule file is loaded, so a rule file cannot run code.
-
-A feature that is absent (None: a GPU signal on a CPU job, a figure not recorded yet) makes the
-whole expression unknown, so a rule never fires on missing data. Division by zero is unknown too, and
-so is a function given a value it cannot take (``floor`` of an infinity). ``coalesce(a, b, ...)`` is
-the one way round that: the first of its arguments that is known.
-
-An expression is at most ``MAX_EXPRESSION_CHARS`` characters and nests at most ``MAX_EXPRESSION_DEPTH``
-levels (the built-in rules use under 100 characters and 7 levels): the parser and the evaluator walk
-the tree recursively, and a rule file must not be able to exhaust the stack or the memory.
+Length and nesting are capped (``MAX_EXPRESSION_*``; the built-in rules use under 100 characters and 7
+levels): the parser and the evaluator recurse, and a rule file must not exhaust the stack or the memory.
 
 One evaluator, over columns: a ``Frame`` holds the ranks' features as one numpy array per feature, and each
 node of the tree is a few array operations over every rank at once; a single rank is a one-row frame. Beside
-each value it keeps how its evaluation ended -- OK, UNKNOWN (absent, a division by zero: ``coalesce`` tries
-its next argument) or ERROR (``floor`` of an infinity, ``min`` of one argument, a feature that is not a
-number: unknown, ``coalesce`` does not catch it) -- and the type Python gives it (an int stays an int in a
-finding; a bool is not a number a rule measures). ``and``/``or`` and comparison chains decide per rank as
-Python's short circuits do. Integers are float64 here: exact to 2**53, far past any feature.
+each value it keeps how its evaluation ended and the type Python gives it (an int stays an int in a finding;
+a bool is not a number a rule measures). UNKNOWN (an absent feature: a GPU signal on a CPU job, a figure not
+recorded yet; a division by zero) makes the whole expression unknown, so a rule never fires on missing data;
+``coalesce(a, b, ...)`` is the one way round it, the first argument that is known. ERROR (``floor`` of an
+infinity, ``min`` of one argument, a feature that is not a number) is unknown too, and ``coalesce`` does not
+catch it. ``and``/``or`` and comparison chains decide per rank as Python's short circuits do. Integers are
+float64 here: exact to 2**53, far past any feature.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ _RULE_KEYS = {
     "risk", "agree",
 }  # fmt: skip
 _FIX_KEYS = ("text", "snippet", "cases", "frameworks")
+_CASE_KEYS = ("when", "text", "snippet", "frameworks")
 _ITEM_KEYS = {"item", "group", "value", "compare", "warn", "fail", "when"}
 
 
@@ -147,12 +148,8 @@ def load_rules(rules_dir: str | None = None, include_builtin: bool = True) -> Ru
         by_id.update((rule.id, rule) for rule in part.rules)
         merged.checklist.extend(part.checklist)
     merged.rules = list(by_id.values())
-    errors += [
-        f"{rule.source}: rule {rule.id!r} explains unknown rule {other!r}"
-        for rule in merged.rules
-        for other in rule.explains
-        if other not in by_id
-    ]
+    unknown = [(rule, other) for rule in merged.rules for other in rule.explains if other not in by_id]
+    errors += [f"{rule.source}: rule {rule.id!r} explains unknown rule {other!r}" for rule, other in unknown]
     if errors:
         raise RuleError(errors)
     return merged
@@ -175,12 +172,10 @@ def _read_rules(path: str, builtin: bool) -> tuple[RuleSet, list[str]]:
     errors: list[str] = []
     text, part = _read_text(path, errors), None
     if text is not None and builtin and hasattr(yaml, "CSafeLoader"):
-        # libyaml's composer makes the same nodes ~10x faster (0.4 s of a first diagnosis); on any problem the
-        # pure-Python reading below says what is wrong, as it does for any other file.
+        # libyaml's composer makes the same nodes ~10x faster (0.4 s of a first diagnosis); on any problem (a
+        # RuleError included) the pure-Python reading below says what is wrong, as it does for any other file.
         with contextlib.suppress(Exception):
-            fast: list[str] = []
-            part = parse_rules(text, path, fast, loader=yaml.CSafeLoader)
-            part = None if fast else part
+            part = parse_rules(text, path, loader=yaml.CSafeLoader)
     if part is None:
         part = RuleSet() if text is None else parse_rules(text, path, errors)
     if stamp is not None:
@@ -210,17 +205,15 @@ def parse_rules(
     """Parse one rule file's text; append errors (``path:line: message``) to ``errors`` or raise RuleError."""
     own = errors is None
     errors = [] if own else errors
-    out = RuleSet()
+    out, root = RuleSet(), None
     try:
         root = yaml.compose(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
         errors.append(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}")
-        root = None
     except RecursionError:  # the composer recurses once per nested list or mapping
         errors.append(f"{path}: YAML nested too deeply to read")
-        root = None
     if root is not None:
         start = len(errors)
         _Checker(path, errors, out).file(root)
@@ -239,8 +232,6 @@ _SPEC_NUMBER = re.compile(r"\d+")
 def format_spec_problem(spec: str) -> str | None:
     """What is wrong with a template field's format spec, or None: a nested ``{field}`` (its width would
     come from the run's data) or a width or precision over ``MAX_FORMAT_NUMBER``."""
-    if not spec:
-        return None
     if "{" in spec or "}" in spec:
         return "takes its format from another field; write the width and precision as numbers"
     # int() of a very long digit string is refused by Python itself: cap what is converted.
@@ -262,12 +253,11 @@ class _Checker:
 
     def __init__(self, path: str, errors: list[str], out: RuleSet) -> None:
         self.path, self.errors, self.out = path, errors, out
-        self._constructor: yaml.SafeLoader | None = None  # one per file: making one per value was a third of it
+        self._constructor = yaml.SafeLoader("")  # one per file: making one per value was a third of it
 
     def err(self, node, message: str) -> None:
         """Record an error at the node's line; None, so ``return self.err(...)`` drops what was being read."""
-        line = node.start_mark.line + 1 if node is not None else 1
-        self.errors.append(f"{self.path}:{line}: {message}")
+        self.errors.append(f"{self.path}:{node.start_mark.line + 1}: {message}")
 
     def unknown_keys(self, m: dict, allowed, say) -> bool:
         """Report each key of ``m`` not in ``allowed`` (``say(key)`` is its message); True when there was one."""
@@ -292,8 +282,6 @@ class _Checker:
     def scalar(self, node, what: str, kinds=(str,)):
         if not isinstance(node, yaml.ScalarNode):
             return self.err(node, f"{what} must be a single value")
-        if self._constructor is None:
-            self._constructor = yaml.SafeLoader("")
         try:
             value = self._constructor.construct_object(node, deep=True)
         except yaml.YAMLError:
@@ -375,7 +363,7 @@ class _Checker:
         confidence = self.number(m["confidence"][1], f"{where}: confidence") if "confidence" in m else 1.0
         if confidence is not None and not 0 < confidence <= 1:
             confidence = self.err(m["confidence"][1], f"{where}: confidence must be in (0, 1]")
-        evidence = self.evidence(m, where)
+        evidence = self.evidence(m["evidence"][1], where) if "evidence" in m else ()
         explains, explains_when = self.explains(m["explains"][1], where) if "explains" in m else ((), {})
         priority = self.opt(m, "priority", f"{where}: priority", 0, (int,))
         symptom = self.opt(m, "symptom", f"{where}: symptom", False, (bool,))
@@ -385,20 +373,18 @@ class _Checker:
         suggest = self.suggest(m["suggest"][1], where) if "suggest" in m else ()
         names = {n for n, _ in suggest}
         agree = self.agree(m["agree"][1], where, names) if "agree" in m else ()
-        summary = self.opt(m, "summary", f"{where}: summary")
-        if summary is not None:
-            summary = self.template(m["summary"][1], summary, where, "summary", names)
+        summary = self.template(m, "summary", where, "summary", names)
         fix = self.fix(m["fix"][1], where, names) if "fix" in m else None
         prometheus = self.prometheus(m["prometheus"][1], where, levels) if "prometheus" in m else None
         if len(self.errors) > start:  # what is None (missing, not valid, no levels nor severity) was said too
             return None
-        base, cases, frameworks = fix
+        base, cases = fix
         return Rule(
             id=rid, axis=axis, title=title, summary=summary, fix_text=base.text, fix_snippet=base.snippet or "",
             when=when, value=value if value is not None else (cost if levels else None), compare=compare,
             levels=levels or (), severity=severity, confidence=confidence, evidence=evidence, explains=explains,
-            explains_when=explains_when, priority=priority, prometheus=prometheus,
-            cost=cost, noise=noise, cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=frameworks,
+            explains_when=explains_when, priority=priority, prometheus=prometheus, cost=cost, noise=noise,
+            cost_basis=cost_basis, suggest=suggest, fix_cases=cases, fix_frameworks=base.frameworks,
             symptom=symptom, risk=risk, agree=agree, source=f"{self.path}:{node.start_mark.line + 1}",
         )  # fmt: skip
 
@@ -419,9 +405,7 @@ class _Checker:
                 self.err(item, f"{where}: an agree entry needs a 'check' and a 'says'")
                 continue
             check = self.expr(m["check"][1], f"{where}: agree check")
-            says = self.opt(m, "says", f"{where}: agree says")
-            if says is not None:
-                says = self.template(m["says"][1], says, where, "agree says", names)
+            says = self.template(m, "says", where, "agree says", names)
             if check is not None and says is not None:
                 out.append((check, says))
         return tuple(out)
@@ -447,10 +431,8 @@ class _Checker:
     def levels(self, node, what: str, compare: str):
         """``{info: x, warning: y, critical: z}`` -> ((severity, threshold), ...) from least to most severe."""
         lm = self.mapping(node, what)
-        if not lm:
-            if lm is not None:
-                self.err(node, f"{what} must name at least one severity")
-            return None
+        if not lm:  # not a mapping (said), or an empty one
+            return None if lm is None else self.err(node, f"{what} must name at least one severity")
         levels = []
         for sev, (knode, vnode) in lm.items():
             if sev not in SEVERITIES:
@@ -465,13 +447,12 @@ class _Checker:
             return self.err(node, f"{what}: thresholds must get stricter from info to critical (compare {compare})")
         return tuple(levels)
 
-    def evidence(self, m: dict, where: str):
-        """The feature names a finding shows as its evidence: () when absent, None when one is not a feature."""
-        node = m["evidence"][1] if "evidence" in m else None
-        if node is not None and not isinstance(node, yaml.SequenceNode):
+    def evidence(self, node, where: str):
+        """The feature names a finding shows as its evidence; None when one is not a feature."""
+        if not isinstance(node, yaml.SequenceNode):
             return self.err(node, f"{where}: evidence must be a list")
         names = []
-        for item in node.value if node is not None else ():
+        for item in node.value:
             name = self.scalar(item, f"{where}: evidence entry")
             if name is None:
                 return None
@@ -484,8 +465,7 @@ class _Checker:
         """``explains: [rule-id, {rule-id: condition}, ...]`` -> (ids, {id: condition}); (None, {}) when malformed.
         A condition (over the cause's features) limits the claim to the jobs where the causal link holds."""
         if not isinstance(node, yaml.SequenceNode):
-            self.err(node, f"{where}: explains must be a list")
-            return None, {}
+            return self.err(node, f"{where}: explains must be a list"), {}
         ids, conditions = [], {}
         for item in node.value:
             if isinstance(item, yaml.MappingNode) and len(item.value) == 1:
@@ -514,7 +494,12 @@ class _Checker:
             out += [(name, expr)] if expr is not None else []
         return tuple(out)
 
-    def template(self, node, text: str, where: str, what: str = "summary", names=frozenset()):
+    def template(self, m: dict, key: str, where: str, what: str, names) -> str | None:
+        """The template under ``key``, or None (absent, or wrong: said)."""
+        text = self.opt(m, key, f"{where}: {what}")
+        if text is None:
+            return None
+        node = m[key][1]
         try:
             parsed = [(f, spec) for _, f, spec, _ in string.Formatter().parse(text) if f is not None]
         except ValueError as exc:
@@ -539,39 +524,27 @@ class _Checker:
 
     def fix(self, node, where: str, names):
         """``fix: {text, snippet, cases: [{when, text, snippet, frameworks}], frameworks: {name: {text, snippet}}}``
-        -> (base FixVariant, cases, frameworks), or None; every part is checked, errors or not."""
+        -> (base FixVariant, cases), or None; every part is checked, errors or not."""
         start = len(self.errors)
-        base, fm, _ = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
-        cases = []
+        base, fm = self.fix_variant(node, where, "fix", names, required_text=True, allow=_FIX_KEYS)
         seq = fm["cases"][1] if fm is not None and "cases" in fm else None
         if seq is not None and not isinstance(seq, yaml.SequenceNode):
             return self.err(seq, f"{where}: fix.cases must be a list")
-        for i, entry in enumerate(seq.value if seq is not None else ()):
-            what = f"fix.cases[{i}]"
-            allow = ("when", "text", "snippet", "frameworks")
-            case, cm, case_ok = self.fix_variant(entry, where, what, names, allow=allow)
-            if cm is not None and "when" not in cm:
-                self.err(entry, f"{where}: {what} needs a 'when'")
-            elif cm is not None:
-                when = self.expr(cm["when"][1], f"{where}: {what}.when", extra=names)
-                if when is not None and case_ok:
-                    cases.append(FixVariant(case.text, case.snippet, when, case.frameworks))
-        ok = len(self.errors) == start
-        return (FixVariant(base.text, base.snippet), tuple(cases), base.frameworks) if ok else None
+        cases = []
+        for i, case in enumerate(seq.value if seq is not None else ()):
+            cases.append(self.fix_variant(case, where, f"fix.cases[{i}]", names, allow=_CASE_KEYS)[0])
+        return (base, tuple(cases)) if len(self.errors) == start else None
 
     def fix_variant(self, node, where: str, what: str, names, required_text=False, allow=("text", "snippet")):
-        """(FixVariant, its key -> (key node, value node) mapping or None, ok)."""
+        """A fix, one of its cases or a framework's variant: (its FixVariant, None when any part is wrong; its
+        key -> (key node, value node) mapping, None when it is not a mapping)."""
         start, fm = len(self.errors), self.mapping(node, f"{where}: {what}")
         if fm is None:
-            return None, None, False
+            return None, None
         self.unknown_keys(fm, allow, lambda k: f"{where}: {what} has unknown key {k!r} ({', '.join(allow)})")
         if required_text and "text" not in fm:
             self.err(node, f"{where}: {what} needs a 'text'")
-        out = {}
-        for key in ("text", "snippet"):
-            text = self.opt(fm, key, f"{where}: {what}.{key}")
-            if text is not None and self.template(fm[key][1], text, where, f"{what}.{key}", names) is not None:
-                out[key] = text
+        text, snippet = (self.template(fm, key, where, f"{what}.{key}", names) for key in ("text", "snippet"))
         frameworks = {}
         if "frameworks" in fm and "frameworks" in allow:
             variants = self.mapping(fm["frameworks"][1], f"{where}: {what}.frameworks") or {}
@@ -579,10 +552,14 @@ class _Checker:
                 if name not in FRAMEWORKS:
                     self.err(knode, f"{where}: {what}.frameworks: unknown framework {name!r} ({', '.join(FRAMEWORKS)})")
                     continue
-                variant, _, variant_ok = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)
-                if variant_ok:
-                    frameworks[name] = variant
-        return FixVariant(out.get("text"), out.get("snippet"), None, frameworks), fm, len(self.errors) == start
+                frameworks[name] = self.fix_variant(vnode, where, f"{what}.frameworks.{name}", names)[0]
+        when = None
+        if "when" in allow and "when" not in fm:
+            self.err(node, f"{where}: {what} needs a 'when'")
+        elif "when" in allow:
+            when = self.expr(fm["when"][1], f"{where}: {what}.when", extra=names)
+        ok = len(self.errors) == start
+        return FixVariant(text, snippet, when, frameworks) if ok else None, fm
 
     def prometheus(self, node, where: str, levels):
         pm = self.mapping(node, f"{where}: prometheus")

@@ -22,11 +22,6 @@ def _placeholders(template: str) -> str:
     return "".join(literal + (f"<{name}>" if name is not None else "") for literal, name, _, _ in parts)
 
 
-def _alert_name(rule_id: str, severity: str, several: bool) -> str:
-    base = "Ranksight" + "".join(part.capitalize() for part in rule_id.split("-"))
-    return base + (severity.capitalize() if several else "")
-
-
 def prometheus_rules(rules: list[Rule], group: str = "ranksight") -> dict:
     """Build the Prometheus rule-file object (``groups → rules``) for the exportable rules."""
     alerts = []
@@ -34,12 +29,13 @@ def prometheus_rules(rules: list[Rule], group: str = "ranksight") -> dict:
         if not rule.prometheus:
             continue
         own = rule.prometheus.get("levels") or rule.levels
+        name = "Ranksight" + "".join(part.capitalize() for part in rule.id.split("-"))
         for severity, threshold in [lv for lv in own or [(rule.severity, None)] if lv[0] != "info"]:
             expr = rule.prometheus["expr"]
             expr = expr if threshold is None else expr.replace("{threshold}", repr(threshold))
             alerts.append(
                 {
-                    "alert": _alert_name(rule.id, severity, bool(own)),
+                    "alert": name + (severity.capitalize() if own else ""),  # one alert per level
                     "expr": expr,
                     "for": rule.prometheus["for"],
                     "labels": {"severity": severity, "axis": rule.axis, "rule": rule.id},

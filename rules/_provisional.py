@@ -12,19 +12,15 @@ PROVISIONAL_BELOW_STEPS = 50
 """A verdict that rests on fewer steps after warm-up than this (on its least-measured rank) is provisional."""
 
 
-def steps_judged(diagnosis: dict) -> int:
-    """The steps after warm-up a diagnosis rests on: the fewest any rank contributed (0 before any)."""
+def provisional(diagnosis: dict, minimum: int = PROVISIONAL_BELOW_STEPS) -> int | None:
+    """The steps after warm-up the verdict rests on when they are fewer than ``minimum`` (it is provisional),
+    else None: the recent window's, or the fewest any rank contributed (0 before any)."""
     window = diagnosis.get("window")
     if isinstance(window, dict) and isinstance(window.get("steps"), int):
-        return window["steps"]
-    ranks = (diagnosis.get("breakdown") or {}).get("ranks") or []
-    counts = [r.get("steps") for r in ranks if isinstance(r.get("steps"), int)]
-    return min(counts, default=0)
-
-
-def provisional(diagnosis: dict, minimum: int = PROVISIONAL_BELOW_STEPS) -> int | None:
-    """The steps the verdict rests on when they are fewer than ``minimum`` (it is provisional), else None."""
-    steps = steps_judged(diagnosis)
+        steps = window["steps"]
+    else:
+        ranks = (diagnosis.get("breakdown") or {}).get("ranks") or []
+        steps = min((r["steps"] for r in ranks if isinstance(r.get("steps"), int)), default=0)
     return steps if steps < minimum else None
 
 
