@@ -7,8 +7,9 @@ a second one that runs after DDP's own finalisation has waited for every bucket 
 gloo these are host clocks (``_time_grad_sync``); on NCCL, whose host futures complete at enqueue, CUDA
 events (``_gpu_hooks``). A Python comm hook per bucket (``Config(comm_hook=True)``, gloo only) adds per-bucket
 rows at a price: it runs PyTorch's Python ``allreduce_hook`` instead of DDP's C++ path (0.8 ms of training-
-thread CPU a step on a 2-rank gloo job, ``benchmarks/agent_cost_gloo.py``), and each bucket's done callback
-runs on gloo's communication thread, where it must take the GIL the training thread holds.
+thread CPU a step on a 2-rank gloo job, ``benchmarks/results/cpu_agent_cost_gloo_arms.json``), and each
+bucket's done callback runs on gloo's communication thread, where it must take the GIL the training thread
+holds.
 
 All hooks run on the training (or autograd / communication) threads, so each one is a clock read and
 a ``deque.append``; errors inside them are caught, counted, and switch the hook off.
