@@ -1,7 +1,7 @@
 """Step files vouched for by their cards: what the node spool's publisher recorded about each file it wrote.
 
 Why: a fresh reader checks every segment's footer before DuckDB reads it (``_segment_checks``), and the
-verdict counts the view's rows from the footers (``_digest_source``). At 10,000 ranks that is 1,250 node
+verdict read the rows the footers count. At 10,000 ranks that is 1,250 node
 files whose footers DuckDB parses twice, 0.13 s and 0.07 s: a fifth of a first verdict (cpu_scale_history.md,
 "Scale v6"). The publisher holds the file's bytes when it writes the file's digest, so it records in the
 digest's header the file's size, a hash of its footer's bytes, its rows and a hash of its columns

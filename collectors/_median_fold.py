@@ -1,7 +1,7 @@
 """The per-rank medians of a spool's step files, kept sorted between readings and fed only the files added since.
 
 Why: a median does not merge (``ranksight.format.verdict_digest``), so where a rank's rows are in several files
-the verdict reads every step row again for its medians (``_digest_queries._rows_medians``). A live dashboard
+the verdict reads every step row again for its medians (``_summary._rows_medians``). A live dashboard
 re-reads the run at every refresh: at 1,024 ranks those medians were 0.27 CPU-s of a 0.36-0.49 s refresh at
 1,000 steps and 1.17 of 1.24-1.54 s at 4,000 (2 cores, load 5-7), growing with the run. A reading opened with
 ``incremental=True`` (``open_run``) takes them from here instead: each rank's values of each figure, kept
@@ -20,7 +20,6 @@ from collections import OrderedDict
 from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 
-from ._digest_fold import _signature
 from ._tables import LATE_STEP_COLUMNS
 
 KEPT_MEDIAN_VALUES = 32_000_000
@@ -120,3 +119,11 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
         while len(_folds) > KEPT_FOLDS:
             _folds.popitem(last=False)
         return fold.medians()
+
+
+def _signature(path: str) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1, 0)  # read will fail and say why; never equal to a file that was there
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -10,7 +10,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from ranksight.collectors import _digest_fold, _digest_source, _file_cards, _segment_checks, open_run
+from ranksight.collectors import _file_cards, _segment_checks, open_run
 from ranksight.format.digest import chunk_steps_for, digest_paths
 from ranksight.format.digest_file import footer_hash, read_card, schema_hash, with_card
 from ranksight.rules import diagnose
@@ -24,7 +24,6 @@ def fresh_reader(monkeypatch):
     footer per schema once 64 files are new; here from 2)."""
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
     monkeypatch.setattr(_segment_checks, "_BATCH_FROM", 2)
-    _digest_fold.forget()
 
 
 def _digests(run: str) -> dict[str, str]:
@@ -32,28 +31,21 @@ def _digests(run: str) -> dict[str, str]:
 
 
 def _footer_readings(monkeypatch) -> list[str]:
-    """Each time DuckDB is asked to read many footers (the schemas' check, the rows' count)."""
+    """Each time DuckDB is asked to read many footers (the schemas' check)."""
     calls: list[str] = []
-    judge, count = _segment_checks.judge_by_schema, _digest_source._footer_rows
+    judge = _segment_checks.judge_by_schema
 
     def judged(folder, names, *args, **kwargs):
         calls.append(f"schemas of {len(names)}")
         return judge(folder, names, *args, **kwargs)
 
-    def counted(con, files):
-        if _segment_checks.segment_rows(files) is None:
-            calls.append(f"rows of {len(files)}")
-        return count(con, files)
-
     monkeypatch.setattr(_segment_checks, "judge_by_schema", judged)
-    monkeypatch.setattr(_digest_source, "_footer_rows", counted)
     return calls
 
 
 def _without_cards(run: str, monkeypatch) -> dict:
     """The verdict of a fresh reader that finds no card (as of a spool an older agent published)."""
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     with monkeypatch.context() as m:
         m.setattr(_file_cards, "read_card", lambda path: None)
         return diagnose(run)
@@ -100,9 +92,8 @@ def test_a_fresh_reader_of_carded_files_reads_no_footer_with_duckdb_and_gives_th
     before = _without_cards(run, monkeypatch)
     calls = _footer_readings(monkeypatch)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     verdict = diagnose(run)
-    assert calls == []  # every step file vouched for by its card, its rows counted from it
+    assert calls == []  # every step file vouched for by its card
     assert verdict == before
     paths = [os.path.join(run, "steps", n) for n in _step_files(run)]
     assert _segment_checks.segment_rows(paths) == 4 * 40 * len(RANKS)
@@ -121,7 +112,6 @@ def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer
         f.write(b"PARQUET-CPP")
     before = _without_cards(run, monkeypatch)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     calls = _footer_readings(monkeypatch)
     with open_run(run, follow_spool=False) as reading:
         skipped = [(os.path.basename(s.path), s.reason) for s in reading.skipped]
@@ -131,7 +121,6 @@ def test_a_file_that_is_not_the_one_its_card_describes_is_judged_from_its_footer
     others = [os.path.join(run, "steps", n) for n in names[2:]]
     assert _segment_checks.segment_rows(others) == len(others) * 40 * len(RANKS)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     assert diagnose(run) == before
 
 
@@ -152,9 +141,8 @@ def test_a_card_that_does_not_say_what_the_footer_says_vouches_for_nothing(tmp_p
         _rewrite_card(digest, change)
     before = _without_cards(run, monkeypatch)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     calls = _footer_readings(monkeypatch)
     verdict = diagnose(run)
     assert verdict == before
     assert _segment_checks.segment_rows([os.path.join(run, "steps", n) for n in _step_files(run)]) is None
-    assert calls[-1] == "rows of 4"  # counted from the footers, as without cards
+    assert calls  # judged from the footers, as without cards

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ranksight.collectors import _digest_fold, _segment_checks
+from ranksight.collectors import _segment_checks
 from ranksight.format.digest import DIGEST_DIR, digest_keys
 from ranksight.format.digest_file import CARD_KEY, file_card, read_card
 from ranksight.rules import diagnose
@@ -35,7 +35,6 @@ def _from_rows(run: str, monkeypatch) -> dict:
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")
     try:
-        _digest_fold.forget()
         monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
         return diagnose(run)
     finally:
@@ -71,7 +70,6 @@ def test_a_spool_of_another_digest_definition_gets_this_versions_digests_and_rea
     assert {n: open(os.path.join(older, n), "rb").read() for n in os.listdir(older)} == kept  # left as it was
     calls = _footer_readings(monkeypatch)
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     verdict = diagnose(run)
     assert calls == []  # every file vouched for by its new card, the digests read
     assert [(f["rule"], f["ranks"]) for f in verdict["findings"]] == [(f["rule"], f["ranks"]) for f in rows["findings"]]
@@ -101,7 +99,6 @@ def test_digests_without_cards_get_their_cards_and_keep_their_parts(tmp_path, mo
         with open(os.path.join(run, "steps", name), "rb") as f:
             assert read_card(os.path.join(current, name)) == file_card(f.read())
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     assert diagnose(run)["findings"] == before["findings"]
 
 
@@ -122,7 +119,6 @@ def test_a_damaged_digest_is_made_again_and_a_step_file_that_does_not_read_is_le
     with open(os.path.join(run, "steps", names[0]), "rb") as f:
         assert read_card(os.path.join(current, names[0])) == file_card(f.read())
     monkeypatch.setattr(_segment_checks, "_verdicts", _segment_checks._SegmentVerdicts())
-    _digest_fold.forget()
     assert diagnose(run)["findings"] == before["findings"]
 
 
