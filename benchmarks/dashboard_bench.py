@@ -406,7 +406,7 @@ def append_steps(run_path: str, ranks: int, first_step: int, steps: int, status:
         table = pa.Table.from_arrays(arrays, schema=schema)
         name = f"{node}_m{first:020d}-{first_step:06d}.parquet"
         data = parquet_bytes(table)
-        write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+        write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
         metas = [

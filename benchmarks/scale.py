@@ -387,8 +387,8 @@ def build_spool(run_path: str, ranks: int, steps: int, per_node: bool) -> tuple[
         )
         table = pa.Table.from_arrays(arrays, schema=schema)
         data = parquet_bytes(table)
-        if per_node:  # as the node spool's publisher writes it, before the file, with its card
-            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+        if per_node:  # as the node spool's publisher writes it, before the file
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
         files += 1

@@ -28,7 +28,7 @@ from ._rollup import Rollup
 from ._rundir import SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
 from ._spool_reader import open_views, reading_connection
-from ._summary import Sources, Summary, summarize
+from ._summary import KeptDigests, Sources, Summary, summarize
 from ._tables import select_list
 
 
@@ -57,6 +57,7 @@ class Run:
         """Whether ``refresh`` brings this reading up to date again and again (``open_run``)."""
         self._skipped: list[SkippedFile] = []
         self._sources: Sources | None = None
+        self._kept_digests = KeptDigests() if incremental else None
         self._con = con if con is not None else reading_connection()
         self._kept: dict = {}
         self._ranks: list[RankMeta] | None = None
@@ -162,7 +163,9 @@ class Run:
         """``summary`` of the steps that ended after ``since_ns`` (the query functions' call)."""
         return self._once(
             ("summary", warmup_steps, since_ns),
-            lambda: summarize(self, self._sources, warmup_steps, since_ns, incremental=self.incremental),
+            lambda: summarize(
+                self, self._sources, warmup_steps, since_ns, incremental=self.incremental, kept=self._kept_digests
+            ),
         )
 
     # ------------------------------------------------------------------ figures

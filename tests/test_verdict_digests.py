@@ -234,6 +234,35 @@ def test_a_reader_after_new_files_gets_the_rows_figures(tmp_path):
     assert (merged[1]["slowest_step_share"], merged[3]["slowest_step_share"]) == (40 / 115, 75 / 115)
 
 
+def test_a_reading_refreshed_again_reads_only_the_new_files_digests(tmp_path, monkeypatch):
+    """The live dashboard's reading (``incremental=True``) keeps the digest parts it read, merged: a refresh reads
+    the new files' digests alone, and its features are a fresh reading's."""
+    run = _published_run(tmp_path, publishes=2)
+    reading = open_run(run, follow_spool=False, incremental=True)
+    read, original = [], _summary.read_digest_parts
+
+    def recorded(paths, parts, *args, **kwargs):
+        read.append(sorted(os.path.basename(p) for p in paths))
+        return original(paths, parts, *args, **kwargs)
+
+    monkeypatch.setattr(_summary, "read_digest_parts", recorded)
+    try:
+        first = reading.features()
+        assert read == [_step_files(run)]
+        before = set(_step_files(run))
+        _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120), slow=1)
+        publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+        read.clear()
+        assert reading.refresh()
+        again = reading.features()
+        assert read == [sorted(set(_step_files(run)) - before)]
+        assert again != first and reading.summary().read_from == ("digests",)
+    finally:
+        reading.close()
+    monkeypatch.undo()
+    _assert_same_features(again, run_features(run))
+
+
 def _step_grid(steps: int, ranks: int):
     """(step, rank, columns) of every rank's row at every step, four ranks to a node: the key columns of a
     synthetic step table."""
