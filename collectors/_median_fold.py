@@ -20,6 +20,7 @@ from collections import OrderedDict
 from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 
+from ._rundir import file_signature
 from ._tables import LATE_STEP_COLUMNS
 
 KEPT_MEDIAN_VALUES = 32_000_000
@@ -82,7 +83,7 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
     if not files:
         return None
     key = (os.path.dirname(files[0]), figures, warmup_steps)
-    signatures = {p: _signature(p) for p in files}
+    signatures = {p: file_signature(p) for p in files}
     with _lock:
         if len(files) >= _too_big.get(key, len(files) + 1):
             return None  # passed the bound before, and the run only grows: not read again to find that out
@@ -119,11 +120,3 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
         while len(_folds) > KEPT_FOLDS:
             _folds.popitem(last=False)
         return fold.medians()
-
-
-def _signature(path: str) -> tuple[int, int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, -1, 0)  # read will fail and say why; never equal to a file that was there
-    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -258,8 +258,9 @@ def open_run(run_path: str | os.PathLike, con=None, *, follow_spool: bool = True
 
     ``incremental``: a reading that ``refresh`` brings up to date again and again (the live dashboard's, with
     ``follow_spool=False``): its pending segments are not read into memory at each opening (every refresh would
-    read every row again: 1.1-2.5 CPU-s at 1,024 ranks x 1,000-2,000 steps), and the per-rank medians the
-    verdict reads are kept in the process and fed only the files added since (``_median_fold``).
+    read every row again: 1.1-2.5 CPU-s at 1,024 ranks x 1,000-2,000 steps); the reading keeps the step digests'
+    parts it read (``KeptDigests``) and the process the per-rank medians (``_median_fold``), each fed only the
+    files added since.
 
     ``con``: a DuckDB connection to make the views on (the dashboard's rollup adds its own tables beside
     them); by default a new one. Segments that cannot be read are left out (``Run.skipped``); a

@@ -30,8 +30,8 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS, SUMS_COLUMNS, merge_part_sql, steps_sql
 from ranksight.format.warmup import WARM_SQL, WARMUP_STEPS, is_short
 
-from ._median_fold import _signature, folded_medians
-from ._rundir import first_line, warn_once
+from ._median_fold import folded_medians
+from ._rundir import file_signature, first_line, warn_once
 from ._tables import STORE_ALIAS, fetch_rows, register_arrow, select_list, sql_literal, steps_source, unregister_arrow
 
 SUMMARY_TABLES = {"sums": "_summary_sums", "medians": "_summary_medians", "steps": "_summary_steps"}
@@ -57,7 +57,8 @@ class Sources:
     """What ``open_views`` found behind a reading's ``steps`` view."""
 
     pending: list[str]
-    """The spool's step files the view reads besides any store, as DuckDB opens them."""
+    """The spool's step files the view read besides any store when it was made, as DuckDB opens them (a view that
+    globs the spool reads later ones too: the relation takes them in at ``Run.refresh``)."""
     store: bool = False
     """Whether the run's store holds step rows; ``store_summary``: with its copy of their relation."""
     store_summary: bool = False
@@ -81,6 +82,7 @@ class Summary:
 
     @property
     def ranks(self) -> list[int]:
+        """The ranks with a summed row, sorted."""
         return sorted(self.totals)
 
     @property
@@ -237,7 +239,7 @@ def _digest_parts(con, paths: list[str], kept: KeptDigests | None = None) -> tup
     by_name = _digest_paths(paths)
     digests = [by_name[os.path.basename(p)] for p in paths if os.path.basename(p) in by_name]
     rest = [p for p in paths if os.path.basename(p) not in by_name]
-    signatures = {d: _signature(d) for d in digests} if kept is not None else {}
+    signatures = {d: file_signature(d) for d in digests} if kept is not None else {}
     if kept is not None and (kept.parts is None or any(signatures.get(d) != s for d, s in kept.files.items())):
         kept.files, kept.parts = {}, None  # a file gone or changed: read every one again
     fresh = [d for d in digests if kept is None or d not in kept.files]
