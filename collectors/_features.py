@@ -22,7 +22,6 @@ from ranksight.format.schema import SAMPLE_NAMES
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     BREAKDOWN_COLUMNS,
-    PHASES,
     collective_ops,
     rank_step_stats,
     recompile_excess,
@@ -658,8 +657,6 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
         f["host_bound_share"] = wait if on_gpu else wait + f["compute_share"] + (f["optimizer_share"] or 0.0)
 
 
-_PHASE_SHARES = tuple(f"{p[:-2]}_share" for p in PHASES)
-"""The breakdown's share columns, named once (not per rank)."""
 _ROW_FEATURES = tuple(k for k in BREAKDOWN_COLUMNS if k not in ("rank", "node"))
 """The features a rank's breakdown row gives as they are: its keys but the rank's identity."""
 _row_values = operator.itemgetter(*_ROW_FEATURES)

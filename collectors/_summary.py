@@ -10,9 +10,9 @@ SQL over them (``_queries``). Where the parts come from is chosen here alone (``
   spool's publisher writes it), and one scan of the rest;
 - another warm-up, a recent window, node stores, an older store or a bare connection: one scan of the view.
 
-Why the digests stay a source: at 10,000 ranks x 1,000 steps one GROUP BY of the rows' sums costs 2.7x DuckDB's
-GROUP BY over two of their columns, and the two scans of the relation 7x; a first verdict from the digests
-2.0x (benchmarks/results/onescan_52.md). A median does not merge: a rank in several parts (files cut by
+Why the digests stay a source: at 10,000 ranks x 1,000 steps one GROUP BY of the rows' sums costs 3.0x DuckDB's
+GROUP BY over two of their columns, and the two scans of the relation 7.2x; a first verdict from the digests
+2.2x (benchmarks/results/onescan_52.md). A median does not merge: a rank in several parts (files cut by
 time, a live run beside its store) has its medians from the rows (``_median_fold``'s, for a reading
 refreshed again and again).
 """
@@ -98,7 +98,7 @@ class KeptDigests:
     """The digest parts a reading refreshed again and again (``open_run(incremental=True)``) has read, merged per
     key, and the digest files they hold: each refresh reads only the files added since. Why: the live dashboard
     judges its run again as it grows, and at 1,024 ranks reading every file's digest again made a judging refresh
-    1.2 CPU-s at 4,000 steps against 0.54 (benchmarks/results/onescan_52.md)."""
+    1.2 CPU-s at 4,000 steps against 0.56 (benchmarks/results/onescan_52.md)."""
 
     def __init__(self) -> None:
         self.files: dict[str, tuple] = {}  # digest path -> (inode, size, mtime_ns) when read
@@ -216,8 +216,8 @@ _MEDIAN_COLUMNS = ", ".join(f"median_{f}" for f in MEDIANS)
 
 def _rows_parts(con, source: str, warmup: int) -> tuple:
     """The parts of the step rows in ``source``: two scans, a GROUP BY per rank (its sums and medians) and one per
-    step. One scan of both groupings (GROUPING SETS) took 4.8-8.2 s against 2.6 s at 10,000 ranks x 1,000 steps:
-    it computes every median per step too (onescan_52.md)."""
+    step. One scan of both groupings (GROUPING SETS) took 5.1 s against 2.8 s at 10,000 ranks x 1,000 steps: it
+    computes every median per step too (onescan_52.md)."""
     n = next(_names)
     ranks, steps = f"_rs_rank_{n}", f"_rs_step_{n}"
     con.execute(f"CREATE OR REPLACE TEMP TABLE {ranks} AS {rank_sql(source)}", {"warm": warmup})
