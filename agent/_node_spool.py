@@ -287,20 +287,20 @@ def _publish_kind(kind_dir: str, names: list[str], target_dir: str, node: str, b
         return created + 1, table.num_rows
     from ranksight.format.digest_file import parquet_bytes
 
-    data = parquet_bytes(table)  # in memory first: the digest carries the file's card (size, footer, rows, columns)
-    created += _write_digest(table, target_dir, final, data)  # first: a published file then has its digest
+    data = parquet_bytes(table)
+    created += _write_digest(table, target_dir, final)  # first: a published file then has its digest
     _write_durably(target_dir, final, lambda f: f.write(data))
     return created + 1, table.num_rows
 
 
-def _write_digest(table, steps_dir: str, name: str, data: bytes) -> int:
-    """Write the step file's digest (``ranksight.format.digest``) with the card of its bytes ``data``; 1 when
-    written. A digest only saves readers time, so one that cannot be made (no DuckDB here, a full disk) is
-    left out with a debug line: the file itself is still published, and readers read its rows."""
+def _write_digest(table, steps_dir: str, name: str) -> int:
+    """Write the step file's digest (``ranksight.format.digest``); 1 when written. A digest only saves readers
+    time, so one that cannot be made (no DuckDB here, a full disk) is left out with a debug line: the file
+    itself is still published, and readers read its rows."""
     try:
         from ranksight.format.digest_file import write_digest
 
-        write_digest(table, steps_dir, name, _write_durably, data)
+        write_digest(table, steps_dir, name, _write_durably)
         return 1
     except Exception as exc:  # noqa: BLE001 -- the publish goes on without it
         log.debug("ranksight: no digest for %s: %s", name, exc)

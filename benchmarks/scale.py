@@ -314,8 +314,8 @@ def build_spool(
         name += ".parquet"
         table = pa.Table.from_arrays(arrays, schema=schema)
         data = parquet_bytes(table)
-        if per_node:  # as the node spool's publisher writes it, before the file, with its card
-            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+        if per_node:  # as the node spool's publisher writes it, before the file
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
         with open(os.path.join(run_path, "steps", name), "wb") as f:
             f.write(data)
         files += 1

@@ -3,8 +3,8 @@
 The run directory belongs to this package: the CLI, the rules, the dashboard and the exporters find runs
 (``list_runs``, ``read_rank_meta``), read them (``open_run`` gives a ``Run``, whose methods are the figures:
 ``breakdown``, ``total``, ``features``, ``context``, ``rollup`` ...) and compact them (``ingest``, ``prune``)
-through the names below. The query functions behind the Run live in the modules, which choose step digests or rows
-for each call in one place (``Run.path_for``); callers ask the Run, never them.
+through the names below. The query functions behind the Run live in the modules, every step figure read from one
+summary relation of the run's step rows (``Run.summary``, made in ``_summary``); callers ask the Run, never them.
 """
 
 from ._features import CONTEXT, CONTEXT_DEFAULTS, FEATURES

@@ -18,17 +18,14 @@ import statistics
 from collections.abc import Iterator, Mapping
 
 from ranksight.format.schema import SAMPLE_NAMES
-from ranksight.format.warmup import kept_sql, short_sql, warm_sql
 
-from . import _digest_queries
-from ._digest_source import digests_may_serve, verdict_digests
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     BREAKDOWN_COLUMNS,
-    PHASES,
     collective_ops,
     rank_step_stats,
     recompile_excess,
+    slowest_shares,
     step_breakdown,
     steps_source,
     wait_asymmetry,
@@ -660,8 +657,6 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
         f["host_bound_share"] = wait if on_gpu else wait + f["compute_share"] + (f["optimizer_share"] or 0.0)
 
 
-_PHASE_SHARES = tuple(f"{p[:-2]}_share" for p in PHASES)
-"""The breakdown's share columns, named once (not per rank)."""
 _ROW_FEATURES = tuple(k for k in BREAKDOWN_COLUMNS if k not in ("rank", "node"))
 """The features a rank's breakdown row gives as they are: its keys but the rank's identity."""
 _row_values = operator.itemgetter(*_ROW_FEATURES)
@@ -710,31 +705,6 @@ def _compile_into(f: dict, counts: dict, model_class: str | None) -> None:
     f["compiled"] = int(bool(counts) or model_class == "OptimizedModule")
 
 
-def _slowest_step_share(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: bool) -> dict[int, float]:
-    """Per rank, how often it had the longest compute (evidence beside the wait asymmetry).
-
-    Only steps with a row from every compared rank count. Rows are counted, not distinct ranks (a
-    rank writes a step once; the distinct count made this query 7x slower at 1,024 ranks x 10,000
-    steps: 1.56 s against 0.21 s)."""
-    parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
-    found = _digest_queries.slowest_shares(con, parts, warmup_steps, ranks, use_gpu) if parts else None
-    if found is not None:
-        return found
-    column = "gpu_compute_s" if use_gpu else "compute_s"
-    since = f"AND time_ns > {int(since_ns)}" if since_ns is not None else ""
-    sql = f"""
-        WITH kept AS (
-                SELECT rank, step, {column} AS c FROM steps
-                WHERE {column} IS NOT NULL AND rank IN (SELECT unnest(?::INTEGER[])) {since}
-                  AND {kept_sql(warm_sql(), short_sql("(SELECT max(step) FROM steps) + 1"))}),
-             per_step AS (SELECT step, max(c) AS top FROM kept GROUP BY step HAVING count(*) = ?)
-        SELECT k.rank, avg(CASE WHEN k.c = p.top THEN 1.0 ELSE 0.0 END)
-        FROM kept k JOIN per_step p USING (step) GROUP BY k.rank
-    """
-    _, rows = query(con, sql, [ranks, warmup_steps, warmup_steps, len(ranks)])
-    return {rank: share for rank, share in rows}
-
-
 def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats: dict[int, dict]) -> None:
     """Figures that compare ranks: who waits for whom at collectives, compute scores, memory spread."""
     reporting = [r for r, f in feats.items() if f["steps"]]
@@ -768,7 +738,7 @@ def _compute_scores(con, warmup_steps, since_ns, feats, stats, reporting) -> dic
         for r, value in compute.items():
             feats[r]["compute_median_s"] = value
     if len(compute) >= 2:
-        for r, share in _slowest_step_share(con, warmup_steps, since_ns, sorted(compute), use_gpu).items():
+        for r, share in slowest_shares(con, warmup_steps, since_ns, sorted(compute), use_gpu).items():
             feats[r]["slowest_step_share"] = share
         fastest, median = min(compute.values()), statistics.median(compute.values())
         slowest = max(compute, key=compute.get)

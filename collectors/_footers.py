@@ -4,7 +4,7 @@ Why: a reader checks every segment's footer once per process before DuckDB reads
 file is left out, not read). pyarrow parses a footer in ~0.5 ms, holding the GIL, so 1,250 node files take
 0.5-0.7 s on any number of threads -- half of a 10,000-rank dashboard's first build (docs/scale.md).
 DuckDB reads the same footers' schemas in C++, in parallel, 3x faster. A spool's files share a handful of
-schemas, so each distinct schema (column names, Parquet types, and the Arrow schema pyarrow would read) is
+schemas, so each distinct schema (column names and Parquet types, repetition included) is
 judged once, by the same pyarrow check as a lone file, and its verdict holds for every file that has it.
 """
 
@@ -20,14 +20,12 @@ Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segme
 _GLOB_CHARACTERS = frozenset("*?[]{}")
 
 _SIGNATURES_SQL = """
-    WITH s AS (SELECT file_name,
-                      string_agg(concat_ws('|', name, type, repetition_type, converted_type, logical_type), ','
+    SELECT file_name, string_agg(concat_ws('|', name, type, repetition_type, converted_type, logical_type), ','
                                  ORDER BY name) AS columns
-               FROM parquet_schema($paths) GROUP BY file_name),
-         k AS (SELECT file_name, hash(value) AS arrow_schema
-               FROM parquet_kv_metadata($paths) WHERE decode(key) = 'ARROW:schema')
-    SELECT s.file_name, s.columns, k.arrow_schema FROM s LEFT JOIN k USING (file_name)
+    FROM parquet_schema($paths) GROUP BY file_name
 """
+"""Each file's Parquet schema: what DuckDB reads it by. Not its Arrow schema besides (``parquet_kv_metadata``):
+that second pass over the footers was 0.11 s of 0.3 at 1,250 files and told no file of the agent's apart."""
 
 
 def judge_by_schema(
@@ -56,7 +54,7 @@ def judge_by_schema(
         return None
     finally:
         con.close()
-    by_path = {path: (columns, arrow) for path, columns, arrow in rows}
+    by_path = dict(rows)
     if set(by_path) != set(paths):
         return None
     groups: dict[tuple, list[str]] = {}

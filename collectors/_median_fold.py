@@ -1,7 +1,7 @@
 """The per-rank medians of a spool's step files, kept sorted between readings and fed only the files added since.
 
 Why: a median does not merge (``ranksight.format.verdict_digest``), so where a rank's rows are in several files
-the verdict reads every step row again for its medians (``_digest_queries._rows_medians``). A live dashboard
+the verdict reads every step row again for its medians (``_summary._rows_medians``). A live dashboard
 re-reads the run at every refresh: at 1,024 ranks those medians were 0.27 CPU-s of a 0.36-0.49 s refresh at
 1,000 steps and 1.17 of 1.24-1.54 s at 4,000 (2 cores, load 5-7), growing with the run. A reading opened with
 ``incremental=True`` (``open_run``) takes them from here instead: each rank's values of each figure, kept
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 
-from ._digest_fold import _signature
+from ._rundir import file_signature
 from ._tables import LATE_STEP_COLUMNS
 
 KEPT_MEDIAN_VALUES = 32_000_000
@@ -83,7 +83,7 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
     if not files:
         return None
     key = (os.path.dirname(files[0]), figures, warmup_steps)
-    signatures = {p: _signature(p) for p in files}
+    signatures = {p: file_signature(p) for p in files}
     with _lock:
         if len(files) >= _too_big.get(key, len(files) + 1):
             return None  # passed the bound before, and the run only grows: not read again to find that out

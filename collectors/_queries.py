@@ -6,11 +6,11 @@ share one definition of each figure and tests can call them without any UI.
 
 from __future__ import annotations
 
-from ranksight.format.phases import BLOCKED_SQL, GRAD_COMM_SQL, PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from ranksight.format.phases import PERIOD_SQL, PHASE_SQL, PHASES, SAMPLED_SQL
+from ranksight.format.verdict_digest import merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
-from . import _digest_queries
-from ._digest_source import covering_digests, digests_may_serve, verdict_digests
+from ._summary import Summary, summarize
 from ._tables import query, steps_source
 
 
@@ -29,6 +29,26 @@ def kept_steps_sql(source: str) -> str:
                  WHERE {kept_sql(warm_sql(), "rank IN (SELECT rank FROM short)")} AND {SAMPLED_SQL})"""
 
 
+def summary_of(con, warmup_steps: int, since_ns: int | None, ranks: list[int] | None = None) -> Summary:
+    """The summary relation (``_summary``) of ``con``'s step rows: the one a ``Run`` keeps for the warm-up and
+    window, or, for a bare connection or other ``ranks`` than the relation's, one made from the rows."""
+    kept = getattr(con, "summary_for", None)
+    if kept is not None:
+        found = kept(warmup_steps, since_ns)
+        if ranks is None or found.ranks == sorted(ranks):
+            return found
+    elif ranks is None:
+        return summarize(con, None, warmup_steps, since_ns)
+    return summarize(con, None, warmup_steps, since_ns, ranks=ranks)
+
+
+def _kept_sums(s: Summary) -> str:
+    """The relation's ``sums`` rows each rank keeps: not warm, or all of a rank with no more than the warm-up
+    (``ranksight.format.warmup``); one parameter, the warm-up."""
+    return f"""(SELECT d.* FROM {s.sums} d JOIN (SELECT rank, sum(n) AS total FROM {s.sums} GROUP BY rank) USING (rank)
+               WHERE {kept_sql("warm", short_sql("total"))})"""
+
+
 def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> list[dict]:
     """Per rank: steps, median and mean step period, and each phase's share of the total period.
 
@@ -36,76 +56,21 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
     rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
     """
-    if digests_may_serve(warmup_steps, since_ns):
-        parts = verdict_digests(con, "medians")
-        if parts is not None:
-            return _breakdown_from_digests(con, parts["sums"], warmup_steps, parts)
-        digests = covering_digests(con)
-        if digests is not None:
-            return _breakdown_from_digests(con, digests, warmup_steps, None)
-    shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
+    s = summary_of(con, warmup_steps, since_ns)
+    shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(period_sum), 0) AS {p[:-2]}_share" for p in PHASES)
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con, since_ns))}
-        SELECT rank, any_value(node) AS node, count(*) AS steps,
-               median(period_s) AS step_median_s, avg(period_s) AS step_mean_s,
-               median(compute_s) AS compute_median_s,
-               sum(coalesce(allreduce_s, 0)) / nullif(sum(period_s), 0) AS allreduce_share,
-               sum(data_wait_s) / nullif(sum(period_s), 0) AS data_wait_host_share,
+        SELECT rank, any_value(node) AS node, CAST(sum(n) AS BIGINT) AS steps, CAST(NULL AS DOUBLE) AS step_median_s,
+               sum(period_sum) / sum(n) AS step_mean_s, CAST(NULL AS DOUBLE) AS compute_median_s,
+               coalesce(sum(allreduce_sum), 0) / nullif(sum(period_sum), 0) AS allreduce_share,
+               sum(data_wait_host_sum) / nullif(sum(period_sum), 0) AS data_wait_host_share,
                {shares}
-        FROM kept GROUP BY rank ORDER BY rank
+        FROM {_kept_sums(s)} GROUP BY rank ORDER BY rank
     """
-    names, rows = query(con, sql, [warmup_steps, warmup_steps])
-    return [dict(zip(names, row)) for row in rows]
-
-
-def _breakdown_from_digests(con, digests: str, warmup_steps: int, parts: dict | None) -> list[dict]:
-    """``step_breakdown`` with its sums taken from step digests that stand for every row: the verdict's
-    ``sums`` part (two rows per rank and file) where it serves, else the rollup's chunks (a row per chunk of
-    steps, ``ranksight.format.digest``); its two medians from the verdict's medians (``parts``,
-    ``_digest_queries.medians``) where those serve, else from the rows. The same figures: a digest row's
-    ``warm`` is the default warm-up's ``step < 5``, and a rank with no more rows than that keeps them all, as
-    the rows' query does (its row count comes from the digests too, which saves the medians' query a scan of
-    every row)."""
-    found = _digest_queries.medians(con, parts, warmup_steps) if parts else None
-    step_sum = "period_sum" if parts else "step_sum"
-    shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum({step_sum}), 0) AS {p[:-2]}_share" for p in PHASES)
-    medians = ""
-    if found is None:  # the rows' medians where the digests' medians do not serve (``steps_source`` asks DuckDB)
-        medians = f"""medians AS (
-            SELECT rank, median({PERIOD_SQL}) AS step_median_s, median(compute_s) AS compute_median_s
-            FROM {steps_source(con, None)}
-            WHERE {kept_sql(warm_sql(), f"rank IN (SELECT rank FROM total WHERE {short_sql('n')})")} AND {SAMPLED_SQL}
-            GROUP BY rank)"""
-    sql = f"""
-        WITH d AS (SELECT * FROM {digests}),
-             total AS (SELECT rank, sum(n) AS n FROM d GROUP BY rank),
-             sums AS (SELECT rank, any_value(node) AS node, CAST(sum(d.n) AS BIGINT) AS steps,
-                             sum({step_sum}) / sum(d.n) AS step_mean_s,
-                             coalesce(sum(allreduce_sum), 0) / nullif(sum({step_sum}), 0) AS allreduce_share,
-                             sum(data_wait_host_sum) / nullif(sum({step_sum}), 0) AS data_wait_host_share,
-                             {shares}
-                      FROM d JOIN total USING (rank) WHERE {kept_sql("warm", short_sql("total.n"))} GROUP BY rank)
-             {"" if found is not None else ", " + medians}
-        SELECT {_breakdown_columns(found is None)}
-        FROM sums {"" if found is not None else "JOIN medians USING (rank)"} ORDER BY rank
-    """
-    params = [warmup_steps] if found is not None else [warmup_steps, warmup_steps, warmup_steps]
-    rows = query(con, sql, params)[1]
-    out = [dict(zip(BREAKDOWN_COLUMNS, row)) for row in rows]  # selected in its order: no reordering per row
-    if found is not None:
-        nothing: dict = {}
-        period, compute = found.get("period", nothing), found.get("compute", nothing)
-        for r in out:
-            rank = r["rank"]
-            r["step_median_s"], r["compute_median_s"] = period.get(rank), compute.get(rank)
-    return out
-
-
-def _breakdown_columns(with_medians: bool) -> str:
-    """The SELECT list of ``_breakdown_from_digests`` in ``BREAKDOWN_COLUMNS``: the medians NULL where the
-    digests' are filled in after."""
-    later = () if with_medians else ("step_median_s", "compute_median_s")
-    return ", ".join(f"CAST(NULL AS DOUBLE) AS {k}" if k in later else k for k in BREAKDOWN_COLUMNS)
+    rows = [dict(zip(BREAKDOWN_COLUMNS, row)) for row in query(con, sql, [warmup_steps])[1]]
+    period, compute = s.medians["period"], s.medians["compute"]
+    for r in rows:
+        r["step_median_s"], r["compute_median_s"] = period.get(r["rank"]), compute.get(r["rank"])
+    return rows
 
 
 BREAKDOWN_COLUMNS = (
@@ -119,7 +84,7 @@ BREAKDOWN_COLUMNS = (
     "data_wait_host_share",
     *(f"{p[:-2]}_share" for p in PHASES),
 )
-"""A breakdown row's keys, in order (``step_breakdown``'s rows from the digests)."""
+"""A breakdown row's keys, in order."""
 
 
 def mean_error(values: list[float]) -> float | None:
@@ -146,36 +111,40 @@ def mean_error_padded(values: list[float], n: int) -> float | None:
 def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
     """Per rank, figures over its kept step rows that the breakdown does not show: DDP bucket figures,
     blocked collectives, the spread of the per-step data wait share, GPU compute median."""
-    parts = verdict_digests(con, "medians") if digests_may_serve(warmup_steps, since_ns) else None
-    found = _digest_queries.rank_stats(con, parts, warmup_steps) if parts else None
-    if found is not None:
-        return found
-    data = PHASE_SQL["data_wait_s"]
-    blocked = f"CASE WHEN comm_blocked_s IS NULL AND gpu_comm_blocked_s IS NULL THEN NULL ELSE {BLOCKED_SQL} END"
+    s = summary_of(con, warmup_steps, since_ns)
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con, since_ns))}
-        SELECT rank, any_value(node) AS node, sum(period_s) AS run_time_s,
-               median(buckets) AS buckets_per_step, median(bucket_bytes) AS grad_bytes_per_step,
-               sum(comm_exposed_s) AS exposed_sum, sum(allreduce_s) AS allreduce_sum,
-               sum(bucket_bytes) FILTER (WHERE allreduce_s > 0) AS bytes_sum,
-               median(gpu_compute_s) AS gpu_compute_median_s, count(gpu_compute_s) AS gpu_rows,
-               max(world_size) AS world_size,
-               sum({GRAD_COMM_SQL}) / nullif(sum(period_s), 0) AS grad_comm_share,
-               sum({blocked}) / nullif(sum(period_s), 0) AS blocked_share,
-               median(collectives) AS collectives_per_step, median(collective_bytes) AS collective_bytes_per_step,
-               stddev_samp(({data}) / nullif(period_s, 0))
-                   / sqrt(count(({data}) / nullif(period_s, 0))) AS data_noise,
-               count(({data}) / nullif(period_s, 0)) AS data_n
-        FROM kept GROUP BY rank
+        SELECT rank, any_value(node) AS node, sum(period_sum) AS run_time_s,
+               sum(exposed_sum) AS exposed_sum, sum(allreduce_sum) AS allreduce_sum, sum(bytes_sum) AS bytes_sum,
+               CAST(sum(gpu_rows) AS BIGINT) AS gpu_rows, max(world_size) AS world_size,
+               sum(grad_comm_sum) / nullif(sum(period_sum), 0) AS grad_comm_share,
+               sum(blocked_sum) / nullif(sum(period_sum), 0) AS blocked_share,
+               CAST(sum(data_share_n) AS BIGINT) AS data_n, sum(data_share_sum) AS data_sum,
+               sum(data_share_sq) AS data_sq
+        FROM {_kept_sums(s)} GROUP BY rank
     """
-    names, rows = query(con, sql, [warmup_steps, warmup_steps])
+    names, rows = query(con, sql, [warmup_steps])
+    names = names[:-3]  # the data share's count, sum and squares make its noise
+    taken = [(key, s.medians[figure]) for key, figure in _RANK_MEDIANS]
     out = {}
     for row in rows:
         r = dict(zip(names, row))
-        if (r.pop("data_n") or 0) < 3:
-            r["data_noise"] = None
+        n, total, squares = row[-3] or 0, row[-2], row[-1]
+        # stddev_samp over sqrt(count), from the count, sum and sum of squares
+        r["data_noise"] = (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
+        for key, by_rank in taken:
+            r[key] = by_rank.get(r["rank"])
         out[r["rank"]] = r
     return out
+
+
+_RANK_MEDIANS = (
+    ("buckets_per_step", "buckets"),
+    ("grad_bytes_per_step", "bucket_bytes"),
+    ("gpu_compute_median_s", "gpu_compute"),
+    ("collectives_per_step", "collectives"),
+    ("collective_bytes_per_step", "collective_bytes"),
+)
+"""The medians ``rank_step_stats`` gives: (its key, the ``MEDIANS`` figure)."""
 
 
 def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict | None:
@@ -192,40 +161,45 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that cost its extra thread CPU time
     accounts for; None when no step has every rank.
     """
-    parts = verdict_digests(con, "steps") if digests_may_serve(warmup_steps, since_ns) else None
-    rows = _digest_queries.wait_rows(con, parts, warmup_steps, ranks) if parts else None
-    if rows is None:
-        rows = _wait_rows(con, warmup_steps, since_ns, ranks)
-    return _wait_figures_of(rows, ranks)
-
-
-def _wait_rows(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> list[tuple]:
-    """Per step seen by every one of ``ranks``: period, floors, the least and second-least wait and who
-    waited least, and the CPU figures of that rank (``wait_asymmetry`` reads them)."""
-    source = steps_source(con, since_ns)
-    # Who waited least is the least (wait, rank): equal waits name the lowest rank, whatever order DuckDB's
-    # threads read the rows in (and as the digests' per-step part names it, ``ranksight.format.verdict_digest``).
-    # The second-least wait of a step is min(x, 2)[2]: two values kept per step. Sorting a list of every
-    # rank's wait per step took 2.3 s against 0.26 s at 1,024 ranks x 10,000 steps (docs/scale.md).
+    s = summary_of(con, warmup_steps, since_ns, ranks)
+    # A rank's warm steps are kept only where it has no more rows than the warm-up: at a warm step some rank
+    # then lacks its row, unless every rank keeps its warm steps.
+    kept = f"(SELECT * REPLACE (false AS warm) FROM {s.steps})"
+    if not s.all_short:
+        kept = f"(SELECT * FROM {s.steps} WHERE NOT warm)"
     sql = f"""
-        WITH {kept_steps_sql(source)},
-             w AS (SELECT rank, step, period_s, {GRAD_COMM_SQL} AS grad_s, {BLOCKED_SQL} AS blocked_s,
-                          comm_blocked_s IS NOT NULL OR gpu_comm_blocked_s IS NOT NULL AS timed,
-                          CASE WHEN gpu_step_s IS NULL THEN cpu_s END AS cpu_s, coalesce(data_wait_s, 0) AS data_s
-                   FROM kept WHERE rank IN (SELECT unnest(?::INTEGER[])))
-        SELECT step, avg(period_s) AS period_s, min(grad_s) AS grad_floor_s, min(blocked_s) AS blocked_floor_s,
-               bool_or(timed) AS timed, min(grad_s + blocked_s) AS least_s,
-               CASE WHEN count(*) >= 2 THEN min(grad_s + blocked_s, 2)[2] END AS second_s,
-               arg_min(rank, (grad_s + blocked_s, rank)) AS least_rank,
-               CASE WHEN count(cpu_s) = count(*) AND count(*) >= 2
-                    THEN arg_min(cpu_s, (grad_s + blocked_s, rank))
-                         - (sum(cpu_s) - arg_min(cpu_s, (grad_s + blocked_s, rank))) / (count(*) - 1)
-               END AS extra_cpu_s,
-               arg_min(cpu_s, (grad_s + blocked_s, rank)) AS least_cpu_s,
-               arg_min(period_s - grad_s - blocked_s - data_s, (grad_s + blocked_s, rank)) AS least_busy_s
-        FROM w GROUP BY step HAVING count(*) = ? ORDER BY step
+        WITH per AS ({merge_steps_sql(kept, _WAIT_COLUMNS)})
+        SELECT step, period_sum / n, grad_min, blocked_min, timed, least, second, least_rank,
+               CASE WHEN cpu_n = n AND n >= 2 THEN least_cpu - (cpu_sum - least_cpu) / (n - 1) END,
+               least_cpu, least_busy
+        FROM per WHERE n = ? ORDER BY step
     """
-    return query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])[1]
+    return _wait_figures_of(query(con, sql, [len(ranks)])[1], ranks)
+
+
+_WAIT_COLUMNS = ("n", "period_sum", "grad_min", "blocked_min", "timed", "least", "second", "least_rank")
+_WAIT_COLUMNS += ("cpu_n", "cpu_sum", "least_cpu", "least_busy")
+"""The per-step columns ``wait_asymmetry`` reads."""
+
+
+def slowest_shares(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: bool) -> dict[int, float]:
+    """Per rank, the share of steps (recorded by every one of ``ranks``) in which its compute was the longest
+    (evidence beside the wait asymmetry); a tie credits one of the tied ranks."""
+    s = summary_of(con, warmup_steps, since_ns, ranks)
+    col = "gpu_compute" if use_gpu else "compute"
+    # the run is the group here: its warm steps stay when no step came after them
+    run_short = short_sql(f"(SELECT max(step_max) FROM {s.sums}) + 1")
+    kept = f"(SELECT * FROM {s.steps} WHERE {kept_sql('warm', run_short)})"
+    merged = merge_steps_sql(kept, (f"{col}_n", f"{col}_rank", f"{col}_max"))
+    sql = f"""
+        WITH per AS (SELECT {col}_rank AS top_rank FROM ({merged}) WHERE {col}_n = ?)
+        SELECT top_rank, count(*), (SELECT count(*) FROM per) FROM per GROUP BY top_rank
+    """
+    rows = query(con, sql, [warmup_steps, len(ranks)])[1]
+    if not rows:
+        return {}
+    wins = {rank: n for rank, n, _ in rows}
+    return {rank: wins.get(rank, 0) / rows[0][2] for rank in ranks}
 
 
 def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:

@@ -1,10 +1,9 @@
 """``open_run(path) -> Run``: a run folder opened for reading, the one object a reader holds.
 
-Why an object: a reading is more than its DuckDB views. It notes which step digests stand for the rows and
-which files it left out; a verdict asks a dozen queries of the same
-reading, and the breakdown it reads first is the one the features use. Held by the Run (as Holistic Trace
-Analysis' ``Trace`` holds a parsed trace), that state goes where the reading goes, and each call chooses its
-path -- digests or rows -- in one place (``Run.path_for``).
+Why an object: a reading is more than its DuckDB views. It knows which files it left out and where its step
+rows' summary relation comes from (``_summary``); a verdict asks a dozen queries of the same reading, and the
+relation it makes first is the one every figure reads. Held by the Run (as Holistic Trace Analysis' ``Trace``
+holds a parsed trace), that state goes where the reading goes.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import duckdb_columns
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._digest_source import covering_digests, digests_may_serve, verdict_digests
 from ._features import compute_context, compute_features
 from ._queries import (
     collective_ops,
@@ -27,10 +25,10 @@ from ._queries import (
 )
 from ._rank_files import RankMeta
 from ._rollup import Rollup
-from ._run_state import RunState
 from ._rundir import SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
-from ._spool_reader import open_views, reading_connection, skipped_files
+from ._spool_reader import open_views, reading_connection
+from ._summary import KeptDigests, Sources, Summary, summarize
 from ._tables import select_list
 
 
@@ -38,7 +36,8 @@ class Run:
     """A run folder's records, read: DuckDB views per record kind plus what the reading knows about them.
 
     Make one with ``open_run`` (or ``open_segments``). Figures: ``breakdown``, ``total``, ``features``,
-    ``context``, ``collectives`` (each kept for the reading: ask twice, read once), ``steps_recorded``,
+    ``context``, ``collectives`` (each kept for the reading: ask twice, read once, all from one ``summary``
+    relation of the step rows), ``steps_recorded``,
     ``step_series``, a tracker's ``stretches``, and the dashboard's ``rollup`` (kept up to date). SQL
     over the views: ``execute`` and ``sql``, and every other method of the DuckDB connection (``con``), so code
     written for the connection reads a Run as well. ``refresh`` takes in what the ranks wrote since; ``close``
@@ -54,7 +53,11 @@ class Run:
         """The run folder."""
         self.follow_spool = follow_spool
         """Whether the views glob the spool at each query (``open_run``)."""
-        self._run_state = RunState(incremental)
+        self.incremental = incremental
+        """Whether ``refresh`` brings this reading up to date again and again (``open_run``)."""
+        self._skipped: list[SkippedFile] = []
+        self._sources: Sources | None = None
+        self._kept_digests = KeptDigests() if incremental else None
         self._con = con if con is not None else reading_connection()
         self._kept: dict = {}
         self._ranks: list[RankMeta] | None = None
@@ -65,7 +68,12 @@ class Run:
 
     def _open(self, *, reopened: bool) -> None:
         self._signature = (spool_signature(self.path), store_signature(self.path))
-        open_views(self, self.path, reopened=reopened, follow_spool=self.follow_spool)
+        self._skipped, self._sources = open_views(
+            self, self.path, reopened=reopened, follow_spool=self.follow_spool, incremental=self.incremental
+        )
+        for key, kept in self._kept.items():  # the relations of the last opening: their tables go
+            if key[0] == "summary":
+                self._con.execute(f"DROP TABLE IF EXISTS {kept.sums}; DROP TABLE IF EXISTS {kept.steps}")
         self._kept = {}
         self._ranks = None
 
@@ -117,8 +125,9 @@ class Run:
 
     @property
     def skipped(self) -> list[SkippedFile]:
-        """The files this reading left out of its views, and why (``skipped_files``)."""
-        return skipped_files(self)
+        """The files this reading left out of its views, and why: each a ``SkippedFile`` (``path``, ``reason``),
+        a damaged spool segment or one of another schema, also logged once as a warning line."""
+        return list(self._skipped)
 
     def refresh(self, *, force: bool = False) -> bool:
         """Take in the segments and store written since this reading: True when anything changed (the views
@@ -130,7 +139,7 @@ class Run:
         self._open(reopened=True)
         return True
 
-    # ------------------------------------------------------------------ which path serves a call
+    # ------------------------------------------------------------------ the window and the relation
 
     @property
     def end_ns(self) -> int | None:
@@ -145,15 +154,19 @@ class Run:
             return None
         return int(self.end_ns - window_s * 1e9)
 
-    def path_for(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> str:
-        """Which source serves the figures of a call: ``"digests"`` (the step summaries: the node spool's per
-        file, ``ingest``'s per segment or batch; for the default warm-up over the whole run) or ``"rows"``. The
-        queries make the same choice, per figure, through the same tests."""
-        if digests_may_serve(warmup_steps, self.since_ns(window)) and (
-            verdict_digests(self) is not None or covering_digests(self) is not None
-        ):
-            return "digests"
-        return "rows"
+    def summary(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> Summary:
+        """The summary relation of the step rows (``_summary``) every step figure of this reading is read from,
+        made on the first call; ``read_from`` says where its parts came from."""
+        return self.summary_for(warmup_steps, self.since_ns(window))
+
+    def summary_for(self, warmup_steps: int, since_ns: int | None) -> Summary:
+        """``summary`` of the steps that ended after ``since_ns`` (the query functions' call)."""
+        return self._once(
+            ("summary", warmup_steps, since_ns),
+            lambda: summarize(
+                self, self._sources, warmup_steps, since_ns, incremental=self.incremental, kept=self._kept_digests
+            ),
+        )
 
     # ------------------------------------------------------------------ figures
 
@@ -245,8 +258,9 @@ def open_run(run_path: str | os.PathLike, con=None, *, follow_spool: bool = True
 
     ``incremental``: a reading that ``refresh`` brings up to date again and again (the live dashboard's, with
     ``follow_spool=False``): its pending segments are not read into memory at each opening (every refresh would
-    read every row again: 1.1-2.5 CPU-s at 1,024 ranks x 1,000-2,000 steps), and the per-rank medians the
-    verdict reads are kept in the process and fed only the files added since (``_median_fold``).
+    read every row again: 1.1-2.5 CPU-s at 1,024 ranks x 1,000-2,000 steps); the reading keeps the step digests'
+    parts it read (``KeptDigests``) and the process the per-rank medians (``_median_fold``), each fed only the
+    files added since.
 
     ``con``: a DuckDB connection to make the views on (the dashboard's rollup adds its own tables beside
     them); by default a new one. Segments that cannot be read are left out (``Run.skipped``); a

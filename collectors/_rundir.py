@@ -137,6 +137,16 @@ def spool_signature(run_path: str) -> tuple[int, int]:
     return (count, newest)
 
 
+def file_signature(path: str) -> tuple[int, int, int]:
+    """(inode, size, mtime_ns) of a file: a file written once and renamed into place that keeps it is unchanged
+    (``(0, -1, 0)`` where it cannot be seen: never equal to a file that was there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def quarantine_path(run_path: str, kind: str, name: str) -> str:
     """A free path under ``<run>/quarantine/<kind>/`` for a segment ``ingest`` could not read."""
     folder = os.path.join(run_path, QUARANTINE_DIR, kind)

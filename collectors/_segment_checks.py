@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from ranksight.format.schema import IDENTITY, KINDS
 
-from ._file_cards import vouched
 from ._footers import judge_by_schema
 from ._rundir import SkippedFile, first_line, is_listed, warn_skipped
 
@@ -165,13 +164,12 @@ class _SegmentVerdicts:
 
     Segments are written once and renamed into place, so a file with the same size and mtime has the
     same footer; entries of files no longer listed are dropped at each scan (memory follows the spool).
-    A step file its card vouched for (``_file_cards``) also keeps the rows the card says it holds.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # name -> (size, mtime_ns, problem or None, column names of a readable file, rows by its card or None)
-        self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset, int | None]]] = {}
+        # name -> (size, mtime_ns, problem or None, column names of a readable file)
+        self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset]]] = {}
 
     def scan(
         self, folder: str, kind: str, unread: frozenset, con=None, names: list[str] | None = None
@@ -179,21 +177,19 @@ class _SegmentVerdicts:
         listed = {n: sig for n, sig in _listing(folder, names).items() if n not in unread}
         with self._lock:
             known = self._by_folder.get(folder, {})
-        verdicts: dict[str, tuple[int, int, str | None, frozenset, int | None]] = {}
+        verdicts: dict[str, tuple[int, int, str | None, frozenset]] = {}
         to_judge = []
         for name, (size, mtime_ns, reason) in listed.items():
             seen = known.get(name)
             if reason != _NOT_JUDGED:
-                verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS, None)
+                verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS)
             elif seen is not None and seen[:2] == (size, mtime_ns):
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        rows: dict[str, int] = {}
-        judged = _judge_all(folder, kind, to_judge, con, {n: listed[n][:2] for n in to_judge}, rows)
-        for name, verdict in judged.items():
+        for name, verdict in _judge_all(folder, kind, to_judge, con).items():
             if verdict is not None:
-                verdicts[name] = (*listed[name][:2], *verdict, rows.get(name))
+                verdicts[name] = (*listed[name][:2], *verdict)
         with self._lock:  # keep what is known of the files left unread: another caller may want them
             if names is not None:  # only these were looked at: what is known of the others stays
                 kept = self._by_folder.get(folder, {})
@@ -217,15 +213,6 @@ class _SegmentVerdicts:
         if any(c is None or c[2] is not None or not c[3] for c in cols):
             return None
         return frozenset(name for pairs in {c[3] for c in cols} for name, _ in pairs)
-
-    def rows(self, folder: str, names: list[str]) -> int | None:
-        """The rows the named files hold as their cards say; None when one has none kept."""
-        with self._lock:
-            known = self._by_folder.get(folder, {})
-            held = [known.get(name) for name in names]
-        if any(h is None or h[4] is None for h in held):
-            return None
-        return sum(h[4] for h in held)
 
     def one_schema(self, folder: str, names: list[str]) -> bool:
         """Whether the named files were all judged readable with the same columns of the same types."""
@@ -284,19 +271,10 @@ def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int
 _BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas pays off
 
 
-def _judge_all(
-    folder: str,
-    kind: str,
-    names: list[str],
-    con=None,
-    listed: dict[str, tuple[int, int]] | None = None,
-    rows: dict[str, int] | None = None,
-) -> dict[str, tuple[str | None, frozenset] | None]:
+def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
     """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
     (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
-    schema: step files that their digests' cards vouch for (``_file_cards``; ``listed``: name -> (size,
-    mtime_ns); their rows by the cards into ``rows``), the others each with its framing checked and one
-    footer per schema read (``_footers``)."""
+    schema, each with its framing checked and one footer per schema read (``_footers``)."""
 
     def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
@@ -316,15 +294,8 @@ def _judge_all(
             return None
         return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
 
-    if kind == "steps" and listed is not None:
-        carded, counted = vouched(folder, listed, judge_schema, lambda name: scopes.get(name, True))
-        out.update(carded)
-        if rows is not None:
-            rows.update(counted)
     framed = []
     for name in names:
-        if name in out:
-            continue
         try:
             framing = _checked_framing(os.path.join(folder, name))
         except FileNotFoundError:
@@ -337,9 +308,7 @@ def _judge_all(
     if not framed:
         return out
     batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
-    if batch is None:
-        batch = {name: judge(name) for name in framed}
-    out.update(batch)
+    out.update(batch if batch is not None else {name: judge(name) for name in framed})
     return out
 
 
@@ -373,23 +342,6 @@ def segment_columns(paths: list[str]) -> frozenset | None:
             return None
         out |= cols
     return out
-
-
-def segment_rows(paths: list[str]) -> int | None:
-    """The rows the given step segments hold as their cards say (``_file_cards``; no file opened), where every
-    one was vouched for by its card when this process last listed its folder; None otherwise (count them
-    from the footers then)."""
-    by_folder: dict[str, list[str]] = {}
-    for path in paths:
-        folder, name = os.path.split(path)
-        by_folder.setdefault(folder, []).append(name)
-    total = 0
-    for folder, names in by_folder.items():
-        rows = _verdicts.rows(folder, names)
-        if rows is None:
-            return None
-        total += rows
-    return total
 
 
 def one_schema(paths: list[str]) -> bool:

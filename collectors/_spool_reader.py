@@ -16,8 +16,6 @@ import time
 
 from ranksight.format.schema import KINDS, duckdb_columns
 
-from ._digest_source import note_digests
-from ._run_state import state_of
 from ._rundir import (
     NODE_STORES_DIR,
     SkippedFile,
@@ -33,6 +31,7 @@ from ._rundir import (
 )
 from ._runs import rank_is_live, read_rank_meta
 from ._segment_checks import one_schema, scan_segments, segment_columns
+from ._summary import SUMMARY_TABLES, Sources, summary_key
 from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
@@ -47,19 +46,11 @@ from ._tables import (
 )
 
 
-def skipped_files(run) -> list[SkippedFile]:
-    """The files the last opening of this ``Run`` left out of its views, and why (empty when none).
-
-    Each is a ``SkippedFile`` (``path``, ``reason``; ``str()`` gives ``path: reason``): a damaged spool
-    segment, or one of another schema. Each was also logged once as a warning line.
-    """
-    state = state_of(run)
-    return list(state.skipped) if state is not None else []
-
-
-def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True) -> None:
-    """Make one view per record kind over the run's records on ``con`` (a ``Run``: what it notes besides
-    the views, it keeps on its state).
+def open_views(
+    con, run_path: str, *, reopened: bool, follow_spool: bool = True, incremental: bool = False
+) -> tuple[list[SkippedFile], Sources]:
+    """Make one view per record kind over the run's records on ``con``; return the segments left out and what
+    the ``steps`` view reads (``Sources``: its summary relation's, ``_summary``).
 
     The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there
     is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
@@ -84,7 +75,7 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
     nodes = _attach_node_stores(con, run_path, db_run)
     quiet = store_kinds is not None and _no_rank_writing(run_path)
     skipped: list[SkippedFile] = []
-    steps_done = None
+    sources = Sources([], store=store_kinds is not None and "steps" in store_kinds, node_stores=bool(nodes))
     for kind in KINDS:
         parts = []
         if store_kinds is not None and kind in store_kinds:
@@ -103,10 +94,11 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
                     )
                 parts.append(f"SELECT {select_list(con, f'{alias}.{kind}', kind)} FROM {alias}.{kind}{where}")
                 done = (done or set()) | set(held.get(kind, ()))
-        if kind == "steps":
-            steps_done = done
-        spool, left_out = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool)
+        spool, left_out, pending = _spool_part(con, run_path, db_run, kind, done, quiet, follow_spool, incremental)
         skipped += left_out
+        if kind == "steps":
+            sources.pending = pending
+            sources.files_only = not follow_spool and not parts  # the view names exactly these files
         if spool:
             parts.append(spool)
         if reopened:  # a re-opened connection may hold the other kind of object under this name
@@ -117,15 +109,17 @@ def open_views(con, run_path: str, *, reopened: bool, follow_spool: bool = True)
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     for item in skipped:
         warn_skipped(item)
-    state = state_of(con)
-    if state is not None:
-        state.skipped = tuple(skipped)
-    if not nodes:  # rows of node stores have no digests: sums are read from the rows
-        pending, _ = scan_segments(run_path, "steps", frozenset(steps_done or ()), con)
-        has_steps = store_kinds is not None and "steps" in store_kinds
-        names = [os.path.basename(p) for p in pending]
-        view_files = None if follow_spool else [os.path.join(db_run, "steps", n) for n in names]
-        note_digests(con, run_path, names, has_steps, view_files)
+    if sources.store:
+        sources.store_summary = _holds_summary(con)
+    return skipped, sources
+
+
+def _holds_summary(con) -> bool:
+    """Whether the attached store keeps the relation of its step rows under this code's definition."""
+    if not set(SUMMARY_TABLES.values()) <= store_tables(con, STORE_ALIAS):
+        return False
+    found = con.execute(f"SELECT value FROM {STORE_ALIAS}._store_meta WHERE key = 'summary_key'").fetchall()
+    return found == [(summary_key(),)]
 
 
 def reading_connection():
@@ -144,9 +138,10 @@ def reading_connection():
 
 
 def _spool_part(
-    con, run_path: str, db_run: str, kind: str, ingested: set[str] | None, quiet: bool, follow: bool
-) -> tuple[str | None, list[SkippedFile]]:
-    """(the SELECT over a kind's spool segments the store has not ingested, or None; the segments left out).
+    con, run_path: str, db_run: str, kind: str, ingested: set[str] | None, quiet: bool, follow: bool, incremental: bool
+) -> tuple[str | None, list[SkippedFile], list[str]]:
+    """(the SELECT over a kind's spool segments the store has not ingested, or None; the segments left out; the
+    readable pending segments, as DuckDB opens them).
 
     ``ingested`` is None without a store. Each pending segment's footer is checked once per process
     (``scan_segments``); segments the store holds are not read at all. Then, with ``follow`` and every
@@ -157,24 +152,23 @@ def _spool_part(
     """
     done = frozenset(ingested or ())
     pending, bad = scan_segments(run_path, kind, done, con)
+    paths = [os.path.join(db_run, kind, os.path.basename(p)) for p in pending]
     # A finished (or long silent) run whose segments are all in the store reads the store alone:
     # no segment can arrive any more, and a UNION with an empty spool scan makes queries ~2x slower.
     if quiet and not pending:
-        return None, bad
+        return None, bad, paths
     if follow and not bad and (pending or (done and _any_segment(run_path, kind))):
         spool = _globbed(con, db_run, kind, done, None if done else segment_columns(pending))
         if spool is not None:
-            return spool, []
+            return spool, [], paths
     if not pending:
-        return None, bad
-    names = ", ".join(sql_literal(os.path.join(db_run, kind, os.path.basename(p))) for p in pending)
+        return None, bad, paths
+    names = ", ".join(sql_literal(p) for p in paths)
     # One schema: DuckDB reads the files as one (by name still) instead of binding each at every query.
     source = f"read_parquet([{names}], union_by_name={'false' if one_schema(pending) else 'true'})"
     select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
-    state = state_of(con)
-    once = state is None or not state.incremental  # a reading refreshed again would read every row at each refresh
     if (
-        once
+        not incremental  # a reading refreshed again and again would read every row at each refresh
         and not follow
         and len(pending) >= MATERIALIZE_FROM_FILES
         and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES
@@ -185,8 +179,8 @@ def _spool_part(
         table = f"{PENDING_PREFIX}{kind}"
         con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         con.execute(f"CREATE TEMP TABLE {table} AS {select}")  # temp: never in a database the caller attached
-        return f"SELECT * FROM temp.{table}", bad
-    return select, bad
+        return f"SELECT * FROM temp.{table}", bad, paths
+    return select, bad, paths
 
 
 MATERIALIZE_MAX_BYTES = 128 * 1024 * 1024

@@ -6,8 +6,8 @@ file, appends the segments it does not hold yet in one transaction, records thei
 ``_segments``, and renames the result over ``store.duckdb``. A reader that attached the old file
 keeps reading it (its inode lives on); a new reader attaches the new one. Either way it pairs the
 store with exactly the segments that store has not ingested, so no row is counted twice or missed.
-Beside the rows the store keeps their summary (the step digests: the publisher's where the node spool wrote
-them, else made from the rows just appended), which the readers judge a finished run from.
+Beside the rows, in the same transaction, the store keeps the summary relation of every step row it holds
+(``_summary``), which the readers judge a finished run from.
 
 Ingests of one run are serialised with an ``flock`` on ``.store.lock`` (a second one fails with a
 clear message); a crash mid-ingest leaves only a temporary file, and the store stays as it was.
@@ -24,14 +24,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ranksight.format.digest import COLUMNS as DIGEST_COLUMNS
-from ranksight.format.digest import DIGEST_DIR, chunk_of_key, chunk_steps_for, digest_key, fold_sql, remove_digests
-from ranksight.format.digest_file import DigestError, read_digest_parts, read_digests
+from ranksight.format.digest import remove_digests
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
-from ranksight.format.verdict_digest import medians_sql, merge_steps_sql, steps_sql, sums_sql
+from ranksight.format.verdict_digest import MEDIANS, steps_sql
 from ranksight.format.warmup import WARMUP_STEPS
 
-from ._digest_fold import null_columns
 from ._rundir import (
     LOCK_NAME,
     NODE_STORES_DIR,
@@ -49,18 +46,8 @@ from ._rundir import (
     warn_skipped,
 )
 from ._segment_checks import one_schema, scan_segments
-from ._tables import (
-    DIGESTS_TABLE,
-    SEGMENT_COLUMN,
-    SEGMENTS_TABLE,
-    VERDICT_PART_TABLES,
-    quiet_connection,
-    register_arrow,
-    select_list,
-    sql_literal,
-    store_tables,
-    unregister_arrow,
-)
+from ._summary import SUMMARY_TABLES, medians_sql, rank_sql, summary_key
+from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, quiet_connection, select_list, sql_literal, store_tables
 
 log = logging.getLogger("ranksight")
 
@@ -92,8 +79,6 @@ def _create_schema(con) -> None:
         f"CREATE TABLE IF NOT EXISTS {SEGMENTS_TABLE} "
         "(kind VARCHAR NOT NULL, file VARCHAR NOT NULL, rows BIGINT NOT NULL, ingested_ns BIGINT NOT NULL)"
     )
-    digest_columns = ", ".join(f"{c} {t}" for c, t in DIGEST_COLUMNS)
-    con.execute(f"CREATE TABLE IF NOT EXISTS {DIGESTS_TABLE} (key VARCHAR, {SEGMENT_COLUMN} VARCHAR, {digest_columns})")
     con.execute("CREATE TABLE IF NOT EXISTS _store_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
     con.execute("INSERT OR REPLACE INTO _store_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
@@ -279,7 +264,6 @@ def _append_pending(
 
 
 def _append(con, db_run: str, pending: dict[str, list[str]], single: set[str]) -> tuple[dict[str, int], int]:
-    ahead = _read_ahead(_read_step_digests, db_run, pending.get("steps", []))
     rows_by_kind: dict[str, int] = {}
     added = 0
     con.execute("BEGIN TRANSACTION")
@@ -306,159 +290,26 @@ def _append(con, db_run: str, pending: dict[str, list[str]], single: set[str]) -
         )
         rows_by_kind[kind] = int(sum(counts.values()))
         added += len(files)
+    _keep_summary(con)
     con.execute("COMMIT")
-    digests = ahead.result()
-    _append_digests(con, digests)
-    _summarize_undigested(con, pending.get("steps", []), {n for _, table, _ in digests for n in _files_of(table)})
     return rows_by_kind, added
 
 
-def _files_of(table) -> set[str]:
-    """The step files a digest table read with its ``file`` column holds rows of."""
-    return set(table.column("file").unique().to_pylist()) if "file" in table.column_names else set()
-
-
-def _summarize_undigested(con, names: list[str], digested: set[str]) -> None:
-    """Keep, beside the rows just appended, the summary the node spool's publisher writes for its files
-    (``ranksight.format.digest``: the rollup's chunks per segment; the verdict's sums, medians and per-step
-    parts for the batch) for the step segments that came without one: a run's readers then judge the
-    finished store from it, as they judge a node spool's files, instead of its every row (at 1,024 ranks x
-    2,000 steps in per-rank segments, a first diagnose() 0.53 s from the rows, 0.15 s from kept answers
-    before). One batch holds each rank's rows once, so its medians are the rows' own; a rank spread over
-    several ingests takes its medians from the rows. Like the publisher's digests it only saves readers
-    time: one that fails is left out with one warning line, and the readers read the rows."""
-    import duckdb
-
-    rest = [n for n in names if n not in digested]
-    if not rest:
-        return
-    source = f"(SELECT * FROM steps WHERE {SEGMENT_COLUMN} IN (SELECT unnest($names::VARCHAR[])))"
-    world = con.execute(f"SELECT max(world_size) FROM {source}", {"names": rest}).fetchone()[0] or 1
-    chunk = chunk_steps_for(world)
-    params = {"names": rest, "chunk": chunk, "warm": WARMUP_STEPS, "key": digest_key(chunk)}
-    columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(
-            f"INSERT INTO {DIGESTS_TABLE} SELECT $key, {SEGMENT_COLUMN}, {columns}"
-            f" FROM ({fold_sql(source, by=SEGMENT_COLUMN)})",
-            params,
-        )
-        for part, sql in (("sums", sums_sql), ("medians", medians_sql), ("steps", steps_sql)):
-            table = VERDICT_PART_TABLES[part]
-            rows = f"SELECT $key::VARCHAR AS key, NULL::VARCHAR AS {SEGMENT_COLUMN}, * FROM ({sql(source)})"
-            used = {k: v for k, v in params.items() if f"${k}" in rows}
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _summary_part AS {rows}", used)
-            con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM temp._summary_part LIMIT 0")
-            _add_new_columns(con, table, "temp._summary_part")
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM temp._summary_part")
-        con.execute("DROP TABLE temp._summary_part")
-        con.execute("COMMIT")
-    except duckdb.Error as exc:
-        con.execute("ROLLBACK")
-        log.warning("ranksight: the steps' summary not kept in the store (%s)", first_line(exc))
-
-
-def _read_ahead(read, *args):
-    """A future of ``read(*args)`` on a thread of its own: the step digests are read (mostly outside the GIL,
-    and the first reading of a process pays for its memory) while DuckDB copies the rows, not after."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="ranksight-ingest")
-    try:
-        return pool.submit(read, *args)
-    finally:
-        pool.shutdown(wait=False)  # the reading goes on; nothing else is submitted
-
-
-def _read_step_digests(db_run: str, names: list[str]) -> list[tuple[str, object, dict]]:
-    """(key, the rollup's part, the verdict's parts) of each digest key's files among the step segments
-    ``names``. A digest only saves readers time: one that does not read is left out, with one warning line,
-    and the rows stay what readers use."""
-    root = os.path.join(db_run, "steps", DIGEST_DIR)
-    try:
-        keys = sorted(k for k in os.listdir(root) if chunk_of_key(k) is not None)
-    except OSError:
-        return []
-    out = []
-    for key in keys:
-        found = [n for n in names if os.path.exists(os.path.join(root, key, n))]
-        if not found:
-            continue
-        paths = [os.path.join(root, key, n) for n in found]
-        parts, unread = {}, None
-        try:  # every part in one opening of each file
-            parts = read_digest_parts(paths, ("chunks", *VERDICT_PART_TABLES), with_file=True)
-        except DigestError as exc:  # a verdict part that does not read costs the verdict's parts only
-            unread = exc
-        try:
-            table = parts.pop("chunks") if parts else read_digests(paths)
-        except DigestError as exc:
-            log.warning("ranksight: step digests under %s not kept in the store (%s)", root, exc)
-            continue
-        if unread is not None:
-            log.warning("ranksight: the verdict's step digests not kept in the store (%s)", unread)
-        out.append((key, table, parts))
-    return out
-
-
-def _append_digests(con, digests: list[tuple[str, object, dict]]) -> None:
-    """Copy the step digests read (``_read_step_digests``) into the store (``_digests`` and the verdict's
-    parts), so the dashboard's rollup of a compacted or pruned run, and the verdict of a live one, still read
-    them instead of the rows."""
-    import duckdb
-
-    columns = ", ".join(c for c, _ in DIGEST_COLUMNS)
-    for key, table, parts in digests:
-        register_arrow(con, "_digest_rows", table)
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(f"INSERT INTO {DIGESTS_TABLE} SELECT ?, file, {columns} FROM _digest_rows", [key])
-            con.execute("COMMIT")
-        except duckdb.Error as exc:
-            con.execute("ROLLBACK")
-            log.warning("ranksight: step digests of key %s not kept in the store (%s)", key, first_line(exc))
-        finally:
-            unregister_arrow(con, "_digest_rows")
-        if parts:
-            _append_verdict_parts(con, key, parts)
-
-
-def _append_verdict_parts(con, key: str, parts: dict) -> None:
-    """Copy the verdict's digest ``parts`` ({part: table with its ``file`` column}) into the store
-    (``VERDICT_PART_TABLES``), all or none. Like the rollup's part they only save readers time: parts that
-    no longer fit the tables (another definition) are left out with one warning line, and the verdict reads
-    the rows."""
-    import duckdb
-
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for part, table in parts.items():
-            register_arrow(con, "_digest_part", table)
-            try:
-                rows = f"SELECT ?::VARCHAR AS key, file AS {SEGMENT_COLUMN}, * EXCLUDE (file) FROM _digest_part"
-                if part == "steps":  # a row per step for the batch, not per step and file: merged as readers merge
-                    merged = merge_steps_sql("(SELECT * EXCLUDE (file) FROM _digest_part)", absent=null_columns(table))
-                    rows = f"SELECT ?::VARCHAR AS key, NULL::VARCHAR AS {SEGMENT_COLUMN}, * FROM ({merged})"
-                con.execute(f"CREATE TABLE IF NOT EXISTS {VERDICT_PART_TABLES[part]} AS {rows} LIMIT 0", [key])
-                _add_new_columns(con, VERDICT_PART_TABLES[part], "_digest_part")
-                con.execute(f"INSERT INTO {VERDICT_PART_TABLES[part]} BY NAME {rows}", [key])
-            finally:
-                unregister_arrow(con, "_digest_part")
-        con.execute("COMMIT")
-    except duckdb.Error as exc:
-        con.execute("ROLLBACK")
-        log.warning("ranksight: the verdict's step digests not kept in the store (%s)", first_line(exc))
-
-
-def _add_new_columns(con, table: str, source: str) -> None:
-    """Add to the store's ``table`` the columns of ``source`` it lacks: a newer digest definition (another
-    key) may carry more, and a store outlives an upgrade. The older key's rows read them as NULL, and are
-    never read under the newer key."""
-    have = {name for name, *_ in con.execute(f"DESCRIBE {table}").fetchall()}
-    for name, kind, *_ in con.execute(f"DESCRIBE {source}").fetchall():
-        if name != "file" and name not in have:
-            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
+def _keep_summary(con) -> None:
+    """Keep the summary relation of every step row the store holds (``_summary``: per rank and warm-up flag its
+    sums, its medians, per step the comparisons across ranks), made again over all of them: a finished run's
+    readers read it instead of the rows (a median does not merge, so it is never added to)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _summary_ranks AS {rank_sql('steps')}", {"warm": WARMUP_STEPS})
+    medians = ", ".join(f"median_{f}" for f in MEDIANS)
+    made = {
+        "sums": (f"SELECT * EXCLUDE ({medians}) FROM temp._summary_ranks", {}),
+        "medians": (medians_sql("temp._summary_ranks"), {}),
+        "steps": (steps_sql("steps"), {"warm": WARMUP_STEPS}),
+    }
+    for part, (sql, params) in made.items():
+        con.execute(f"CREATE OR REPLACE TABLE {SUMMARY_TABLES[part]} AS {sql}", params)
+    con.execute("DROP TABLE temp._summary_ranks")
+    con.execute("INSERT OR REPLACE INTO _store_meta VALUES ('summary_key', ?)", [summary_key()])
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:
@@ -608,7 +459,7 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
             except FileNotFoundError:
                 continue  # pruned before
             if kind == "steps":
-                remove_digests(os.path.join(run_path, kind), name)  # the store holds a copy (``_digests``)
+                remove_digests(os.path.join(run_path, kind), name)  # the store keeps the relation of its rows
             files += 1
             nbytes += size
     finally:

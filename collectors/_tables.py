@@ -8,14 +8,6 @@ STORE_ALIAS = "ranksight_store"
 """The schema name ``open_run`` attaches a run's store under (``ranksight_store.steps`` ...)."""
 SEGMENTS_TABLE = "_segments"
 """Store table listing each ingested spool segment: kind, file name, rows, when it was ingested."""
-DIGESTS_TABLE = "_digests"
-"""Store table: the digests (``ranksight.format.digest``) of the step segments it holds, with each one's definition
-``key`` and ``_segment``; copied from the spool by ``ingest``, so they outlive ``prune``."""
-VERDICT_PART_TABLES = {"sums": "_digest_sums", "medians": "_digest_medians", "steps": "_digest_steps"}
-"""Store tables: the verdict's parts of those digests (``ranksight.format.verdict_digest``), each row with its
-definition ``key`` and ``_segment`` (``steps``: one row per step and ingest, its files merged, ``_segment``
-NULL), so ``diagnose()`` of a live run that ``ingest --every`` compacts reads a few rows per rank and step
-instead of the store's rows. Created at the first ingest that has them."""
 SEGMENT_COLUMN = "_segment"
 """Store-only column: the spool segment each row came from, so a reader can pick up exactly the
 segments it has not seen yet, also after ``prune`` deleted their files (NULL for rows an older
@@ -87,15 +79,6 @@ def ingested_segments(con, schema: str = STORE_ALIAS) -> dict[str, list[str]]:
     for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
         out.setdefault(kind, []).append(file)
     return out
-
-
-def stored_digests(con, key: str, schema: str = STORE_ALIAS) -> set[str]:
-    """Step segments whose digest under definition ``key`` an attached store holds (by default the one
-    ``open_run`` attached); empty for a store without digests, or without a store."""
-    if DIGESTS_TABLE not in store_tables(con, schema):
-        return set()
-    rows = con.execute(f"SELECT DISTINCT {SEGMENT_COLUMN} FROM {schema}.{DIGESTS_TABLE} WHERE key = ?", [key])
-    return {name for (name,) in rows.fetchall()}
 
 
 def store_tables(con, catalog: str) -> set[str]:

@@ -78,12 +78,12 @@ def synthetic_spool(run_path: str, ranks: int = 1024, steps: int = 20, digests: 
         arrays = [cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema]
         table = pa.Table.from_arrays(arrays, schema=schema)
         name = f"{node}_m{first:020d}-000000.parquet"
-        if digests:  # as the node spool's publisher writes them: the digest first, with the file's card
+        if digests:  # as the node spool's publisher writes them: the digest first
             from ranksight.agent._node_spool import _write_durably
             from ranksight.format.digest_file import parquet_bytes, write_digest
 
             data = parquet_bytes(table)
-            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably, data)
+            write_digest(table, os.path.join(run_path, "steps"), name, _write_durably)
             with open(os.path.join(run_path, "steps", name), "wb") as f:
                 f.write(data)
         else:

@@ -206,8 +206,8 @@ def test_the_format_check_catches_a_foreign_import(tmp_path):
 
 
 def test_a_readings_state_lives_on_its_run_not_beside_its_connection():
-    """What a reading knows besides its views (stored answers, digests, skipped files) is held by the ``Run``
-    (``collectors/_run_state.py``): no module keeps it in a table keyed by connection."""
+    """What a reading knows besides its views (its summary relation, skipped files) is held by the ``Run``
+    (``collectors/_run.py``): no module keeps it in a table keyed by connection."""
     hits = [
         f"{path.relative_to(ROOT)}"
         for folder in ("collectors", "rules", "dashboard")

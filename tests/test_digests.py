@@ -1,7 +1,7 @@
 """Step digests: the node spool's publisher sums each published step file per (rank, chunk of steps) and the
-dashboard's rollup reads those sums instead of the rows -- the same rollup, from the spool, from the store
-after ``ingest`` and ``prune``, and from the rows whenever a digest is missing, damaged or of another
-definition."""
+dashboard's rollup reads those sums instead of the rows, the verdict's summary relation its verdict parts --
+the same figures from the spool, from the store after ``ingest`` and ``prune``, and from the rows whenever a
+digest is missing, damaged or of another definition."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.agent._spool import SpoolWriter
-from ranksight.collectors import PHASES, _queries, ingest, open_run, prune
-from ranksight.collectors._digest_source import covering_digests
+from ranksight.collectors import PHASES, ingest, open_run, prune
 from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import Rollup
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_key, digest_paths
@@ -132,7 +131,7 @@ def test_each_published_step_file_has_a_digest_and_the_rollup_reads_it_with_the_
     _same(_totals(rollup), _from_rows(run))
 
 
-def test_digests_are_kept_in_the_store_so_a_pruned_run_reads_them_too(tmp_path):
+def test_a_pruned_run_reads_the_same_rollup_from_the_store(tmp_path):
     run = _published_run(tmp_path)
     expected = _totals(Rollup(run))
     result = ingest(run)
@@ -141,8 +140,7 @@ def test_digests_are_kept_in_the_store_so_a_pruned_run_reads_them_too(tmp_path):
     assert _step_files(run) == []
     assert digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), ["x"]) == {}
     assert not os.listdir(os.path.join(run, "steps", DIGEST_DIR, digest_key(chunk_steps_for(WORLD))))
-    rollup = Rollup(run)  # the store alone now
-    assert rollup.digested == 3
+    rollup = Rollup(run)  # the store alone now: its rows
     _same(_totals(rollup), expected)
 
 
@@ -157,16 +155,9 @@ def test_a_digest_that_does_not_read_costs_speed_not_rows(tmp_path, caplog):
     assert rollup.digested == 0  # the batch of digests is read as rows instead
     assert any("digests" in r.getMessage() and "do not read" in r.getMessage() for r in caplog.records)
     _same(_totals(rollup), expected)
-    # ingest keeps every row, and not that batch's digests: it summarizes those segments from their rows, so
-    # the rollup of the store reads the store's summary of every segment
-    files = len(_step_files(run))
-    with caplog.at_level(logging.WARNING, logger="ranksight"):
-        assert ingest(run).rows_by_kind["steps"] == 4 * 120
-    assert any("not kept in the store" in r.getMessage() for r in caplog.records)
+    assert ingest(run).rows_by_kind["steps"] == 4 * 120  # ingest keeps every row
     prune(run, older_than_s=0)
-    rollup = Rollup(run)
-    assert rollup.digested == files
-    _same(_totals(rollup), expected)
+    _same(_totals(Rollup(run)), expected)
 
 
 def test_a_digest_of_another_definition_is_never_read(tmp_path):
@@ -229,11 +220,11 @@ def zero_part(path: str, part: str) -> None:
         f.write(b"\x00" * length)
 
 
-def _breakdown(run: str) -> tuple[list[dict], bool]:
-    """``step_breakdown`` of the run as ``diagnose`` reads it, and whether digests stood for its rows."""
+def _breakdown(run: str) -> tuple[list[dict], tuple[str, ...]]:
+    """``step_breakdown`` of the run as ``diagnose`` reads it, and where its summary relation came from."""
     con = open_run(run, follow_spool=False)
     try:
-        return step_breakdown(con), covering_digests(con) is not None
+        return step_breakdown(con), con.summary().read_from
     finally:
         con.close()
 
@@ -253,12 +244,12 @@ def _same_breakdown(a: list[dict], b: list[dict]) -> None:
 def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equals_the_rows(tmp_path, gpu):
     run = _published_run(tmp_path, gpu=gpu)
     from_digests, used = _breakdown(run)
-    assert used
+    assert used == ("digests",)
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")
     from_rows, used = _breakdown(run)
     os.rename(digests + "-aside", digests)
-    assert not used
+    assert used == ("rows",)
     _same_breakdown(from_digests, from_rows)
     assert [r["steps"] for r in from_digests] == [115] * 4  # 120 steps less the 5 of warm-up
     assert from_digests[3]["compute_median_s"] > 1.4 * from_digests[0]["compute_median_s"]
@@ -266,14 +257,14 @@ def test_the_breakdown_takes_its_sums_from_digests_that_cover_every_row_and_equa
     assert (from_digests[0]["h2d_share"] is not None) == gpu
     for row in from_digests:
         assert math.isclose(sum(row[f"{p[:-2]}_share"] or 0.0 for p in PHASES), 1.0, rel_tol=1e-9)
-    # one file without its digest: the digests no longer stand for every row, and the rows are read
+    # one file without its digest: its rows are scanned, the other files' digests read
     os.remove(sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0])
     again, used = _breakdown(run)
-    assert not used
+    assert used == ("digests", "rows")
     _same_breakdown(again, from_rows)
 
 
-def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tmp_path):
+def test_the_breakdown_of_a_store_and_a_live_spool_reads_the_stores_relation_and_the_digests(tmp_path):
     run = _published_run(tmp_path, publishes=2)
     still_running(run)  # the next publish stays pending beside the store
     ingest(run)
@@ -282,10 +273,10 @@ def test_the_breakdown_of_a_store_and_a_live_spool_reads_both_kinds_of_digest(tm
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
     assert len(_step_files(run)) == 1  # one file pending, two segments in the store
     mixed, used = _breakdown(run)
-    assert used
+    assert used == ("store", "digests")
     fresh = tmp_path / "fresh"
     expected, used = _breakdown(_published_run(fresh))  # the same rows, all three files in the spool
-    assert used
+    assert used == ("digests",)
     _same_breakdown(mixed, expected)
 
 
@@ -305,25 +296,17 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_keeps_them_in_the_breakdown_
             assert same, (x["rank"], k, x[k], y[k])
 
 
-def test_the_breakdown_reads_the_verdicts_two_rows_per_rank_and_file_not_the_rollups_chunks(tmp_path, monkeypatch):
+def test_a_file_whose_digest_parts_do_not_read_is_read_from_its_rows(tmp_path):
     run = _published_run(tmp_path, publishes=2)
-    chunks_read = []
-    original = _queries.covering_digests
-    monkeypatch.setattr(_queries, "covering_digests", lambda con: chunks_read.append(1) or original(con))
-    from_sums, _ = _breakdown(run)
-    assert not chunks_read  # the verdict's sums part served: the rollup's chunks were not asked for
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")
     from_rows, _ = _breakdown(run)
     os.rename(digests + "-aside", digests)
-    _same_breakdown(from_sums, from_rows)
-    # the verdict's parts of one file unreadable (its sums part zeroed): the rollup's chunks stand in
     path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
     zero_part(path, "sums")
-    chunks_read.clear()
-    from_chunks, used = _breakdown(run)
-    assert chunks_read and used
-    _same_breakdown(from_chunks, from_rows)
+    from_parts, used = _breakdown(run)
+    assert used == ("digests", "rows")
+    _same_breakdown(from_parts, from_rows)
 
 
 def test_digests_read_at_once_name_the_first_that_does_not_read_in_path_order(tmp_path):

@@ -42,14 +42,13 @@ def test_figures_match_the_golden_ones(runs, golden, stage, tmp_path):
 
 
 def test_a_spool_with_step_digests_reads_the_same_live_and_finished(tmp_path):
-    """The node spool's step digests stand for the rows in both readings: the live spool's (the files' digests)
-    and the store's (the copies ``ingest`` keeps), so the live and the finished verdict of the same steps are
-    the same numbers."""
+    """The live verdict reads the summary relation from the node spool's step digests, the finished one from the
+    store's copy that ``ingest`` keeps of its rows: the same numbers."""
     run = _golden.synthetic_spool(str(tmp_path / "run"), ranks=64, steps=40, digests=True)
     live = _golden.read_figures(run)
     from ranksight.collectors import open_run
 
-    assert open_run(run, follow_spool=False).path_for() == "digests"
+    assert open_run(run, follow_spool=False).summary().read_from == ("digests",)
     ingest(run)
-    assert open_run(run, follow_spool=False).path_for() == "digests"
+    assert open_run(run, follow_spool=False).summary().read_from == ("store",)
     assert not _golden.differences(live, _golden.read_figures(run), tol=1e-9)

@@ -526,7 +526,6 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     breakdown taken from them equals the one from the rows (medians within their bound), GPU columns included."""
     import ranksight
     from ranksight.collectors import open_run
-    from ranksight.collectors._digest_source import covering_digests
     from ranksight.collectors._queries import step_breakdown
     from ranksight.dashboard import Rollup
     from ranksight.format.digest import DIGEST_DIR
@@ -564,12 +563,12 @@ def test_a_cuda_rank_with_a_node_spool_publishes_step_digests_the_readers_use(tm
     con = open_run(run, follow_spool=False)
     assert con.execute("SELECT count(gpu_step_s) FROM steps").fetchone()[0] > 0  # left half-read on purpose
     from_digests = step_breakdown(con)
-    assert covering_digests(con) is not None
+    assert con.summary().read_from == ("digests",)
     digests = os.path.join(run, "steps", DIGEST_DIR)
     os.rename(digests, digests + "-aside")
     con = open_run(run, follow_spool=False)
     from_rows = step_breakdown(con)
-    assert covering_digests(con) is None
+    assert con.summary().read_from == ("rows",)
     assert from_digests[0].keys() == from_rows[0].keys()
     for key, value in from_digests[0].items():
         if isinstance(value, float):  # sums added in another order; medians exact

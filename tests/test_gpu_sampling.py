@@ -21,7 +21,6 @@ from ranksight.agent._identity import Identity
 from ranksight.agent._node_spool import publish_node_spool
 from ranksight.agent._spool import SpoolWriter
 from ranksight.collectors import PHASES, open_run
-from ranksight.collectors._digest_source import covering_digests
 from ranksight.collectors._queries import step_breakdown
 from ranksight.dashboard import _queries as q
 from ranksight.dashboard._rollup import Rollup
@@ -155,7 +154,7 @@ def test_every_reader_takes_gpu_phases_from_the_sampled_steps_alone(tmp_path):
     assert want[0][0] == len(_sampled(range(5, 160), EVERY))  # the steps a share rests on, warm-up left out
 
     con = open_run(run)
-    assert covering_digests(con) is not None  # the breakdown below comes from the published digests
+    assert con.summary().read_from == ("digests",)  # the breakdown below comes from the published digests
     assert _shares(step_breakdown(con)) == want
     digests = os.path.join(run, "steps", ".digests")
     os.rename(digests, digests + "-aside")  # and from the rows

@@ -45,7 +45,7 @@ def _fresh(path: str) -> tuple[dict, dict]:
     _median_fold._folds.clear()
     run = open_run(path, follow_spool=False)
     try:
-        assert run.path_for() == "digests"
+        assert run.summary().read_from == ("digests",)
         return diagnose(run), run.features()
     finally:
         run.close()
@@ -64,7 +64,7 @@ def test_a_refreshed_reading_takes_the_rows_medians_reading_only_the_new_files(b
     bench.append_steps(path, 16, 20, 20)  # each rank's rows in two files: no file's median is the rank's
     run = open_run(path, follow_spool=False, incremental=True)
     try:
-        assert run.path_for() == "digests"
+        assert run.summary().read_from == ("digests",)
         assert (diagnose(run), run.features()) == _fresh(path)
         assert rows_read and set(rows_read) == {16 * (40 - 5)}  # every rank's steps after warm-up, per figure
         (fold,) = _median_fold._folds.values()

@@ -85,12 +85,12 @@ def test_refresh_takes_in_new_segments_and_only_then(tmp_path):
     assert run.refresh() is False
 
 
-def test_one_place_says_which_path_serves_a_call(tmp_path):
+def test_one_place_says_where_the_summary_relation_comes_from(tmp_path):
     path = write_run(str(tmp_path / "r"), 2, 20)
-    assert open_run(path).path_for() == "rows"  # a spool without digests
-    ingest(path)  # a finished run's store: its rows and their summary, kept by ingest
+    assert open_run(path).summary().read_from == ("rows",)  # a spool without digests
+    ingest(path)  # a finished run's store: its rows and their relation, kept by ingest
     run = open_run(path)
-    assert run.path_for() == "digests" and run.path_for(window=1.0) == "rows"
+    assert run.summary().read_from == ("store",) and run.summary(window=1.0).read_from == ("rows",)
     _same(run.breakdown(), step_breakdown(run.con))  # a bare connection reads the rows: same figures
 
 

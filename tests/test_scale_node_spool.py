@@ -27,7 +27,6 @@ from ranksight.agent._node_spool import (
     published_name,
 )
 from ranksight.collectors import ingest, open_run, read_rank_meta
-from ranksight.collectors._spool_reader import skipped_files
 from ranksight.format.digest import chunk_steps_for, digest_paths
 
 AGENT_RANK = """
@@ -84,7 +83,7 @@ def test_agents_of_one_node_publish_every_step_once_and_few_files(tmp_path):
     sql = "SELECT rank, count(*), count(DISTINCT step) FROM steps GROUP BY rank ORDER BY rank"
     counts = con.execute(sql).fetchall()
     assert counts == [(r, expected[r], expected[r]) for r in range(world)]
-    assert skipped_files(con) == []
+    assert con.skipped == []
     # Only merged files and the node's rank file reach the run folder; the local spool is drained.
     published = [n for n in os.listdir(run / "steps") if not n.startswith(".")]
     assert published and all("_m" in name for name in published)
@@ -216,7 +215,7 @@ def test_a_damaged_local_segment_is_kept_in_quarantine_and_every_other_row_arriv
     assert (run / "quarantine" / "steps" / bad[1]).read_bytes() == b"PAR1 not really"
     con = open_run(str(run))
     assert con.execute("SELECT count(*), count(DISTINCT step) FROM steps").fetchone() == (40, 40)
-    assert skipped_files(con) == []
+    assert con.skipped == []
     result = ingest(str(run))
     assert result.rows_by_kind["steps"] == 40 and result.quarantined == ()
     assert not os.listdir(local / BATCHES_DIR)

@@ -9,7 +9,7 @@ from ranksight.agent._identity import Identity
 from ranksight.agent._spool import SpoolWriter
 from ranksight.collectors import ingest, open_run
 from ranksight.collectors._queries import step_breakdown
-from ranksight.collectors._spool_reader import MATERIALIZE_FROM_FILES, skipped_files
+from ranksight.collectors._spool_reader import MATERIALIZE_FROM_FILES
 
 
 def _write(run: str, ranks: int, segments_per_rank: int, first: int = 0) -> None:
@@ -35,7 +35,8 @@ def test_many_pending_segments_read_once_match_the_views(tmp_path):
     named, following = open_run(run, follow_spool=False), open_run(run)
     assert _counts(named) == _counts(following) == [(r, 320, 320) for r in range(4)]
     assert _rounded(step_breakdown(named)) == _rounded(step_breakdown(following))  # summed in another order
-    assert named.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 1
+    read = "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_pending_')"
+    assert named.execute(read).fetchone()[0] == 1
     # Opening again on the same connection replaces what it read.
     _write(run, 4, 10, first=320)
     open_run(run, named, follow_spool=False)
@@ -51,7 +52,7 @@ def test_beside_a_store_and_a_damaged_segment_every_row_once(tmp_path):
         f.write(b"PAR1 damaged PAR1")
     con = open_run(run, follow_spool=False)
     assert _counts(con) == [(r, 480, 480) for r in range(4)]
-    assert [s.path.rsplit("/", 1)[1] for s in skipped_files(con)] == ["n0_r00009_p1-bad_000000.parquet"]
+    assert [s.path.rsplit("/", 1)[1] for s in con.skipped] == ["n0_r00009_p1-bad_000000.parquet"]
 
 
 def test_a_connection_the_caller_attached_gets_no_table_of_ours(tmp_path):

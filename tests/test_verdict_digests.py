@@ -1,7 +1,7 @@
 """The verdict read from the node spool's digests (``ranksight.format.verdict_digest``): the features ``diagnose()``
-judges are those of the rows -- sums, counts, minima, medians and per-step comparisons exact -- and no step row is
-read for them where each rank's rows are in one file (the medians are the rows' otherwise); where the digests
-cannot answer as the rows would, the rows are read."""
+judges are those of the rows -- sums, counts, minima, medians and per-step comparisons exact -- and the summary
+relation (``collectors._summary``) takes each file's parts from its digest (the medians the rows' where a rank is
+in several files); a file whose digest cannot answer has its rows read, and another warm-up reads the rows."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ import pyarrow as pa
 import pytest
 
 from ranksight.agent._node_spool import publish_node_spool
-from ranksight.collectors import _tables, ingest, open_run
-from ranksight.collectors._digest_queries import medians
-from ranksight.collectors._digest_source import covering_digests, verdict_digests
+from ranksight.collectors import _summary, ingest, open_run
 from ranksight.collectors._run import run_features
-from ranksight.collectors._tables import VERDICT_PART_TABLES
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.format.verdict_digest import MEDIANS
 from ranksight.rules import diagnose
@@ -64,29 +61,20 @@ def _assert_same_features(a: dict[int, dict], b: dict[int, dict]) -> None:
                 assert x == y, (rank, k, x, y)
 
 
-def _features_reading_no_row(run: str, monkeypatch) -> dict[int, dict]:
-    """``run_features(run)``, asserting that no feature query read the step rows (the row queries keep their
-    rows in a ``kept`` CTE), but for the medians of ranks whose rows are in several files
-    (``_digest_queries._rows_medians``)."""
-    sql_run = []
-    original = _tables.query
-
-    def recorded(con, sql, params=()):
-        sql_run.append(sql)
-        return original(con, sql, params)
-
-    for module in ("ranksight.collectors._queries", "ranksight.collectors._features"):
-        monkeypatch.setattr(f"{module}.query", recorded)
-    features = run_features(run)
-    monkeypatch.undo()
-    assert sql_run and not [sql for sql in sql_run if "kept AS (SELECT" in sql]
-    return features
+def _read_from(run: str, warmup_steps: int = 5) -> tuple[str, ...]:
+    """Where a fresh reading's summary relation comes from."""
+    con = open_run(run, follow_spool=False)
+    try:
+        return con.summary(warmup_steps=warmup_steps).read_from
+    finally:
+        con.close()
 
 
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu-rows", "gpu-rows"])
-def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path, gpu, monkeypatch):
+def test_the_verdict_features_from_digests_are_the_rows(tmp_path, gpu):
     run = _published_run(tmp_path, gpu=gpu)
-    from_digests = _features_reading_no_row(run, monkeypatch)
+    assert _read_from(run) == ("digests",)
+    from_digests = run_features(run)
     _assert_same_features(from_digests, _features_from_rows(run))
     f = from_digests[3]  # the slow rank: named from the per-step comparison across ranks
     assert f["slowest_step_share"] == 1.0 and f["compute_vs_median"] > 1.3
@@ -99,10 +87,7 @@ def test_the_verdict_features_from_digests_are_the_rows_and_read_no_row(tmp_path
 def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
     """The digests keep the default warm-up's first steps apart; a verdict with another warm-up reads rows."""
     run = _published_run(tmp_path)
-    con = open_run(run, follow_spool=False)
-    parts = verdict_digests(con, "medians", "steps")
-    assert parts is not None and medians(con, parts, 3) is None
-    con.close()
+    assert _read_from(run) == ("digests",) and _read_from(run, warmup_steps=3) == ("rows",)
     from_digests = run_features(run, warmup_steps=3)
     assert from_digests[0]["steps"] == 117
     digests = os.path.join(run, "steps", DIGEST_DIR)
@@ -113,14 +98,11 @@ def test_another_warm_up_than_the_digests_reads_the_rows(tmp_path):
     assert all(from_digests[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)
 
 
-def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_rows(tmp_path):
+def test_a_rank_with_no_more_steps_than_the_warm_up_keeps_them_and_its_medians_are_its_rows(tmp_path):
     run = _published_run(tmp_path, publishes=1)
     _write_steps(str(tmp_path / "local" / "run"), [7], range(3))
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
-    con = open_run(run, follow_spool=False)
-    parts = verdict_digests(con, "medians")
-    assert parts is not None and medians(con, parts, 5) is None
-    con.close()
+    assert _read_from(run) == ("digests",)
     from_digests = run_features(run)
     assert from_digests[7]["steps"] == 3
     rows = _features_from_rows(run)
@@ -129,135 +111,86 @@ def test_a_rank_with_no_more_steps_than_the_warm_up_sends_the_verdict_to_the_row
             assert from_digests[rank][k] == rows[rank][k], (rank, k)
 
 
-def _parts_that_serve(run: str, *wanted: str) -> bool:
-    con = open_run(run, follow_spool=False)
-    try:
-        return verdict_digests(con, *wanted) is not None
-    finally:
-        con.close()
-
-
-def test_a_damaged_digest_part_or_a_file_without_a_digest_leaves_those_figures_to_the_rows(tmp_path):
+def test_a_damaged_digest_or_a_file_without_a_digest_has_its_rows_read(tmp_path):
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
     paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
-    with open(paths[0], "r+b") as f:  # cut short inside its last part (per step): the parts before it read
+    with open(paths[0], "r+b") as f:  # cut short inside its last part (per step)
         f.truncate(os.path.getsize(paths[0]) - 100)
-    assert _parts_that_serve(run, "medians") and not _parts_that_serve(run, "medians", "steps")
+    assert _read_from(run) == ("digests", "rows")
     _assert_same_features(run_features(run), rows)
-    os.remove(paths[0])  # a step file without its digest: no part stands for every row
-    assert not _parts_that_serve(run, "medians")
+    os.remove(paths[0])  # a step file without its digest
+    assert _read_from(run) == ("digests", "rows")
     again = run_features(run)
     _assert_same_features(again, rows)  # sums to 1e-9: DuckDB's parallel sums add in no fixed order
     assert all(again[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # the rows' medians
 
 
-def test_a_damaged_medians_part_leaves_the_medians_to_the_rows_and_the_sums_to_the_digests(tmp_path):
+def test_a_damaged_medians_part_has_its_files_rows_read(tmp_path):
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
     path = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())[0]
     zero_part(path, "medians")
-    con = open_run(run, follow_spool=False)
-    assert covering_digests(con) is not None  # the rollup's part still reads
-    assert verdict_digests(con, "medians") is None
-    con.close()
+    assert _read_from(run) == ("digests", "rows")
     features = run_features(run)
     _assert_same_features(features, rows)
     assert all(features[rank][k] == rows[rank][k] for rank in RANKS for k in FROM_MEDIANS)  # the rows' medians
 
 
-def _drop_verdict_parts(run: str) -> None:
-    """The store as an ingest before its verdict parts were kept wrote it (its rollup part stays)."""
+def _drop_summary(run: str) -> None:
+    """The store as an older ingest wrote it: without the relation of its rows."""
     con = duckdb.connect(os.path.join(run, "store.duckdb"))
-    for table in VERDICT_PART_TABLES.values():
+    for table in _summary.SUMMARY_TABLES.values():
         con.execute(f"DROP TABLE IF EXISTS {table}")
     con.close()
 
 
-def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_digest_parts_and_the_pending_files(
-    tmp_path, monkeypatch
-):
-    """``ingest`` keeps the verdict's parts of the segments it compacts; a live run's verdict then reads them
-    with the pending files' digests, and gets the rows' features."""
+def test_a_live_run_compacted_by_ingest_is_judged_from_the_stores_relation_and_the_pending_files(tmp_path):
+    """``ingest`` keeps the relation of the rows it holds; a live run's verdict then reads it with the pending
+    files' digests, and gets the rows' features."""
     run = _published_run(tmp_path, publishes=2)
     result = ingest(run)
     assert result.rows_by_kind["steps"] == 2 * 40 * len(RANKS)
     con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
-    for part in ("sums", "medians"):  # every ingested segment's part, under its definition
-        table = VERDICT_PART_TABLES[part]
-        segments = con.execute(f"SELECT count(DISTINCT _segment), count(DISTINCT key) FROM {table}").fetchall()
-        assert segments == [(2, 1)], (part, segments)
-    # the per-step part merged over the batch: a row per step, not per step and file
-    merged = "SELECT count(*), count(DISTINCT step), count(_segment), count(DISTINCT key) FROM _digest_steps"
-    assert con.execute(merged).fetchall() == [(80, 80, 0, 1)]
-    assert con.execute("SELECT sum(n) FROM _digest_steps").fetchall()[0][0] == result.rows_by_kind["steps"]
+    # the per-step part of every row the store holds: a row per step and warm-up flag
+    assert con.execute("SELECT count(*), count(DISTINCT step), sum(n) FROM _summary_steps").fetchall() == [
+        (80, 80, result.rows_by_kind["steps"])
+    ]
     con.close()
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))  # a third publish, not ingested yet
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+    assert _read_from(run) == ("store", "digests")
+    from_digests = run_features(run)
 
-    con = open_run(run, follow_spool=False)
-    assert verdict_digests(con, "medians", "steps") is not None
-    con.close()
-    from_digests = _features_reading_no_row(run, monkeypatch)
-
-    # the same run with no digest anywhere: the rows
+    # the same run with no digest anywhere and a store without its relation: the rows
     plain = str(tmp_path / "plain")
     shutil.copytree(run, plain)
     shutil.rmtree(os.path.join(plain, "steps", DIGEST_DIR))
-    _drop_verdict_parts(plain)
-    assert not _parts_that_serve(plain, "medians")
+    _drop_summary(plain)
+    assert _read_from(plain) == ("rows",)
     rows = run_features(plain)
     _assert_same_features(from_digests, rows)
     assert from_digests[3]["slowest_step_share"] == 1.0 and from_digests[0]["steps"] == 115
 
 
-def test_a_store_without_the_verdict_parts_leaves_a_live_verdict_to_the_rows(tmp_path):
-    """A store an older ingest wrote holds the rollup's part alone: the verdict reads the rows, not a part
-    that stands for the pending files only."""
+def test_a_store_without_its_relation_leaves_a_live_verdict_to_the_rows(tmp_path):
+    """A store an older ingest wrote holds no relation of its rows: the verdict scans the rows of the store and
+    of the pending files, not the pending files' digests alone."""
     run = _published_run(tmp_path, publishes=2)
     ingest(run)
-    _drop_verdict_parts(run)
+    _drop_summary(run)
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120))
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
-    assert not _parts_that_serve(run, "medians")
-    con = open_run(run, follow_spool=False)
-    assert covering_digests(con) is not None  # the rollup's part still stands for every row
-    con.close()
+    assert _read_from(run) == ("rows",)
     features = run_features(run)
     assert features[0]["steps"] == 115 and features[3]["slowest_step_share"] == 1.0
 
 
-def test_a_store_kept_by_an_older_digest_definition_takes_the_newer_parts_columns(tmp_path, caplog):
-    """A store outlives an upgrade: the parts of a newer definition, with columns the store's tables lack, are
-    kept beside the older key's rows, which read the new columns as NULL."""
-    run = _published_run(tmp_path, publishes=1)
-    still_running(run)
-    ingest(run)
-    con = duckdb.connect(os.path.join(run, "store.duckdb"))
-    key, older = con.execute("SELECT any_value(key), count(*) FROM _digest_sums").fetchone()
-    for table in VERDICT_PART_TABLES.values():  # as an older definition wrote them: another key, a column fewer
-        con.execute(f"UPDATE {table} SET key = 'c2-000000000000'")
-    con.execute("ALTER TABLE _digest_sums DROP COLUMN data_wait_host_sum")
-    con.execute("DELETE FROM _digests")  # and the rollup's part of those segments, under the older key too
-    con.close()
-    local = str(tmp_path / "local" / "run")
-    for steps in (range(40, 80), range(80, 120)):
-        _write_steps(local, RANKS, steps)
-        publish_node_spool(local, run, "nodeA")
-    with caplog.at_level("WARNING", logger="ranksight"):
-        ingest(run)
-    assert "not kept" not in caplog.text
-    con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
-    kept = con.execute("SELECT key, count(*), count(data_wait_host_sum) FROM _digest_sums GROUP BY key ORDER BY key")
-    assert kept.fetchall() == [("c2-000000000000", older, 0), (key, 2 * len(RANKS), 2 * len(RANKS))]
-    con.close()
-
-
-def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_rows_figures(tmp_path, monkeypatch):
-    """The same steps on three nodes: two nodes' files merged in one ingest, the third's in a second ingest, the
-    next steps of all three pending. The per-step part's merged rows (the store's) merge with each other and
-    with files' as the rows do -- who waited least, the second-least wait, the longest compute (a rank of the
-    second node's, so a merge that kept the first file's would be wrong)."""
+def test_steps_in_the_store_and_pending_files_merge_to_the_rows_figures(tmp_path):
+    """The same steps on three nodes: two nodes' files in one ingest, the third's in a second ingest, the next
+    steps of all three pending. The store's per-step part merges with the files' as the rows do -- who waited
+    least, the second-least wait, the longest compute (a rank of the second node's, so a merge that kept the
+    first file's would be wrong)."""
     run = str(tmp_path / "runs" / "run")
     os.makedirs(run)
     nodes = {"nodeA": ((0, 1, 2, 3), None), "nodeB": ((4, 5, 6, 7), 7), "nodeC": ((8, 9, 10, 11), None)}
@@ -276,68 +209,58 @@ def test_steps_merged_by_separate_ingests_and_pending_files_merge_again_to_the_r
     ingest(run)
     for node in nodes:
         publish(node, range(40, 80))
-    con = duckdb.connect(os.path.join(run, "store.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*), count(DISTINCT step) FROM _digest_steps").fetchall() == [(80, 40)]
-    con.close()
-    assert _parts_that_serve(run, "medians", "steps")
-    from_digests = _features_reading_no_row(run, monkeypatch)
+    assert _read_from(run) == ("store", "digests")
+    from_digests = run_features(run)
 
     plain = str(tmp_path / "plain")
     shutil.copytree(run, plain)
     shutil.rmtree(os.path.join(plain, "steps", DIGEST_DIR))
-    _drop_verdict_parts(plain)
+    _drop_summary(plain)
     rows = run_features(plain)
     _assert_same_features(from_digests, rows)
     assert sorted(from_digests) == [*range(12), 99]
     assert from_digests[7]["slowest_step_share"] == 1.0
 
 
-def test_a_reader_after_new_files_merges_only_those_into_what_it_kept_and_gets_the_rows_figures(tmp_path, monkeypatch):
-    """A live dashboard diagnoses again as files arrive: the parts it kept merged (``_digest_fold``) take in
-    the new files' rows alone, and the figures are those of the rows, and of a build from every file."""
-    from ranksight.collectors import _digest_fold
-
+def test_a_reader_after_new_files_gets_the_rows_figures(tmp_path):
+    """A live dashboard diagnoses again as files arrive: each reading's relation is that of every file."""
     run = _published_run(tmp_path, publishes=2)
     first = run_features(run)
-    before = set(_step_files(run))
     _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120), slow=1)  # another rank slow now
     publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
-    added = set(_step_files(run)) - before
-    assert added
-    read = []
-    original = _digest_fold.read_digest_parts
-
-    def recorded(paths, parts, with_file=False):
-        read.append(({os.path.basename(p) for p in paths}, parts))
-        return original(paths, parts, with_file)
-
-    monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
-    merged = _features_reading_no_row(run, monkeypatch)
-    assert read and all(names == added for names, _ in read)  # the kept parts took in the new file alone
-    # every part of the new file at once; a rank in several files takes its medians from the rows
-    assert {p for _, parts in read for p in parts} == {"sums", "medians", "steps"}
+    merged = run_features(run)
     assert merged != first
     _assert_same_features(merged, _features_from_rows(run))
-    _digest_fold.forget()
-    _assert_same_features(merged, run_features(run))  # a build from every file
     assert (merged[1]["slowest_step_share"], merged[3]["slowest_step_share"]) == (40 / 115, 75 / 115)
 
 
-def test_a_kept_merge_is_not_taken_once_a_file_it_read_is_gone_or_changed(tmp_path):
-    from ranksight.collectors import _digest_fold
+def test_a_reading_refreshed_again_reads_only_the_new_files_digests(tmp_path, monkeypatch):
+    """The live dashboard's reading (``incremental=True``) keeps the digest parts it read, merged: a refresh reads
+    the new files' digests alone, and its features are a fresh reading's."""
+    run = _published_run(tmp_path, publishes=2)
+    reading = open_run(run, follow_spool=False, incremental=True)
+    read, original = [], _summary.read_digest_parts
 
-    run = _published_run(tmp_path)
-    rows = _features_from_rows(run)
-    _digest_fold.forget()
-    _assert_same_features(run_features(run), rows)
-    paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
-    assert {os.path.dirname(paths[0])} == {folder for folder, _ in _digest_fold._folds}
-    zero_part(paths[0], "steps")  # changed in place: its steps part no longer reads (the kept one would)
-    assert not _parts_that_serve(run, "medians", "steps")
-    _assert_same_features(run_features(run), rows)
-    os.remove(paths[0])  # gone, its step file kept: the kept sums would still add up to the rows
-    assert not _parts_that_serve(run, "medians")
-    _assert_same_features(run_features(run), rows)
+    def recorded(paths, parts, *args, **kwargs):
+        read.append(sorted(os.path.basename(p) for p in paths))
+        return original(paths, parts, *args, **kwargs)
+
+    monkeypatch.setattr(_summary, "read_digest_parts", recorded)
+    try:
+        first = reading.features()
+        assert read == [_step_files(run)]
+        before = set(_step_files(run))
+        _write_steps(str(tmp_path / "local" / "run"), RANKS, range(80, 120), slow=1)
+        publish_node_spool(str(tmp_path / "local" / "run"), run, "nodeA")
+        read.clear()
+        assert reading.refresh()
+        again = reading.features()
+        assert read == [sorted(set(_step_files(run)) - before)]
+        assert again != first and reading.summary().read_from == ("digests",)
+    finally:
+        reading.close()
+    monkeypatch.undo()
+    _assert_same_features(again, run_features(run))
 
 
 def _step_grid(steps: int, ranks: int):
@@ -402,10 +325,9 @@ def test_every_verdict_part_of_several_files_merged_is_the_part_of_all_their_row
 
 
 def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_in_full():
-    """``_digest_fold._merged`` leaves the per-step columns that every file left out out of the merge (NULL),
-    and gives what the full merge gives: here two files of one rank each hold no second-least wait of their
-    own, yet two files' least waits make one, and neither has CPU-timed or GPU figures."""
-    from ranksight.collectors._digest_fold import _merged, null_columns
+    """``merge_part_sql`` leaves the per-step columns that every file left out out of the merge (NULL), and
+    gives what the full merge gives: here two files of one rank each hold no second-least wait of their own,
+    yet two files' least waits make one, and neither has CPU-timed or GPU figures."""
     from ranksight.format.digest import digest_of
     from ranksight.format.digest_file import concat_part
     from ranksight.format.verdict_digest import merge_part_sql
@@ -426,7 +348,7 @@ def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_
     parts = [digest_of(table.filter(rank == r))[1]["steps"] for r in (6, 7)]
     assert not any("second" in p.column_names or "least_cpu" in p.column_names for p in parts)
     files = concat_part("steps", parts)
-    absent = null_columns(files)
+    absent = frozenset(f.name for f in files.schema if pa.types.is_null(f.type))
     assert {"second", "least_cpu", "cpu_key_rank", "gpu_compute_rank"} <= absent
     assert "cpu_key_rank" in merge_part_sql("steps", "f") and "cpu_key_rank':" not in merge_part_sql(
         "steps", "f", frozenset(absent)
@@ -435,21 +357,18 @@ def test_a_merge_leaves_what_no_file_holds_null_unmerged_and_merges_the_rest_as_
     con.register("files", files)
     order = [("step", "ascending"), ("warm", "ascending")]
     full = con.sql(merge_part_sql("steps", "files")).to_arrow_table().sort_by(order)
-    fast = _merged(con, "steps", files).sort_by(order)
+    fast = con.sql(merge_part_sql("steps", "files", absent)).to_arrow_table().sort_by(order)
     assert fast.schema == full.schema and fast.equals(full)
     assert fast["second"].null_count == 0  # one rank's least wait is the other's second
 
 
-def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(tmp_path):
+def test_readers_on_threads_each_get_the_rows_verdict(tmp_path):
     """The dashboard diagnoses on several threads (its warm-up, each browser session's script) while the spool
-    grows: readers that meet in ``_digest_fold`` at once each get the verdict of the files they listed."""
+    grows: each reader gets the verdict of the files it listed."""
     import threading
-
-    from ranksight.collectors import _digest_fold
 
     run = _published_run(tmp_path, publishes=2)
     before = _features_from_rows(run)
-    _digest_fold.forget()
     results: dict[int, dict] = {}
     errors = []
 
@@ -479,84 +398,59 @@ def test_readers_on_threads_share_the_kept_merge_and_each_gets_the_rows_verdict(
 
 
 def test_the_features_read_each_digest_file_once_and_every_median_in_one_pass(tmp_path, monkeypatch):
-    """``compute_features`` reads every part the features read at once: one read of the three parts, each file
-    once, and one pass over the rows for all seven medians -- also in ``diagnose()``, whose breakdown asks
-    for two. Here every rank is in three files (a node's publishes), so the files' own medians do not serve
-    and the rows' are read."""
-    from ranksight.collectors import _digest_fold, _digest_queries
-
+    """A verdict reads every part of each digest file once and, where the files' medians do not serve (every
+    rank is in three files here, a node's publishes), all seven medians in one pass over the rows -- also in
+    ``diagnose()``, whose breakdown asks for two."""
     run = _published_run(tmp_path)
     files = set(_step_files(run))
     assert len(files) == 3
     reads, passes = [], []
-    read, find = _digest_fold.read_digest_parts, _digest_queries._rows_medians
+    read, find = _summary.read_digest_parts, _summary._rows_medians
 
-    def recorded(paths, parts, with_file=False):
+    def recorded(paths, parts, *args, **kwargs):
         reads.append(([os.path.basename(p) for p in paths], parts))
-        return read(paths, parts, with_file)
+        return read(paths, parts, *args, **kwargs)
 
-    def found(con, warmup_steps, figures):
-        passes.append(figures)
-        return find(con, warmup_steps, figures)
+    def found(con, since_ns, where):
+        passes.append(where)
+        return find(con, since_ns, where)
 
-    monkeypatch.setattr(_digest_fold, "read_digest_parts", recorded)
-    monkeypatch.setattr(_digest_queries, "_rows_medians", found)
-    _digest_fold.forget()
+    monkeypatch.setattr(_summary, "read_digest_parts", recorded)
+    monkeypatch.setattr(_summary, "_rows_medians", found)
     features = run_features(run)
     assert [(sorted(names), set(parts)) for names, parts in reads] == [(sorted(files), {"sums", "medians", "steps"})]
-    assert [set(figures) for figures in passes] == [set(MEDIANS)]
-    _digest_fold.forget()
+    assert len(passes) == 1
     reads.clear()
     passes.clear()
     verdict = diagnose(run)
-    assert {p for _, parts in reads for p in parts} == {"sums", "medians", "steps"}
-    assert [set(figures) for figures in passes] == [set(MEDIANS)]
+    assert len(reads) == 1 and len(passes) == 1
     monkeypatch.undo()
     _assert_same_features(features, _features_from_rows(run))
     assert _findings(verdict) and _findings(verdict) == _findings(_diagnosed_from_rows(run))
+    assert set(MEDIANS) >= {"period", "compute"}
 
 
-def test_a_damaged_per_step_part_leaves_only_its_figures_to_the_rows(tmp_path):
-    """Reading every part at once (as every reading does) must not cost the parts that read: a file's per-step
-    part cut short sends the per-step comparisons to the rows, and the sums and medians still come from the
-    digests."""
-    from ranksight.collectors import _digest_fold
-
+def test_a_damaged_per_step_part_costs_only_its_file(tmp_path):
+    """A file's per-step part cut short sends that file's rows to the scan; the other files' digests serve."""
     run = _published_run(tmp_path)
     rows = _features_from_rows(run)
     paths = sorted(digest_paths(os.path.join(run, "steps"), chunk_steps_for(WORLD), _step_files(run)).values())
     with open(paths[0], "r+b") as f:  # cut short inside its last part (per step)
         f.truncate(os.path.getsize(paths[0]) - 100)
-    _digest_fold.forget()
-    con = open_run(run, follow_spool=False)
-    assert verdict_digests(con, "medians") is not None and verdict_digests(con, "steps") is None
-    con.close()
+    assert _read_from(run) == ("digests", "rows")
     features = run_features(run)
     _assert_same_features(features, rows)
     assert all(features[rank]["step_median_s"] == rows[rank]["step_median_s"] for rank in RANKS)  # exact
 
 
-def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_counted(tmp_path, monkeypatch):
-    """The view's rows are first counted from its files' footers; where they are more than the digests fold
-    (a GPU rank's steps without CUDA events, which no digest folds), the rows that digests fold are counted
-    instead, and the digests still serve when those are every one."""
-    from ranksight.collectors import _digest_source
-
-    run = _published_run(tmp_path, gpu=True)
-    counted = []
-    original = _digest_source._step_rows
-
-    def counting(con):  # the rows counted by a scan of the view, not the count kept from before
-        counted.append(_digest_source._noted(con).rows is None)
-        return original(con)
-
-    monkeypatch.setattr(_digest_source, "_step_rows", counting)
-    assert _parts_that_serve(run, "medians", "steps") and not any(counted)  # the footers' count was enough
+def test_digests_that_leave_unsampled_gpu_steps_out_give_the_rows_figures(tmp_path):
+    """A GPU rank's steps without CUDA events are in no digest and in no figure of the rows either."""
     import pyarrow.parquet as pq
 
     from ranksight.agent._node_spool import _write_durably
     from ranksight.format.digest_file import write_digest
 
+    run = _published_run(tmp_path, gpu=True)
     # A GPU rank's steps without CUDA events in one file (``gpu_sampled`` false), published with its digest.
     name = _step_files(run)[0]
     path = os.path.join(run, "steps", name)
@@ -565,5 +459,5 @@ def test_digests_that_leave_unsampled_gpu_steps_out_serve_once_the_rows_are_coun
     rows = rows.set_column(rows.schema.get_field_index("gpu_sampled"), "gpu_sampled", sampled)
     write_digest(rows, os.path.join(run, "steps"), name, _write_durably)  # as a publisher digests such a file
     pq.write_table(rows, path)
-    assert _parts_that_serve(run, "medians", "steps") and any(counted)
+    assert _read_from(run) == ("digests",)
     _assert_same_features(run_features(run), _features_from_rows(run))

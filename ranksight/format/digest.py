@@ -30,8 +30,7 @@ FILE_FORMAT = "parts-4"
 """How a digest file is written (part of its key: a reader never opens a digest of another format): a header
 naming its parts, then each part an Arrow IPC file (``digest_file.pack_parts``); the ``steps`` part without the
 columns that are NULL on every one of its rows (``SPARSE_PARTS``); since ``parts-4`` exact per-file medians and no
-histograms. The header may also carry the step file's card (``digest_file.CARD_KEY``), which a reader that does
-not know it never looks up: the parts and their meaning do not change with it."""
+histograms."""
 PARTS = ("chunks", "sums", "medians", "steps")
 """The tables of a digest, in the file's order: the rollup's ``chunks`` (``COLUMNS``) and the verdict's
 (``verdict_digest``). The parts every verdict reads (``sums``, ``medians``, ``steps``) lie together at the end:

@@ -20,10 +20,9 @@ class DigestError(Exception):
     """A digest file that does not read (damaged, foreign, or of another layout)."""
 
 
-def pack_parts(parts: dict, card: dict | None = None) -> bytes:
-    """One digest file's bytes: ``_MAGIC``, a 4-byte header length, a JSON header {part: [offset, length]}
-    (and, with a ``card``, ``"file": card``: ``file_card``), then each part as an Arrow IPC file. A reader
-    reads the header and the one part it wants."""
+def pack_parts(parts: dict) -> bytes:
+    """One digest file's bytes: ``_MAGIC``, a 4-byte header length, a JSON header {part: [offset, length]}, then
+    each part as an Arrow IPC file. A reader reads the header and the one part it wants."""
     import json
 
     import pyarrow as pa
@@ -40,7 +39,7 @@ def pack_parts(parts: dict, card: dict | None = None) -> bytes:
     for name, body in bodies.items():
         offsets[name] = [at, len(body)]
         at += len(body)
-    header = json.dumps(offsets if card is None else {**offsets, CARD_KEY: card}).encode()
+    header = json.dumps(offsets).encode()
     return _MAGIC + len(header).to_bytes(4, "little") + header + b"".join(bodies.values())
 
 
@@ -165,8 +164,8 @@ def _one_batch(body):
 
 
 _HEAD_READ = 4096
-"""Bytes read first: the magic, the header's length and the header (a few hundred bytes; with a card, about
-two thousand)."""
+"""Bytes read first: the magic, the header's length and the header (a few hundred bytes; a card an older
+publisher wrote there made it about two thousand)."""
 
 
 def _read_header(fd: int) -> tuple[dict, int]:
@@ -197,14 +196,8 @@ def _header_of(head: bytes, start: int) -> dict:
     return header
 
 
-CARD_KEY = "file"
-"""The header's entry holding the step file's card (``file_card``): an optional entry, which a reader that
-does not know it never looks up, so a digest with a card keeps its definition (``FILE_FORMAT``)."""
-
-
 def parquet_bytes(table) -> bytes:
-    """``table`` as the node spool writes a step file (zstd Parquet), in memory: the publisher records the
-    file's card in its digest before the file is in place."""
+    """``table`` as the node spool writes a step file (zstd Parquet), in memory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -213,78 +206,16 @@ def parquet_bytes(table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def file_card(data: bytes) -> dict:
-    """What a reader would learn from the step file of bytes ``data`` by reading its footer: its size, its
-    footer (the bytes from the footer's start to the end: their length and hash), rows, and the hash of its
-    columns as pyarrow reads them (``schema_hash``). A file of the card's size whose footer bytes hash as the
-    card's holds the very footer the card was made from (``ranksight.collectors._file_cards``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
-        schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
-    footer = int.from_bytes(data[-8:-4], "little") + 8  # the footer, its 4-byte length and PAR1
-    return {
-        "size": len(data),
-        "footer": [footer, footer_hash(data[-footer:])],
-        "rows": rows,
-        "schema": schema_hash(schema),
-    }
-
-
-def footer_hash(footer: bytes) -> str:
-    """The hash a card keeps of a step file's footer bytes (a check against damage, not against an adversary)."""
-    import hashlib
-
-    return hashlib.blake2b(footer, digest_size=16).hexdigest()
-
-
-def schema_hash(schema) -> str:
-    """The hash a card keeps of the columns pyarrow reads from a step file (name, type, nullable, in any
-    order): files with the same hash are judged as one schema."""
-    import hashlib
-    import json
-
-    columns = sorted([f.name, str(f.type), f.nullable] for f in schema)
-    return hashlib.blake2b(json.dumps(columns).encode(), digest_size=16).hexdigest()
-
-
-def with_card(digest: bytes, card: dict) -> bytes:
-    """The digest file of bytes ``digest`` with ``card`` in its header, its parts byte for byte as they were
-    (offsets in the header count from the parts' start). ValueError for bytes that are not a digest."""
-    import json
-
-    start = _parts_start(digest)
-    body = json.dumps({**_header_of(digest, start), CARD_KEY: card}).encode()
-    return _MAGIC + len(body).to_bytes(4, "little") + body + digest[start:]
-
-
-def read_card(path: str) -> dict | None:
-    """The card in the header of the digest at ``path``; None where it has none, or does not read."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        card = _read_header(fd)[0].get(CARD_KEY)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return card if isinstance(card, dict) else None
-
-
-def write_digest(table, steps_dir: str, name: str, write_durably, file_bytes: bytes | None = None) -> str:
+def write_digest(table, steps_dir: str, name: str, write_durably) -> str:
     """Write the digest of ``table`` (the rows of ``steps_dir/name``) where readers look for it; its path.
 
     ``write_durably(directory, name, write)`` puts a file in place whole or not at all (the node spool's
-    own writer), so a reader never sees half a digest. ``file_bytes``: the step file's own bytes, whose
-    card (``file_card``) the digest then carries.
+    own writer), so a reader never sees half a digest.
     """
     chunk_steps, parts = digest_of(table)
     folder = digest_folder(steps_dir, chunk_steps)
     os.makedirs(folder, exist_ok=True)
-    data = pack_parts(parts, None if file_bytes is None else file_card(file_bytes))
+    data = pack_parts(parts)
     write_durably(folder, name, lambda f: f.write(data))
     return os.path.join(folder, name)
 

@@ -168,7 +168,7 @@ MERGED_STEPS: dict[str, str] = {
     "gpu_compute_rank": "arg_max(gpu_compute_rank, gpu_compute_max)",
 }
 """How ``steps`` rows of several files merge into one per (step, warm), column by column: what the readers'
-per-step comparisons do with the files' rows (``collectors._digest_queries``), so a merged row is read like
+per-step comparisons do with the files' rows (``collectors._summary``), so a merged row is read like
 one more file's."""
 
 

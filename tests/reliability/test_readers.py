@@ -10,7 +10,6 @@ import duckdb
 import pytest
 
 from ranksight.collectors import SkippedFile, ingest, list_runs, open_run, prune, read_rank_meta, segment_files
-from ranksight.collectors._spool_reader import skipped_files
 
 from ._damage import (
     DAMAGES,
@@ -47,7 +46,7 @@ def test_open_run_leaves_a_damaged_segment_out_and_names_it(tmp_path, one_rank, 
     con = open_run(run)
     assert _steps(con) == STEPS  # every real row, none of the bad file's
     assert con.execute("SELECT count(*) FROM steps WHERE rank IS NULL OR step IS NULL").fetchone()[0] == 0
-    skipped = skipped_files(con)
+    skipped = con.skipped
     assert [s.path for s in skipped] == [bad] and skipped[0].reason
     assert bad not in segment_files(run, "steps")  # the dashboard's rollup reads this list
 
@@ -96,7 +95,7 @@ def test_ingest_never_stores_a_row_without_its_identity_and_keeps_the_file(tmp_p
     nulls = " OR ".join(f"{c.strip()} IS NULL" for c in identity.split(","))
     con = open_run(run)
     assert _steps(con) == STEPS and con.execute(f"SELECT count(*) FROM steps WHERE {nulls}").fetchone()[0] == 0
-    assert skipped_files(con) == []
+    assert con.skipped == []
     assert ingest(run).quarantined == ()  # nothing left to move
 
 
@@ -114,14 +113,14 @@ def test_a_segment_replaced_under_the_same_name_is_judged_again(tmp_path, one_ra
     """Verdicts are cached by (name, size, mtime): a file that changed is read again, not remembered."""
     run = write_run(str(tmp_path))
     bad = zero_bytes(run)
-    assert [s.path for s in skipped_files(open_run(run))] == [bad]
+    assert [s.path for s in open_run(run).skipped] == [bad]
     other = write_run(str(tmp_path), "other", steps=7)
     with open(os.path.join(other, "steps", os.listdir(os.path.join(other, "steps"))[0]), "rb") as f:
         whole = f.read()
     with open(bad, "wb") as f:
         f.write(whole)
     con = open_run(run)
-    assert skipped_files(con) == [] and _steps(con) > STEPS
+    assert con.skipped == [] and _steps(con) > STEPS
 
 
 def test_a_segment_damaged_after_it_was_ingested_costs_nothing(tmp_path, one_rank):
@@ -132,7 +131,7 @@ def test_a_segment_damaged_after_it_was_ingested_costs_nothing(tmp_path, one_ran
     with open(first_segment(run), "r+b") as f:
         f.truncate(10)
     con = open_run(run)
-    assert _steps(con) == STEPS and skipped_files(con) == []
+    assert _steps(con) == STEPS and con.skipped == []
     assert ingest(run).quarantined == ()  # the store holds it: nothing to move
 
 

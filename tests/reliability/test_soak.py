@@ -16,7 +16,6 @@ import duckdb
 import pytest
 
 from ranksight.collectors import ingest, open_run, read_rank_meta
-from ranksight.collectors._spool_reader import skipped_files
 
 WRITERS = 4
 PRUNE_AFTER_S = 3.0  # a reader's open_run and query finish well within this on a loaded 2-core machine
@@ -165,7 +164,7 @@ def test_writers_readers_ingest_and_prune_together_lose_and_double_nothing(tmp_p
         assert {r: (n, d, m) for r, n, d, m in stored.fetchall()} == {r: (n, n, n - 1) for r, n in written.items()}
     con = open_run(run)
     counts = dict(con.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
-    assert counts == written and skipped_files(con) == []
+    assert counts == written and con.skipped == []
     metas = {m.rank: (m.status, m.steps) for m in read_rank_meta(run)}
     assert metas == {r: ("finished", n) for r, n in written.items()}
     assert not [f for f in os.listdir(run) if f.startswith(".tmp-")]  # no half-built store left behind
