@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 
-from ranksight.format.digest import COLUMNS, chunk_steps_for, digest_paths, fold_sql
+from ranksight.format.digest import COLUMNS, chunk_steps_for, column_steps, digest_paths, fold_sql
 from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.schema import KINDS
 from ranksight.format.warmup import WARMUP_STEPS
@@ -33,16 +33,6 @@ past its head are merged no wider than such a column, so every column still hold
 FINE_STEPS = 64
 """Steps after the warm-up the rollup keeps at its own chunk whatever the run's length: the heatmaps' colour
 scale is read from them (``SCALE_STEPS``, 50), so it stays what it was once fixed."""
-
-
-def merged_width(last_step: int, chunk_steps: int) -> int:
-    """Steps per merged row past the head: ``chunk_steps`` doubled until ``MAX_COLUMNS`` of them hold the run,
-    the narrowest column a heatmap of ``last_step + 1`` steps draws (``column_steps`` doubles the same way).
-    It only widens as the run grows, so rows merged earlier lie whole in the rows merged later."""
-    width = max(1, int(chunk_steps))
-    while width * MAX_COLUMNS < int(last_step) + 1:
-        width *= 2
-    return width
 
 
 class Rollup:
@@ -146,10 +136,10 @@ class Rollup:
 
         Why: every page query scans the rollup, and unmerged it grows a row per rank and chunk of steps (more
         where a chunk spans several files), so a live refresh at 1,024 ranks cost more the longer the run.
-        Merged, a rank keeps the head's rows (warm-up and ``FINE_STEPS``) plus at most ``MAX_COLUMNS`` rows of
-        ``merged_width`` steps: the table stops growing once the run is ``MAX_COLUMNS`` chunks long. Every
-        figure in a row is a sum, count, minimum or maximum, so the merged rows give the same totals, and a
-        heatmap column (``column_steps``, never narrower than ``merged_width``) the same cells."""
+        Merged, a rank keeps the head's rows (warm-up and ``FINE_STEPS``) plus at most ``MAX_COLUMNS`` rows, each
+        as wide as the narrowest column a heatmap of ``MAX_COLUMNS`` columns draws (``column_steps``): the table
+        stops growing once the run is ``MAX_COLUMNS`` chunks long. Every figure in a row is a sum, count, minimum
+        or maximum, so the merged rows give the same totals, and every heatmap column the same cells."""
         rows, last = self.con.execute("SELECT count(*), max(step_max) FROM rollup").fetchone()
         if rows <= 2 * self._merged_rows or last is None:
             return
@@ -159,7 +149,7 @@ class Rollup:
                   "step_min": "min(step_min)", "t_min": "min(t_min)", "step_max": "max(step_max)",
                   "t_max": "max(t_max)", "step_max_s": "max(step_max_s)"}  # fmt: skip
         select = ", ".join(f"{merged.get(c, f'sum({c})')} AS {c}" for c, _ in COLUMNS)
-        params = {"fine": fine, "width": merged_width(last, self.chunk_steps)}
+        params = {"fine": fine, "width": column_steps(last, MAX_COLUMNS, self.chunk_steps)}
         self.con.execute("BEGIN TRANSACTION")
         try:
             self.con.execute(

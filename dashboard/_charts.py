@@ -138,7 +138,7 @@ def heatmap_axis_title(hm: dict) -> str:
 
 def heatmap_chart(hm: dict) -> dict:
     """A Vega-Lite spec (a plain dict: no Altair object to build and validate at each refresh) of one heatmap:
-    step columns of a fixed width from step 0 to the chart's column budget (``_queries.column_steps``), with
+    step columns of a fixed width from step 0 to the chart's column budget (``column_steps``), with
     ticks, and a colour scale fixed for the run, clamped above."""
     col, bins = hm["col_steps"], hm["bins"]
     values = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ranksight.collectors import PHASES
+from ranksight.format.digest import column_steps
 from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import SAMPLE_NAMES
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql
@@ -202,16 +203,6 @@ def rank_order(con, order: str = "mean step time (slowest first)") -> list[int]:
     expr, direction = RANK_ORDERS[order]
     sql = f"WITH {_KEPT} SELECT rank FROM kept GROUP BY rank ORDER BY {expr} {direction} NULLS LAST, rank"
     return [r[0] for r in con.execute(sql).fetchall()]
-
-
-def column_steps(last_step: int, bins: int, chunk_steps: int = 1) -> int:
-    """Steps per heatmap column: the rollup's chunk doubled until ``bins`` columns hold the run. Why doubling:
-    a column keeps its width in steps (and on the page) while the run grows, and halves the count of columns
-    only when they fill the chart, instead of every column widening at every refresh."""
-    col = max(1, int(chunk_steps))
-    while col * max(1, int(bins)) < max(1, int(last_step) + 1):
-        col *= 2
-    return col
 
 
 def heatmap(

@@ -68,6 +68,17 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 """A digest row's columns, in order: also the dashboard's rollup table, which adds digests up."""
 
 
+def column_steps(last_step: int, columns: int, chunk_steps: int = 1) -> int:
+    """Steps per heatmap column: ``chunk_steps`` doubled until ``columns`` columns hold steps 0..``last_step``.
+    Why doubling: a column keeps its width in steps (and on the page) while the run grows, and halves the count of
+    columns only when they fill the chart; the rollup merges its rows no wider than this, so every column holds
+    whole rows."""
+    col = max(1, int(chunk_steps))
+    while col * max(1, int(columns)) < max(1, int(last_step) + 1):
+        col *= 2
+    return col
+
+
 def chunk_steps_for(world_size: int) -> int:
     """Steps per digest row: 1 for small jobs (full detail), 64 at 1,024 ranks (~16 rows per step)."""
     return max(1, int(world_size) // 16)
