@@ -208,7 +208,8 @@ def test_a_followed_rollup_merges_its_rows_and_reads_the_same(tmp_path, monkeypa
             same(x, y)
     same(q.rollup_total(a), q.rollup_total(b))
     same(q.run_overview(a), q.run_overview(b))
-    assert q.rank_order(a) == q.rank_order(b)
+    # The order sorts the per-rank means compared above; this job's ranks tie, so only its members are compared.
+    assert sorted(q.rank_order(a)) == sorted(q.rank_order(b)) == [0, 1, 2, 3]
     for bins in (10, 60, 120):
         for metric in ("step_s", "data_wait_s"):
             x, y = (q.heatmap(c, metric, [0, 1, 2, 3], bins, chunk_steps=rollup.chunk_steps) for c in (a, b))
