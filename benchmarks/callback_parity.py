@@ -91,14 +91,35 @@ def sizes(tiny: bool) -> dict:
             "gpt_batch": 16, "vocab": 8192}  # fmt: skip
 
 
+def thread_cpu() -> dict:
+    """CPU seconds of each of this process's threads so far, by Python thread name (``main`` for the training
+    thread, ``other`` for threads Python did not start: CUDA's, DataLoader pin-memory threads are Python's)."""
+    import threading
+
+    names = {t.native_id: ("main" if t is threading.main_thread() else t.name) for t in threading.enumerate()}
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), "other")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 class Timing:
     """The same step timing in every arm: a CUDA synchronise and a clock read at the end of step ``TIMED_FROM``
-    and of the last step; with ``stop_after_s``, asks the framework to stop once that much time has passed."""
+    and of the last step; with ``stop_after_s``, asks the framework to stop once that much time has passed.
+    Each thread's CPU over the same span says where an arm's extra time went (``thread_cpu_s``)."""
 
     def __init__(self, steps: int, cuda: bool, stop_after_s: float = 0.0) -> None:
         self.steps, self.cuda, self.stop_after_s = steps, cuda, stop_after_s
         self.t0 = self.t1 = 0.0
         self.done = 0
+        self.cpu0: dict = {}
+        self.cpu1: dict = {}
 
     def step_end(self) -> bool:
         """After each step; True when the job should stop (``stop_after_s`` passed)."""
@@ -110,15 +131,18 @@ class Timing:
                 torch.cuda.synchronize()
             now = time.perf_counter()
             if self.done == TIMED_FROM:
-                self.t0 = now
+                self.t0, self.cpu0 = now, thread_cpu()
             else:
                 self.t1 = now
+                if self.done == self.steps or self.t1 - self.t0 >= self.stop_after_s > 0:
+                    self.cpu1 = thread_cpu()
         return bool(self.stop_after_s and self.t0 and self.t1 - self.t0 >= self.stop_after_s)
 
     def figures(self) -> dict:
         timed = self.done - TIMED_FROM
+        cpu = {k: round(v - self.cpu0.get(k, 0.0), 3) for k, v in self.cpu1.items() if v - self.cpu0.get(k, 0.0) > 0}
         return {"steps": self.done, "timed_steps": timed, "timed_s": self.t1 - self.t0,
-                "step_s": (self.t1 - self.t0) / timed if timed > 0 else None}  # fmt: skip
+                "step_s": (self.t1 - self.t0) / timed if timed > 0 else None, "thread_cpu_s": cpu}  # fmt: skip
 
 
 def profiler(trace_path: str, cuda: bool):
@@ -179,8 +203,8 @@ def traceml_start(args, model_hook):
         import signal
 
         serve.send_signal(signal.SIGINT)
-        try:
-            serve.wait(timeout=60)
+        try:  # its summary is not read here: the launch's timing ended before this
+            serve.wait(timeout=5)
         except subprocess.TimeoutExpired:
             serve.kill()
 
