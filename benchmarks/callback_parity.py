@@ -566,6 +566,17 @@ def part_cost(args, job: str, save=lambda figures: None) -> dict:
     return {"job": job, "steps": steps, "warm": warm, "arms": arms, "rounds": rounds, "median_ratio": summary}
 
 
+def median_interval(values: list, draws: int = 4000) -> list:
+    """A 95 % bootstrap interval of the median of ``values`` (the rounds' ratios): how finely the rounds resolve it."""
+    import random
+
+    if len(values) < 2:
+        return [float("nan"), float("nan")]
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return [meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]]
+
+
 def part_summary(args) -> dict:
     """The cost parts' rounds merged per job (several invocations, each with its own warm-up launch)."""
     merged: dict = {}
@@ -584,6 +595,7 @@ def part_summary(args) -> dict:
             for a in arms
         }
         job["ratios"] = {a: [r["ratio"].get(a) for r in job["rounds"]] for a in arms}
+        job["median_interval_95"] = {a: median_interval([x for x in job["ratios"][a] if x is not None]) for a in arms}
         print(f"{job['files']}: {len(job['rounds'])} rounds, median ratio to none {json.dumps(job['median_ratio'])}")
     return {"jobs": merged}
 
