@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Iterable, Mapping
 
-from ranksight.format.digest import COLUMNS, chunk_steps_for, column_steps, digest_paths, fold_sql
+from ranksight.format.digest import COLUMNS, chunk_steps_for, column_steps, digest_folder, digest_paths, fold_sql
 from ranksight.format.digest_file import DigestError, read_digests
 from ranksight.format.schema import KINDS
 from ranksight.format.warmup import WARMUP_STEPS
@@ -30,6 +30,10 @@ log = logging.getLogger("ranksight")
 MAX_COLUMNS = 120
 """The most columns a heatmap asks of the rollup (the Heatmaps page's slider tops out here): the rollup's rows
 past its head are merged no wider than such a column, so every column still holds whole rows."""
+STAT_DIGESTS_BELOW = 8
+"""A refresh's new step files are looked up in the digest folder one ``stat`` each while they are fewer than
+1 in this many of the files folded so far, else the folder is listed (a ``stat`` costs about as much as listing
+eight names)."""
 FINE_STEPS = 64
 """Steps after the warm-up the rollup keeps at its own chunk whatever the run's length: the heatmaps' colour
 scale is read from them (``SCALE_STEPS``, 50), so it stays what it was once fixed."""
@@ -113,7 +117,8 @@ class Rollup:
                 self._store_sig = store_sig
                 changed = self._fold_store(everything=False)
             names = listing.get("steps", ()) if listing is not None else _listed(self.run_path, "steps")
-            new = sorted(n for n in names if n not in self._loaded and is_listed(n))
+            # A set difference (in C) rather than a look at each name: the run's names grow with its length.
+            new = sorted(n for n in _as_set(names) - self._loaded if is_listed(n))
             if new:
                 # A file with a digest is folded from it, its rows not read: the footers of the rest alone are
                 # checked (``segment_files``). At 1,024 ranks, checking every new file's footer made a refresh
@@ -169,7 +174,7 @@ class Rollup:
         names left to read row by row (all of them, with one warning line, when the digests do not read)."""
         import duckdb
 
-        digests = digest_paths(os.path.join(self.run_path, "steps"), self.chunk_steps, names)
+        digests = self._digests_of(names)
         if not digests:
             return names
         try:
@@ -184,6 +189,18 @@ class Rollup:
             return names
         self.digested += len(digests)
         return [n for n in names if n not in digests]
+
+    def _digests_of(self, names: list[str]) -> dict[str, str]:
+        """File name -> its digest's path under this rollup's definition, for those of ``names`` that have one: a
+        ``stat`` per name where they are few beside the files folded so far (a refresh's new files), else one
+        listing of the digest folder (``digest_paths``), which holds a digest per step file of the run."""
+        steps_dir = os.path.join(self.run_path, "steps")
+        if STAT_DIGESTS_BELOW * len(names) >= len(self._loaded):
+            return digest_paths(steps_dir, self.chunk_steps, names)
+        folder = digest_folder(steps_dir, self.chunk_steps)
+        found = {name: os.path.join(folder, name) for name in names}
+        # A digest is written before its step file (the publisher's order): a listed file's digest is there.
+        return {name: path for name, path in found.items() if os.path.isfile(path)}
 
     def _fold(self, source: str, params: dict, present: frozenset | None = None) -> None:
         # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
@@ -216,6 +233,10 @@ class Rollup:
     def close(self) -> None:
         """End the reading the rollup lives on (its Run)."""
         self.run.close()
+
+
+def _as_set(names: Iterable[str]) -> frozenset[str] | set[str]:
+    return names if isinstance(names, (set, frozenset)) else set(names)
 
 
 def _listed(run_path: str, kind: str) -> list[str]:

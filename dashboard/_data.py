@@ -172,6 +172,7 @@ class _Follower:
         self.metas: list = []
         self.kept: KeptRows | None = None  # the rows read so far: each refresh takes in only the new segments
         self.run = None  # or, for a run too big to keep or compacted, its own reading, kept
+        self.listing = RunListing(path)  # its folders' names: each refresh lists again only those that changed
         self._rollup: Rollup | None = None
 
     def rollup(self) -> Rollup:
@@ -230,19 +231,92 @@ def current(run_path: str) -> Snapshot:
     return f.snap if f.snap is not None else snapshot(run_path)
 
 
-def run_listing(path: str) -> tuple[tuple, dict[str, frozenset[str]]]:
-    """(signature, kind -> segment names) of the run's files: one listing per folder, no file opened. Segments
-    appear whole under a new name and never change, so their names say what arrived; rank files are rewritten
-    in place (sizes and mtimes), the store renamed into place. Equal signatures: nothing was written."""
-    names: dict[str, frozenset[str]] = {}
-    stats = []
-    for kind in KINDS:
+LISTING_SLACK_NS = 2_000_000_000
+"""How close to now a folder's mtime may be for its listing to be taken again at the next look (``FolderListing``):
+above the coarsest mtime tick of a filesystem the run may live on (1 s on some network ones) and the clock
+skew between a shared filesystem's server and this host."""
+
+
+class FolderListing:
+    """The names in one folder, listed again only when the folder may have changed since its last listing.
+
+    Why: a live run's dashboard looks at the run's folders at every refresh, and a spool folder holds a file per
+    node (or rank) and flush: listing it and comparing every name again cost ~4 µs a file at each refresh
+    (1,024 ranks: 0.026 CPU-s at 1,000 steps, 0.057 at 16,000). A folder whose mtime (with its device and inode)
+    is what it was at a listing taken more than ``LISTING_SLACK_NS`` after that mtime has the same entries: an
+    entry added, removed or renamed since would have moved the mtime past it. A folder changed within the slack
+    is listed again at every look, so a change in the same mtime tick as the listing is never missed. Where it
+    is listed again, the names are compared as sets (in C), and ``keep`` is asked of the added names alone.
+    """
+
+    __slots__ = ("path", "names", "_keep", "_all", "_stamp", "listings")
+
+    def __init__(self, path: str, keep: Callable[[str], bool] | None = None) -> None:
+        self.path = path
+        self.names: frozenset[str] = frozenset()
+        """The names the last look found that ``keep`` keeps (a new object only when they changed)."""
+        self._keep = keep
+        self._all: frozenset[str] = frozenset()  # every name of the last listing
+        self._stamp: tuple[int, int, int] | None = None  # (device, inode, mtime_ns) of a listing that can be trusted
+        self.listings = 0  # how often the folder was listed (the tests count them)
+
+    def look(self) -> bool:
+        """Bring ``names`` up to date (one ``stat``; a listing only where the folder may have changed); True
+        when they changed."""
+        now = time.time_ns()  # before the stat: a change after it moves the mtime past ``now - slack``
         try:
-            # what the readers' glob matches: *.parquet not starting with a dot (renamed into place whole)
-            found = os.listdir(os.path.join(path, kind))
-            names[kind] = frozenset(n for n in found if n.endswith(SPOOL_SUFFIX) and not n.startswith("."))
+            st = os.stat(self.path)
         except OSError:
-            names[kind] = frozenset()
+            self._stamp, self._all = None, frozenset()
+            changed, self.names = bool(self.names), frozenset()
+            return changed
+        stamp = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if stamp == self._stamp:
+            return False
+        try:
+            found = frozenset(os.listdir(self.path))
+        except OSError:
+            found, stamp = frozenset(), None
+        self.listings += 1
+        self._stamp = stamp if st.st_mtime_ns < now - LISTING_SLACK_NS else None
+        added = found - self._all
+        # Names gone (a compaction, a prune) show in the counts; only then is the old listing gone through.
+        removed = self._all - found if len(self._all) + len(added) != len(found) else frozenset()
+        self._all = found
+        if self._keep is not None:
+            added = frozenset(n for n in added if self._keep(n))
+        removed &= self.names
+        if not added and not removed:
+            return False
+        self.names = (self.names - removed if removed else self.names) | added
+        return True
+
+
+def _is_segment(name: str) -> bool:
+    """What the readers' glob matches: ``*.parquet`` not starting with a dot (renamed into place whole)."""
+    return name.endswith(SPOOL_SUFFIX) and not name.startswith(".")
+
+
+class RunListing:
+    """A run's record folders, each a ``FolderListing`` of its segments, kept by the run's follower."""
+
+    def __init__(self, path: str) -> None:
+        self.folders = {kind: FolderListing(os.path.join(path, kind), _is_segment) for kind in KINDS}
+
+    def look(self) -> dict[str, frozenset[str]]:
+        """kind -> the segment names in its folder now."""
+        for folder in self.folders.values():
+            folder.look()
+        return {kind: folder.names for kind, folder in self.folders.items()}
+
+
+def run_listing(path: str, kept: RunListing | None = None) -> tuple[tuple, dict[str, frozenset[str]]]:
+    """(signature, kind -> segment names) of the run's files, no file opened: each record folder listed again only
+    where it may have changed since ``kept`` last looked (``FolderListing``; a new one lists them all). Segments
+    appear whole under a new name and never change, so their names say what arrived; rank files are rewritten in
+    place (sizes and mtimes), the store renamed into place. Equal signatures: nothing was written."""
+    names = (kept or RunListing(path)).look()
+    stats = []
     for sub, only in ((os.path.join(path, RANKS_DIR), None), (path, os.path.basename(store_path(path)))):
         try:
             with os.scandir(sub) as it:
@@ -252,7 +326,8 @@ def run_listing(path: str) -> tuple[tuple, dict[str, frozenset[str]]]:
                         stats.append((e.name, st_.st_size, st_.st_mtime_ns, st_.st_ino))
         except OSError:
             pass
-    signature = (tuple(sorted(stats)), tuple(len(n) for n in names.values()), hash(tuple(names.values())))
+    # The name sets themselves: one unchanged is the same object (compared in O(1)), one changed a new one.
+    signature = (tuple(sorted(stats)), tuple(names.values()))
     return signature, names
 
 
@@ -319,7 +394,7 @@ def snapshot(run_path: str, refresh_s: float | None = None) -> Snapshot:
             if now - f.checked < gap or (busy and not _ended(f, run_path)):
                 return f.snap
         f.checked = now
-        sig, listing = run_listing(run_path)
+        sig, listing = run_listing(run_path, f.listing)
         if f.snap is not None and sig == f.signature:
             status = _status(f.metas)  # a heartbeat can go stale without a file changing
             if status != f.snap.status:

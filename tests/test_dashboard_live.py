@@ -8,6 +8,7 @@ Synthetic runs written with the record schema (``write_run``); the browser test 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -192,6 +193,97 @@ def test_a_rollup_given_the_snapshots_listing_folds_the_new_segments_named_there
     _, listing = _data.run_listing(path)
     assert rollup.refresh(listing) and q.run_overview(rollup.cursor())["steps"] == 60
     assert q.breakdown_per_rank(rollup.cursor()) == q.breakdown_per_rank(Rollup(path).cursor())
+
+
+def test_a_folder_listing_lists_again_only_where_the_folder_may_have_changed_and_misses_no_file(tmp_path):
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    (folder / "a.parquet").write_bytes(b"")
+    listing = _data.FolderListing(str(folder), _data._is_segment)
+    assert listing.look() and listing.names == {"a.parquet"}
+    # A file added in the same mtime tick as the listing (a coarse filesystem): the folder's mtime did not move.
+    tick = os.stat(folder).st_mtime_ns
+    (folder / "b.parquet").write_bytes(b"")
+    (folder / ".tmp-c.parquet").write_bytes(b"")  # being written: not a segment
+    os.utime(folder, ns=(tick, tick))
+    assert listing.look() and listing.names == {"a.parquet", "b.parquet"}
+
+    def settled() -> None:  # the folder's mtime further in the past than the slack: its listing can be trusted
+        old = time.time_ns() - 10 * _data.LISTING_SLACK_NS
+        os.utime(folder, ns=(old, old))
+        listing.look()
+
+    settled()
+    listed = listing.listings
+    assert not listing.look() and not listing.look() and listing.listings == listed  # one stat each, no listing
+    (folder / "d.parquet").write_bytes(b"")
+    assert listing.look() and listing.names == {"a.parquet", "b.parquet", "d.parquet"}
+    settled()
+    # Compacted: two files replaced by one (their names gone), and a temporary file renamed into place.
+    (folder / "ab.parquet").write_bytes(b"")
+    os.remove(folder / "a.parquet")
+    os.remove(folder / "b.parquet")
+    os.replace(folder / ".tmp-c.parquet", folder / "c.parquet")
+    assert listing.look() and listing.names == {"ab.parquet", "c.parquet", "d.parquet"}
+    settled()
+    os.remove(folder / "d.parquet")
+    assert listing.look() and listing.names == {"ab.parquet", "c.parquet"}
+    shutil.rmtree(folder)  # gone (a run folder moved away), then back
+    assert listing.look() and listing.names == frozenset()
+    folder.mkdir()
+    (folder / "e.parquet").write_bytes(b"")
+    assert listing.look() and listing.names == {"e.parquet"}
+
+
+def test_a_snapshot_sees_a_segment_written_in_the_same_mtime_tick_as_its_last_listing(tmp_path):
+    path = write_run(str(tmp_path / "run"), 2, 20, status="running")
+    _data.snapshot(path, refresh_s=0)
+    assert _data.pull(path, q.run_overview)["steps"] == 20  # a page builds the rollup
+    steps = os.path.join(path, "steps")
+    tick = os.stat(steps).st_mtime_ns
+    write_run(path, 2, 20, first_step=20, segment="b", status="running")
+    os.utime(steps, ns=(tick, tick))  # the new segment in the same mtime tick as the last listing
+    snap = _data.snapshot(path, refresh_s=0)
+    assert snap.steps == 40 and _data.pull(path, q.run_overview)["steps"] == 40
+    assert max(r["steps"] for r in snap.diagnosis["breakdown"]["ranks"]) == 40 - 5
+    # Settled folders are not listed again: a refresh lists the folder a segment arrived in, and no other.
+    old = time.time_ns() - 10 * _data.LISTING_SLACK_NS
+    for name in os.listdir(path):
+        os.utime(os.path.join(path, name), ns=(old, old))
+    _data.snapshot(path, refresh_s=0)
+    folders = _data._follower(path).listing.folders
+    listed = {kind: folder.listings for kind, folder in folders.items()}
+    write_run(path, 2, 20, first_step=40, segment="c", status="running")
+    snap = _data.snapshot(path, refresh_s=0)
+    assert snap.steps == 60 and _data.pull(path, q.run_overview)["steps"] == 60
+    assert {kind: folder.listings - listed[kind] for kind, folder in folders.items()} == {
+        kind: int(kind == "steps") for kind in folders
+    }
+
+
+def test_a_rollup_finds_a_refreshs_few_new_digests_one_stat_each_not_by_listing_them_all(tmp_path, monkeypatch):
+    import importlib
+
+    from ranksight.collectors import _rollup
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    bench = importlib.import_module("dashboard_bench")
+    path = str(tmp_path / "live-run")
+    for first in range(0, 100, 10):
+        bench.append_steps(path, 16, first, 10)  # a file and its digest per node of 8 ranks and flush: 20 files
+    rollup = Rollup(path)
+    assert rollup.digested == 20
+    listed = []
+    digest_paths = _rollup.digest_paths
+    monkeypatch.setattr(_rollup, "digest_paths", lambda *a: (listed.append(a), digest_paths(*a))[1])
+    bench.append_steps(path, 16, 100, 16)
+    assert rollup.refresh() and rollup.digested == 22 and not listed
+
+    def rounded(rows: list[dict]) -> list[dict]:  # sums added in another order differ in the last bits
+        return [{k: round(v, 12) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+    assert rounded(q.breakdown_per_rank(rollup.cursor())) == rounded(q.breakdown_per_rank(Rollup(path).cursor()))
+    assert listed  # the fresh rollup's first refresh, with every file new, listed the folder
 
 
 def test_a_followed_runs_rollup_answers_the_pulls_on_one_duckdb_thread(tmp_path):

@@ -151,3 +151,108 @@ def test_a_run_past_the_bound_has_its_medians_read_from_the_rows_without_folding
         assert (diagnose(run), run.features()) == _fresh(path) and not taken
     finally:
         run.close()
+
+
+def _duckdb_medians(con, ranks, values) -> dict:
+    rows = con.execute(
+        "SELECT r, median(v) FROM (SELECT unnest($r) AS r, unnest($v) AS v) GROUP BY r",
+        {"r": ranks.tolist(), "v": values.tolist()},
+    ).fetchall()
+    return dict(rows)
+
+
+@pytest.mark.parametrize("drift", [0.0, 0.02])
+def test_a_fold_cut_to_bands_around_its_medians_keeps_them_exact_and_starts_again_where_one_leaves(monkeypatch, drift):
+    """Past its bound the fold keeps each rank's values nearest the median and counts the rest: the medians stay
+    DuckDB's of every row. A run whose figures keep rising (``drift``) moves its medians out of the bands: the fold
+    says so (None), and one started again from every value finds them."""
+    import duckdb
+
+    monkeypatch.setattr(_median_fold, "BAND_AT_LEAST", 8)
+    rng = np.random.default_rng(11)
+    con = duckdb.connect()
+    fold, every_rank, every_value, cut, lost = _median_fold._Fold(("period",)), [], [], 0, 0
+    for batch in range(60):
+        ranks = np.repeat(np.arange(6, dtype=np.int64), 16)
+        values = rng.gamma(20.0, 0.005, len(ranks)) * (1 + drift * batch) * np.where(ranks == 5, 1.3, 1.0)
+        values[::5] = np.round(values[::5], 2)  # ties, also with the band's ends
+        every_rank.append(ranks)
+        every_value.append(values)
+        fold.take_in("period", ranks, values)
+        found = fold.medians()
+        if found is None:  # as ``folded_medians`` does: every value again into a fold not cut
+            lost += 1
+            fold = _median_fold._Fold(("period",))
+            fold.take_in("period", np.concatenate(every_rank), np.concatenate(every_value))
+            found = fold.medians()
+        assert found["period"] == _duckdb_medians(con, np.concatenate(every_rank), np.concatenate(every_value))
+        if fold.count > 6 * 200:  # the bound: 200 values a rank
+            assert fold.trim(6 * 100)
+            cut += 1
+            assert fold.count == 6 * 100 and all(len(v) == 100 for v in fold.values["period"].values())
+    assert cut >= 3
+    assert (lost > 0) == (drift > 0), lost
+
+
+def test_a_reading_past_the_bound_keeps_its_fold_cut_and_reads_only_the_new_files(bench, tmp_path, monkeypatch):
+    rows_read = []
+    take_in = _median_fold._Fold.take_in
+    monkeypatch.setattr(
+        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
+    )
+    monkeypatch.setattr(_median_fold, "BAND_AT_LEAST", 8)
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 40)
+    bench.append_steps(path, 16, 40, 40)
+    # 16 ranks x 75 steps after warm-up x 2 figures: 2,400 values, cut to 32 series x 18 at the first reading.
+    monkeypatch.setattr(_median_fold, "KEPT_MEDIAN_VALUES", 1200)
+    run = open_run(path, follow_spool=False, incremental=True)
+    try:
+        assert (diagnose(run), run.features()) == _fresh(path)
+        (fold,) = _median_fold._folds.values()
+        assert fold.count <= 600 and any(fold.below["period"].values()) and not _median_fold._too_big
+        for first in (80, 96, 112, 128):
+            bench.append_steps(path, 16, first, 16)
+            rows_read.clear()
+            assert run.refresh()
+            assert (diagnose(run), run.features()) == _fresh(path)
+            (fold,) = _median_fold._folds.values()
+            assert set(rows_read) == {16 * 16}  # the new files alone: no median left its band
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("rebuilt_after", [1, 3])
+def test_a_median_that_leaves_its_band_has_the_fold_read_every_file_again(bench, tmp_path, monkeypatch, rebuilt_after):
+    """A band of one value cannot hold a median as the run grows: each reading reads every file again where the
+    bands held for ``REBUILT_AFTER_READINGS`` (here 1); where they must hold longer, the fold is dropped at once
+    and the medians are read from the rows, every reading exact."""
+    monkeypatch.setattr(_median_fold, "REBUILT_AFTER_READINGS", rebuilt_after)
+    rows_read = []
+    take_in = _median_fold._Fold.take_in
+    monkeypatch.setattr(
+        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
+    )
+    monkeypatch.setattr(_median_fold, "BAND_AT_LEAST", 1)
+    path = str(tmp_path / "live-run")
+    bench.append_steps(path, 16, 0, 20)
+    bench.append_steps(path, 16, 20, 20)
+    monkeypatch.setattr(_median_fold, "KEPT_MEDIAN_VALUES", 64)  # a band of one value a rank and figure
+    run = open_run(path, follow_spool=False, incremental=True)
+    try:
+        assert (diagnose(run), run.features()) == _fresh(path)
+        assert _median_fold._folds and not _median_fold._too_big
+        everything = 16 * (40 - 5)
+        for first in (40, 56, 72):
+            bench.append_steps(path, 16, first, 16)
+            rows_read.clear()
+            assert run.refresh()
+            assert (diagnose(run), run.features()) == _fresh(path)
+            everything += 16 * 16
+            if rebuilt_after == 1:  # 16 new values a rank moved a median out of its band: every file read again
+                assert set(rows_read) == {16 * 16, everything}, rows_read
+            else:  # dropped at the first (the new files read, then given up), and not folded again
+                assert set(rows_read) == ({16 * 16} if first == 40 else set()), rows_read
+                assert not _median_fold._folds and _median_fold._too_big
+    finally:
+        run.close()
