@@ -496,7 +496,7 @@ def split_closure(trace_path: str) -> str:
 
 
 def part_parity(args) -> dict:
-    from ranksight.collectors import import_traces
+    from ranksight.importer import import_traces
 
     first, last = PROFILED
     jobs = {}
