@@ -40,6 +40,7 @@ from ._tables import (
     ingested_segments,
     quiet_connection,
     select_list,
+    sql_list,
     sql_literal,
     store_select,
     store_tables,
@@ -163,9 +164,8 @@ def _spool_part(
             return spool, [], paths
     if not pending:
         return None, bad, paths
-    names = ", ".join(sql_literal(p) for p in paths)
     # One schema: DuckDB reads the files as one (by name still) instead of binding each at every query.
-    source = f"read_parquet([{names}], union_by_name={'false' if one_schema(pending) else 'true'})"
+    source = f"read_parquet({sql_list(paths)}, union_by_name={'false' if one_schema(pending) else 'true'})"
     select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
     if (
         not incremental  # a reading refreshed again and again would read every row at each refresh

@@ -32,7 +32,7 @@ from ranksight.format.warmup import WARM_SQL, WARMUP_STEPS, is_short
 
 from ._median_fold import folded_medians
 from ._rundir import file_signature, first_line, warn_once
-from ._tables import STORE_ALIAS, fetch_rows, register_arrow, select_list, sql_literal, steps_source, unregister_arrow
+from ._tables import STORE_ALIAS, fetch_rows, register_arrow, select_list, sql_list, steps_source, unregister_arrow
 
 SUMMARY_TABLES = {"sums": "_summary_sums", "medians": "_summary_medians", "steps": "_summary_steps"}
 """The store's copy of the relation of its rows (``ingest``), made under ``summary_key`` (in ``_store_meta``)."""
@@ -340,5 +340,5 @@ def _files_source(con, paths: list[str]) -> str:
     from ._segment_checks import one_schema, segment_columns
 
     union = "false" if one_schema(paths) else "true"
-    source = f"read_parquet([{', '.join(sql_literal(p) for p in paths)}], union_by_name = {union})"
+    source = f"read_parquet({sql_list(paths)}, union_by_name = {union})"
     return f"(SELECT {select_list(con, source, 'steps', present=segment_columns(paths))} FROM {source})"

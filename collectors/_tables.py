@@ -92,6 +92,11 @@ def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def sql_list(paths: list[str]) -> str:
+    """A DuckDB list literal of quoted paths (``sql_literal``)."""
+    return f"[{', '.join(sql_literal(p) for p in paths)}]"
+
+
 def register_arrow(con, name: str, table) -> None:
     """``con.register(name, table)``, after finishing any result a caller left half-read on ``con``:
     DuckDB 2 refuses to register or unregister while one is pending ("unfinished result")."""
