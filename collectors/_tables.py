@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ranksight.format.schema import DUCKDB_TYPES, KINDS
 
+from ._rundir import StoreError, first_line
+
 STORE_ALIAS = "ranksight_store"
 """The schema name ``open_run`` attaches a run's store under (``ranksight_store.steps`` ...)."""
 SEGMENTS_TABLE = "_segments"
@@ -79,6 +81,24 @@ def ingested_segments(con, schema: str = STORE_ALIAS) -> dict[str, list[str]]:
     for kind, file in con.execute(f"SELECT kind, file FROM {schema}.{SEGMENTS_TABLE}").fetchall():
         out.setdefault(kind, []).append(file)
     return out
+
+
+def attach_store(con, path: str, alias: str, shown: str, what: str, move: str) -> set[str]:
+    """Attach the store at ``path`` (as DuckDB opens it) read-only under ``alias`` and return its tables. Raises
+    ``StoreError`` naming ``shown`` (``what`` it is, and ``move``: what to do) for a file DuckDB cannot read
+    (not a DuckDB file, a newer storage format) or one without ``_segments`` (not a ranksight store)."""
+    import duckdb
+
+    con.execute(f"DETACH DATABASE IF EXISTS {alias}")
+    try:
+        con.execute(f"ATTACH {sql_literal(path)} AS {alias} (READ_ONLY)")
+    except duckdb.Error as exc:
+        raise StoreError(f"{shown}: cannot read {what} ({first_line(exc)}); {move}") from None
+    tables = store_tables(con, alias)
+    if SEGMENTS_TABLE not in tables:
+        con.execute(f"DETACH DATABASE {alias}")
+        raise StoreError(f"{shown}: not a ranksight store (no {SEGMENTS_TABLE} table); {move}")
+    return tables
 
 
 def store_tables(con, catalog: str) -> set[str]:
