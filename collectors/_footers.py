@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from ._tables import quiet_connection
 
-Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segment_checks._segment_verdict`` gives it
+Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segment_checks.segment_verdict`` gives it
 
 _GLOB_CHARACTERS = frozenset("*?[]{}")
 
