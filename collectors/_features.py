@@ -474,7 +474,7 @@ def _traced_windows(con, warmup_steps: int, since_ns: int | None) -> dict[int, l
         (r, s): v
         for r, s, v in query(
             con,
-            f"SELECT rank, step, avg(step_s) FROM {steps_source(con, since_ns)} "
+            f"SELECT rank, step, avg(step_s) FROM {steps_source(since_ns)} "
             "WHERE step BETWEEN ? AND ? AND list_contains(?, rank) GROUP BY rank, step",
             [min(s for _, s in traced), max(s for _, s in traced), sorted({r for r, _ in traced})],
         )[1]

@@ -185,7 +185,7 @@ def _meta_features(meta: dict) -> dict:
 
 def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dict]:
     """Per rank: exposed all-gather and reduce-scatter shares, calls and bytes per step."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     gpu_exposed = "CASE WHEN k.gpu_step_s IS NOT NULL THEN coalesce(k.gpu_comm_blocked_s, 0) END"
     sql = f"""
         WITH {kept_steps_sql(source)},
@@ -234,7 +234,7 @@ def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dic
 
 def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict:
     """Per-call floors across ranks (see the module docstring), over the steps every rank recorded."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     sql = f"""
         WITH {kept_steps_sql(source)},
              k AS (SELECT rank, step, period_s, gpu_step_s IS NOT NULL AS on_gpu,
@@ -285,7 +285,7 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     ``comm_blocked_floor_share`` (+ noise), ``comm_blocked_share``, ``collectives_per_step`` and
     ``collective_bytes_per_step`` over the metric all-reduces, barriers and object collectives the job
     adds. On a GPU rank the FSDP part of the stream's blocked time is taken in proportion to the host's."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     sql = f"""
         WITH {kept_steps_sql(source)},
              c AS (SELECT rank, step, sum(blocked_s) AS fsdp_s, sum(count) AS fsdp_n, sum(bytes) AS fsdp_b

@@ -21,7 +21,7 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 
 from ._rundir import file_signature
-from ._tables import LATE_STEP_COLUMNS
+from ._tables import select_list
 
 KEPT_MEDIAN_VALUES = 32_000_000
 """Values kept at most per fold (8 bytes each: 256 MB; 1,024 ranks x ~15,000 steps of the two figures a CPU job
@@ -96,11 +96,10 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
             source = "read_parquet($files, union_by_name = true)"
             cur = con.cursor()
             try:
-                # Columns an older agent did not write read as NULL, as the views' ``steps_source`` has them.
-                present = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {source}", {"files": fresh}).fetchall()}
-                extra = "".join(f", CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present)
+                # Columns an older agent did not write read as NULL, as in the views.
+                columns = select_list(cur, source, "steps", {"files": fresh})
                 sql = (
-                    f"SELECT CAST(rank AS BIGINT), {cols} FROM (SELECT *{extra} FROM {source})"
+                    f"SELECT CAST(rank AS BIGINT), {cols} FROM (SELECT {columns} FROM {source})"
                     f" WHERE step >= $warmup AND {SAMPLED_SQL}"
                 )
                 rows = cur.execute(sql, {"files": fresh, "warmup": warmup_steps}).fetchnumpy()

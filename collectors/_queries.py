@@ -265,7 +265,7 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
     if not query(con, found, [warmup_steps])[1][0][0]:
         return {}  # nothing to measure: skip the scan of every step row
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con, since_ns))},
+        WITH {kept_steps_sql(steps_source(since_ns))},
              med AS (SELECT rank, median(period_s) AS m, sum(period_s) AS total FROM kept GROUP BY rank),
              rc AS (SELECT DISTINCT rank, step FROM compile WHERE kind = 'recompile' AND step >= ? {since}),
              hit AS (SELECT DISTINCT k.rank, k.step, k.period_s FROM kept k JOIN rc
@@ -306,7 +306,7 @@ def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3)
 def step_series(con, warmup_steps: int = WARMUP_STEPS) -> list[tuple[int, float]]:
     """(end time ns, mean period across ranks) per step after warm-up, in time order (the onset of a change)."""
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con))}
+        WITH {kept_steps_sql(steps_source())}
         SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
     """
     return [(int(t), float(p)) for t, p in con.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
@@ -327,7 +327,7 @@ def stretch_figures(con, width: int, warmup_steps: int = 0) -> list[dict]:
     width = max(1, int(width))
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
     cur = con.execute(
-        f"""WITH {kept_steps_sql(steps_source(con))}
+        f"""WITH {kept_steps_sql(steps_source())}
             SELECT step // {width} AS stretch, rank, max(step) AS last_step, median(period_s) AS step_time_s, {shares}
             FROM kept GROUP BY ALL ORDER BY stretch, rank""",
         [warmup_steps, warmup_steps],

@@ -129,7 +129,7 @@ def summarize(
         or (not sources.store and not _digest_paths(sources.pending))
     )
     if whole_view:
-        source = steps_source(con, since_ns)
+        source = steps_source(since_ns)
         if ranks is not None:
             source = f"(SELECT * FROM {source} WHERE rank IN ({', '.join(str(int(r)) for r in ranks)}))"
         parts.append(("rows", _rows_parts(con, source, warmup)))
@@ -192,7 +192,7 @@ def _medians(con, parts, summary: Summary, since_ns, sources: Sources | None) ->
 def _rows_medians(con, since_ns, where: str) -> dict[str, dict[int, float]]:
     """{figure: {rank: median}} of the view's rows that ``where`` keeps (sampled, after ``since_ns``)."""
     cols = ", ".join(f"median(CAST({v} AS DOUBLE))" for v, _ in MEDIANS.values())
-    sql = f"SELECT rank, {cols} FROM {steps_source(con, since_ns)} WHERE {where} AND {SAMPLED_SQL} GROUP BY rank"
+    sql = f"SELECT rank, {cols} FROM {steps_source(since_ns)} WHERE {where} AND {SAMPLED_SQL} GROUP BY rank"
     out: dict[str, dict[int, float]] = {f: {} for f in MEDIANS}
     for row in fetch_rows(con.execute(sql)):
         for figure, value in zip(MEDIANS, row[1:]):

@@ -136,26 +136,8 @@ def query(con, sql: str, params: list | tuple = ()) -> tuple[list[str], list[tup
     return [d[0] for d in cur.description], fetch_rows(cur)
 
 
-LATE_STEP_COLUMNS: dict[str, str] = {
-    "comm_blocked_s": "DOUBLE",  # schema 3
-    "gpu_comm_blocked_s": "DOUBLE",
-    "collectives": "BIGINT",
-    "collective_bytes": "BIGINT",
-    "cpu_s": "DOUBLE",  # schema 4
-    "gpu_data_idle_s": "DOUBLE",  # schema 5
-    "data_wait_in_step_s": "DOUBLE",
-    "gpu_sampled": "BOOLEAN",  # schema 6
-}
-"""Step columns added after schema version 2 that the queries read; NULL where a run (or the schema) lacks them."""
-
-
-def steps_source(con, since_ns: int | None = None) -> str:
-    """A FROM-able SQL source of step rows with every column the queries read, from ``since_ns`` on.
-
-    Rows of an older agent lack the collective and CPU-time columns: they read as NULL, so the phases are what
-    they were. ``since_ns`` keeps only steps that ended after it (Unix ns), for "now" verdicts.
-    """
-    present = {row[0] for row in con.execute("DESCRIBE steps").fetchall()}
-    extra = [f"CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present]
-    where = f" WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
-    return f"(SELECT *{''.join(', ' + e for e in extra)} FROM steps{where})"
+def steps_source(since_ns: int | None = None) -> str:
+    """A FROM-able SQL source of the ``steps`` view's rows that ended after ``since_ns`` (Unix ns; all without
+    it), for "now" verdicts. The view has every column of the schema (``select_list``: NULL where an older
+    agent's rows lack one)."""
+    return "steps" if since_ns is None else f"(SELECT * FROM steps WHERE time_ns > {int(since_ns)})"
