@@ -230,11 +230,9 @@ def compute_features(
     row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
     sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
-    # Copied per rank: a tenth of building each from the names (10,000 ranks). It holds what a rank with no
-    # compile record and nothing sampled has, so only the ranks that have them are written (``_compile_into``).
+    # Copied per rank, and written into by the ``_*_into`` helpers rather than merged from a dict each: at 10,000
+    # ranks building dicts was most of the features' time (cpu_scale_history.md "Scale v6").
     blank = {**dict.fromkeys(FEATURES), **_NOT_COMPILED}
-    # Each rank's figures are written into its copy by the ``_*_into`` helpers, not returned as a dict per
-    # helper and merged with ``update``: 10,000 ranks x four dicts (cpu_scale_history.md "Scale v6").
     for rank in ranks:
         f = blank.copy()
         f["rank"] = rank
@@ -282,9 +280,8 @@ def compute_context(
 
 
 class RankContexts(Mapping):
-    """rank -> its context strings, each rank's made the first time it is read. Why: a verdict fits its fixes
-    to the context of the rank each finding names, and at 10,000 ranks making every rank's took 0.02 s of a
-    first verdict (cpu_scale_history.md "Scale v6")."""
+    """rank -> its context strings, each rank's made the first time it is read: a verdict needs only the ranks
+    its findings name (cpu_scale_history.md "Scale v6")."""
 
     def __init__(self, features: dict[int, dict], meta_by_rank: dict, ops: dict, fsdp: dict) -> None:
         self._features, self._meta, self._ops, self._fsdp = features, meta_by_rank, ops, fsdp
@@ -417,11 +414,9 @@ def _sample_values(
     The value is the median after warm-up when there is anything there, else of everything (a short or
     young run still says something); a counter's latest value."""
     where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
-    # NVML's utilization after a rank's last step is the job's teardown (loader workers exiting, the
-    # process shutting down), not its training: an Accelerate job that idled 30 s at exit read 0 % on a
-    # GPU its kernels kept busy. Its samples count only up to the rank's last step. Without NVML samples
-    # nothing is left out, and the steps are not read for their last step (0.3 s of a first verdict at 10,000
-    # ranks x 1,000 steps).
+    # NVML's utilization after a rank's last step is the job's teardown, not its training: its samples count
+    # only up to the rank's last step (benchmarks/results/diagnosis_history.md). Without NVML samples the steps
+    # are not read for their last step.
     nvml = query(con, "SELECT count(*) FROM samples WHERE name = ?", [NVML_UTILIZATION])[1][0][0]
     source = "samples"
     if nvml:
@@ -539,9 +534,8 @@ NVML_PERIOD_NS = 1_000_000_000
 
 NVML_STEADY_SAMPLES = 5
 """NVML utilization samples after warm-up before ``gpu_busy_ratio`` falls back to them (without a sampled
-kernel window). Each averages up to a second, so in a run's first seconds they read start-up: on one H200,
-runs of 30 steps (1-2 s) of four healthy scripts read 0.25-0.50 and were called GPU-starved in 9 of 16
-(benchmarks/results/gpu_corpus_1gpu_h200_before.txt; none since, gpu_corpus_1gpu_h200.txt)."""
+kernel window). Each averages up to a second, so a run's first seconds read start-up
+(benchmarks/results/diagnosis_history.md)."""
 
 
 def h2d_gap_share(f: dict):
@@ -568,8 +562,7 @@ _NOTHING: dict = {}
 
 def _meta_into(f: dict, meta: dict) -> tuple[str | None, str | None]:
     """The rank file's figures into ``f``: model, GPU, optimizer, DDP, loader; returns (DDP's backend, the model's
-    class), which decide features beyond these. ``f`` starts as the blank (every feature None): a section the
-    rank file lacks leaves its features so, without a lookup each (10,000 ranks)."""
+    class), which decide features beyond these. A section the rank file lacks leaves its features None."""
     get = meta.get
     f["world_size"] = get("world_size")
     counters = get("counters")

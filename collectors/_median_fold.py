@@ -1,14 +1,11 @@
 """The per-rank medians of a spool's step files, kept sorted between readings and fed only the files added since.
 
 Why: a median does not merge (``ranksight.format.verdict_digest``), so where a rank's rows are in several files
-the verdict reads every step row again for its medians (``_summary._rows_medians``). A live dashboard
-re-reads the run at every refresh: at 1,024 ranks those medians were 0.27 CPU-s of a 0.36-0.49 s refresh at
-1,000 steps and 1.17 of 1.24-1.54 s at 4,000 (2 cores, load 5-7), growing with the run. A reading opened with
-``incremental=True`` (``open_run``) takes them from here instead: each rank's values of each figure, kept
-sorted in this process, take in the rows of the files not read yet (an insertion into a sorted array: a
-memory move of the rank's values, 35-80 ms for 2,048 arrays of 1,000-8,000 values), and the median is read
-off the middle: the same number as DuckDB's ``median`` of the rows (the middle value, or the mean of the two
-middle ones). A file that is gone or changed starts the fold again from every file.
+the verdict reads every step row again for its medians (``_summary._rows_medians``), and a live dashboard's
+refresh, which does so each time, grew with the run. A reading opened with ``incremental=True`` (``open_run``)
+takes them from here instead: each rank's values of each figure, kept sorted in this process, take in the rows
+of the files not read yet, and the median is read off the middle: the same number as DuckDB's ``median`` of the
+rows. A file that is gone or changed starts the fold again from every file.
 """
 
 from __future__ import annotations

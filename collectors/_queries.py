@@ -87,25 +87,22 @@ BREAKDOWN_COLUMNS = (
 """A breakdown row's keys, in order."""
 
 
-def mean_error(values: list[float]) -> float | None:
-    """Standard error of the mean of per-step values; None for fewer than 3 (no spread to judge by).
+def mean_error(values: list[float], n: int = 0) -> float | None:
+    """Standard error of the mean of per-step values (padded with zeros to ``n`` values, without building the
+    list: zeros add nothing to the sums); None for fewer than 3 (no spread to judge by).
 
     A cost share is a ratio of sums, a mean over steps, so its uncertainty is the mean's standard
     error. A share is only judged past a threshold when it clears it by that much, so step-to-step
     noise (a loaded host, a few slow steps) cannot tip a verdict."""
-    return mean_error_padded(values, 0)
-
-
-def mean_error_padded(values: list[float], n: int) -> float | None:
-    """``mean_error(values + [0.0] * (n - len(values)))`` without building the n-long list (one per
-    rank, each as long as the run: 1,024 x 10,000 at scale): zeros add nothing to the sums."""
     xs = [v for v in values if v is not None]
-    n = max(n, len(xs))
+    return _mean_error_of(max(n, len(xs)), sum(xs), sum(x * x for x in xs))
+
+
+def _mean_error_of(n: int, total: float, squares: float) -> float | None:
+    """``mean_error`` from the values' count, sum and sum of squares."""
     if n < 3:
         return None
-    total = sum(xs)
-    variance = max(0.0, (sum(x * x for x in xs) - total * total / n) / (n - 1))
-    return (variance / n) ** 0.5
+    return (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5
 
 
 def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
@@ -128,9 +125,7 @@ def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None 
     out = {}
     for row in rows:
         r = dict(zip(names, row))
-        n, total, squares = row[-3] or 0, row[-2], row[-1]
-        # stddev_samp over sqrt(count), from the count, sum and sum of squares
-        r["data_noise"] = (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
+        r["data_noise"] = _mean_error_of(row[-3] or 0, row[-2], row[-1])
         for key, by_rank in taken:
             r[key] = by_rank.get(r["rank"])
         out[r["rank"]] = r
@@ -229,7 +224,7 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
             "least_share": len(mine) / len(rows),
             "cost_share": waited / total if mine else 0.0,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
-            "cost_noise": mean_error_padded(mine, len(rows)) if mine else 0.0,
+            "cost_noise": mean_error(mine, len(rows)) if mine else 0.0,
             # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
             "work_explained": (
                 max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
