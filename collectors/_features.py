@@ -265,8 +265,8 @@ def compute_features(
         feats[rank] = f
     _cross_rank(con, warmup_steps, since_ns, feats, stats)
     for rank, f in feats.items():
-        f.update(transport_model(f, _transport(meta_by_rank.get(rank, {}), f)))
-    fsdp_features(con, metas, feats, warmup_steps, since_ns, transports=TRANSPORTS)
+        f.update(transport_model(f, _transport((meta_by_rank.get(rank, {}).get("ddp") or {}).get("backend"), f)))
+    fsdp_features(con, metas, feats, warmup_steps, since_ns, lambda backend, f: TRANSPORTS.get(_transport(backend, f)))
     return feats
 
 
@@ -349,9 +349,8 @@ def transport_model(f: dict, transport: str) -> dict:
     return out
 
 
-def _transport(meta: dict, f: dict) -> str:
-    """The transport an all-reduce of this rank runs on (``TRANSPORTS``), from its DDP backend and nodes."""
-    backend = (meta.get("ddp") or {}).get("backend") or "unknown"
+def _transport(backend: str | None, f: dict) -> str:
+    """The transport a collective of this rank over ``backend`` (DDP's or FSDP2's) runs on (``TRANSPORTS``)."""
     multi_node = (f.get("nodes") or 1) > 1
     if backend == "gloo":
         return "gloo-tcp" if multi_node else "gloo-loopback"
@@ -366,7 +365,7 @@ def _context_of(meta: dict, f: dict) -> dict:
     framework = meta.get("framework") or "plain"
     parallelism = meta.get("parallelism") or ("ddp" if ddp else "none")
     data_source = meta.get("data_source") or ("loader" if meta.get("loader") else "unknown")
-    transport = _transport(meta, f)
+    transport = _transport(backend, f)
     loader = meta.get("loader") or {}
     window = meta.get("host_other_top") or {}
     places = window.get("top") if isinstance(window, dict) else None

@@ -11,7 +11,7 @@ from ranksight.format.verdict_digest import merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from ._summary import Summary, summarize
-from ._tables import query, steps_source
+from ._tables import has_table, query, steps_source
 
 
 def kept_steps_sql(source: str) -> str:
@@ -19,9 +19,8 @@ def kept_steps_sql(source: str) -> str:
     a GPU rank's steps that recorded no CUDA events (``SAMPLED_SQL``: the figures rest on the sampled steps).
 
     Takes two parameters: the warm-up steps, twice (a rank with no more rows than that keeps them all:
-    ``ranksight.format.warmup``).
-    The short ranks are found by a GROUP BY, not a count over a window: the window sorts every row by
-    rank first (0.33 s against 0.13 s for a per-rank sum at 1,024 ranks x 10,000 steps, docs/scale.md).
+    ``ranksight.format.warmup``). The short ranks are found by a GROUP BY, not a count over a window, which
+    sorts every row by rank first (cpu_scale_history.md).
     """
     return f"""
         short AS (SELECT rank FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank HAVING {short_sql("count(*)")}),
@@ -37,8 +36,6 @@ def summary_of(con, warmup_steps: int, since_ns: int | None, ranks: list[int] | 
         found = kept(warmup_steps, since_ns)
         if ranks is None or found.ranks == sorted(ranks):
             return found
-    elif ranks is None:
-        return summarize(con, None, warmup_steps, since_ns)
     return summarize(con, None, warmup_steps, since_ns, ranks=ranks)
 
 
@@ -210,7 +207,7 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
         last.setdefault(least, []).append(gap / r[1])
         steps_last.setdefault(least, []).append(i)
     per_rank = {}  # only the ranks that arrived last at some step: most ranks of a large job never did
-    for rank in ranks:  # one pass per rank over its own late steps, not over every step (1,024 x 10,000)
+    for rank in ranks:  # one pass per rank over its own late steps, not over every step
         mine = last.get(rank)
         if mine is None:
             continue
@@ -274,9 +271,8 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
 
 def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3) -> dict[int, str]:
     """Per rank, the blocking collectives (not DDP's buckets) that held the step longest, as text:
-    ``all_reduce x2.0/step (user), barrier x1.0/step (user)``. Empty for a run without the table."""
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if "collectives" not in tables:
+    ``all_reduce x2.0/step (user), barrier x1.0/step (user)``. Empty for a reading without the table."""
+    if not has_table(con, "collectives"):
         return {}
     since = ""
     if since_ns is not None:  # the table has no clock of its own: keep the steps of the window

@@ -101,6 +101,11 @@ def attach_store(con, path: str, alias: str, shown: str, what: str, move: str) -
     return tables
 
 
+def has_table(con, name: str) -> bool:
+    """Whether ``con`` has a table or view ``name`` (a reading over some kinds only lacks the others)."""
+    return name in {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+
+
 def store_tables(con, catalog: str) -> set[str]:
     """Names of the tables in an attached database (empty when nothing is attached under that name)."""
     rows = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = ?", [catalog])
