@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import threading
 from typing import TYPE_CHECKING
 
@@ -215,46 +216,32 @@ class _SegmentVerdicts:
 _NOT_JUDGED = "\0not judged"
 
 
-class _Named:
-    """A file of ``folder`` by name, with what ``_listing`` asks of an ``os.DirEntry``."""
-
-    def __init__(self, folder: str, name: str) -> None:
-        self.name, self.path = name, os.path.join(folder, name)
-
-    def stat(self):
-        return os.stat(self.path)
-
-    def is_file(self) -> bool:
-        return os.path.isfile(self.path)
-
-
 def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int, int, str]]:
     """name -> (size, mtime_ns, placeholder) of the files the segment glob matches (of ``names`` alone when
     given: no listing); non-files get a reason."""
     out: dict[str, tuple[int, int, str]] = {}
-    if names is not None:
-        entries = [_Named(folder, n) for n in names]
-    else:
+    if names is None:
         try:
-            entries = list(os.scandir(folder))
+            names = os.listdir(folder)
         except OSError:
             return out
-    for entry in entries:
-        if not is_listed(entry.name):
+    for name in names:
+        if not is_listed(name):
             continue
+        path = os.path.join(folder, name)
         try:
-            st = entry.stat()
+            st = os.stat(path)
         except FileNotFoundError:
-            if os.path.lexists(entry.path):
-                out[entry.name] = (-1, -1, "a link to a file that does not exist")
+            if os.path.lexists(path):
+                out[name] = (-1, -1, "a link to a file that does not exist")
             continue
         except OSError as exc:
-            out[entry.name] = (-1, -1, f"cannot be read ({exc.strerror})")
+            out[name] = (-1, -1, f"cannot be read ({exc.strerror})")
             continue
-        if not entry.is_file():
-            out[entry.name] = (st.st_size, st.st_mtime_ns, "not a regular file")
+        if not stat.S_ISREG(st.st_mode):
+            out[name] = (st.st_size, st.st_mtime_ns, "not a regular file")
             continue
-        out[entry.name] = (st.st_size, st.st_mtime_ns, _NOT_JUDGED)
+        out[name] = (st.st_size, st.st_mtime_ns, _NOT_JUDGED)
     return out
 
 

@@ -21,7 +21,7 @@ from ._rundir import (
     SkippedFile,
     check_run_dir,
     duckdb_run_path,
-    is_segment_name,
+    is_listed,
     node_store_paths,
     segment_glob,
     store_path,
@@ -211,7 +211,7 @@ def _any_segment(run_path: str, kind: str) -> bool:
     the view keeps globbing it so that new segments show up in the next query."""
     try:
         with os.scandir(os.path.join(run_path, kind)) as entries:
-            return any(is_segment_name(e.name) and not e.name.startswith(".") for e in entries)
+            return any(is_listed(e.name) for e in entries)
     except OSError:
         return False
 

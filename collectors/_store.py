@@ -128,20 +128,6 @@ def _open_store(path: str, shown: str):
 _STORE_DB = "ranksight_store_file"
 
 
-def _attached(path: str):
-    """A connection whose current database is the file at ``path``, attached rather than opened:
-    ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?`` is reached
-    through one (``duckdb_run_path``)."""
-    con = quiet_connection()
-    try:
-        con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}")
-        con.execute(f"USE {_STORE_DB}")
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
 _MOVE_ASIDE = "move it aside, then ingest again"
 
 
@@ -150,7 +136,7 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
 
     ``absorb_node_stores`` also appends the rows of the per-node stores in ``<run>/nodes/`` (those of
     segments the store does not hold yet), then moves each absorbed file to ``<run>/nodes/.absorbed/``:
-    one store to read instead of one per node (docs/scale.md). Until it is moved, readers skip the rows
+    one store to read instead of one per node. Until it is moved, readers skip the rows
     the store already holds, so a crash between the two counts nothing twice.
 
     Safe while ranks are still writing (segments that appear later are picked up by the next ingest
@@ -219,15 +205,22 @@ def _next_store(run_path: str, db_run: str):
 
 
 def _connect(path: str, shown: str):
-    """Open the store's temporary copy for writing."""
+    """A connection whose current database is the store's temporary copy at ``path``, for writing: attached
+    rather than opened, as ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?``
+    is reached through one (``duckdb_run_path``)."""
     import duckdb
 
+    con = quiet_connection()
     try:
-        con = _attached(path)
-    except duckdb.Error as exc:
-        raise RunDirError(f"{shown}: cannot write the store here ({first_line(exc)})") from None
+        con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}")
+        con.execute(f"USE {_STORE_DB}")
+    except BaseException as exc:
+        con.close()
+        if isinstance(exc, duckdb.Error):
+            raise RunDirError(f"{shown}: cannot write the store here ({first_line(exc)})") from None
+        raise
     # Every reader aggregates or orders what it reads, so the store keeps no row order: DuckDB then reads
-    # the segments into the table without re-sequencing them (~25 % less CPU, docs/scale.md).
+    # the segments into the table without re-sequencing them (less CPU).
     con.execute("SET preserve_insertion_order = false")
     return con
 
