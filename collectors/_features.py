@@ -22,6 +22,7 @@ from ranksight.format.schema import SAMPLE_NAMES
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     BREAKDOWN_COLUMNS,
+    GPU_UTILIZATION_SAMPLE,
     collective_ops,
     rank_step_stats,
     recompile_excess,
@@ -416,13 +417,13 @@ def _sample_values(
     # NVML's utilization after a rank's last step is the job's teardown, not its training: its samples count
     # only up to the rank's last step (benchmarks/results/diagnosis_history.md). Without NVML samples the steps
     # are not read for their last step.
-    nvml = query(con, "SELECT count(*) FROM samples WHERE name = ?", [NVML_UTILIZATION])[1][0][0]
+    nvml = query(con, "SELECT count(*) FROM samples WHERE name = ?", [GPU_UTILIZATION_SAMPLE])[1][0][0]
     source = "samples"
     if nvml:
         source = f"""(
             WITH last AS (SELECT rank, max(time_ns) AS end_ns FROM steps GROUP BY rank)
             SELECT samples.* FROM samples LEFT JOIN last USING (rank)
-            WHERE samples.name <> '{NVML_UTILIZATION}' OR last.end_ns IS NULL
+            WHERE samples.name <> '{GPU_UTILIZATION_SAMPLE}' OR last.end_ns IS NULL
                OR samples.time_ns <= last.end_ns + {NVML_PERIOD_NS})"""
     sql = f"""
         SELECT rank, name,
@@ -527,7 +528,6 @@ def _untraced_shares(f: dict, windows: list[dict] | None):
     return max(busy, min(1.0, f["window_kernel_s_per_step"] / median))
 
 
-NVML_UTILIZATION = "gpu_utilization_ratio"
 NVML_PERIOD_NS = 1_000_000_000
 """An NVML row stands for the second before its time: the one after the last step's end still saw it."""
 

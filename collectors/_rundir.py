@@ -182,13 +182,10 @@ def store_path(run_path: str) -> str:
 
 
 def store_signature(run_path: str) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of the run's store, None without one: changes when an ingest renames a new
-    store into place."""
-    try:
-        st = os.stat(store_path(run_path))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+    """``file_signature`` of the run's store, None without one: changes when an ingest renames a new store
+    into place."""
+    found = file_signature(store_path(run_path))
+    return None if found[1] < 0 else found
 
 
 _DUCKDB_UNSAFE = ("\\", "?")

@@ -41,7 +41,6 @@ from ._tables import (
     select_list,
     sql_list,
     sql_literal,
-    store_select,
     store_tables,
 )
 
@@ -63,7 +62,8 @@ def open_views(
     for kind in KINDS:
         parts = []
         if store_kinds is not None and kind in store_kinds:
-            parts.append(store_select(con, STORE_ALIAS, kind))
+            # The schema's columns (NULL for those an older store lacks), not the store's own ``_segment``.
+            parts.append(f"SELECT {select_list(con, f'{STORE_ALIAS}.{kind}', kind)} FROM {STORE_ALIAS}.{kind}")
         # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
         done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
         for alias, kinds, held in nodes:

@@ -47,13 +47,6 @@ def fetch_rows(cur) -> list[tuple]:
     return list(zip(*(column.tolist() for column in cur.fetchnumpy().values())))
 
 
-def store_select(con, catalog: str, kind: str) -> str:
-    """The SELECT a reader's view of ``kind`` makes over a store attached as ``catalog``: the schema's
-    columns (an older store may lack newer ones: NULL for those), without the store's own ``_segment``."""
-    table = f"{catalog}.{kind}"
-    return f"SELECT {select_list(con, table, kind)} FROM {table}"
-
-
 def select_list(con, source: str, kind: str, params: list | dict | None = None, present: dict | None = None) -> str:
     """The schema's columns of ``kind`` from ``source``, in order, with NULLs for columns it lacks.
 
