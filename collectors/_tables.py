@@ -38,9 +38,8 @@ BIGINTs, float64 in numpy), DECIMAL, temporal or nested types."""
 
 def fetch_rows(cur) -> list[tuple]:
     """The rows of ``cur``'s result as ``fetchall`` gives them (Python values, None for NULL), fetched column by
-    column where every column's type is one numpy carries unchanged (``_EXACT_IN_NUMPY``). Why: ``fetchall``
-    makes each value on its own; 10,000 ranks' rows of 13 columns took 0.023 s, numpy's columns and their
-    ``tolist`` 0.005 s."""
+    column where every column's type is one numpy carries unchanged (``_EXACT_IN_NUMPY``): a fifth of the time
+    of ``fetchall``, which makes each value on its own."""
     names = [d[0] for d in cur.description]
     if len(set(names)) < len(names) or not all(str(d[1]) in _EXACT_IN_NUMPY for d in cur.description):
         return cur.fetchall()  # numpy's columns come back by name: two of one name would be one
