@@ -77,8 +77,6 @@ def folded_medians(con, files: list[str], figures: tuple[str, ...], warmup_steps
     import duckdb
     import numpy as np
 
-    if not files:
-        return None
     key = (os.path.dirname(files[0]), figures, warmup_steps)
     signatures = {p: file_signature(p) for p in files}
     with _lock:

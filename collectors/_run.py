@@ -17,7 +17,6 @@ from ranksight.format.warmup import WARMUP_STEPS
 
 from ._features import compute_context, compute_features
 from ._queries import (
-    collective_ops,
     step_breakdown,
     step_series,
     steps_recorded,
@@ -84,12 +83,8 @@ class Run:
         """Run ``sql`` over the views (DuckDB's ``execute``)."""
         return self._con.execute(sql) if parameters is None else self._con.execute(sql, parameters)
 
-    def sql(self, sql: str, **kwargs):
-        """A DuckDB relation of ``sql`` over the views."""
-        return self._con.sql(sql, **kwargs)
-
     def __getattr__(self, name: str):
-        # Everything else a DuckDB connection offers (cursor, register, fetchall, ...), on the views.
+        # Everything else a DuckDB connection offers (sql, cursor, register, fetchall, ...), on the views.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._con, name)
@@ -209,11 +204,6 @@ class Run:
         else:
             self._rollup.refresh()
         return self._rollup
-
-    def collectives(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict[int, str]:
-        """Per rank, the blocking collectives (not DDP's buckets) that held its steps longest, as text."""
-        since = self.since_ns(window)
-        return self._once(("collectives", warmup_steps, since), lambda: collective_ops(self, warmup_steps, since))
 
     @property
     def last_step(self) -> int | None:
