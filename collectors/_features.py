@@ -207,8 +207,6 @@ CONTEXT_DEFAULTS: dict[str, str] = {
 
 _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the median
 _CONTENDED_PRESSURE = 0.10  # some task waited for a CPU >= 10 % of the time: a rank's lost time can be that wait
-# read by name, whether or not the schema lists them yet
-_HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio", "host_cpu_pressure_ratio")
 
 
 def compute_features(
@@ -247,7 +245,7 @@ def compute_features(
             _compile_into(f, counts or _NOTHING, model_class)
         if rank in sampled:
             f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
-        _host_into(f, meta, samples, rank, local_sizes.get(rank))
+        _host_into(f, meta, local_sizes.get(rank))
         if f["recompiles_after_warmup"]:
             f["recompile_excess_share"] = excess.get(rank)
         busy = _untraced_shares(f, windows[rank]) if rank in windows else f["kernel_busy_ratio"]
@@ -615,7 +613,7 @@ def _meta_into(f: dict, meta: dict) -> tuple[str | None, str | None]:
     return backend, model.get("class")
 
 
-def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int | None) -> None:
+def _host_into(f: dict, meta: dict, ranks_on_node: int | None) -> None:
     """CPU facts into ``f``: cores, threads, load. The oversubscription check compares the threads the node's
     ranks ask for (torch threads + loader workers, per rank) with the cores they may use."""
     host = meta.get("host") or _NOTHING
@@ -624,11 +622,6 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
     threads = _number(host.get("torch_threads"))
     local = _number(host.get("local_world_size")) or ranks_on_node
     f["cpu_count"], f["cpus_allowed"], f["torch_threads"], f["local_world_size"] = cpu_count, allowed, threads, local
-    if samples:
-        for name in _HOST_SAMPLES:
-            f[name] = samples.get((rank, name))
-    else:
-        f["process_cpu_cores"] = f["host_load_ratio"] = f["host_cpu_pressure_ratio"] = None
     load = _number(host.get("load_avg_1m"))
     if f["host_load_ratio"] is None and load is not None and allowed:
         f["host_load_ratio"] = load / allowed
