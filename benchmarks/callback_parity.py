@@ -434,7 +434,7 @@ def phase_shares(run_path: str, first: int, last: int) -> dict:
 
     con = open_run(run_path)
     cols = ", ".join(f"sum({PHASE_SQL[p]}) / sum(period_s)" for p in PHASES)
-    sql = f"""SELECT count(*), {cols} FROM (SELECT *, {PERIOD_SQL} AS period_s FROM {steps_source(con)})
+    sql = f"""SELECT count(*), {cols} FROM (SELECT *, {PERIOD_SQL} AS period_s FROM {steps_source()})
               WHERE rank = 0 AND step BETWEEN ? AND ?"""
     n, *values = con.execute(sql, [first, last]).fetchone()
     return {"steps": n, **{p[:-2]: v for p, v in zip(PHASES, values)}}
@@ -496,7 +496,7 @@ def split_closure(trace_path: str) -> str:
 
 
 def part_parity(args) -> dict:
-    from ranksight.collectors import import_traces
+    from ranksight.importer import import_traces
 
     first, last = PROFILED
     jobs = {}

@@ -175,7 +175,7 @@ def compare_runs(agent_run: str, imported_run: str, steps: list[int]) -> dict:
 
 def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:
     """Run one scenario with the agent and the profiler, import the traces, compare; return the result."""
-    from ranksight.collectors import import_traces
+    from ranksight.importer import import_traces
 
     ranks = 1 if device == "cuda" else 2
     first = WARMUP if device == "cpu" else WARMUP + 6  # on a GPU, after the agent's own sampled window

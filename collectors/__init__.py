@@ -18,7 +18,6 @@ from ._runs import FINAL_STATUSES, LIVE_FLUSHES, LOST_STATUS, list_runs, rank_is
 from ._segment_checks import segment_files
 from ._spool_digests import SpoolDigests, digest_spool
 from ._store import PRUNE_AFTER_S, IngestResult, PruneResult, ingest, prune
-from ._trace_import import ImportResult, find_trace_files, import_traces
 
 __all__ = [
     # finding runs, and whether their ranks still write
@@ -54,10 +53,6 @@ __all__ = [
     "SpoolDigests",
     "digest_spool",
     "store_path",
-    # torch.profiler traces -> a run (ranksight import)
-    "ImportResult",
-    "find_trace_files",
-    "import_traces",
     # multi-node jobs
     "PrometheusError",
     "PrometheusReader",

@@ -22,6 +22,7 @@ from ranksight.format.schema import SAMPLE_NAMES
 from ._fsdp_features import FSDP_CONTEXT, FSDP_CONTEXT_DEFAULTS, FSDP_FEATURES, fsdp_context, fsdp_features
 from ._queries import (
     BREAKDOWN_COLUMNS,
+    GPU_UTILIZATION_SAMPLE,
     collective_ops,
     rank_step_stats,
     recompile_excess,
@@ -206,8 +207,6 @@ CONTEXT_DEFAULTS: dict[str, str] = {
 
 _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the median
 _CONTENDED_PRESSURE = 0.10  # some task waited for a CPU >= 10 % of the time: a rank's lost time can be that wait
-# read by name, whether or not the schema lists them yet
-_HOST_SAMPLES = ("process_cpu_cores", "host_load_ratio", "host_cpu_pressure_ratio")
 
 
 def compute_features(
@@ -230,11 +229,9 @@ def compute_features(
     row_by_rank = {r["rank"]: r for r in reversed(rows)}  # the first row of a rank, as a scan would find it
     feats: dict[int, dict] = {}
     sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
-    # Copied per rank: a tenth of building each from the names (10,000 ranks). It holds what a rank with no
-    # compile record and nothing sampled has, so only the ranks that have them are written (``_compile_into``).
+    # Copied per rank, and written into by the ``_*_into`` helpers rather than merged from a dict each: at 10,000
+    # ranks building dicts was most of the features' time (cpu_scale_history.md "Scale v6").
     blank = {**dict.fromkeys(FEATURES), **_NOT_COMPILED}
-    # Each rank's figures are written into its copy by the ``_*_into`` helpers, not returned as a dict per
-    # helper and merged with ``update``: 10,000 ranks x four dicts (cpu_scale_history.md "Scale v6").
     for rank in ranks:
         f = blank.copy()
         f["rank"] = rank
@@ -248,7 +245,7 @@ def compute_features(
             _compile_into(f, counts or _NOTHING, model_class)
         if rank in sampled:
             f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
-        _host_into(f, meta, samples, rank, local_sizes.get(rank))
+        _host_into(f, meta, local_sizes.get(rank))
         if f["recompiles_after_warmup"]:
             f["recompile_excess_share"] = excess.get(rank)
         busy = _untraced_shares(f, windows[rank]) if rank in windows else f["kernel_busy_ratio"]
@@ -267,8 +264,8 @@ def compute_features(
         feats[rank] = f
     _cross_rank(con, warmup_steps, since_ns, feats, stats)
     for rank, f in feats.items():
-        f.update(transport_model(f, _transport(meta_by_rank.get(rank, {}), f)))
-    fsdp_features(con, metas, feats, warmup_steps, since_ns, transports=TRANSPORTS)
+        f.update(transport_model(f, _transport((meta_by_rank.get(rank, {}).get("ddp") or {}).get("backend"), f)))
+    fsdp_features(con, metas, feats, warmup_steps, since_ns, lambda backend, f: TRANSPORTS.get(_transport(backend, f)))
     return feats
 
 
@@ -282,9 +279,8 @@ def compute_context(
 
 
 class RankContexts(Mapping):
-    """rank -> its context strings, each rank's made the first time it is read. Why: a verdict fits its fixes
-    to the context of the rank each finding names, and at 10,000 ranks making every rank's took 0.02 s of a
-    first verdict (cpu_scale_history.md "Scale v6")."""
+    """rank -> its context strings, each rank's made the first time it is read: a verdict needs only the ranks
+    its findings name (cpu_scale_history.md "Scale v6")."""
 
     def __init__(self, features: dict[int, dict], meta_by_rank: dict, ops: dict, fsdp: dict) -> None:
         self._features, self._meta, self._ops, self._fsdp = features, meta_by_rank, ops, fsdp
@@ -352,9 +348,8 @@ def transport_model(f: dict, transport: str) -> dict:
     return out
 
 
-def _transport(meta: dict, f: dict) -> str:
-    """The transport an all-reduce of this rank runs on (``TRANSPORTS``), from its DDP backend and nodes."""
-    backend = (meta.get("ddp") or {}).get("backend") or "unknown"
+def _transport(backend: str | None, f: dict) -> str:
+    """The transport a collective of this rank over ``backend`` (DDP's or FSDP2's) runs on (``TRANSPORTS``)."""
     multi_node = (f.get("nodes") or 1) > 1
     if backend == "gloo":
         return "gloo-tcp" if multi_node else "gloo-loopback"
@@ -369,7 +364,7 @@ def _context_of(meta: dict, f: dict) -> dict:
     framework = meta.get("framework") or "plain"
     parallelism = meta.get("parallelism") or ("ddp" if ddp else "none")
     data_source = meta.get("data_source") or ("loader" if meta.get("loader") else "unknown")
-    transport = _transport(meta, f)
+    transport = _transport(backend, f)
     loader = meta.get("loader") or {}
     window = meta.get("host_other_top") or {}
     places = window.get("top") if isinstance(window, dict) else None
@@ -417,18 +412,16 @@ def _sample_values(
     The value is the median after warm-up when there is anything there, else of everything (a short or
     young run still says something); a counter's latest value."""
     where = f"WHERE time_ns > {int(since_ns)}" if since_ns is not None else ""
-    # NVML's utilization after a rank's last step is the job's teardown (loader workers exiting, the
-    # process shutting down), not its training: an Accelerate job that idled 30 s at exit read 0 % on a
-    # GPU its kernels kept busy. Its samples count only up to the rank's last step. Without NVML samples
-    # nothing is left out, and the steps are not read for their last step (0.3 s of a first verdict at 10,000
-    # ranks x 1,000 steps).
-    nvml = query(con, "SELECT count(*) FROM samples WHERE name = ?", [NVML_UTILIZATION])[1][0][0]
+    # NVML's utilization after a rank's last step is the job's teardown, not its training: its samples count
+    # only up to the rank's last step (benchmarks/results/diagnosis_history.md). Without NVML samples the steps
+    # are not read for their last step.
+    nvml = query(con, "SELECT count(*) FROM samples WHERE name = ?", [GPU_UTILIZATION_SAMPLE])[1][0][0]
     source = "samples"
     if nvml:
         source = f"""(
             WITH last AS (SELECT rank, max(time_ns) AS end_ns FROM steps GROUP BY rank)
             SELECT samples.* FROM samples LEFT JOIN last USING (rank)
-            WHERE samples.name <> '{NVML_UTILIZATION}' OR last.end_ns IS NULL
+            WHERE samples.name <> '{GPU_UTILIZATION_SAMPLE}' OR last.end_ns IS NULL
                OR samples.time_ns <= last.end_ns + {NVML_PERIOD_NS})"""
     sql = f"""
         SELECT rank, name,
@@ -474,7 +467,7 @@ def _traced_windows(con, warmup_steps: int, since_ns: int | None) -> dict[int, l
         (r, s): v
         for r, s, v in query(
             con,
-            f"SELECT rank, step, avg(step_s) FROM {steps_source(con, since_ns)} "
+            f"SELECT rank, step, avg(step_s) FROM {steps_source(since_ns)} "
             "WHERE step BETWEEN ? AND ? AND list_contains(?, rank) GROUP BY rank, step",
             [min(s for _, s in traced), max(s for _, s in traced), sorted({r for r, _ in traced})],
         )[1]
@@ -533,15 +526,13 @@ def _untraced_shares(f: dict, windows: list[dict] | None):
     return max(busy, min(1.0, f["window_kernel_s_per_step"] / median))
 
 
-NVML_UTILIZATION = "gpu_utilization_ratio"
 NVML_PERIOD_NS = 1_000_000_000
 """An NVML row stands for the second before its time: the one after the last step's end still saw it."""
 
 NVML_STEADY_SAMPLES = 5
 """NVML utilization samples after warm-up before ``gpu_busy_ratio`` falls back to them (without a sampled
-kernel window). Each averages up to a second, so in a run's first seconds they read start-up: on one H200,
-runs of 30 steps (1-2 s) of four healthy scripts read 0.25-0.50 and were called GPU-starved in 9 of 16
-(benchmarks/results/gpu_corpus_1gpu_h200_before.txt; none since, gpu_corpus_1gpu_h200.txt)."""
+kernel window). Each averages up to a second, so a run's first seconds read start-up
+(benchmarks/results/diagnosis_history.md)."""
 
 
 def h2d_gap_share(f: dict):
@@ -568,8 +559,7 @@ _NOTHING: dict = {}
 
 def _meta_into(f: dict, meta: dict) -> tuple[str | None, str | None]:
     """The rank file's figures into ``f``: model, GPU, optimizer, DDP, loader; returns (DDP's backend, the model's
-    class), which decide features beyond these. ``f`` starts as the blank (every feature None): a section the
-    rank file lacks leaves its features so, without a lookup each (10,000 ranks)."""
+    class), which decide features beyond these. A section the rank file lacks leaves its features None."""
     get = meta.get
     f["world_size"] = get("world_size")
     counters = get("counters")
@@ -623,7 +613,7 @@ def _meta_into(f: dict, meta: dict) -> tuple[str | None, str | None]:
     return backend, model.get("class")
 
 
-def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int | None) -> None:
+def _host_into(f: dict, meta: dict, ranks_on_node: int | None) -> None:
     """CPU facts into ``f``: cores, threads, load. The oversubscription check compares the threads the node's
     ranks ask for (torch threads + loader workers, per rank) with the cores they may use."""
     host = meta.get("host") or _NOTHING
@@ -632,11 +622,6 @@ def _host_into(f: dict, meta: dict, samples: dict, rank: int, ranks_on_node: int
     threads = _number(host.get("torch_threads"))
     local = _number(host.get("local_world_size")) or ranks_on_node
     f["cpu_count"], f["cpus_allowed"], f["torch_threads"], f["local_world_size"] = cpu_count, allowed, threads, local
-    if samples:
-        for name in _HOST_SAMPLES:
-            f[name] = samples.get((rank, name))
-    else:
-        f["process_cpu_cores"] = f["host_load_ratio"] = f["host_cpu_pressure_ratio"] = None
     load = _number(host.get("load_avg_1m"))
     if f["host_load_ratio"] is None and load is not None and allowed:
         f["host_load_ratio"] = load / allowed

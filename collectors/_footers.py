@@ -1,11 +1,10 @@
 """Judging many spool segments' footers at once: one per schema with pyarrow, the rest matched by DuckDB.
 
 Why: a reader checks every segment's footer once per process before DuckDB reads it (a damaged or foreign
-file is left out, not read). pyarrow parses a footer in ~0.5 ms, holding the GIL, so 1,250 node files take
-0.5-0.7 s on any number of threads -- half of a 10,000-rank dashboard's first build (docs/scale.md).
-DuckDB reads the same footers' schemas in C++, in parallel, 3x faster. A spool's files share a handful of
-schemas, so each distinct schema (column names and Parquet types, repetition included) is
-judged once, by the same pyarrow check as a lone file, and its verdict holds for every file that has it.
+file is left out, not read). pyarrow parses footers one at a time, holding the GIL; DuckDB reads their schemas
+in C++, in parallel, several times faster. A spool's files share a handful of schemas, so each distinct schema
+(column names and Parquet types, repetition included) is judged once, by the same pyarrow check as a lone
+file, and its verdict holds for every file that has it.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Callable, Optional
 
 from ._tables import quiet_connection
 
-Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segment_checks._segment_verdict`` gives it
+Verdict = Optional[tuple]  # (problem or None, (name, type) columns) as ``_segment_checks.segment_verdict`` gives it
 
 _GLOB_CHARACTERS = frozenset("*?[]{}")
 
@@ -25,7 +24,7 @@ _SIGNATURES_SQL = """
     FROM parquet_schema($paths) GROUP BY file_name
 """
 """Each file's Parquet schema: what DuckDB reads it by. Not its Arrow schema besides (``parquet_kv_metadata``):
-that second pass over the footers was 0.11 s of 0.3 at 1,250 files and told no file of the agent's apart."""
+that second pass over the footers cost a third more and told no file of the agent's apart (onescan_52.md)."""
 
 
 def judge_by_schema(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ._queries import kept_steps_sql, mean_error, steps_source
-from ._tables import query
+from ._tables import has_table, query
 
 #: Features this module adds (merged into ``FEATURES``); absent (None) for a job that is not FSDP2.
 FSDP_FEATURES: dict[str, str] = {
@@ -84,18 +84,17 @@ _BITS = {"float32": 32, "float64": 64, "bfloat16": 16, "float16": 16, "float8_e4
 _NONE: dict = {}
 
 
-def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int = 5, since_ns: int | None = None,
-                  transports: dict | None = None) -> None:  # fmt: skip
+def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int, since_ns: int | None, link) -> None:
     """Set the FSDP features (``FSDP_FEATURES``) of the FSDP2 ranks in ``feats``, in place. Every rank's dict
     already holds each name (``compute_features`` starts them all from ``FEATURES``, None for a job that is
-    not FSDP2)."""
+    not FSDP2). ``link(backend, f)``: (bandwidth, latency) of the rank's transport, None when unknown."""
     meta_by_rank = {m.rank: m.data for m in metas}
     fsdp_ranks = [r for r in feats if (meta_by_rank.get(r) or _NONE).get("parallelism") == "fsdp2"]
     if not fsdp_ranks:
         return
     for r in fsdp_ranks:
         feats[r].update(_meta_features(meta_by_rank[r]))
-    if not _has_table(con, "collectives"):
+    if not has_table(con, "collectives"):
         return
     per_rank = _rank_figures(con, warmup_steps, since_ns)
     for r in fsdp_ranks:
@@ -111,7 +110,7 @@ def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int = 
             feats[r].update(others.get(r, {}))
     for r in fsdp_ranks:
         f = feats[r]
-        f.update(_transport(f, meta_by_rank[r], transports or {}))
+        f.update(_transport(f, meta_by_rank[r], link))
         ag, rs = f.get("fsdp_all_gather_floor_share"), f.get("fsdp_reduce_scatter_floor_share")
         if ag is not None or rs is not None:
             f["fsdp_comm_floor_share"] = (ag or 0.0) + (rs or 0.0)
@@ -140,11 +139,6 @@ def fsdp_context(metas: list, features: dict[int, dict]) -> dict[int, dict]:
             )
         out[m.rank] = ctx
     return out
-
-
-def _has_table(con, name: str) -> bool:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    return name in tables
 
 
 def _bits(dtype) -> int | None:
@@ -185,7 +179,7 @@ def _meta_features(meta: dict) -> dict:
 
 def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dict]:
     """Per rank: exposed all-gather and reduce-scatter shares, calls and bytes per step."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     gpu_exposed = "CASE WHEN k.gpu_step_s IS NOT NULL THEN coalesce(k.gpu_comm_blocked_s, 0) END"
     sql = f"""
         WITH {kept_steps_sql(source)},
@@ -234,7 +228,7 @@ def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dic
 
 def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict:
     """Per-call floors across ranks (see the module docstring), over the steps every rank recorded."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     sql = f"""
         WITH {kept_steps_sql(source)},
              k AS (SELECT rank, step, period_s, gpu_step_s IS NOT NULL AS on_gpu,
@@ -285,7 +279,7 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     ``comm_blocked_floor_share`` (+ noise), ``comm_blocked_share``, ``collectives_per_step`` and
     ``collective_bytes_per_step`` over the metric all-reduces, barriers and object collectives the job
     adds. On a GPU rank the FSDP part of the stream's blocked time is taken in proportion to the host's."""
-    source = steps_source(con, since_ns)
+    source = steps_source(since_ns)
     sql = f"""
         WITH {kept_steps_sql(source)},
              c AS (SELECT rank, step, sum(blocked_s) AS fsdp_s, sum(count) AS fsdp_n, sum(bytes) AS fsdp_b
@@ -318,16 +312,13 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     return out
 
 
-def _transport(f: dict, meta: dict, transports: dict) -> dict:
+def _transport(f: dict, meta: dict, link) -> dict:
     """The all-gathers' wire and latency time per step on the rank's transport (as ``transport_model``)."""
-    backend = (meta.get("fsdp") or {}).get("backend")
-    multi_node = (f.get("nodes") or 1) > 1
-    name = {"gloo": "gloo-tcp" if multi_node else "gloo-loopback",
-            "nccl": "infiniband" if multi_node else "nvlink"}.get(str(backend))  # fmt: skip
     n = f.get("fsdp_shard_size") or f.get("world_size") or 1
-    if name not in transports or n < 2 or not f.get("fsdp_all_gather_bytes_per_step"):
+    found = link((meta.get("fsdp") or {}).get("backend"), f)
+    if found is None or n < 2 or not f.get("fsdp_all_gather_bytes_per_step"):
         return {}
-    bandwidth, latency = transports[name]
+    bandwidth, latency = found
     calls = f.get("fsdp_all_gathers_per_step") or 1
     return {
         "fsdp_all_gather_wire_s": (n - 1) / n * f["fsdp_all_gather_bytes_per_step"] / bandwidth,

@@ -1,14 +1,11 @@
 """The per-rank medians of a spool's step files, kept sorted between readings and fed only the files added since.
 
 Why: a median does not merge (``ranksight.format.verdict_digest``), so where a rank's rows are in several files
-the verdict reads every step row again for its medians (``_summary._rows_medians``). A live dashboard
-re-reads the run at every refresh: at 1,024 ranks those medians were 0.27 CPU-s of a 0.36-0.49 s refresh at
-1,000 steps and 1.17 of 1.24-1.54 s at 4,000 (2 cores, load 5-7), growing with the run. A reading opened with
-``incremental=True`` (``open_run``) takes them from here instead: each rank's values of each figure, kept
-sorted in this process, take in the rows of the files not read yet (an insertion into a sorted array: a
-memory move of the rank's values, 35-80 ms for 2,048 arrays of 1,000-8,000 values), and the median is read
-off the middle: the same number as DuckDB's ``median`` of the rows (the middle value, or the mean of the two
-middle ones). A file that is gone or changed starts the fold again from every file.
+the verdict reads every step row again for its medians (``_summary._rows_medians``), and a live dashboard's
+refresh, which does so each time, grew with the run. A reading opened with ``incremental=True`` (``open_run``)
+takes them from here instead: each rank's values of each figure, kept sorted in this process, take in the rows
+of the files not read yet, and the median is read off the middle: the same number as DuckDB's ``median`` of the
+rows. A file that is gone or changed starts the fold again from every file.
 
 Past ``KEPT_MEDIAN_VALUES`` (1,024 ranks x ~16,000 steps of a CPU job) the fold keeps, of each rank's values of
 each figure, a band around its median and the count of values cut on either side (``_Fold``): the median is
@@ -28,7 +25,7 @@ from ranksight.format.phases import SAMPLED_SQL
 from ranksight.format.verdict_digest import MEDIANS
 
 from ._rundir import file_signature
-from ._tables import LATE_STEP_COLUMNS
+from ._tables import select_list
 
 KEPT_MEDIAN_VALUES = 32_000_000
 """Values kept at most per fold (8 bytes each: 256 MB; 1,024 ranks x ~15,000 steps of the two figures a CPU job
@@ -193,11 +190,10 @@ def _read_into(fold: _Fold, con, files: list[str], figures: tuple[str, ...], war
     source = "read_parquet($files, union_by_name = true)"
     cur = con.cursor()
     try:
-        # Columns an older agent did not write read as NULL, as the views' ``steps_source`` has them.
-        present = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {source}", {"files": files}).fetchall()}
-        extra = "".join(f", CAST(NULL AS {t}) AS {c}" for c, t in LATE_STEP_COLUMNS.items() if c not in present)
+        # Columns an older agent did not write read as NULL, as in the views.
+        columns = select_list(cur, source, "steps", {"files": files})
         sql = (
-            f"SELECT CAST(rank AS BIGINT), {cols} FROM (SELECT *{extra} FROM {source})"
+            f"SELECT CAST(rank AS BIGINT), {cols} FROM (SELECT {columns} FROM {source})"
             f" WHERE step >= $warmup AND {SAMPLED_SQL}"
         )
         rows = cur.execute(sql, {"files": files, "warmup": warmup_steps}).fetchnumpy()

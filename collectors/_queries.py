@@ -11,7 +11,7 @@ from ranksight.format.verdict_digest import merge_steps_sql
 from ranksight.format.warmup import WARMUP_STEPS, kept_sql, short_sql, warm_sql
 
 from ._summary import Summary, summarize
-from ._tables import query, steps_source
+from ._tables import has_table, query, steps_source
 
 
 def kept_steps_sql(source: str) -> str:
@@ -19,9 +19,8 @@ def kept_steps_sql(source: str) -> str:
     a GPU rank's steps that recorded no CUDA events (``SAMPLED_SQL``: the figures rest on the sampled steps).
 
     Takes two parameters: the warm-up steps, twice (a rank with no more rows than that keeps them all:
-    ``ranksight.format.warmup``).
-    The short ranks are found by a GROUP BY, not a count over a window: the window sorts every row by
-    rank first (0.33 s against 0.13 s for a per-rank sum at 1,024 ranks x 10,000 steps, docs/scale.md).
+    ``ranksight.format.warmup``). The short ranks are found by a GROUP BY, not a count over a window, which
+    sorts every row by rank first (cpu_scale_history.md).
     """
     return f"""
         short AS (SELECT rank FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank HAVING {short_sql("count(*)")}),
@@ -37,8 +36,6 @@ def summary_of(con, warmup_steps: int, since_ns: int | None, ranks: list[int] | 
         found = kept(warmup_steps, since_ns)
         if ranks is None or found.ranks == sorted(ranks):
             return found
-    elif ranks is None:
-        return summarize(con, None, warmup_steps, since_ns)
     return summarize(con, None, warmup_steps, since_ns, ranks=ranks)
 
 
@@ -87,25 +84,22 @@ BREAKDOWN_COLUMNS = (
 """A breakdown row's keys, in order."""
 
 
-def mean_error(values: list[float]) -> float | None:
-    """Standard error of the mean of per-step values; None for fewer than 3 (no spread to judge by).
+def mean_error(values: list[float], n: int = 0) -> float | None:
+    """Standard error of the mean of per-step values (padded with zeros to ``n`` values, without building the
+    list: zeros add nothing to the sums); None for fewer than 3 (no spread to judge by).
 
     A cost share is a ratio of sums, a mean over steps, so its uncertainty is the mean's standard
     error. A share is only judged past a threshold when it clears it by that much, so step-to-step
     noise (a loaded host, a few slow steps) cannot tip a verdict."""
-    return mean_error_padded(values, 0)
-
-
-def mean_error_padded(values: list[float], n: int) -> float | None:
-    """``mean_error(values + [0.0] * (n - len(values)))`` without building the n-long list (one per
-    rank, each as long as the run: 1,024 x 10,000 at scale): zeros add nothing to the sums."""
     xs = [v for v in values if v is not None]
-    n = max(n, len(xs))
+    return _mean_error_of(max(n, len(xs)), sum(xs), sum(x * x for x in xs))
+
+
+def _mean_error_of(n: int, total: float, squares: float) -> float | None:
+    """``mean_error`` from the values' count, sum and sum of squares."""
     if n < 3:
         return None
-    total = sum(xs)
-    variance = max(0.0, (sum(x * x for x in xs) - total * total / n) / (n - 1))
-    return (variance / n) ** 0.5
+    return (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5
 
 
 def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
@@ -128,9 +122,7 @@ def rank_step_stats(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None 
     out = {}
     for row in rows:
         r = dict(zip(names, row))
-        n, total, squares = row[-3] or 0, row[-2], row[-1]
-        # stddev_samp over sqrt(count), from the count, sum and sum of squares
-        r["data_noise"] = (max(0.0, (squares - total * total / n) / (n - 1)) / n) ** 0.5 if n >= 3 else None
+        r["data_noise"] = _mean_error_of(row[-3] or 0, row[-2], row[-1])
         for key, by_rank in taken:
             r[key] = by_rank.get(r["rank"])
         out[r["rank"]] = r
@@ -215,7 +207,7 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
         last.setdefault(least, []).append(gap / r[1])
         steps_last.setdefault(least, []).append(i)
     per_rank = {}  # only the ranks that arrived last at some step: most ranks of a large job never did
-    for rank in ranks:  # one pass per rank over its own late steps, not over every step (1,024 x 10,000)
+    for rank in ranks:  # one pass per rank over its own late steps, not over every step
         mine = last.get(rank)
         if mine is None:
             continue
@@ -229,7 +221,7 @@ def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
             "least_share": len(mine) / len(rows),
             "cost_share": waited / total if mine else 0.0,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
-            "cost_noise": mean_error_padded(mine, len(rows)) if mine else 0.0,
+            "cost_noise": mean_error(mine, len(rows)) if mine else 0.0,
             # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
             "work_explained": (
                 max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
@@ -265,7 +257,7 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
     if not query(con, found, [warmup_steps])[1][0][0]:
         return {}  # nothing to measure: skip the scan of every step row
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con, since_ns))},
+        WITH {kept_steps_sql(steps_source(since_ns))},
              med AS (SELECT rank, median(period_s) AS m, sum(period_s) AS total FROM kept GROUP BY rank),
              rc AS (SELECT DISTINCT rank, step FROM compile WHERE kind = 'recompile' AND step >= ? {since}),
              hit AS (SELECT DISTINCT k.rank, k.step, k.period_s FROM kept k JOIN rc
@@ -279,9 +271,8 @@ def recompile_excess(con, warmup_steps: int, since_ns: int | None) -> dict[int, 
 
 def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3) -> dict[int, str]:
     """Per rank, the blocking collectives (not DDP's buckets) that held the step longest, as text:
-    ``all_reduce x2.0/step (user), barrier x1.0/step (user)``. Empty for a run without the table."""
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if "collectives" not in tables:
+    ``all_reduce x2.0/step (user), barrier x1.0/step (user)``. Empty for a reading without the table."""
+    if not has_table(con, "collectives"):
         return {}
     since = ""
     if since_ns is not None:  # the table has no clock of its own: keep the steps of the window
@@ -306,7 +297,7 @@ def collective_ops(con, warmup_steps: int, since_ns: int | None, limit: int = 3)
 def step_series(con, warmup_steps: int = WARMUP_STEPS) -> list[tuple[int, float]]:
     """(end time ns, mean period across ranks) per step after warm-up, in time order (the onset of a change)."""
     sql = f"""
-        WITH {kept_steps_sql(steps_source(con))}
+        WITH {kept_steps_sql(steps_source())}
         SELECT max(time_ns) AS t, avg(period_s) AS p FROM kept GROUP BY step ORDER BY t
     """
     return [(int(t), float(p)) for t, p in con.execute(sql, [warmup_steps, warmup_steps]).fetchall() if p]
@@ -327,7 +318,7 @@ def stretch_figures(con, width: int, warmup_steps: int = 0) -> list[dict]:
     width = max(1, int(width))
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
     cur = con.execute(
-        f"""WITH {kept_steps_sql(steps_source(con))}
+        f"""WITH {kept_steps_sql(steps_source())}
             SELECT step // {width} AS stretch, rank, max(step) AS last_step, median(period_s) AS step_time_s, {shares}
             FROM kept GROUP BY ALL ORDER BY stretch, rank""",
         [warmup_steps, warmup_steps],

@@ -1,6 +1,6 @@
 """What a run's rank files say: each ``ranks/rank-N.json`` (and a node spool's ``node-<node>.json``) read and
 its fields checked, so a file that does not parse or holds a field of the wrong type reads as a rank of status
-``unknown`` with one warning line, never as a traceback or a wrong figure (docs/reliability.md).
+``unknown`` with one warning line, never as a traceback or a wrong figure.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def read_rank_files(run_path: str) -> list[RankMeta]:
     names = [n for n in listed if _RANK_FILE.match(n)]
     metas = [m for m in (_read_rank_file(os.path.join(folder, n)) for n in names) if m is not None]
     node_files = [n for n in listed if _NODE_FILE.match(n)]
-    if node_files:  # a node spool's publisher (docs/scale.md): the newest heartbeat of each rank wins
+    if node_files:  # a node spool's publisher: the newest heartbeat of each rank wins
         newest: dict[int, RankMeta] = {}
         for meta in metas + [m for n in node_files for m in _read_node_file(os.path.join(folder, n))]:
             held = newest.get(meta.rank)
@@ -108,10 +108,9 @@ def _read_node_file(path: str) -> list[RankMeta]:
 
 
 def _read_whole(path: str) -> tuple[bytes, int]:
-    """(the file's bytes, its mtime in ns), from one opening. Why not ``open()`` and ``os.stat``: a 10,000-rank
-    run has 10,000 rank files, and Python's buffered file object plus a second lookup of the path cost twice
-    the system calls (0.10 s against 0.05 s for 10,000 small files, cpu_scale_history.md "Scale v4"). The time is the
-    opened file's own, so it belongs to the bytes read even where the file was replaced meanwhile."""
+    """(the file's bytes, its mtime in ns), from one opening: half the system calls of ``open()`` and ``os.stat``
+    (cpu_scale_history.md "Scale v4"), and the time is the opened file's own, so it belongs to the bytes read
+    even where the file was replaced meanwhile."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
@@ -185,15 +184,15 @@ def _checked_fields(data: dict) -> tuple[dict, list[str]]:
             continue
         if value is None:
             continue
-        # What most fields are, taken as ``_fit`` takes them without its calls (10,000 ranks' files): a string
-        # where one is expected, an int (not a bool) within a float's range where an integer is.
+        # The common cases without ``_fit``'s calls: a string where one is expected, an int (not a bool) within a
+        # float's range where an integer is, a JSON object where one is.
         kind_of = type(value)
         if (kind_of is str and kind is _TEXT) or (
             kind_of is int and kind is _INT and -_FLOAT_MAX <= value <= _FLOAT_MAX
         ):
             clean[key] = value
             continue
-        if kind_of is dict and kind is _OBJECT:
+        if kind is _OBJECT and isinstance(value, dict):
             clean[key], nested = _checked_numbers(key, value)
             if nested:
                 problems += nested
@@ -202,18 +201,13 @@ def _checked_fields(data: dict) -> tuple[dict, list[str]]:
         if fitted is None:
             problems.append(f"{key} is {_shown(value)}, expected {kind}")
             continue
-        if kind == _OBJECT:
-            fitted, nested = _checked_numbers(key, fitted)
-            problems += nested
         clean[key] = fitted
     return clean, problems
 
 
 def _checked_numbers(key: str, obj: dict) -> tuple[dict, list[str]]:
     """(the object without its numbers of the wrong type, one line per such number): the object itself where
-    every number is right, a copy only where one is left out: a job's rank entry holds seven objects, whose
-    copies (with ``_fit``'s calls for each) were most of the 0.146 s that checking 10,000 entries took, 0.080 s
-    now (cpu_scale_history.md "Scale v8")."""
+    every number is right, a copy only where one is left out (cpu_scale_history.md "Scale v8")."""
     names = _NESTED_NUMBERS.get(key)
     if not names:
         return obj, []

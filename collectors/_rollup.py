@@ -1,10 +1,9 @@
 """A per-rank, per-chunk-of-steps rollup of a run's step records, kept up to date file by file.
 
-Why: the step table of a big job (1,024 ranks x 10,000 steps = 10 M rows) takes ~0.3-1 s to scan on
-a small machine, for every panel and every refresh. The rollup scans each spool segment once, sums
-the step phases per (rank, chunk of steps) into an in-memory table about ``chunk_steps`` times
-smaller, and on refresh reads only the segments that appeared since. Every figure the panels show
-is a sum, count, min or max, so partial chunks from two segments simply add up.
+Why: a big job's step table takes up to a second to scan, for every panel and every refresh. The rollup scans
+each spool segment once, sums the step phases per (rank, chunk of steps) into an in-memory table about
+``chunk_steps`` times smaller, and on refresh reads only the segments that appeared since. Every figure the
+panels show is a sum, count, min or max, so partial chunks from two segments simply add up.
 """
 
 from __future__ import annotations
@@ -88,9 +87,8 @@ class Rollup:
         return self.con.execute("SELECT max(world_size) FROM (SELECT world_size FROM steps LIMIT 1)").fetchone()[0]
 
     def _present_kinds(self) -> frozenset[str]:
-        # The first segment name of each folder is enough: listing and checking every segment of every kind at
-        # each refresh (segment_files) cost more the longer the run (at 1,024 ranks, part of a refresh's
-        # 0.028 -> 0.046 CPU-s from 1,000 to 8,000 steps); the step files are checked once below.
+        # The first segment name of each folder is enough: checking every segment of every kind at each refresh
+        # cost more the longer the run; the step files are checked once, in ``refresh``.
         return frozenset(k for k in KINDS if _any_segment(self.run_path, k))
 
     def cursor(self):
@@ -121,8 +119,7 @@ class Rollup:
             new = sorted(n for n in _as_set(names) - self._loaded if is_listed(n))
             if new:
                 # A file with a digest is folded from it, its rows not read: the footers of the rest alone are
-                # checked (``segment_files``). At 1,024 ranks, checking every new file's footer made a refresh
-                # 0.21 CPU-s at 4,000 steps against 0.15 (onescan_52.md).
+                # checked (``segment_files``; benchmarks/results/onescan_52.md).
                 rest = self._fold_digests(new)
                 files = segment_files(self.run_path, "steps", rest) if rest else []
                 if files:
@@ -136,15 +133,11 @@ class Rollup:
             return changed
 
     def _compact_if_grown(self) -> None:
-        """Merge the rollup's rows once they have doubled since the last merge (each merge is one pass over a
-        table it keeps bounded, so its cost per new row stays constant).
-
-        Why: every page query scans the rollup, and unmerged it grows a row per rank and chunk of steps (more
-        where a chunk spans several files), so a live refresh at 1,024 ranks cost more the longer the run.
-        Merged, a rank keeps the head's rows (warm-up and ``FINE_STEPS``) plus at most ``MAX_COLUMNS`` rows, each
-        as wide as the narrowest column a heatmap of ``MAX_COLUMNS`` columns draws (``column_steps``): the table
-        stops growing once the run is ``MAX_COLUMNS`` chunks long. Every figure in a row is a sum, count, minimum
-        or maximum, so the merged rows give the same totals, and every heatmap column the same cells."""
+        """Merge the rollup's rows once they have doubled since the last merge, so that every page query's scan of
+        it stops growing with the run: a rank keeps the head's rows (warm-up and ``FINE_STEPS``) plus at most
+        ``MAX_COLUMNS`` rows, each as wide as the narrowest column a heatmap of ``MAX_COLUMNS`` columns draws
+        (``column_steps``). Every figure in a row is a sum, count, minimum or maximum, so the merged rows give the
+        same totals, and every heatmap column the same cells."""
         rows, last = self.con.execute("SELECT count(*), max(step_max) FROM rollup").fetchone()
         if rows <= 2 * self._merged_rows or last is None:
             return

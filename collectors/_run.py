@@ -17,7 +17,6 @@ from ranksight.format.warmup import WARMUP_STEPS
 
 from ._features import compute_context, compute_features
 from ._queries import (
-    collective_ops,
     step_breakdown,
     step_series,
     steps_recorded,
@@ -29,26 +28,22 @@ from ._rundir import SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
 from ._spool_reader import open_views, reading_connection
 from ._summary import KeptDigests, Sources, Summary, summarize
-from ._tables import select_list
+from ._tables import select_list, sql_list
 
 
 class Run:
     """A run folder's records, read: DuckDB views per record kind plus what the reading knows about them.
 
-    Make one with ``open_run`` (or ``open_segments``). Figures: ``breakdown``, ``total``, ``features``,
-    ``context``, ``collectives`` (each kept for the reading: ask twice, read once, all from one ``summary``
-    relation of the step rows), ``steps_recorded``,
-    ``step_series``, a tracker's ``stretches``, and the dashboard's ``rollup`` (kept up to date). SQL
-    over the views: ``execute`` and ``sql``, and every other method of the DuckDB connection (``con``), so code
-    written for the connection reads a Run as well. ``refresh`` takes in what the ranks wrote since; ``close``
-    ends the reading.
+    Make one with ``open_run`` (or ``open_segments``). Each figure is kept for the reading (ask twice, read
+    once), every step figure read from one ``summary`` relation. Every method of the DuckDB connection (``con``)
+    works on the views, so code written for the connection reads a Run as well.
     """
 
     def __init__(
         self, path: str, con=None, *, follow_spool: bool = True, make_views: bool = True, incremental: bool = False
     ) -> None:
-        """Use ``open_run``. ``make_views=False``: a Run over the views ``con`` already has (``ingest`` judges
-        its new store this way), which ``refresh`` leaves alone."""
+        """Use ``open_run``. ``make_views=False``: a Run over the views ``con`` already has, which ``refresh``
+        leaves alone."""
         self.path = path
         """The run folder."""
         self.follow_spool = follow_spool
@@ -88,12 +83,8 @@ class Run:
         """Run ``sql`` over the views (DuckDB's ``execute``)."""
         return self._con.execute(sql) if parameters is None else self._con.execute(sql, parameters)
 
-    def sql(self, sql: str, **kwargs):
-        """A DuckDB relation of ``sql`` over the views."""
-        return self._con.sql(sql, **kwargs)
-
     def __getattr__(self, name: str):
-        # Everything else a DuckDB connection offers (cursor, register, fetchall, ...), on the views.
+        # Everything else a DuckDB connection offers (sql, cursor, register, fetchall, ...), on the views.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._con, name)
@@ -214,11 +205,6 @@ class Run:
             self._rollup.refresh()
         return self._rollup
 
-    def collectives(self, *, warmup_steps: int = WARMUP_STEPS, window: float | None = None) -> dict[int, str]:
-        """Per rank, the blocking collectives (not DDP's buckets) that held its steps longest, as text."""
-        since = self.since_ns(window)
-        return self._once(("collectives", warmup_steps, since), lambda: collective_ops(self, warmup_steps, since))
-
     @property
     def last_step(self) -> int | None:
         """The highest step number any rank recorded; None before the first step row."""
@@ -257,15 +243,14 @@ def open_run(run_path: str | os.PathLike, con=None, *, follow_spool: bool = True
     opens once and answers (the CLI), not for one that keeps its reading.
 
     ``incremental``: a reading that ``refresh`` brings up to date again and again (the live dashboard's, with
-    ``follow_spool=False``): its pending segments are not read into memory at each opening (every refresh would
-    read every row again: 1.1-2.5 CPU-s at 1,024 ranks x 1,000-2,000 steps); the reading keeps the step digests'
-    parts it read (``KeptDigests``) and the process the per-rank medians (``_median_fold``), each fed only the
-    files added since.
+    ``follow_spool=False``): its pending segments are not read into memory at each opening; the reading keeps
+    the step digests' parts it read (``KeptDigests``) and the process the per-rank medians (``_median_fold``),
+    each fed only the files added since.
 
     ``con``: a DuckDB connection to make the views on (the dashboard's rollup adds its own tables beside
     them); by default a new one. Segments that cannot be read are left out (``Run.skipped``); a
     ``store.duckdb`` that is not a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it:
-    reading around it could give a verdict on part of the run without saying so (docs/reliability.md).
+    reading around it could give a verdict on part of the run without saying so.
     """
     if isinstance(con, Run):
         con.refresh(force=True)
@@ -282,18 +267,8 @@ def open_segments(run_path: str, files: dict[str, list[str]]) -> Run:
     con = duckdb.connect()
     for kind, paths in files.items():
         if paths:
-            source = f"read_parquet({_sql_list(paths)}, union_by_name = true)"
+            source = f"read_parquet({sql_list(paths)}, union_by_name = true)"
             con.execute(f"CREATE TEMP VIEW {kind} AS SELECT {select_list(con, source, kind)} FROM {source}")
         else:
             con.execute(f"CREATE TEMP TABLE {kind} ({duckdb_columns(kind)})")
     return Run(run_path, con, make_views=False)
-
-
-def _sql_list(paths: list[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
-
-
-def run_features(run_path: str, warmup_steps: int = WARMUP_STEPS, since_ns: int | None = None) -> dict[int, dict]:
-    """Open a run directory and return its features per rank (see ``FEATURES``)."""
-    run = open_run(run_path)
-    return compute_features(run, run.ranks, warmup_steps, since_ns=since_ns)

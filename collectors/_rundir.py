@@ -2,10 +2,10 @@
 the folder (no DuckDB and no file opened here).
 
 The reader (``open_run``), the store (``ingest``, ``prune``), the runs listing and the dashboard all find a
-run's files through this module, so the layout (docs/schema.md) is spelled out once. What the files say, and
-whether they can be read, is judged beside it: the spool segments in ``_segment_checks`` and the rank files
-in ``_rank_files``. A file left out is named with one warning line (``SkippedFile``), so one bad file never
-costs the rest of the run or a traceback (docs/reliability.md).
+run's files through this module, so the layout is spelled out once. What the files say, and whether they can
+be read, is judged beside it: the spool segments in ``_segment_checks`` and the rank files in ``_rank_files``.
+A file left out is named with one warning line (``SkippedFile``), so one bad file never costs the rest of the
+run or a traceback.
 """
 
 from __future__ import annotations
@@ -182,13 +182,10 @@ def store_path(run_path: str) -> str:
 
 
 def store_signature(run_path: str) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of the run's store, None without one: changes when an ingest renames a new
-    store into place."""
-    try:
-        st = os.stat(store_path(run_path))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+    """``file_signature`` of the run's store, None without one: changes when an ingest renames a new store
+    into place."""
+    found = file_signature(store_path(run_path))
+    return None if found[1] < 0 else found
 
 
 _DUCKDB_UNSAFE = ("\\", "?")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections import Counter
 
 from ranksight.format.schema import RANKS_DIR
 
@@ -66,8 +67,6 @@ def list_runs(root: str) -> list[dict]:
     ``status``: ``live`` while any rank is (see ``LIVE_FLUSHES``), else ``finished`` when every rank said
     so, else ``stopped`` (crashed, terminated, lost or unknown ranks).
     """
-    if not os.path.isdir(root):
-        return []
     try:
         names = os.listdir(root)
     except OSError:
@@ -90,9 +89,7 @@ def _describe(root: str, name: str) -> dict | None:
         status = "finished" if all(m.status == "finished" for m in metas) else "stopped"
     last = max(m.heartbeat_ns for m in metas)
     started = min((m.data["started_ns"] for m in metas if "started_ns" in m.data), default=last)
-    statuses: dict[str, int] = {}
-    for m in metas:
-        statuses[m.status] = statuses.get(m.status, 0) + 1
+    statuses = dict(Counter(m.status for m in metas))
     first = metas[0].data
     return {
         "run": name,

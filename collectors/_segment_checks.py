@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import threading
 from typing import TYPE_CHECKING
 
@@ -45,41 +46,25 @@ def _family(arrow_type) -> str:
     return next((name for name, check in checks if check(arrow_type)), str(arrow_type))
 
 
-def segment_problem(path: str, kind: str) -> str | None:
-    """Why a spool segment cannot be read as ``kind`` rows, or None when it can.
+_NO_COLUMNS: frozenset = frozenset()
+
+
+def segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
+    """(why a spool segment cannot be read as ``kind`` rows or None when it can; the file's columns when it can,
+    as (name, Arrow type) pairs). The names let readers build their select list without DuckDB reading every
+    footer again (``segment_columns``), the types tell files DuckDB can read as one schema (``one_schema``).
 
     First the framing (a Parquet file starts and ends with PAR1): empty, truncated and non-Parquet files
     fail here. Then the footer (pyarrow, no data read): every non-null column of the kind must be there
     with a type of the right family, and the identity columns must hold no NULL, so no row is read (or
     stored) without knowing which rank it came from.
     """
-    return _segment_verdict(path, kind)[0]
+    return _verdict(_framing_problem(path) or _schema_verdict(path, kind)[0])
 
 
-_NO_COLUMNS: frozenset = frozenset()
-
-
-def _segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
-    """(``segment_problem``'s answer, the file's columns when it is readable, as (name, Arrow type) pairs): the
-    names let readers build their select list without DuckDB reading every footer again (``segment_columns``),
-    the types tell files DuckDB can read as one schema (``one_schema``)."""
-    problem = _footer_problem(path, kind)
-    return problem if isinstance(problem, str) else None, problem if isinstance(problem, frozenset) else _NO_COLUMNS
-
-
-def _footer_problem(path: str, kind: str) -> str | frozenset:
-    framing = _checked_framing(path)
-    return framing if framing else _schema_verdict(path, kind)[0]
-
-
-def _checked_framing(path: str) -> str | None:
-    """``_framing_problem``, with a file that cannot be opened as the problem (FileNotFoundError raised)."""
-    try:
-        return _framing_problem(path)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        return f"not a readable Parquet file ({first_line(exc)})"
+def _verdict(answer: str | frozenset) -> tuple[str | None, frozenset]:
+    """A ``_schema_verdict`` answer (a problem, or the columns) as a verdict: (problem or None, columns)."""
+    return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
 
 
 def _schema_verdict(path: str, kind: str) -> tuple[str | frozenset, bool]:
@@ -131,14 +116,20 @@ _MAGIC = b"PAR1"
 
 def _framing_problem(path: str) -> str | None:
     """What the first and last bytes say (a Parquet file starts and ends with PAR1): the cheap check that
-    catches empty, truncated and non-Parquet files before a footer is parsed."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return "empty file (0 bytes)"
-        head = f.read(4)
-        f.seek(max(0, size - 4))
-        tail = f.read(4)
+    catches empty, truncated and non-Parquet files before a footer is parsed. A file that cannot be opened is
+    the problem; one that is gone raises FileNotFoundError."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return "empty file (0 bytes)"
+            head = f.read(4)
+            f.seek(max(0, size - 4))
+            tail = f.read(4)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return f"not a readable Parquet file ({first_line(exc)})"
     if head != _MAGIC:
         return f"not a Parquet file (it does not start with {_MAGIC.decode()})"
     if tail != _MAGIC or size < 12:
@@ -225,46 +216,32 @@ class _SegmentVerdicts:
 _NOT_JUDGED = "\0not judged"
 
 
-class _Named:
-    """A file of ``folder`` by name, with what ``_listing`` asks of an ``os.DirEntry``."""
-
-    def __init__(self, folder: str, name: str) -> None:
-        self.name, self.path = name, os.path.join(folder, name)
-
-    def stat(self):
-        return os.stat(self.path)
-
-    def is_file(self) -> bool:
-        return os.path.isfile(self.path)
-
-
 def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int, int, str]]:
     """name -> (size, mtime_ns, placeholder) of the files the segment glob matches (of ``names`` alone when
     given: no listing); non-files get a reason."""
     out: dict[str, tuple[int, int, str]] = {}
-    if names is not None:
-        entries = [_Named(folder, n) for n in names]
-    else:
+    if names is None:
         try:
-            entries = list(os.scandir(folder))
+            names = os.listdir(folder)
         except OSError:
             return out
-    for entry in entries:
-        if not is_listed(entry.name):
+    for name in names:
+        if not is_listed(name):
             continue
+        path = os.path.join(folder, name)
         try:
-            st = entry.stat()
+            st = os.stat(path)
         except FileNotFoundError:
-            if os.path.lexists(entry.path):
-                out[entry.name] = (-1, -1, "a link to a file that does not exist")
+            if os.path.lexists(path):
+                out[name] = (-1, -1, "a link to a file that does not exist")
             continue
         except OSError as exc:
-            out[entry.name] = (-1, -1, f"cannot be read ({exc.strerror})")
+            out[name] = (-1, -1, f"cannot be read ({exc.strerror})")
             continue
-        if not entry.is_file():
-            out[entry.name] = (st.st_size, st.st_mtime_ns, "not a regular file")
+        if not stat.S_ISREG(st.st_mode):
+            out[name] = (st.st_size, st.st_mtime_ns, "not a regular file")
             continue
-        out[entry.name] = (st.st_size, st.st_mtime_ns, _NOT_JUDGED)
+        out[name] = (st.st_size, st.st_mtime_ns, _NOT_JUDGED)
     return out
 
 
@@ -278,7 +255,7 @@ def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, 
 
     def judge(name: str) -> tuple[str | None, frozenset] | None:
         try:
-            return _segment_verdict(os.path.join(folder, name), kind)
+            return segment_verdict(os.path.join(folder, name), kind)
         except FileNotFoundError:
             return None
 
@@ -292,12 +269,12 @@ def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, 
             answer, scopes[name] = _schema_verdict(os.path.join(folder, name), kind)
         except FileNotFoundError:
             return None
-        return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
+        return _verdict(answer)
 
     framed = []
     for name in names:
         try:
-            framing = _checked_framing(os.path.join(folder, name))
+            framing = _framing_problem(os.path.join(folder, name))
         except FileNotFoundError:
             out[name] = None
             continue
@@ -320,7 +297,7 @@ def scan_segments(
 ) -> tuple[list[str], list[SkippedFile]]:
     """(readable segment paths, sorted; the segments left out and why) of a record kind.
 
-    Each file's footer is read once per process (``segment_problem``); names in ``unread`` (segments a
+    Each file's footer is read once per process (``segment_verdict``); names in ``unread`` (segments a
     store holds, whose rows come from it) are left out without being read. Logs nothing: each caller
     warns about what matters to it. ``con``: the DuckDB connection that will read the segments, if any;
     many footers are then read on it (a cursor), so its Parquet metadata cache keeps them for its views.
@@ -346,10 +323,8 @@ def segment_columns(paths: list[str]) -> frozenset | None:
 
 def one_schema(paths: list[str]) -> bool:
     """Whether the given segments, all judged readable in this process (``scan_segments``), hold the same
-    columns of the same types, so that DuckDB can read them as one schema. Why: read with
-    ``union_by_name``, DuckDB binds every file by its names for the view and again for each query that
-    binds it -- at 1,250 node files 0.13 s of ``open_run`` against 0.02 s read as one (docs/scale.md); files
-    of several schemas need it."""
+    columns of the same types, so that DuckDB can read them as one schema rather than bind every file by its
+    names (``union_by_name``) for the view and again for each query; files of several schemas need that."""
     folders = {os.path.dirname(p) for p in paths}
     return len(folders) == 1 and _verdicts.one_schema(folders.pop(), [os.path.basename(p) for p in paths])
 

@@ -1,11 +1,10 @@
 """``digest_spool``: this version's digests for a spool's step files that lack one.
 
 Why: the summary relation takes a step file's verdict parts from its digest under this code's definition
-(``ranksight.format.digest``) and scans the rows of a file without one. A spool an older agent published (its
-digests of another definition, or none) is read from its rows -- at 10,000 ranks about five times slower
-(cpu_scale_history.md "Scale v5") -- until something writes what a publisher of this version would have
-written. This does, beside what is there: a digest of another definition is left as it is (no reader of this
-version reads it), one of this definition that does not read is made again from the file's rows.
+(``ranksight.format.digest``) and scans the rows of a file without one, several times slower. A spool an older
+agent published (its digests of another definition, or none) is read from its rows until something writes what
+a publisher of this version would have written. This does, beside what is there: a digest of another definition
+is left as it is, one of this definition that does not read is made again from the file's rows.
 """
 
 from __future__ import annotations

@@ -19,11 +19,9 @@ from ranksight.format.schema import KINDS, duckdb_columns
 from ._rundir import (
     NODE_STORES_DIR,
     SkippedFile,
-    StoreError,
     check_run_dir,
     duckdb_run_path,
-    first_line,
-    is_segment_name,
+    is_listed,
     node_store_paths,
     segment_glob,
     store_path,
@@ -36,12 +34,13 @@ from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
     STORE_ALIAS,
+    attach_store,
     describe,
     ingested_segments,
     quiet_connection,
     select_list,
+    sql_list,
     sql_literal,
-    store_select,
     store_tables,
 )
 
@@ -49,25 +48,9 @@ from ._tables import (
 def open_views(
     con, run_path: str, *, reopened: bool, follow_spool: bool = True, incremental: bool = False
 ) -> tuple[list[SkippedFile], Sources]:
-    """Make one view per record kind over the run's records on ``con``; return the segments left out and what
-    the ``steps`` view reads (``Sources``: its summary relation's, ``_summary``).
-
-    The views read the compacted store (``store.duckdb``, written by ``ranksight ingest``) when there
-    is one, plus every spool segment that store has not ingested yet, so a run reads the same whether
-    it is live, finished, compacted or half-compacted, and no row is counted twice. A kind with no
-    records yet gets an empty table of the right schema, so queries never fail on a young run.
-
-    ``follow_spool`` (the default) makes the views glob the spool at each query, so segments written
-    later show up without opening again; a ``prune`` running meanwhile can fail a query (open again).
-    ``follow_spool=False`` names the segments there now instead: no prune can break those views within
-    the grace period (``PRUNE_AFTER_S``), and new segments show up at the next ``open_run``. For a
-    reader that opens once and answers (the CLI), not for one that keeps its connection.
-
-    Segments that cannot be read are left out (``Run.skipped``); a ``store.duckdb`` that is not
-    a ranksight store raises ``StoreError`` (a ``RunDirError``) naming it: reading around it could give
-    a verdict on part of the run without saying so (docs/reliability.md).
-    """
-
+    """Make one view per record kind over the run's records on ``con`` (what they read, and the arguments: see
+    ``open_run``); return the segments left out and what the ``steps`` view reads (``Sources``, for its summary
+    relation, ``_summary``)."""
     check_run_dir(run_path)
     db_run = duckdb_run_path(run_path)
     store_kinds = _attach_store(con, run_path, db_run)
@@ -79,7 +62,8 @@ def open_views(
     for kind in KINDS:
         parts = []
         if store_kinds is not None and kind in store_kinds:
-            parts.append(store_select(con, STORE_ALIAS, kind))
+            # The schema's columns (NULL for those an older store lacks), not the store's own ``_segment``.
+            parts.append(f"SELECT {select_list(con, f'{STORE_ALIAS}.{kind}', kind)} FROM {STORE_ALIAS}.{kind}")
         # A kind the store has no table for (an older store) holds none of its rows, whatever it lists.
         done = None if store_kinds is None else set(ingested.get(kind, ())) if kind in store_kinds else set()
         for alias, kinds, held in nodes:
@@ -148,7 +132,7 @@ def _spool_part(
     segment readable, the view globs the folder (minus the ingested names), so segments written after
     ``open_run`` show up in the next query. Otherwise it names the readable pending segments: one bad file
     in a glob fails the whole query, and DuckDB opens every file a glob lists to bind it, ingested ones
-    included, which a concurrent ``prune`` may be deleting (docs/reliability.md).
+    included, which a concurrent ``prune`` may be deleting.
     """
     done = frozenset(ingested or ())
     pending, bad = scan_segments(run_path, kind, done, con)
@@ -163,9 +147,8 @@ def _spool_part(
             return spool, [], paths
     if not pending:
         return None, bad, paths
-    names = ", ".join(sql_literal(p) for p in paths)
     # One schema: DuckDB reads the files as one (by name still) instead of binding each at every query.
-    source = f"read_parquet([{names}], union_by_name={'false' if one_schema(pending) else 'true'})"
+    source = f"read_parquet({sql_list(paths)}, union_by_name={'false' if one_schema(pending) else 'true'})"
     select = f"SELECT {select_list(con, source, kind, present=segment_columns(pending))} FROM {source}"
     if (
         not incremental  # a reading refreshed again and again would read every row at each refresh
@@ -174,8 +157,7 @@ def _spool_part(
         and _total_bytes(pending) <= MATERIALIZE_MAX_BYTES
     ):
         # One reading, many queries (diagnose runs a dozen): read many small segments once, into memory,
-        # rather than every query opening every file again -- half the CPU of diagnose on 1,024 one-rank
-        # segments, none gained on 128 merged ones (docs/scale.md).
+        # rather than every query opening every file again.
         table = f"{PENDING_PREFIX}{kind}"
         con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         con.execute(f"CREATE TEMP TABLE {table} AS {select}")  # temp: never in a database the caller attached
@@ -206,7 +188,7 @@ def _globbed(con, db_run: str, kind: str, ingested: frozenset, columns: frozense
     bind (a segment the store holds was damaged after it was ingested: its footer was not checked).
 
     ``columns``: what the footers already read say the listed segments hold, when none was ingested; else
-    DuckDB reads every footer of the glob to bind it (a second reading: 0.4 s at 1,024 files).
+    DuckDB reads every footer of the glob to bind it (a second reading).
     """
     import duckdb
 
@@ -229,7 +211,7 @@ def _any_segment(run_path: str, kind: str) -> bool:
     the view keeps globbing it so that new segments show up in the next query."""
     try:
         with os.scandir(os.path.join(run_path, kind)) as entries:
-            return any(is_segment_name(e.name) and not e.name.startswith(".") for e in entries)
+            return any(is_listed(e.name) for e in entries)
     except OSError:
         return False
 
@@ -253,41 +235,21 @@ def _drop(con, name: str) -> None:
 def _attach_store(con, run_path: str, db_run: str) -> set[str] | None:
     """Attach a run's store read-only (it is replaced by rename, never written in place) and return the
     record kinds it holds; None without a store. Raises StoreError for a file that is not our store."""
-    import duckdb
-
     path = store_path(run_path)
     if not os.path.exists(path):
         return None
-    con.execute(f"DETACH DATABASE IF EXISTS {STORE_ALIAS}")
-    try:
-        con.execute(f"ATTACH {sql_literal(store_path(db_run))} AS {STORE_ALIAS} (READ_ONLY)")
-    except duckdb.Error as exc:  # not a DuckDB file, a newer storage format, unreadable...
-        raise StoreError(f"{path}: cannot read the run's store ({first_line(exc)}); {_MOVE_ASIDE}") from None
-    tables = store_tables(con, STORE_ALIAS)
-    if SEGMENTS_TABLE not in tables:
-        con.execute(f"DETACH DATABASE {STORE_ALIAS}")
-        raise StoreError(f"{path}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_ASIDE}")
+    tables = attach_store(con, store_path(db_run), STORE_ALIAS, path, "the run's store", _MOVE_ASIDE)
     return {kind for kind in KINDS if kind in tables}
 
 
 def _attach_node_stores(con, run_path: str, db_run: str) -> list[tuple[str, set[str], dict[str, list[str]]]]:
     """Attach each per-node store (``<run>/nodes/*.duckdb``) read-only: (alias, kinds it holds, the segment
     names it holds per kind). One that is not our store raises StoreError, as the run's own store does."""
-    import duckdb
-
     out = []
     for i, path in enumerate(node_store_paths(run_path)):
         alias = f"{NODE_ALIAS}{i}"
-        con.execute(f"DETACH DATABASE IF EXISTS {alias}")
-        try:
-            shown = os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path))
-            con.execute(f"ATTACH {sql_literal(shown)} AS {alias} (READ_ONLY)")
-        except duckdb.Error as exc:
-            raise StoreError(f"{path}: cannot read this node's store ({first_line(exc)}); {_MOVE_NODE}") from None
-        tables = store_tables(con, alias)
-        if SEGMENTS_TABLE not in tables:
-            con.execute(f"DETACH DATABASE {alias}")
-            raise StoreError(f"{path}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_NODE}")
+        shown = os.path.join(db_run, NODE_STORES_DIR, os.path.basename(path))
+        tables = attach_store(con, shown, alias, path, "this node's store", _MOVE_NODE)
         out.append((alias, {k for k in KINDS if k in tables}, ingested_segments(con, alias)))
     return out
 

@@ -47,7 +47,15 @@ from ._rundir import (
 )
 from ._segment_checks import one_schema, scan_segments
 from ._summary import SUMMARY_TABLES, medians_sql, rank_sql, summary_key
-from ._tables import SEGMENT_COLUMN, SEGMENTS_TABLE, quiet_connection, select_list, sql_literal, store_tables
+from ._tables import (
+    SEGMENT_COLUMN,
+    SEGMENTS_TABLE,
+    attach_store,
+    quiet_connection,
+    select_list,
+    sql_literal,
+    store_tables,
+)
 
 log = logging.getLogger("ranksight")
 
@@ -101,39 +109,23 @@ def _locked(run_path: str):
     return fd
 
 
-def _open_store(path: str, shown: str, read_only: bool):
-    """Attach a store file and check that it is ours; StoreError (one line, naming ``shown``) if not.
+def _open_store(path: str, shown: str):
+    """A read-only connection on a store file, checked to be ours; StoreError (one line, naming ``shown``) if not.
 
     A store that is not ours is never written or pruned against: it may be a damaged copy of the one
     holding rows whose segments were pruned already, and rebuilding over it would lose them.
     """
-    import duckdb
-
-    try:
-        con = _attached(path, read_only)
-    except duckdb.Error as exc:
-        raise StoreError(f"{shown}: cannot read the run's store ({first_line(exc)}); {_MOVE_ASIDE}") from None
-    if SEGMENTS_TABLE not in store_tables(con, _STORE_DB):
-        con.close()
-        raise StoreError(f"{shown}: not a ranksight store (no {SEGMENTS_TABLE} table); {_MOVE_ASIDE}")
-    return con
-
-
-_STORE_DB = "ranksight_store_file"
-
-
-def _attached(path: str, read_only: bool = False):
-    """A connection whose current database is the file at ``path``, attached rather than opened:
-    ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?`` is reached
-    through one (``duckdb_run_path``)."""
     con = quiet_connection()
     try:
-        con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}{' (READ_ONLY)' if read_only else ''}")
+        attach_store(con, path, _STORE_DB, shown, "the run's store", _MOVE_ASIDE)
         con.execute(f"USE {_STORE_DB}")
     except BaseException:
         con.close()
         raise
     return con
+
+
+_STORE_DB = "ranksight_store_file"
 
 
 _MOVE_ASIDE = "move it aside, then ingest again"
@@ -144,7 +136,7 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
 
     ``absorb_node_stores`` also appends the rows of the per-node stores in ``<run>/nodes/`` (those of
     segments the store does not hold yet), then moves each absorbed file to ``<run>/nodes/.absorbed/``:
-    one store to read instead of one per node (docs/scale.md). Until it is moved, readers skip the rows
+    one store to read instead of one per node. Until it is moved, readers skip the rows
     the store already holds, so a crash between the two counts nothing twice.
 
     Safe while ranks are still writing (segments that appear later are picked up by the next ingest
@@ -159,7 +151,7 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
     try:
         db_run = duckdb_run_path(run_path)
         if os.path.exists(target):
-            _open_store(store_path(db_run), target, read_only=True).close()  # ours? checked before copying it
+            _open_store(store_path(db_run), target).close()  # ours? checked before copying it
         with _next_store(run_path, db_run) as work:
             con = _connect(work, target)
             try:
@@ -213,15 +205,22 @@ def _next_store(run_path: str, db_run: str):
 
 
 def _connect(path: str, shown: str):
-    """Open the store's temporary copy for writing."""
+    """A connection whose current database is the store's temporary copy at ``path``, for writing: attached
+    rather than opened, as ``duckdb.connect(path)`` resolves links, and a run folder named with ``\\`` or ``?``
+    is reached through one (``duckdb_run_path``)."""
     import duckdb
 
+    con = quiet_connection()
     try:
-        con = _attached(path)
-    except duckdb.Error as exc:
-        raise RunDirError(f"{shown}: cannot write the store here ({first_line(exc)})") from None
+        con.execute(f"ATTACH {sql_literal(path)} AS {_STORE_DB}")
+        con.execute(f"USE {_STORE_DB}")
+    except BaseException as exc:
+        con.close()
+        if isinstance(exc, duckdb.Error):
+            raise RunDirError(f"{shown}: cannot write the store here ({first_line(exc)})") from None
+        raise
     # Every reader aggregates or orders what it reads, so the store keeps no row order: DuckDB then reads
-    # the segments into the table without re-sequencing them (~25 % less CPU, docs/scale.md).
+    # the segments into the table without re-sequencing them (less CPU).
     con.execute("SET preserve_insertion_order = false")
     return con
 
@@ -442,7 +441,7 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
         raise RunDirError(f"{run_path}: no store to prune against yet (run `ranksight ingest` first)")
     lock_fd = _locked(run_path)
     try:
-        with _open_store(store_path(duckdb_run_path(run_path)), target, read_only=True) as con:
+        with _open_store(store_path(duckdb_run_path(run_path)), target) as con:
             listed = con.execute(f"SELECT kind, file, ingested_ns FROM {SEGMENTS_TABLE}").fetchall()
         cutoff = time.time_ns() - int(older_than_s * 1e9)
         files = nbytes = recent = 0

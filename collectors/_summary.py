@@ -10,11 +10,9 @@ SQL over them (``_queries``). Where the parts come from is chosen here alone (``
   spool's publisher writes it), and one scan of the rest;
 - another warm-up, a recent window, node stores, an older store or a bare connection: one scan of the view.
 
-Why the digests stay a source: at 10,000 ranks x 1,000 steps one GROUP BY of the rows' sums costs 3.0x DuckDB's
-GROUP BY over two of their columns, and the two scans of the relation 7.2x; a first verdict from the digests
-2.2x (benchmarks/results/onescan_52.md). A median does not merge: a rank in several parts (files cut by
-time, a live run beside its store) has its medians from the rows (``_median_fold``'s, for a reading
-refreshed again and again).
+The digests stay a source because a first verdict from them costs a third of one from the rows
+(benchmarks/results/onescan_52.md). A median does not merge: a rank in several parts (files cut by time, a live
+run beside its store) has its medians from the rows (``_median_fold``'s, for a reading refreshed again and again).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from ranksight.format.warmup import WARM_SQL, WARMUP_STEPS, is_short
 
 from ._median_fold import folded_medians
 from ._rundir import file_signature, first_line, warn_once
-from ._tables import STORE_ALIAS, fetch_rows, register_arrow, select_list, sql_literal, steps_source, unregister_arrow
+from ._tables import STORE_ALIAS, fetch_rows, register_arrow, select_list, sql_list, steps_source, unregister_arrow
 
 SUMMARY_TABLES = {"sums": "_summary_sums", "medians": "_summary_medians", "steps": "_summary_steps"}
 """The store's copy of the relation of its rows (``ingest``), made under ``summary_key`` (in ``_store_meta``)."""
@@ -96,9 +94,8 @@ _names = itertools.count()
 
 class KeptDigests:
     """The digest parts a reading refreshed again and again (``open_run(incremental=True)``) has read, merged per
-    key, and the digest files they hold: each refresh reads only the files added since. Why: the live dashboard
-    judges its run again as it grows, and at 1,024 ranks reading every file's digest again made a judging refresh
-    1.2 CPU-s at 4,000 steps against 0.56 (benchmarks/results/onescan_52.md)."""
+    key, and the digest files they hold: each refresh of the live dashboard reads only the files added since, not
+    every file's digest again (benchmarks/results/onescan_52.md)."""
 
     def __init__(self) -> None:
         self.files: dict[str, tuple] = {}  # digest path -> (inode, size, mtime_ns) when read
@@ -129,7 +126,7 @@ def summarize(
         or (not sources.store and not _digest_paths(sources.pending))
     )
     if whole_view:
-        source = steps_source(con, since_ns)
+        source = steps_source(since_ns)
         if ranks is not None:
             source = f"(SELECT * FROM {source} WHERE rank IN ({', '.join(str(int(r)) for r in ranks)}))"
         parts.append(("rows", _rows_parts(con, source, warmup)))
@@ -192,7 +189,7 @@ def _medians(con, parts, summary: Summary, since_ns, sources: Sources | None) ->
 def _rows_medians(con, since_ns, where: str) -> dict[str, dict[int, float]]:
     """{figure: {rank: median}} of the view's rows that ``where`` keeps (sampled, after ``since_ns``)."""
     cols = ", ".join(f"median(CAST({v} AS DOUBLE))" for v, _ in MEDIANS.values())
-    sql = f"SELECT rank, {cols} FROM {steps_source(con, since_ns)} WHERE {where} AND {SAMPLED_SQL} GROUP BY rank"
+    sql = f"SELECT rank, {cols} FROM {steps_source(since_ns)} WHERE {where} AND {SAMPLED_SQL} GROUP BY rank"
     out: dict[str, dict[int, float]] = {f: {} for f in MEDIANS}
     for row in fetch_rows(con.execute(sql)):
         for figure, value in zip(MEDIANS, row[1:]):
@@ -216,8 +213,8 @@ _MEDIAN_COLUMNS = ", ".join(f"median_{f}" for f in MEDIANS)
 
 def _rows_parts(con, source: str, warmup: int) -> tuple:
     """The parts of the step rows in ``source``: two scans, a GROUP BY per rank (its sums and medians) and one per
-    step. One scan of both groupings (GROUPING SETS) took 5.1 s against 2.8 s at 10,000 ranks x 1,000 steps: it
-    computes every median per step too (onescan_52.md)."""
+    step. Not one scan of both groupings (GROUPING SETS): it computes every median per step too, and took nearly
+    twice as long (benchmarks/results/onescan_52.md)."""
     n = next(_names)
     ranks, steps = f"_rs_rank_{n}", f"_rs_step_{n}"
     con.execute(f"CREATE OR REPLACE TEMP TABLE {ranks} AS {rank_sql(source)}", {"warm": warmup})
@@ -274,10 +271,8 @@ MERGE_BATCH = 128
 
 def _read_merging(con, paths: list[str]) -> dict:
     """{part: one pyarrow table} of the verdict's parts of the digests ``paths``, the per-step part merged per step
-    every ``MERGE_BATCH`` files. Why: at 10,000 ranks that part is 110 MB of 1.25 M rows; read whole on threads, a
-    fresh process paid the kernel's page faults for all of it (0.25 s with 0.14 s of system time, against 0.17 s
-    and 0.03 s read in batches, each freed before the next: cpu_scale_history.md "Scale v5"), and merged in one
-    pass after the reading (0.09 s), not during it. Raises ``DigestError`` naming the first file that does not
+    every ``MERGE_BATCH`` files, each batch freed before the next: read whole, a fresh process paid the page faults
+    of all of it (cpu_scale_history.md "Scale v5"). Raises ``DigestError`` naming the first file that does not
     read."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -340,5 +335,5 @@ def _files_source(con, paths: list[str]) -> str:
     from ._segment_checks import one_schema, segment_columns
 
     union = "false" if one_schema(paths) else "true"
-    source = f"read_parquet([{', '.join(sql_literal(p) for p in paths)}], union_by_name = {union})"
+    source = f"read_parquet({sql_list(paths)}, union_by_name = {union})"
     return f"(SELECT {select_list(con, source, 'steps', present=segment_columns(paths))} FROM {source})"

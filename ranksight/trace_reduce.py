@@ -1,7 +1,7 @@
 """Reduce a profiler window to the kernel-level sample names (pure: no torch, no I/O).
 
 Shared by the agent's sampled window (``ranksight.agent``) and the trace importer
-(``ranksight import``, in ``ranksight.collectors``): one definition of each ratio for both.
+(``ranksight import``, in ``ranksight.importer``): one definition of each ratio for both.
 
 Input is a flat list of :class:`Ev` tuples, built either from a live profiler result
 (``_trace_window.events_from_kineto``) or from an exported Chrome trace (:func:`events_from_chrome`),

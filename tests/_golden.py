@@ -19,6 +19,8 @@ import os
 import shutil
 import tarfile
 
+from ranksight.format.warmup import WARMUP_STEPS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "data", "golden_reads.json.gz")
 DEMO_RUNS = os.path.join(HERE, "data", "golden_runs.tgz")
@@ -119,6 +121,14 @@ def golden_runs(base: str) -> dict[str, str]:
                 dirs.clear()
     out[SYNTHETIC] = synthetic_spool(os.path.join(base, SYNTHETIC))
     return dict(sorted(out.items()))
+
+
+def run_features(run_path: str, warmup_steps: int = WARMUP_STEPS) -> dict[int, dict]:
+    """The features per rank of the run folder at ``run_path`` (``Run.features``), the reading closed after."""
+    from ranksight.collectors import open_run
+
+    with open_run(run_path) as run:
+        return run.features(warmup_steps=warmup_steps)
 
 
 def read_figures(run_path: str) -> dict:

@@ -216,7 +216,7 @@ def test_single_process_run_records_phases(tmp_path, single_process):
 def test_optimizer_state_per_parameter_feeds_the_model_state_features(tmp_path, single_process):
     import torch
 
-    from ranksight.collectors._run import run_features
+    from ._golden import run_features
 
     mon = ranksight.init(run_dir=str(tmp_path), job="unit", run_id="adam", flush_interval_s=0.2)
     model = torch.nn.Linear(64, 64)

@@ -40,7 +40,7 @@ print(json.dumps({
     "plain": __import__("duckdb").connect().execute(setting).fetchone()[0],
     "open_run": con.execute(setting).fetchone()[0],
     "cursor": con.cursor().execute(setting).fetchone()[0],
-    "store": _store._attached(_store.store_path(run), read_only=True).execute(setting).fetchone()[0],
+    "store": _store._connect(_store.store_path(run), run).execute(setting).fetchone()[0],
     "footers": _footers.quiet_connection().execute(setting).fetchone()[0],
 }))
 """

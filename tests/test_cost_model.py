@@ -190,7 +190,7 @@ def test_noise_is_the_standard_error_of_the_per_step_mean():
     import random
     import statistics
 
-    from ranksight.collectors._queries import mean_error, mean_error_padded
+    from ranksight.collectors._queries import mean_error
 
     shares = [0.1, 0.2, 0.15, 0.3, 0.12]
     assert mean_error(shares) == pytest.approx(statistics.stdev(shares) / len(shares) ** 0.5)
@@ -199,7 +199,7 @@ def test_noise_is_the_standard_error_of_the_per_step_mean():
     for _ in range(200):
         late = [rng.random() * 0.4 for _ in range(rng.randint(1, 40))]
         n = len(late) + rng.randint(0, 40)
-        assert mean_error_padded(late, n) == pytest.approx(mean_error(late + [0.0] * (n - len(late))), abs=1e-12)
+        assert mean_error(late, n) == pytest.approx(mean_error(late + [0.0] * (n - len(late))), abs=1e-12)
 
 
 def test_graph_breaks_explain_the_syncs_made_inside_the_compiled_frame(rules):

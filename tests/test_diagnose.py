@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ranksight.cli import main
-from ranksight.collectors._run import run_features
 from ranksight.format.schema import KINDS, arrow_schema
 from ranksight.rules import diagnose
+
+from ._golden import run_features
 
 FINDING_KEYS = {"axis", "rule", "severity", "confidence", "ranks", "evidence", "summary", "fix"}
 FINDING_KEYS |= {"cost_share", "speedup", "cost_basis", "explained_by"}

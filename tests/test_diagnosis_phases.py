@@ -13,9 +13,9 @@ import pytest
 
 from ranksight.collectors import PHASES, open_run
 from ranksight.collectors._queries import step_breakdown
-from ranksight.collectors._run import run_features
 from ranksight.rules import diagnose
 
+from ._golden import run_features
 from .test_diagnose import _identity, _write
 
 MS = 1e-3

@@ -191,7 +191,7 @@ def _policy_main(rank: int, port: int, run_dir: str) -> None:
 def test_precision_resharding_and_late_prefetch_settings_reach_the_features(tmp_path):
     import torch.multiprocessing as mp
 
-    from ranksight.collectors._run import run_features
+    from ._golden import run_features
 
     run_dir = str(tmp_path / "runs")
     mp.start_processes(_policy_main, args=(free_port(), run_dir), nprocs=1, start_method="spawn", join=True)

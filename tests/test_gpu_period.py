@@ -210,7 +210,7 @@ def test_blocking_collectives_cost_what_every_rank_waits_beyond_ddp(tmp_path):
     """Metric collectives whose waits alternate between ranks (HF on 2 H200s: rank 1 waited in the
     barriers, rank 0 later in DDP's all-reduce): every rank waited 8.5 ms or more a step, 2 ms of it
     DDP's own floor, so the blocking collectives cost 6.5 ms, not the 1.9 ms least blocked time."""
-    from ranksight.collectors._run import run_features
+    from ._golden import run_features
 
     path = _write_ranks(tmp_path, "turns", [_waiting(6.6, 1.9), _waiting(2.0, 7.2)])
     f = run_features(path)[0]
@@ -277,7 +277,8 @@ def test_live_metrics_read_the_gpu_clock_like_the_breakdown(tmp_path, shape):
 
 def test_gpu_busy_prefers_the_kernel_window_over_nvml_and_nvml_only_past_start_up(tmp_path):
     from ranksight.collectors._features import NVML_STEADY_SAMPLES
-    from ranksight.collectors._run import run_features
+
+    from ._golden import run_features
 
     path = _write_run(tmp_path, "busy", 1, GPU_BOUND)
     w = SpoolWriter(path, Identity("gpu-period", "busy", "n0", 0, 0, 1, 4000))

@@ -22,9 +22,9 @@ import pytest
 
 from ranksight.collectors._queries import _wait_figures_of
 from ranksight.collectors._rank_files import read_rank_files
-from ranksight.collectors._run import run_features
 from ranksight.rules import diagnose
 
+from ._golden import run_features
 from .test_digests import RANKS, _published_run
 from .test_verdict_digests import _from_rows
 

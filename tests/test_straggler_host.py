@@ -12,9 +12,9 @@ import functools
 
 import pytest
 
-from ranksight.collectors._run import run_features
 from ranksight.rules import evaluate, load_rules
 
+from ._golden import run_features
 from ._jobs import Job, run
 from .test_rules_evaluate import HEALTHY, frame
 

@@ -16,11 +16,11 @@ import pytest
 
 from ranksight.agent._node_spool import publish_node_spool
 from ranksight.collectors import _summary, ingest, open_run
-from ranksight.collectors._run import run_features
 from ranksight.format.digest import DIGEST_DIR, chunk_steps_for, digest_paths
 from ranksight.format.verdict_digest import MEDIANS
 from ranksight.rules import diagnose
 
+from ._golden import run_features
 from .test_digests import RANKS, WORLD, _published_run, _step_files, _write_steps, still_running, zero_part
 
 FROM_MEDIANS = ("step_median_s", "compute_median_s", "straggler_score", "compute_vs_median")

@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from ranksight.collectors import RunDirError, import_traces
+from ranksight.collectors import RunDirError
+from ranksight.importer import import_traces
 
 from ._errors import UserError
 

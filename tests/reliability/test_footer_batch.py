@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ranksight.collectors import _segment_checks, open_run
-from ranksight.collectors._segment_checks import _BATCH_FROM, scan_segments, segment_problem
+from ranksight.collectors._segment_checks import _BATCH_FROM, scan_segments, segment_verdict
 
 from ._damage import DAMAGES, STEPS, first_segment, write_run
 
@@ -45,7 +45,7 @@ def _alone(run: str) -> tuple[list[str], dict[str, str]]:
         if not name.endswith(".parquet") or name.startswith("."):
             continue
         path = os.path.join(folder, name)
-        problem = segment_problem(path, "steps")
+        problem = segment_verdict(path, "steps")[0]
         if problem is None:
             good.append(path)
         else:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ranksight._version import __version__
+from ranksight.collectors import RunDirError
 from ranksight.format.schema import (
     KINDS,
     RANKS_DIR,
@@ -42,7 +43,6 @@ from ranksight.format.schema import (
 )
 from ranksight.trace_reduce import ACTIVITY_KIND
 
-from ._rundir import RunDirError
 from ._trace_reduce_steps import GPU_KINDS, StepSpan, TraceEvent, reduce_step
 
 TRACE_SUFFIXES = (".json", ".json.gz")
