@@ -241,8 +241,8 @@ class FolderListing:
     """The names in one folder, listed again only when the folder may have changed since its last listing.
 
     Why: a live run's dashboard looks at the run's folders at every refresh, and a spool folder holds a file per
-    node (or rank) and flush: listing it and comparing every name again cost ~4 µs a file at each refresh
-    (1,024 ranks: 0.026 CPU-s at 1,000 steps, 0.057 at 16,000). A folder whose mtime (with its device and inode)
+    node (or rank) and flush: listing every folder and looking at each name again in Python cost more the longer
+    the run (benchmarks/results/cpu_dashboard_live_history.md). A folder whose mtime (with its device and inode)
     is what it was at a listing taken more than ``LISTING_SLACK_NS`` after that mtime has the same entries: an
     entry added, removed or renamed since would have moved the mtime past it. A folder changed within the slack
     is listed again at every look, so a change in the same mtime tick as the listing is never missed. Where it
