@@ -7,12 +7,12 @@ takes them from here instead: each rank's values of each figure, kept sorted in 
 of the files not read yet, and the median is read off the middle: the same number as DuckDB's ``median`` of the
 rows. A file that is gone or changed starts the fold again from every file.
 
-Past ``KEPT_MEDIAN_VALUES`` (1,024 ranks x ~16,000 steps of a CPU job) the fold keeps, of each rank's values of
+Past ``KEPT_MEDIAN_VALUES`` (1,024 ranks x ~15,600 steps of a CPU job) the fold keeps, of each rank's values of
 each figure, a band around its median and the count of values cut on either side (``_Fold``): the median is
 still read off the band, exactly, while its place stays in it. Without the bands a verdict past the bound read
-its medians from the rows (at 1,024 ranks x 16,000 steps, 4.0-4.5 CPU-s a judging refresh against 0.6-0.8 with
-them, benchmarks/results/cpu_dashboard_live_history.md); a run whose figures drift until a median leaves its
-band is read again from every file once (``REBUILT_AFTER_READINGS``).
+its medians from the rows (at 1,024 ranks x 16,000 steps, a dashboard refresh that makes the verdict 5.2 CPU-s
+against 0.86 with them, benchmarks/results/cpu_dashboard_live_history.md); a run whose figures drift until a
+median leaves its band is read again from every file once (``REBUILT_AFTER_READINGS``).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from ._rundir import file_signature
 from ._tables import select_list
 
 KEPT_MEDIAN_VALUES = 32_000_000
-"""Values kept at most per fold (8 bytes each: 256 MB; 1,024 ranks x ~15,000 steps of the two figures a CPU job
+"""Values kept at most per fold (8 bytes each: 256 MB; 1,024 ranks x ~15,600 steps of the two figures a CPU job
 records). Past it each rank's values of each figure are cut to those nearest its median (``_Fold.trim``), the
 values cut counted on either side, so that the fold holds half of this again and the run goes on growing."""
 BAND_AT_LEAST = 1_024
-"""Values a rank's band of one figure keeps at least once cut: a fold whose bound leaves fewer (more than ~15,000
+"""Values a rank's band of one figure keeps at least once cut: a fold whose bound leaves fewer (more than ~15,600
 ranks x figures) is dropped, and that run's medians are read from its rows at each reading, as without the fold."""
 REBUILT_AFTER_READINGS = 3
 """A fold whose median has left its band is read again from every file (2-3x the CPU of reading the medians from
-the rows once: at 1,024 ranks x 16,000 steps, 12 CPU-s against 4.6) only where its bands held for this many
-readings since it was built; else the run's figures move faster than a band follows, and the run's medians are
-read from its rows from then on, as for a fold that could not be cut."""
+the rows once: cpu_dashboard_live_history.md) only where its bands held for this many readings since it was
+built; else the run's figures move faster than a band follows, and the run's medians are read from its rows
+from then on, as for a fold that could not be cut."""
 KEPT_FOLDS = 2
 """Folds kept in a process, least recently used dropped first (a dashboard compares two runs at most)."""
 
