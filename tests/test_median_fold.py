@@ -39,6 +39,17 @@ def no_kept_folds():
     _median_fold._too_big.clear()
 
 
+@pytest.fixture
+def rows_read(monkeypatch) -> list[int]:
+    """The row count of each ``take_in`` call the fold makes (one per figure and reading of new files)."""
+    counts: list[int] = []
+    take_in = _median_fold._Fold.take_in
+    monkeypatch.setattr(
+        _median_fold._Fold, "take_in", lambda self, f, r, v: (counts.append(len(r)), take_in(self, f, r, v))
+    )
+    return counts
+
+
 def _fresh(path: str) -> tuple[dict, dict]:
     """The verdict and features of a fresh reading of ``path``, medians from the rows (no fold kept)."""
     kept = dict(_median_fold._folds)
@@ -53,12 +64,7 @@ def _fresh(path: str) -> tuple[dict, dict]:
         _median_fold._folds.update(kept)
 
 
-def test_a_refreshed_reading_takes_the_rows_medians_reading_only_the_new_files(bench, tmp_path, monkeypatch):
-    rows_read = []
-    take_in = _median_fold._Fold.take_in
-    monkeypatch.setattr(
-        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
-    )
+def test_a_refreshed_reading_takes_the_rows_medians_reading_only_the_new_files(bench, tmp_path, monkeypatch, rows_read):
     path = str(tmp_path / "live-run")
     bench.append_steps(path, 16, 0, 20)
     bench.append_steps(path, 16, 20, 20)  # each rank's rows in two files: no file's median is the rank's
@@ -194,12 +200,9 @@ def test_a_fold_cut_to_bands_around_its_medians_keeps_them_exact_and_starts_agai
     assert (lost > 0) == (drift > 0), lost
 
 
-def test_a_reading_past_the_bound_keeps_its_fold_cut_and_reads_only_the_new_files(bench, tmp_path, monkeypatch):
-    rows_read = []
-    take_in = _median_fold._Fold.take_in
-    monkeypatch.setattr(
-        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
-    )
+def test_a_reading_past_the_bound_keeps_its_fold_cut_and_reads_only_the_new_files(
+    bench, tmp_path, monkeypatch, rows_read
+):
     monkeypatch.setattr(_median_fold, "BAND_AT_LEAST", 8)
     path = str(tmp_path / "live-run")
     bench.append_steps(path, 16, 0, 40)
@@ -223,16 +226,13 @@ def test_a_reading_past_the_bound_keeps_its_fold_cut_and_reads_only_the_new_file
 
 
 @pytest.mark.parametrize("rebuilt_after", [1, 3])
-def test_a_median_that_leaves_its_band_has_the_fold_read_every_file_again(bench, tmp_path, monkeypatch, rebuilt_after):
+def test_a_median_that_leaves_its_band_has_the_fold_read_every_file_again(
+    bench, tmp_path, monkeypatch, rebuilt_after, rows_read
+):
     """A band of one value cannot hold a median as the run grows: each reading reads every file again where the
     bands held for ``REBUILT_AFTER_READINGS`` (here 1); where they must hold longer, the fold is dropped at once
     and the medians are read from the rows, every reading exact."""
     monkeypatch.setattr(_median_fold, "REBUILT_AFTER_READINGS", rebuilt_after)
-    rows_read = []
-    take_in = _median_fold._Fold.take_in
-    monkeypatch.setattr(
-        _median_fold._Fold, "take_in", lambda self, f, r, v: (rows_read.append(len(r)), take_in(self, f, r, v))
-    )
     monkeypatch.setattr(_median_fold, "BAND_AT_LEAST", 1)
     path = str(tmp_path / "live-run")
     bench.append_steps(path, 16, 0, 20)
