@@ -9,13 +9,13 @@ what do they cost a ~15-20 s job?
     python benchmarks/callback_parity.py --part parity --device cpu --tiny --out DIR   # a CPU smoke test
 
 ``parity``: four healthy jobs, each in a fresh process -- Lightning on one device with ``training_step`` calling
-``self(x)`` and ``self.net(x)`` (a ResNet-style CNN, bf16-mixed), the Hugging Face Trainer (a 6-layer GPT-2 from a
-config, bf16) and an Accelerate loop (the CNN, bf16) -- each with ranksight's callback and a ``torch.profiler``
-over steps 39-46 (``prof.step()`` at each step's end, so ProfilerStep#k is the agent's step k). The trace goes
-through ``ranksight import`` and both runs' phase shares over those steps are read with the same SQL (the
-breakdown's, on the GPU's clock). Per job: the "other" share, whether compute and optimizer were attributed
-(steps with ``gpu_compute_s`` / ``gpu_optimizer_s``), NVML utilization rows, and the largest phase difference
-from the trace (pass: at most 5 pp).
+``self(x)`` and ``self.net(x)`` (a ResNet-style CNN, bf16-mixed), the Hugging Face Trainer (GPT-2 small's shape from
+a config, bf16; ``--hf-model``) and an Accelerate loop (the CNN, bf16) -- each with ranksight's callback and a
+``torch.profiler`` over steps 39-46 (``prof.step()`` at each step's end, so ProfilerStep#k is the agent's step k).
+The trace goes through ``ranksight import`` and both runs' phase shares over those steps are read with the same SQL
+(the breakdown's, on the GPU's clock). Per job: the "other" share, whether compute and optimizer were attributed
+(steps with ``gpu_compute_s`` / ``gpu_optimizer_s``), NVML utilization rows, and the largest phase difference from
+the trace (pass: at most 5 pp).
 
 ``cost-*``: one discarded warm-up launch (which also sets the step count for ``--job-s`` seconds), then
 ``--rounds`` rounds of fresh launches with the callback and without it (``--arms ... traceml`` adds TraceML where
@@ -83,12 +83,19 @@ def image_loader(n: int, size: int, batch: int, workers: int, pin: bool):
                       persistent_workers=workers > 0, drop_last=True)  # fmt: skip
 
 
-def sizes(tiny: bool) -> dict:
+HF_MODELS = {
+    "gpt2": {"gpt_layers": 12, "gpt_embd": 768, "seq": 512, "gpt_batch": 16, "vocab": 50257},
+    "small": {"gpt_layers": 6, "gpt_embd": 512, "seq": 256, "gpt_batch": 16, "vocab": 8192},
+}
+"""The Trainer's model: ``gpt2`` is GPT-2 small's shape (124 M parameters; GPU-bound on one H100, as a user's
+GPT-2-class fine-tune is); ``small`` a 6-layer one whose ~14 ms step is bound by the host's Python."""
+
+
+def sizes(tiny: bool, hf_model: str = "gpt2") -> dict:
     if tiny:
         return {"width": 8, "image": 32, "batch": 8, "workers": 0, "gpt_layers": 2, "gpt_embd": 64, "seq": 32,
                 "gpt_batch": 4, "vocab": 512}  # fmt: skip
-    return {"width": 64, "image": 96, "batch": 128, "workers": 4, "gpt_layers": 6, "gpt_embd": 512, "seq": 256,
-            "gpt_batch": 16, "vocab": 8192}  # fmt: skip
+    return {"width": 64, "image": 96, "batch": 128, "workers": 4, **HF_MODELS[hf_model]}
 
 
 def thread_cpu() -> dict:
@@ -284,7 +291,7 @@ def run_transformers(args) -> dict:
     from torch.utils.data import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-    s, cuda = sizes(args.tiny), args.device == "cuda"
+    s, cuda = sizes(args.tiny, args.hf_model), args.device == "cuda"
     torch.manual_seed(0)
 
     class Tokens(Dataset):
@@ -399,6 +406,7 @@ def child(argv: list[str]) -> None:
     p.add_argument("--tag", default="0")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--hf-model", default="gpt2", choices=list(HF_MODELS))
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -411,7 +419,7 @@ def child(argv: list[str]) -> None:
 def launch(args, job: str, arm: str, tag: str, steps: int, profile: bool = False, seconds: float = 0.0) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--job", job, "--arm", arm, "--steps", str(steps),
            "--tag", tag, "--device", args.device, "--out", args.out]  # fmt: skip
-    cmd += (["--profile"] if profile else []) + (["--tiny"] if args.tiny else [])
+    cmd += (["--profile"] if profile else []) + (["--tiny"] if args.tiny else []) + ["--hf-model", args.hf_model]
     cmd += ["--seconds", str(seconds)] if seconds else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     env.update(NCCL_NVLS_ENABLE="0", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
@@ -563,7 +571,8 @@ def part_cost(args, job: str, save=lambda figures: None) -> dict:
         for arm in arms
     }
     print("median ratio to none:", json.dumps(summary), flush=True)
-    return {"job": job, "steps": steps, "warm": warm, "arms": arms, "rounds": rounds, "median_ratio": summary}
+    return {"job": job, "hf_model": args.hf_model, "steps": steps, "warm": warm, "arms": arms, "rounds": rounds,
+            "median_ratio": summary}  # fmt: skip
 
 
 def median_interval(values: list, draws: int = 4000) -> list:
@@ -609,6 +618,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="small models (a CPU smoke test)")
+    p.add_argument("--hf-model", default="gpt2", choices=list(HF_MODELS), help="the Trainer's model (HF_MODELS)")
     p.add_argument("--rounds", type=int, default=3, help="cost: rounds in this invocation")
     p.add_argument("--first-round", type=int, default=0, help="cost: the first round's number (sets the rotation)")
     p.add_argument("--arms", nargs="+", default=["ranksight", "none"], choices=ARMS)
