@@ -26,8 +26,6 @@ from dataclasses import dataclass
 
 from ranksight.format.digest import remove_digests
 from ranksight.format.schema import DUCKDB_TYPES, KINDS, SCHEMA_VERSION, TMP_PREFIX, column_names, duckdb_columns
-from ranksight.format.verdict_digest import MEDIANS, steps_sql
-from ranksight.format.warmup import WARMUP_STEPS
 
 from ._rundir import (
     LOCK_NAME,
@@ -46,13 +44,14 @@ from ._rundir import (
     warn_skipped,
 )
 from ._segment_checks import one_schema, scan_segments
-from ._summary import SUMMARY_TABLES, medians_sql, rank_sql, summary_key
+from ._summary import SUMMARY_TABLES, relation_for_store, summary_key
 from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
     attach_store,
     quiet_connection,
     select_list,
+    sql_list,
     sql_literal,
     store_tables,
 )
@@ -156,9 +155,12 @@ def ingest(run_path: str, *, absorb_node_stores: bool = False) -> IngestResult:
             con = _connect(work, target)
             try:
                 had_tables = store_tables(con, _STORE_DB)
+                before = _held_before(con, had_tables)
                 _create_schema(con)
                 absorbed, node_rows = _absorb_node_stores(con, run_path, db_run) if absorb_node_stores else ([], {})
-                rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables)
+                if node_rows.get("steps"):  # rows no relation holds, and no digest
+                    before = "rows"
+                rows_by_kind, added, quarantined = _append_pending(con, run_path, db_run, had_tables, before)
                 for kind, n in node_rows.items():
                     rows_by_kind[kind] = rows_by_kind.get(kind, 0) + n
                 con.execute(f"CHECKPOINT {_STORE_DB}")
@@ -226,7 +228,7 @@ def _connect(path: str, shown: str):
 
 
 def _append_pending(
-    con, run_path: str, db_run: str, had_tables: set[str]
+    con, run_path: str, db_run: str, had_tables: set[str], before: str
 ) -> tuple[dict[str, int], int, list[SkippedFile]]:
     """Append every readable segment the store does not hold, in one transaction; quarantine the others.
 
@@ -249,20 +251,22 @@ def _append_pending(
             single.add(kind)
         quarantined += [_quarantine(run_path, kind, b) for b in bad]
     try:
-        rows_by_kind, added = _append(con, db_run, pending, single)
+        rows_by_kind, added = _append(con, run_path, db_run, pending, single, before)
     except duckdb.Error:
         con.execute("ROLLBACK")
         for kind, name, reason in _undecodable(con, db_run, pending):
             pending[kind].remove(name)
             quarantined.append(_quarantine(run_path, kind, SkippedFile(os.path.join(run_path, kind, name), reason)))
         try:
-            rows_by_kind, added = _append(con, db_run, pending, single)
+            rows_by_kind, added = _append(con, run_path, db_run, pending, single, before)
         except duckdb.Error as exc:
             raise RunDirError(f"{run_path}: ingest failed, the store is unchanged ({first_line(exc)})") from None
     return rows_by_kind, added, quarantined
 
 
-def _append(con, db_run: str, pending: dict[str, list[str]], single: set[str]) -> tuple[dict[str, int], int]:
+def _append(
+    con, run_path: str, db_run: str, pending: dict[str, list[str]], single: set[str], before: str
+) -> tuple[dict[str, int], int]:
     rows_by_kind: dict[str, int] = {}
     added = 0
     con.execute("BEGIN TRANSACTION")
@@ -289,26 +293,37 @@ def _append(con, db_run: str, pending: dict[str, list[str]], single: set[str]) -
         )
         rows_by_kind[kind] = int(sum(counts.values()))
         added += len(files)
-    _keep_summary(con)
+    _keep_summary(con, [os.path.join(run_path, "steps", name) for name in pending.get("steps", [])], before)
     con.execute("COMMIT")
     return rows_by_kind, added
 
 
-def _keep_summary(con) -> None:
+def _keep_summary(con, added: list[str], before: str) -> None:
     """Keep the summary relation of every step row the store holds (``_summary``: per rank and warm-up flag its
-    sums, its medians, per step the comparisons across ranks), made again over all of them: a finished run's
-    readers read it instead of the rows (a median does not merge, so it is never added to)."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _summary_ranks AS {rank_sql('steps')}", {"warm": WARMUP_STEPS})
-    medians = ", ".join(f"median_{f}" for f in MEDIANS)
-    made = {
-        "sums": (f"SELECT * EXCLUDE ({medians}) FROM temp._summary_ranks", {}),
-        "medians": (medians_sql("temp._summary_ranks"), {}),
-        "steps": (steps_sql("steps"), {"warm": WARMUP_STEPS}),
-    }
-    for part, (sql, params) in made.items():
-        con.execute(f"CREATE OR REPLACE TABLE {SUMMARY_TABLES[part]} AS {sql}", params)
-    con.execute("DROP TABLE temp._summary_ranks")
+    sums, its medians, per step the comparisons across ranks): a finished run's readers read it instead of the
+    rows. ``before``: what held the rows the store had (``_held_before``); ``added``: the step files appended."""
+    tables, drops = relation_for_store(con, before, added, _rows_of_segments)
+    for part, table in zip(("sums", "medians", "steps"), tables):  # temp tables: none reads the store's relation
+        con.execute(f"CREATE OR REPLACE TABLE {SUMMARY_TABLES[part]} AS SELECT * FROM {table}")
+    for drop in drops:
+        drop()
     con.execute("INSERT OR REPLACE INTO _store_meta VALUES ('summary_key', ?)", [summary_key()])
+
+
+def _rows_of_segments(names: list[str]) -> str:
+    """The store's step rows of the segments ``names``."""
+    return f"(SELECT * FROM steps WHERE {SEGMENT_COLUMN} IN (SELECT unnest({sql_list(names)})))"
+
+
+def _held_before(con, had_tables: set[str]) -> str:
+    """What holds the store's step rows before this ingest: "none" (there are none), "relation" (its summary
+    relation, under this code's definition) or "rows" (they alone: an older store's)."""
+    if "steps" not in had_tables or not con.execute("SELECT count(*) FROM steps").fetchone()[0]:
+        return "none"
+    if not set(SUMMARY_TABLES.values()) <= had_tables:
+        return "rows"
+    found = con.execute("SELECT value FROM _store_meta WHERE key = 'summary_key'").fetchall()
+    return "relation" if found == [(summary_key(),)] else "rows"
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

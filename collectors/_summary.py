@@ -36,12 +36,17 @@ SUMMARY_TABLES = {"sums": "_summary_sums", "medians": "_summary_medians", "steps
 """The store's copy of the relation of its rows (``ingest``), made under ``summary_key`` (in ``_store_meta``)."""
 
 
+_MEDIAN_AGGREGATES = ", ".join(f"median(CAST({v} AS DOUBLE)) AS median_{f}" for f, (v, _) in MEDIANS.items())
+
+
 def rank_sql(source: str) -> str:
     """Per (rank, warm) of the step rows in ``source``: ``SUMS_COLUMNS`` and each ``MEDIANS`` figure's median
     (``median_<figure>``), in one scan; parameter ``$warm``."""
     cols = ", ".join(f"CAST({sql} AS {t}) AS {c}" for c, t, sql in SUMS_COLUMNS)
-    medians = ", ".join(f"median(CAST({v} AS DOUBLE)) AS median_{f}" for f, (v, _) in MEDIANS.items())
-    return f"SELECT rank, {WARM_SQL} AS warm, {cols}, {medians} FROM {source} WHERE {SAMPLED_SQL} GROUP BY rank, warm"
+    return (
+        f"SELECT rank, {WARM_SQL} AS warm, {cols}, {_MEDIAN_AGGREGATES} FROM {source} WHERE {SAMPLED_SQL} "
+        "GROUP BY rank, warm"
+    )
 
 
 def summary_key() -> str:
@@ -224,9 +229,64 @@ def _rows_parts(con, source: str, warmup: int) -> tuple:
     return sums, f"({medians_sql(ranks)})", steps, frozenset(), drops
 
 
-def _store_parts(con) -> tuple:
-    """The parts the run's store keeps of its rows (``ingest``)."""
-    t = {part: f"{STORE_ALIAS}.{name}" for part, name in SUMMARY_TABLES.items()}
+def relation_for_store(con, before: str, added: list[str], rows_of) -> tuple[tuple[str, str, str], list]:
+    """((sums, medians, steps) SELECT-able, drops) of the relation of every step row of ``ingest``'s connection
+    (``steps``). ``before``: what held the store's rows before this ingest ("none": there were none, "relation":
+    its relation, "rows": they alone). The relation kept is merged with the digests of the step files ``added``
+    and the rows of those without one (``rows_of(names)``: a source of their rows): what the digests hold is not
+    computed again (cpu_scale_store_1024x10000_node_digested_*.json). Without either, one pass over the rows."""
+    digested, rest = _digest_parts(con, added) if added and before != "rows" else (None, [])
+    if before == "rows" or (before == "none" and digested is None):
+        part = _rows_parts(con, "steps", WARMUP_STEPS)
+        return part[:3], part[4]
+    parts = [_store_parts(con, "")] if before == "relation" else []
+    parts += [digested] if digested is not None else []
+    if rest:
+        parts.append(_rows_parts(con, rows_of([os.path.basename(p) for p in rest]), WARMUP_STEPS))
+    tables = _merged_for_store(con, parts)
+    drops = [drop for part in parts for drop in part[4]]
+    return tables, drops + [lambda name=name: con.execute(f"DROP TABLE {name}") for name in tables]
+
+
+def _merged_for_store(con, parts: list[tuple]) -> tuple[str, str, str]:
+    """Temp tables of ``parts`` (of disjoint rows) merged: sums and steps per key; a rank's medians the part's that
+    holds all its kept rows, else the rows' (``steps``): a median does not merge."""
+    n = next(_names)
+    sums, medians, steps = (f"_st_{part}_{n}" for part in ("sums", "medians", "steps"))
+    absent = parts[0][3] if len(parts) == 1 else frozenset()
+    for name, at, part in ((sums, 0, "sums"), (steps, 2, "steps")):
+        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {p[at]}" for p in parts)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {merge_part_sql(part, f'({union})', absent)}")
+    union = " UNION ALL ".join(f"SELECT rank, figure, median FROM {p[1]}" for p in parts)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {medians} AS {union}")
+    spread = f"_st_spread_{n}"
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {spread} AS "
+        f"SELECT DISTINCT rank FROM {medians} GROUP BY rank, figure HAVING count(*) > 1"
+    )
+    if con.execute(f"SELECT count(*) FROM {spread}").fetchone()[0]:
+        wide = f"_st_wide_{n}"
+        con.execute(f"DELETE FROM {medians} WHERE rank IN (SELECT rank FROM {spread})")
+        source = f"(SELECT * FROM steps WHERE rank IN (SELECT rank FROM {spread}))"
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {wide} AS {_rank_medians_sql(source)}", {"warm": WARMUP_STEPS})
+        con.execute(f"INSERT INTO {medians} {medians_sql(wide)}")
+        con.execute(f"DROP TABLE {wide}")
+    con.execute(f"DROP TABLE {spread}")
+    return sums, medians, steps
+
+
+def _rank_medians_sql(source: str) -> str:
+    """Per rank of the step rows in ``source`` after warm-up, each ``MEDIANS`` figure's median as ``rank_sql`` has
+    it (its row of ``warm`` false); parameter ``$warm``."""
+    return (
+        f"SELECT rank, false AS warm, {_MEDIAN_AGGREGATES} FROM {source} WHERE NOT ({WARM_SQL}) AND {SAMPLED_SQL} "
+        "GROUP BY rank"
+    )
+
+
+def _store_parts(con, schema: str = STORE_ALIAS) -> tuple:
+    """The parts the run's store keeps of its rows (``ingest``), attached under ``schema`` ("": the current one)."""
+    t = {part: f"{schema}.{name}" if schema else name for part, name in SUMMARY_TABLES.items()}
     return t["sums"], t["medians"], t["steps"], frozenset(), ()
 
 
