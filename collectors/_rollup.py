@@ -8,6 +8,7 @@ panels show is a sum, count, min or max, so partial chunks from two segments sim
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -36,6 +37,20 @@ eight names)."""
 FINE_STEPS = 64
 """Steps after the warm-up the rollup keeps at its own chunk whatever the run's length: the heatmaps' colour
 scale is read from them (``SCALE_STEPS``, 50), so it stays what it was once fixed."""
+RANKS_TABLE = "rollup_ranks"
+"""The rollup's rows totalled per (rank, warm), kept beside it: the pages' per-rank figures (the breakdown, the
+stragglers, the rank order, the run's overview) read these 2 rows a rank, not every row of the rollup, so
+their cost stays what it is at any length of the run (benchmarks/results/cpu_dashboard_live_history.md)."""
+_MERGED = {"node": "any_value(node)", "chunk": "min(chunk)", "warm": "warm", "rank": "rank",
+           "step_min": "min(step_min)", "t_min": "min(t_min)", "step_max": "max(step_max)",
+           "t_max": "max(t_max)", "step_max_s": "max(step_max_s)"}  # fmt: skip
+"""How rows of one key merge, column by column (every other column is a sum)."""
+
+
+def merged_select() -> str:
+    """The rollup's columns, in order, of its rows merged per key (the caller's GROUP BY, with ``rank`` and
+    ``warm`` in it): each figure a sum, count, minimum or maximum, so merged rows give the same totals."""
+    return ", ".join(f"CAST({_MERGED.get(c, f'sum({c})')} AS {t}) AS {c}" for c, t in COLUMNS)
 
 
 class Rollup:
@@ -46,6 +61,7 @@ class Rollup:
     """
 
     max_columns = MAX_COLUMNS
+    ranks_table = RANKS_TABLE
 
     def __init__(self, run, chunk_steps: int | None = None) -> None:
         """``run``: the ``Run`` whose views the rollup reads (opened before the store's signature is taken
@@ -60,7 +76,8 @@ class Rollup:
         if chunk_steps is None:
             chunk_steps = chunk_steps_for(self._world_size() or len(read_rank_meta(run_path)))
         self.chunk_steps = int(chunk_steps)
-        self.con.execute(f"CREATE TABLE rollup ({', '.join(f'{c} {t}' for c, t in COLUMNS)})")
+        for table in ("rollup", RANKS_TABLE):
+            self.con.execute(f"CREATE TABLE {table} ({', '.join(f'{c} {t}' for c, t in COLUMNS)})")
         self.digested = 0  # step files folded from their digests rather than their rows
         self._merged_rows = 64  # the table's rows after its last merge (``_compact_if_grown``)
         self.version = 0
@@ -143,15 +160,11 @@ class Rollup:
             return
         fine = WARMUP_STEPS + max(FINE_STEPS, 4 * self.chunk_steps)
         key = "CASE WHEN step_min < $fine THEN chunk ELSE -1 - step_min // $width END"
-        merged = {"node": "any_value(node)", "chunk": "min(chunk)", "warm": "warm", "rank": "rank",
-                  "step_min": "min(step_min)", "t_min": "min(t_min)", "step_max": "max(step_max)",
-                  "t_max": "max(t_max)", "step_max_s": "max(step_max_s)"}  # fmt: skip
-        select = ", ".join(f"{merged.get(c, f'sum({c})')} AS {c}" for c, _ in COLUMNS)
         params = {"fine": fine, "width": column_steps(last, MAX_COLUMNS, self.chunk_steps)}
         self.con.execute("BEGIN TRANSACTION")
         try:
             self.con.execute(
-                f"CREATE TEMP TABLE _merged AS SELECT {select} FROM rollup GROUP BY rank, warm, {key}", params
+                f"CREATE TEMP TABLE _merged AS SELECT {merged_select()} FROM rollup GROUP BY rank, warm, {key}", params
             )
             self.con.execute("DELETE FROM rollup")
             self.con.execute("INSERT INTO rollup SELECT * FROM _merged")
@@ -174,7 +187,7 @@ class Rollup:
             table = read_digests(sorted(digests.values()), with_file=False)
             register_arrow(self.con, "_digest_rows", table)
             try:
-                self.con.execute(f"INSERT INTO rollup SELECT {', '.join(c for c, _ in COLUMNS)} FROM _digest_rows")
+                self._append("_digest_rows")
             finally:
                 unregister_arrow(self.con, "_digest_rows")
         except (DigestError, duckdb.Error) as exc:
@@ -199,9 +212,28 @@ class Rollup:
         # Segments and stores from an older agent lack newer (nullable) columns: NULL them, as open_run does.
         # ``present``: the columns the files' footers (read by segment_files) hold, so DuckDB need not read them again.
         source = f"(SELECT {select_list(self.con, source, 'steps', params, present=present)} FROM {source})"
-        self.con.execute(
-            f"INSERT INTO rollup {fold_sql(source)}", {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, **params}
-        )
+        params = {"chunk": self.chunk_steps, "warm": WARMUP_STEPS, **params}
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE _rollup_new AS {fold_sql(source)}", params)
+        try:
+            self._append("temp._rollup_new")
+        finally:
+            self.con.execute("DROP TABLE IF EXISTS temp._rollup_new")
+
+    def _append(self, source: str) -> None:
+        """Add the rows of ``source`` (a table or view of the rollup's columns, read twice) to the rollup, and their
+        totals to ``RANKS_TABLE``'s, in one transaction (a page's query sees both tables of the same refresh) and
+        one call (each statement costs DuckDB's fixed overhead again)."""
+        cols = ", ".join(c for c, _ in COLUMNS)
+        totals = f"SELECT {merged_select()} FROM (SELECT * FROM {RANKS_TABLE} UNION ALL SELECT {cols} FROM {source})"
+        try:
+            self.con.execute(
+                f"BEGIN TRANSACTION; INSERT INTO rollup SELECT {cols} FROM {source}; "
+                f"CREATE OR REPLACE TABLE {RANKS_TABLE} AS {totals} GROUP BY rank, warm; COMMIT"
+            )
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.con.execute("ROLLBACK")  # where the error came before the end of the transaction
+            raise
 
     def _fold_store(self, everything: bool) -> bool:
         """Fold the store's step rows of segments not folded in yet (all of them at start); True if any.

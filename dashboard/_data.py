@@ -38,7 +38,7 @@ PULL_TTL_S = 30
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def _rollup(run_path: str) -> Rollup:
-    return _warm.take_rollup(run_path) or open_run(run_path).rollup()
+    return _warm.take_rollup(run_path) or _warm.build_rollup(run_path)
 
 
 def rollup(run_path: str) -> Rollup:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ranksight.collectors import PHASES
+from ranksight.collectors import PHASES, Rollup
 from ranksight.format.digest import column_steps
 from ranksight.format.phases import breakdown_total
 from ranksight.format.schema import SAMPLE_NAMES
@@ -74,10 +74,19 @@ def _check_metric(key: str) -> Metric:
     return HEATMAP_METRICS[key]
 
 
-# Rollup rows kept for averages: past warm-up, unless a rank has no more steps than that (as step_breakdown does:
-# ranksight.format.warmup; the rollup's ``warm`` flag is folded at WARMUP_STEPS).
-_SHORT_RANKS = f"SELECT rank FROM rollup GROUP BY rank HAVING {short_sql('sum(n)', str(WARMUP_STEPS))}"
-_KEPT = f"kept AS (SELECT * FROM rollup WHERE {kept_sql('warm', f'rank IN ({_SHORT_RANKS})')})"
+
+
+def _kept(table: str) -> str:
+    """The CTE ``kept``: the rows of ``table`` kept for averages: past warm-up, unless a rank has no more steps
+    than that (as step_breakdown does: ranksight.format.warmup; the rollup's ``warm`` flag is folded at
+    WARMUP_STEPS)."""
+    short = f"SELECT rank FROM {table} GROUP BY rank HAVING {short_sql('sum(n)', str(WARMUP_STEPS))}"
+    return f"kept AS (SELECT * FROM {table} WHERE {kept_sql('warm', f'rank IN ({short})')})"
+
+
+RANKS_TABLE = Rollup.ranks_table
+"""The rollup's totals per (rank, warm), which the per-rank figures read: the same sums, 2 rows a rank."""
+_KEPT = _kept(RANKS_TABLE)
 _SHARES = ", ".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
 
 
@@ -86,8 +95,9 @@ def run_overview(con) -> dict:
     cur = con.execute(
         f"""
         WITH {_KEPT}
-        SELECT (SELECT count(DISTINCT rank) FROM rollup) AS ranks, (SELECT max(step_max) + 1 FROM rollup) AS steps,
-               (SELECT min(t_min) FROM rollup) AS first_ns, (SELECT max(t_max) FROM rollup) AS last_ns,
+        SELECT (SELECT count(DISTINCT rank) FROM {RANKS_TABLE}) AS ranks,
+               (SELECT max(step_max) + 1 FROM {RANKS_TABLE}) AS steps,
+               (SELECT min(t_min) FROM {RANKS_TABLE}) AS first_ns, (SELECT max(t_max) FROM {RANKS_TABLE}) AS last_ns,
                sum(step_sum) / nullif(sum(n), 0) AS step_mean_s
         FROM kept
         """
@@ -103,8 +113,8 @@ def run_overview(con) -> dict:
 def breakdown_per_rank(con) -> list[dict]:
     """Per rank: steps, mean and worst step time, and each phase's share of step time.
 
-    Same definition as ``Run.breakdown`` (tests hold the two equal), computed
-    from the rollup so it stays fast at 1,024 ranks.
+    Same definition as ``Run.breakdown`` (tests hold the two equal), computed from the rollup's totals per
+    rank (``RANKS_TABLE``), so its cost does not grow with the run.
     """
     cur = con.execute(
         f"""
@@ -222,7 +232,7 @@ def heatmap(
     solo = max(0, min(int(solo), len(ranks), int(max_rows) - 1)) if len(ranks) > max_rows else 0
     rest = len(ranks) - solo
     group = max(1, -(-rest // max(1, int(max_rows) - solo)))
-    last, step_s = con.execute("SELECT max(step_max), sum(step_sum) / nullif(sum(n), 0) FROM rollup").fetchone()
+    last, step_s = con.execute(f"SELECT max(step_max), sum(step_sum) / nullif(sum(n), 0) FROM {RANKS_TABLE}").fetchone()
     col = column_steps(last or 0, bins, chunk_steps)
     if m.source == "steps":  # a mean per rank and column, from the rollup's sums
         values = f"SELECT rank, step_min AS step, {m.key[:-2]}_sum AS s, n FROM rollup"
@@ -289,7 +299,7 @@ def colour_scale(con, metric: str, chunk_steps: int = 1, last_step: int | None =
         q, lo, hi = con.execute(sql, {**params, "q": SCALE_QUANTILE, "first": 0, "last": last}).fetchone()
     high = float(q) * SCALE_HEADROOM if q else None
     if last_step is None:
-        last_step = con.execute("SELECT max(step_max) FROM rollup").fetchone()[0]
+        last_step = con.execute(f"SELECT max(step_max) FROM {RANKS_TABLE}").fetchone()[0]
     fixed = last_step is not None and last_step >= last
     return {"low": 0.0, "high": high, "first_step": lo, "last_step": hi, "fixed": fixed, "basis": basis}
 

@@ -118,13 +118,28 @@ def _work(run_path: str, job: _Job, with_rollup: bool) -> None:
             pass
     try:
         if with_rollup and not _stopping.is_set():
-            from ranksight.collectors import open_run
-
-            job.rollup = open_run(run_path).rollup()
+            job.rollup = build_rollup(run_path)
     except Exception:
         job.rollup = None
     finally:
         job.rollup_done.set()
+
+
+def build_rollup(run_path: str) -> Any:
+    """The run's rollup (``Run.rollup``) on a reading whose DuckDB keeps no Parquet footers between queries.
+
+    Why: the rollup's reading binds its views over every spool file once, and the pages read the rollup's
+    tables, not the files; kept, the footers held ~50 KB a step file of the server's memory (370 MB at 7,300
+    files) and left the C heap so cut up that the server's later work cost up to 3x the CPU it does in a fresh
+    process (benchmarks/results/cpu_dashboard_live_history.md)."""
+    import duckdb
+
+    from ranksight.collectors import open_run
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # as every reading's connection (``quiet_connection``)
+    con.execute("SET parquet_metadata_cache = false")
+    return open_run(run_path, con=con).rollup()
 
 
 def finished(run_path: str) -> Optional[tuple[tuple, float]]:
