@@ -155,7 +155,8 @@ class Rollup:
         ``MAX_COLUMNS`` rows, each as wide as the narrowest column a heatmap of ``MAX_COLUMNS`` columns draws
         (``column_steps``). Every figure in a row is a sum, count, minimum or maximum, so the merged rows give the
         same totals, and every heatmap column the same cells."""
-        rows, last = self.con.execute("SELECT count(*), max(step_max) FROM rollup").fetchone()
+        sql = f"SELECT (SELECT count(*) FROM rollup), max(step_max) FROM {RANKS_TABLE}"  # the totals': no scan
+        rows, last = self.con.execute(sql).fetchone()
         if rows <= 2 * self._merged_rows or last is None:
             return
         fine = WARMUP_STEPS + max(FINE_STEPS, 4 * self.chunk_steps)
