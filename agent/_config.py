@@ -48,6 +48,13 @@ class GpuOptions:
     the floors alone."""
     trace_first_step: int = 50
     """Step of the first window (after compilation and allocator warm-up)."""
+    trace_first_s: float = 60.0
+    """Seconds after the agent attaches before the first window (and ``trace_first_step`` must also have
+    passed): the budget's promise for a short job too. On one H100 a window cost a GPT-2-small Hugging Face
+    Trainer job 0.19 s (0.13 s on the training thread, 0.06 s of reduction holding the GIL), 1.1 % of an
+    18 s run; no window there read 1.0008 of no agent (benchmarks/results/gpu_callback_cost_h100_20261207*).
+    A shorter run gets no kernel-level checks (pageable copies, CPU ops, host syncs, the kernel-busy share);
+    0: the first window at ``trace_first_step`` whatever the time, as ``ranksight demo`` does."""
     trace_dir: Optional[str] = None
     """A folder to also save each window's Chrome trace in."""
     detach_cupti: bool = True
@@ -101,6 +108,8 @@ class GpuOptions:
                 raise ValueError(f"ranksight: gpu option {name} must be >= 1, got {getattr(self, name)!r}")
         if self.trace_budget is not None and not 0 < float(self.trace_budget) < 1:
             raise ValueError(f"ranksight: gpu option trace_budget must be in (0, 1) or None, got {self.trace_budget!r}")
+        if not float(self.trace_first_s) >= 0:
+            raise ValueError(f"ranksight: gpu option trace_first_s must be >= 0, got {self.trace_first_s!r}")
         if int(self.trace_first_step) < 0:
             raise ValueError(f"ranksight: gpu option trace_first_step must be >= 0, got {self.trace_first_step!r}")
 

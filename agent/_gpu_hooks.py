@@ -288,6 +288,7 @@ def attach_gpu(monitor: MonitorLike, model: Any, backward_hook: bool = False) ->
             every_steps=opts.trace_every_steps,
             every_s=opts.trace_every_s,
             first_step=opts.trace_first_step,
+            first_s=opts.trace_first_s,
             trace_dir=opts.trace_dir,
             detach_cupti=opts.detach_cupti,
             budget=opts.trace_budget,

@@ -165,8 +165,9 @@ class TraceWindow:
     in the same step stalled the host ~100 ms inside the window and showed a GPU-bound job's GPU idle
     42 % "waiting for the host".
 
-    A window is due once both ``every_steps`` steps and ``every_s`` seconds have passed since the last
-    one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones. What a window
+    The first window is due once ``first_step`` steps and ``first_s`` seconds have passed (a short job
+    pays no window); later ones once both ``every_steps`` steps and ``every_s`` seconds have passed since the
+    last one: the step floor keeps slow jobs sampled, the time floor bounds the cost on fast ones. What a window
     costs depends on the job: on an H200 0.05-0.07 s of training time on the DDP tutorial, 0.15-0.31 s on
     nanoGPT's four micro-steps of 191M parameters, of which the profiler's stop on the training thread is
     0.10-0.19 s, and up to 0.76 s when the next warm-up attaches a detached CUPTI again
@@ -188,6 +189,7 @@ class TraceWindow:
         every_steps: int = 300,
         every_s: float = 60.0,
         first_step: int = 50,
+        first_s: float = 0.0,
         max_drain_steps: int = 20,
         use_cuda: bool = True,
         trace_dir: Optional[str] = None,
@@ -203,7 +205,7 @@ class TraceWindow:
         self.every_steps = max(self.steps + 2, int(every_steps))
         self.every_ns = int(max(0.0, every_s or 0.0) * 1e9)
         self.next_step = max(0, int(first_step))
-        self.next_ns = 0  # the first window is due by step count alone
+        self.next_ns = time.perf_counter_ns() + int(max(0.0, first_s or 0.0) * 1e9) if first_s else 0
         self.max_drain_steps = max_drain_steps
         self.use_cuda = use_cuda
         self.trace_dir = trace_dir

@@ -166,14 +166,16 @@ def profiler(trace_path: str, cuda: bool):
     )
 
 
-ARMS = ["ranksight", "ranksight-nowindow", "none", "traceml"]
-"""``ranksight-nowindow``: the callback without the sampled kernel window (what the window costs a short job)."""
+ARMS = ["ranksight", "ranksight-nowindow", "ranksight-window50", "none", "traceml"]
+"""``ranksight-nowindow``: the callback without the sampled kernel window; ``ranksight-window50``: its first window
+at step 50 whatever the time (``trace_first_s=0``, the default before): what the window costs a short job."""
 
 
 def ranksight_options(args) -> dict:
     run_id = f"{args.job}-{args.arm}-{args.tag}"
     options = {"run_dir": os.path.join(args.out, "runs"), "run_id": run_id, "job": args.job}
-    return {**options, "gpu": {"trace_window": False}} if args.arm == "ranksight-nowindow" else options
+    gpu = {"ranksight-nowindow": {"trace_window": False}, "ranksight-window50": {"trace_first_s": 0.0}}.get(args.arm)
+    return {**options, "gpu": gpu} if gpu else options
 
 
 def traceml_start(args, model_hook):
@@ -509,7 +511,7 @@ def part_parity(args) -> dict:
     first, last = PROFILED
     jobs = {}
     for job in args.jobs or JOBS:
-        res = launch(args, job, "ranksight", "parity", steps=last + 24, profile=True)  # the agent's window at 50
+        res = launch(args, job, "ranksight", "parity", steps=last + 24, profile=True)
         if "error" in res:
             jobs[job] = res
             print(f"{job}: FAILED\n{res['error']}", flush=True)

@@ -46,7 +46,7 @@ def _rank_main(rank: int, cfg: dict, port: int) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=cfg["ranks"])
     scenario = cfg["scenario"]
     # The agent's own sampled window on a GPU runs before the profiled steps (it yields to a user's profiler).
-    gpu = {"trace_first_step": WARMUP, "trace_every_steps": 10**6} if cuda else None
+    gpu = {"trace_first_step": WARMUP, "trace_first_s": 0.0, "trace_every_steps": 10**6} if cuda else None
     # On gloo the agent runs the per-bucket comm hook here: the importer reads DDP's sync as that hook's marks
     # (last bucket issued -> its gloo span's end). The default, one mark pair a step, ends the exposed
     # all-reduce when DDP's wait returns (after DDP copies the buckets into the gradients), which the

@@ -62,6 +62,7 @@ def monitor(tmp_path, monkeypatch):
         # CUPTI kept attached (detach_cupti off) unless a test says otherwise: once a window detached it, a
         # profiler started later in this process recorded no GPU kernel (test_a_profiler_the_user_starts...)
         opts.setdefault("detach_cupti", False)
+        opts.setdefault("trace_first_s", 0.0)  # the windows at the steps each test names
         mon = ranksight.init(
             run_dir=str(tmp_path), job="gpu-test", run_id=f"t{len(mons)}", flush_interval_s=0.3, gpu=opts
         )

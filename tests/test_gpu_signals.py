@@ -317,6 +317,19 @@ def test_a_windows_measured_cost_spaces_the_next_one(monitor):
     assert monitor.errors == {}
 
 
+def test_the_first_window_waits_for_its_seconds_as_well_as_its_step(monitor):
+    """A job shorter than ``first_s`` pays no window: the first one needs both its step and its seconds."""
+    pytest.importorskip("torch")
+    from ranksight.agent._trace_window import TraceWindow
+
+    now = time.perf_counter_ns()
+    waiting = TraceWindow(monitor, first_step=3, first_s=60.0, use_cuda=False)
+    assert not waiting.due(3, now) and not waiting.due(10**6, now + 59 * 10**9)
+    assert not waiting.due(2, now + 61 * 10**9) and waiting.due(3, now + 61 * 10**9)
+    at_step = TraceWindow(monitor, first_step=3, first_s=0.0, use_cuda=False)
+    assert not at_step.due(2, now) and at_step.due(3, now)
+
+
 def test_chrome_events_normalise_times_and_kinds(tmp_path):
     trace = {
         "traceEvents": [

@@ -11,8 +11,8 @@ import argparse
 import json
 import os
 
-GPU_SAMPLING = {"trace_first_step": 10, "trace_every_steps": 10, "trace_every_s": 0.0, "trace_budget": None,
-                "allocator_every_s": 0.25, "snapshot_every_s": 0.5}  # fmt: skip
+GPU_SAMPLING = {"trace_first_step": 10, "trace_first_s": 0.0, "trace_every_steps": 10, "trace_every_s": 0.0,
+                "trace_budget": None, "allocator_every_s": 0.25, "snapshot_every_s": 0.5}  # fmt: skip
 """The agent's GPU sampling in a corpus run (``ranksight.init(gpu=...)``): the sampled kernel window at step
 10 and every 10 steps after (no cost budget spacing them), allocator statistics four times a second and its
 snapshot (the largest free block, ~0.4 ms) twice a second, so a run of 1-3 s sees them. A real job samples

@@ -49,7 +49,13 @@ FAULTS = CPU_FAULTS + GPU_FAULTS
 DDP_STATS_EVERY_STEPS = 10  # read DDP's logging data (unused parameters) often: demo runs are short
 # GPU sampling settings (Config.extra) sized for a demo of tens of steps instead of hours: a traced
 # window early and then every 20 steps, allocator stats twice a second, a memory snapshot every 2 s.
-GPU_SAMPLING = {"trace_first_step": 10, "trace_every_steps": 20, "allocator_every_s": 0.5, "snapshot_every_s": 2.0}
+GPU_SAMPLING = {
+    "trace_first_step": 10,
+    "trace_first_s": 0.0,
+    "trace_every_steps": 20,
+    "allocator_every_s": 0.5,
+    "snapshot_every_s": 2.0,
+}
 
 
 @dataclass
