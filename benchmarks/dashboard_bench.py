@@ -254,8 +254,7 @@ def refresh_at_scale(
             _data.REJUDGE_GROWTH = growth
         chunk = _data.rollup(path).chunk_steps
         order = _data.pull(path, q.rank_order, "mean step time (slowest first)")
-        for metric in ("step_s", "data_wait_s", "comm_exposed_s", "compute_s"):
-            _data.pull(path, q.heatmap, metric, order, 60, 128, 16, chunk)
+        _data.pull(path, q.step_heatmaps, order, 60, 128, 16, chunk)  # as the Heatmaps page pulls its step metrics
         for fn in (q.rank_outliers, q.rollup_total, q.breakdown_per_rank, q.breakdown_over_time, q.run_overview):
             _data.pull(path, fn)
         rules = [f["rule"] for f in snap.diagnosis["findings"][:2]] if snap.diagnosis else snap.error

@@ -74,8 +74,6 @@ def _check_metric(key: str) -> Metric:
     return HEATMAP_METRICS[key]
 
 
-
-
 def _kept(table: str) -> str:
     """The CTE ``kept``: the rows of ``table`` kept for averages: past warm-up, unless a rank has no more steps
     than that (as step_breakdown does: ranksight.format.warmup; the rollup's ``warm`` flag is folded at
@@ -225,40 +223,99 @@ def heatmap(
     shows the worst value of its members (max, or min for utilization), so one bad rank still stands out at
     1,024 ranks. The first ``solo`` ranks (the worst, in that order) keep a row each, so at 10,000 ranks the
     ones to look at are named one by one and the healthy mass below is summarised in groups. The colour
-    scale is ``colour_scale``'s, fixed for the run. Returns ``{"cells": [{"row", "label", "bin", "step",
-    "value"}], "rows": [{"row", "label", "ranks"}], "group": k, "col_steps", "bins", "step_s", "scale"}``.
+    scale is ``colour_scale``'s, fixed for the run. Returns ``{"cells": [{"row", "bin", "step", "value",
+    "label"}], "rows": [{"row", "label", "ranks"}], "group": k, "col_steps", "bins", "step_s", "scale"}``.
     """
     m = _check_metric(metric)
-    solo = max(0, min(int(solo), len(ranks), int(max_rows) - 1)) if len(ranks) > max_rows else 0
-    rest = len(ranks) - solo
-    group = max(1, -(-rest // max(1, int(max_rows) - solo)))
-    last, step_s = con.execute(f"SELECT max(step_max), sum(step_sum) / nullif(sum(n), 0) FROM {RANKS_TABLE}").fetchone()
+    if m.source == "steps":
+        return step_heatmaps(con, ranks, bins, max_rows, solo, chunk_steps, (metric,))[metric]
+    layout = _Layout(ranks, max_rows, solo)
+    last, step_s = _last_and_mean(con)
     col = column_steps(last or 0, bins, chunk_steps)
-    if m.source == "steps":  # a mean per rank and column, from the rollup's sums
-        values = f"SELECT rank, step_min AS step, {m.key[:-2]}_sum AS s, n FROM rollup"
-        params: dict = {}
-    else:
-        values = "SELECT rank, step, value AS s, 1 AS n FROM samples WHERE name = $name"
-        params = {"name": m.key}
     worst = "max" if m.worse == "high" else "min"
     sql = f"""
-        WITH vals AS ({values}),
+        WITH vals AS (SELECT rank, step, value AS s, 1 AS n FROM samples WHERE name = $name),
              per_rank AS (SELECT rank, step // $col AS bin, sum(s) / nullif(sum(n), 0) AS v FROM vals GROUP BY ALL),
-             ord AS (SELECT unnest($order) AS rank, generate_subscripts($order, 1) - 1 AS pos)
-        SELECT CASE WHEN ord.pos < $solo THEN ord.pos ELSE $solo + (ord.pos - $solo) // $group END AS row,
-               bin, bin * $col AS step, {worst}(v) AS value
+             {_ORDER}
+        SELECT {_ROW} AS row, bin, bin * $col AS step, {worst}(v) AS value
         FROM per_rank JOIN ord USING (rank) WHERE v IS NOT NULL GROUP BY ALL ORDER BY row, bin
     """
-    params.update({"col": col, "group": group, "solo": solo, "order": [int(r) for r in ranks]})
-    cells = _rows(con.execute(sql, params))
-    members = [ranks[i : i + 1] for i in range(solo)]
-    members += [ranks[i : i + group] for i in range(solo, len(ranks), group)]
-    rows = [{"row": i, "label": _row_label(m), "ranks": m} for i, m in enumerate(members)]
-    for c in cells:
-        c["label"] = rows[c["row"]]["label"]
-    out = {"cells": cells, "rows": rows, "group": group, "metric": m.key, "label": m.label, "unit": m.unit}
-    out.update(col_steps=col, bins=max(1, int(bins)), step_s=step_s, scale=colour_scale(con, metric, chunk_steps, last))
-    return out
+    found = con.execute(sql, {"name": m.key, "col": col, **layout.params}).fetchall()
+    cells = layout.cells(found, 0)
+    scale = colour_scale(con, metric, chunk_steps, last)
+    return layout.heatmap(m, cells, col, bins, step_s, scale)
+
+
+STEP_METRICS = tuple(k for k, m in HEATMAP_METRICS.items() if m.source == "steps")
+"""The heatmap metrics the rollup holds (every one worse when higher, on the step time's colour scale)."""
+
+
+def step_heatmaps(
+    con, ranks: list[int], bins: int = 60, max_rows: int = 128, solo: int = 0, chunk_steps: int = 1,
+    metrics: tuple[str, ...] = STEP_METRICS,
+) -> dict[str, dict]:  # fmt: skip
+    """{metric: its ``heatmap``} for each of ``metrics`` (``STEP_METRICS``), from one scan of the rollup.
+
+    Why one: the Heatmaps page draws every step metric at each refresh, and each heatmap of its own scanned
+    every row of the rollup again; the cells and the colour scale are the same as one metric's alone."""
+    for metric in metrics:
+        if _check_metric(metric).source != "steps":
+            raise ValueError(f"{metric!r} is not a step metric; choose from: {', '.join(STEP_METRICS)}")
+    layout = _Layout(ranks, max_rows, solo)
+    last, step_s = _last_and_mean(con)
+    col = column_steps(last or 0, bins, chunk_steps)
+    means = ", ".join(f"sum({k[:-2]}_sum) / nullif(sum(n), 0) AS v{i}" for i, k in enumerate(metrics))
+    worst = ", ".join(f"max(v{i}) AS value{i}" for i in range(len(metrics)))
+    sql = f"""
+        WITH per_rank AS (SELECT rank, step_min // $col AS bin, {means} FROM rollup GROUP BY ALL), {_ORDER}
+        SELECT {_ROW} AS row, bin, bin * $col AS step, {worst}
+        FROM per_rank JOIN ord USING (rank) GROUP BY ALL ORDER BY row, bin
+    """
+    found = con.execute(sql, {"col": col, **layout.params}).fetchall()
+    scale = colour_scale(con, metrics[0], chunk_steps, last) if metrics else None  # one scale for the times
+    return {
+        key: layout.heatmap(HEATMAP_METRICS[key], layout.cells(found, i), col, bins, step_s, scale)
+        for i, key in enumerate(metrics)
+    }
+
+
+_ORDER = "ord AS (SELECT unnest($order) AS rank, generate_subscripts($order, 1) - 1 AS pos)"
+_ROW = "CASE WHEN ord.pos < $solo THEN ord.pos ELSE $solo + (ord.pos - $solo) // $group END"
+"""A rank's heatmap row from its place in the order (``_Layout``): the first ``solo`` alone, then ``group`` a row."""
+
+
+def _last_and_mean(con) -> tuple:
+    """(the run's last step, its mean step time) from the rollup's totals."""
+    return con.execute(f"SELECT max(step_max), sum(step_sum) / nullif(sum(n), 0) FROM {RANKS_TABLE}").fetchone()
+
+
+class _Layout:
+    """A heatmap's rows: the first ``solo`` ranks of the order one a row, the rest ``group`` a row."""
+
+    def __init__(self, ranks: list[int], max_rows: int, solo: int) -> None:
+        self.solo = max(0, min(int(solo), len(ranks), int(max_rows) - 1)) if len(ranks) > max_rows else 0
+        self.group = max(1, -(-(len(ranks) - self.solo) // max(1, int(max_rows) - self.solo)))
+        members = [ranks[i : i + 1] for i in range(self.solo)]
+        members += [ranks[i : i + self.group] for i in range(self.solo, len(ranks), self.group)]
+        self.members = members
+        self.labels = [_row_label(m) for m in members]
+        self.params = {"group": self.group, "solo": self.solo, "order": [int(r) for r in ranks]}
+
+    def cells(self, found: list[tuple], i: int) -> list[dict]:
+        """The cells of the ``i``-th value of each (row, bin, step, values...) row found, those with a value."""
+        labels = self.labels
+        return [
+            {"row": r[0], "bin": r[1], "step": r[2], "value": r[3 + i], "label": labels[r[0]]}
+            for r in found
+            if r[3 + i] is not None
+        ]
+
+    def heatmap(self, m: Metric, cells: list[dict], col: int, bins: int, step_s, scale: dict | None) -> dict:
+        """The ``heatmap`` dict of one metric's ``cells``."""
+        rows = [{"row": i, "label": label, "ranks": r} for i, (label, r) in enumerate(zip(self.labels, self.members))]
+        out = {"cells": cells, "rows": rows, "group": self.group, "metric": m.key, "label": m.label, "unit": m.unit}
+        out.update(col_steps=col, bins=max(1, int(bins)), step_s=step_s, scale=scale)
+        return out
 
 
 SCALE_STEPS = 50

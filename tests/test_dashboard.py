@@ -293,6 +293,22 @@ def test_heatmap_at_1024_ranks_groups_rows_and_keeps_the_straggler_on_top(tmp_pa
     assert q.rank_outliers(con, 3)[0]["compute_score"] == pytest.approx(0.5)
 
 
+def test_the_step_heatmaps_of_one_scan_are_each_metrics_heatmap_alone(tmp_path):
+    """The Heatmaps page pulls every step metric's heatmap from one scan (``step_heatmaps``): each is the one its
+    metric gives alone, cells, rows and colour scale."""
+    path = write_run(str(tmp_path / "big"), 64, 30, straggler=5)
+    con = Rollup(path).cursor()
+    order = q.rank_order(con, "mean compute (most first)")
+    together = q.step_heatmaps(con, order, 7, 16, 4)
+    assert list(together) == list(q.STEP_METRICS)
+    for metric, hm in together.items():
+        assert hm == q.step_heatmaps(con, order, 7, 16, 4, metrics=(metric,))[metric]
+        assert hm["cells"] and {c["row"] for c in hm["cells"]} == set(range(16)) and hm["metric"] == metric
+    assert together["compute_s"]["cells"][0]["label"] == "r5"  # the straggler's row comes first
+    with pytest.raises(ValueError, match="not a step metric"):
+        q.step_heatmaps(con, order, metrics=("gpu_utilization_ratio",))
+
+
 def test_unknown_names_are_refused_not_pasted_into_sql(tmp_path):
     con = Rollup(write_run(str(tmp_path / "r"), 2, 6)).cursor()
     with pytest.raises(ValueError, match="unknown metric"):

@@ -5,7 +5,14 @@ import streamlit as st
 from ranksight.collectors import Rollup
 from ranksight.dashboard import _data
 from ranksight.dashboard._charts import heatmap_chart, heatmap_scale_text
-from ranksight.dashboard._queries import HEATMAP_METRICS, RANK_ORDERS, heatmap, rank_order, rank_outliers
+from ranksight.dashboard._queries import (
+    HEATMAP_METRICS,
+    RANK_ORDERS,
+    heatmap,
+    rank_order,
+    rank_outliers,
+    step_heatmaps,
+)
 from ranksight.dashboard._view import context, guard, live_panel, md_escape, ms, require_run
 
 SOLO_ROWS = 16  # above the row limit, the worst ranks keep a row each; the rest are grouped
@@ -21,7 +28,11 @@ def panel(path: str, metric: str, order: str, bins: int, max_rows: int) -> None:
             if metric == "step_s":
                 st.info("no steps recorded yet: the first records appear after one flush interval (2 s by default)")
             return
-        hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows, SOLO_ROWS, _data.rollup(path).chunk_steps)
+        chunk = _data.rollup(path).chunk_steps
+        if m.source == "steps":  # every step metric's panel takes its heatmap from one pull of them all
+            hm = _data.pull(path, step_heatmaps, ranks, bins, max_rows, SOLO_ROWS, chunk)[metric]
+        else:
+            hm = _data.pull(path, heatmap, metric, ranks, bins, max_rows, SOLO_ROWS, chunk)
         st.subheader(m.label)
         if not hm["cells"]:
             st.caption(f"{m.label}: not recorded on this run (GPU signals are absent on a CPU job or without NVML)")
