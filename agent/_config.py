@@ -52,7 +52,7 @@ class GpuOptions:
     """Seconds after the agent attaches before the first window (and ``trace_first_step`` must also have
     passed): the budget's promise for a short job too. On one H100 a window cost a GPT-2-small Hugging Face
     Trainer job 0.19 s (0.13 s on the training thread, 0.06 s of reduction holding the GIL), 1.1 % of an
-    18 s run; no window there read 1.0008 of no agent (benchmarks/results/gpu_callback_cost_h100_20261207*).
+    18 s run; no window there read 1.0008 of no agent (benchmarks/results/gpu_callback_cost_h100_20261206c_*).
     A shorter run gets no kernel-level checks (pageable copies, CPU ops, host syncs, the kernel-busy share);
     0: the first window at ``trace_first_step`` whatever the time, as ``ranksight demo`` does."""
     trace_dir: Optional[str] = None
