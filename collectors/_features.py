@@ -231,7 +231,8 @@ def compute_features(
     sampled = {r for r, _ in samples}  # a rank without samples keeps FEATURES' None for each sample name
     # Copied per rank, and written into by the ``_*_into`` helpers rather than merged from a dict each: at 10,000
     # ranks building dicts was most of the features' time (cpu_scale_history.md "Scale v6").
-    blank = {**dict.fromkeys(FEATURES), **_NOT_COMPILED}
+    blank = {**dict.fromkeys(FEATURES), "graph_breaks": 0, "recompiles": 0, "recompiles_after_warmup": 0}
+    blank["compiled"] = 0  # changed below for a rank with compile records or an OptimizedModule
     for rank in ranks:
         f = blank.copy()
         f["rank"] = rank
@@ -240,9 +241,11 @@ def compute_features(
         row = row_by_rank.get(rank)
         if row is not None:
             _steps_into(f, row, stats.get(rank, _NOTHING))
-        counts = compile_counts.get(rank)
-        if counts or model_class == "OptimizedModule":
-            _compile_into(f, counts or _NOTHING, model_class)
+        counts = compile_counts.get(rank, _NOTHING)
+        if counts or model_class == "OptimizedModule":  # a compiled model without any compile record: zeros
+            f["graph_breaks"] = counts.get("graph_break", (0, 0))[0]
+            f["recompiles"], f["recompiles_after_warmup"] = counts.get("recompile", (0, 0))
+            f["compiled"] = 1
         if rank in sampled:
             f.update({name: samples.get((rank, name)) for name in SAMPLE_NAMES})
         _host_into(f, meta, local_sizes.get(rank))
@@ -303,10 +306,8 @@ class RankContexts(Mapping):
 
 
 #: What an all-reduce should get from each transport: (bus bandwidth in bytes/s, latency of one small
-#: all-reduce between 2 ranks in s). gloo on one node was measured here (2 ranks, 2 shared cores: 0.25 ms
-#: for 256 B, 1.2 GB/s at 4 MB, 0.9 GB/s at 16 MB); the others are public figures, rounded down: NCCL
-#: all_reduce bus bandwidth on NVLink 4 (H100/H200) 300+ GB/s, PCIe 4 x16 ~20 GB/s, one HDR InfiniBand
-#: NIC per GPU ~20 GB/s; 10 GbE TCP ~1 GB/s.
+#: all-reduce between 2 ranks in s); gloo measured here, the others public figures rounded down (the sources:
+#: benchmarks/results/diagnosis_history.md, docs/diagnosis.md).
 TRANSPORTS: dict[str, tuple[float, float]] = {
     "gloo-loopback": (1.0e9, 250e-6),
     "gloo-tcp": (1.0e9, 500e-6),
@@ -678,18 +679,6 @@ def _steps_into(f: dict, row: dict, stats: dict) -> None:
         f["world_size"] = int(stats["world_size"])
 
 
-_NOT_COMPILED = {"graph_breaks": 0, "recompiles": 0, "recompiles_after_warmup": 0, "compiled": 0}
-"""``_compile_into``'s figures for a rank with no compile record whose model is not an ``OptimizedModule``."""
-
-
-def _compile_into(f: dict, counts: dict, model_class: str | None) -> None:
-    """torch.compile's graph breaks and recompiles on this rank into ``f`` (a compiled model without any)."""
-    breaks, _ = counts.get("graph_break", (0, 0))
-    recompiles, late = counts.get("recompile", (0, 0))
-    f["graph_breaks"], f["recompiles"], f["recompiles_after_warmup"] = breaks, recompiles, late
-    f["compiled"] = int(bool(counts) or model_class == "OptimizedModule")
-
-
 def _cross_rank(con, warmup_steps: int, since_ns, feats: dict[int, dict], stats: dict[int, dict]) -> None:
     """Figures that compare ranks: who waits for whom at collectives, compute scores, memory spread."""
     reporting = [r for r, f in feats.items() if f["steps"]]
@@ -738,34 +727,18 @@ def _wait_figures(con, warmup_steps, since_ns, feats, reporting) -> dict:
     """Who waits for whom: per step, the rank that waits least at collectives is the one the others wait
     for; what the all-reduce costs by itself is that rank's wait (see ``wait_asymmetry``). Each rank's
     figures into its dict; the job-level ones returned."""
-    if not reporting:
+    found = wait_asymmetry(con, warmup_steps, since_ns, sorted(reporting)) if reporting else None
+    if found is None:
         return {}
-    w = wait_asymmetry(con, warmup_steps, since_ns, sorted(reporting))
-    if w is None:
-        return {}
+    shared, per_rank = found
     compute_shares = [feats[r]["compute_share"] for r in reporting if feats[r]["compute_share"]]
-    median_compute = statistics.median(compute_shares) if compute_shares else None
-    shared = {
-        "comm_floor_share": w["grad_floor_share"],
-        "comm_floor_share_noise": w["grad_floor_noise"],
-        "comm_floor_s": w["grad_floor_s"],
-        "comm_blocked_floor_share": w["blocked_floor_share"],
-        "comm_blocked_floor_share_noise": w["blocked_floor_noise"],
-        "imbalance_cost_share": w["imbalance_share"] if len(reporting) >= 2 else None,
-    }
-    if median_compute and w["grad_floor_share"] is not None:
-        shared["comm_floor_to_compute"] = w["grad_floor_share"] / median_compute
+    if compute_shares and shared["comm_floor_share"] is not None:
+        shared["comm_floor_to_compute"] = shared["comm_floor_share"] / statistics.median(compute_shares)
     if len(reporting) >= 2:
-        per_rank = w["per_rank"]  # the ranks that arrived last at some step: most of a large job's never did
-        for r in reporting:
-            per = per_rank.get(r)
-            f = feats[r]
-            if per is None:  # no late step: nothing its lateness costs (work_explained stays unknown)
-                f["least_wait_step_share"] = f["straggler_cost_share"] = f["straggler_cost_share_noise"] = 0.0
-                continue
-            f["least_wait_step_share"] = per["least_share"]
-            f["straggler_cost_share"] = per["cost_share"]
-            f["straggler_cost_share_noise"] = per["cost_noise"]
-            f["straggler_work_explained"] = per["work_explained"]
+        for r in reporting:  # a rank with no late step: nothing its lateness costs (work_explained stays unknown)
+            feats[r].update(per_rank.get(r, _NEVER_LATE))
         shared["least_wait_top_share"] = max(feats[r]["least_wait_step_share"] for r in reporting)
     return shared
+
+
+_NEVER_LATE = dict.fromkeys(("least_wait_step_share", "straggler_cost_share", "straggler_cost_share_noise"), 0.0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ._queries import kept_steps_sql, mean_error, steps_source
+from ._queries import kept_steps_sql, share_and_noise, steps_source
 from ._tables import has_table, query
 
 #: Features this module adds (merged into ``FEATURES``); absent (None) for a job that is not FSDP2.
@@ -256,22 +256,19 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
     rows = [r for r in query(con, sql, [warmup_steps, warmup_steps, ranks, n, n])[1] if r[1] and r[1] > 0]
     if not rows:
         return {}
-    total = sum(r[1] for r in rows)
+    periods = [r[1] for r in rows]
     on_gpu = any(r[2] for r in rows)
-    ag = [(r[3] if on_gpu else r[4]) for r in rows]
-    out = {
-        "fsdp_all_gather_floor_share": sum(ag) / total,
-        "fsdp_all_gather_floor_share_noise": mean_error([a / r[1] for a, r in zip(ag, rows)]),
-    }
+    out = dict(zip(_AG_FLOOR, share_and_noise([(r[3] if on_gpu else r[4]) for r in rows], periods)))
     if not on_gpu:
-        rs = [r[7] for r in rows]
-        out.update({
-            "fsdp_all_gather_forward_floor_share": sum(r[5] for r in rows) / total,
-            "fsdp_all_gather_backward_floor_share": sum(r[6] for r in rows) / total,
-            "fsdp_reduce_scatter_floor_share": sum(rs) / total,
-            "fsdp_reduce_scatter_floor_share_noise": mean_error([x / r[1] for x, r in zip(rs, rows)]),
-        })  # fmt: skip
+        total = sum(periods)
+        out["fsdp_all_gather_forward_floor_share"] = sum(r[5] for r in rows) / total
+        out["fsdp_all_gather_backward_floor_share"] = sum(r[6] for r in rows) / total
+        out.update(zip(_RS_FLOOR, share_and_noise([r[7] for r in rows], periods)))
     return out
+
+
+_AG_FLOOR = ("fsdp_all_gather_floor_share", "fsdp_all_gather_floor_share_noise")
+_RS_FLOOR = ("fsdp_reduce_scatter_floor_share", "fsdp_reduce_scatter_floor_share_noise")
 
 
 def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict:
@@ -304,11 +301,8 @@ def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     for rank, _, share, n, b in (r for r in rows if r[0] != -1):
         out[rank] = {"comm_blocked_share": share, "collectives_per_step": n, "collective_bytes_per_step": b}
     if per_step:
-        total = sum(p for _, p in per_step)
-        out["shared"] = {
-            "comm_blocked_floor_share": sum(x for x, _ in per_step) / total,
-            "comm_blocked_floor_share_noise": mean_error([x / p for x, p in per_step]),
-        }
+        floor = share_and_noise([x for x, _ in per_step], [p for _, p in per_step])
+        out["shared"] = dict(zip(("comm_blocked_floor_share", "comm_blocked_floor_share_noise"), floor))
     return out
 
 

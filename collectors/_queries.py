@@ -147,11 +147,10 @@ def wait_asymmetry(con, warmup_steps: int, since_ns: int | None, ranks: list[int
     last: the others waited for it. Its own wait is what the collectives cost by themselves (the
     *floor*: DDP's share is the least exposed all-reduce, the blocking collectives' share the rest of
     that least total wait); how much longer the next-least-waiting rank waited is what that last arrival cost the
-    step (fixing it gives that back, not more: the next rank is then the last). Returns the floors'
-    shares of the period sum with their per-step spread, the imbalance share, and per rank that arrived
-    last at some step (``per_rank``; a rank absent from it never did) the share of steps it arrived last,
-    the cost of those arrivals and (CPU ranks with ``cpu_s``) how much of that cost its extra thread CPU time
-    accounts for; None when no step has every rank.
+    step (fixing it gives that back, not more: the next rank is then the last). Returns (the job's features:
+    the floors' shares of the period sum with their per-step spread, the imbalance share; per rank that arrived
+    last at some step, absent for one that never did, its ``least_wait_step_share``, ``straggler_cost_share``
+    (+ noise) and ``straggler_work_explained``), or None when no step has every rank.
     """
     s = summary_of(con, warmup_steps, since_ns, ranks)
     # A rank's warm steps are kept only where it has no more rows than the warm-up: at a warm step some rank
@@ -194,54 +193,54 @@ def slowest_shares(con, warmup_steps: int, since_ns, ranks: list[int], use_gpu: 
     return {rank: wins.get(rank, 0) / rows[0][2] for rank in ranks}
 
 
-def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> dict | None:
+def _wait_figures_of(rows: list[tuple], ranks: list[int]) -> tuple[dict, dict[int, dict]] | None:
     rows = [r for r in rows if r[1] and r[1] > 0]
     if not rows:
         return None
-    total = sum(r[1] for r in rows)
-    timed = any(r[4] for r in rows)
-    gaps = [((r[6] - r[5]) if r[6] is not None else 0.0, r[7]) for r in rows]
-    last: dict[int, list[float]] = {}  # rank -> its gaps as shares of the step, where it arrived last
-    steps_last: dict[int, list[int]] = {}  # rank -> indexes of the steps where it arrived last
-    for i, ((gap, least), r) in enumerate(zip(gaps, rows)):
-        last.setdefault(least, []).append(gap / r[1])
-        steps_last.setdefault(least, []).append(i)
+    periods = [r[1] for r in rows]
+    total = sum(periods)
+    gaps = [(r[6] - r[5]) if r[6] is not None else 0.0 for r in rows]
+    late_steps: dict[int, list[int]] = {}  # rank -> indexes of the steps where it arrived last
+    for i, r in enumerate(rows):
+        late_steps.setdefault(r[7], []).append(i)
     per_rank = {}  # only the ranks that arrived last at some step: most ranks of a large job never did
     for rank in ranks:  # one pass per rank over its own late steps, not over every step
-        mine = last.get(rank)
+        mine = late_steps.get(rank)
         if mine is None:
             continue
-        late = [rows[i] for i in steps_last.get(rank, ())]
-        waited = sum(gaps[i][0] for i in steps_last.get(rank, ()))
+        late = [rows[i] for i in mine]
+        waited = sum(gaps[i] for i in mine)
         extra_cpu = [r[8] for r in late]
         # The CPU share the host gave this rank while it worked: extra work of c CPU-seconds costs c / share
         # of wall time, so the wait it explains is its extra CPU time over that share.
         cpu_share = _ratio(sum(r[9] or 0.0 for r in late), sum(max(0.0, r[10] or 0.0) for r in late))
         per_rank[rank] = {
-            "least_share": len(mine) / len(rows),
-            "cost_share": waited / total if mine else 0.0,
+            "least_wait_step_share": len(mine) / len(rows),
+            "straggler_cost_share": waited / total,
             # the per-step series: its gap share where it arrived last, 0 elsewhere
-            "cost_noise": mean_error(mine, len(rows)) if mine else 0.0,
+            "straggler_cost_share_noise": mean_error([gaps[i] / rows[i][1] for i in mine], len(rows)),
             # CPU ranks: the extra thread CPU time behind those late arrivals, over the wait they caused
-            "work_explained": (
+            "straggler_work_explained": (
                 max(0.0, sum(extra_cpu)) / min(1.0, cpu_share) / waited
-                if mine and waited > 0 and cpu_share and all(c is not None for c in extra_cpu)
+                if waited > 0 and cpu_share and all(c is not None for c in extra_cpu)
                 else None
             ),
         }
-    return {
-        "steps": len(rows),
-        "grad_floor_share": sum(r[2] for r in rows) / total,
-        "grad_floor_noise": mean_error([r[2] / r[1] for r in rows]),
-        "grad_floor_s": sum(r[2] for r in rows) / len(rows),
-        # What every rank waited beyond DDP's own floor: the blocking collectives' own time, and, when the
-        # ranks take turns at being late, the jitter each extra sync point makes every rank pay (one rank
-        # waits in a barrier, the other later in DDP's all-reduce). At least the blocked floor by itself.
-        "blocked_floor_share": sum(r[5] - r[2] for r in rows) / total if timed else None,
-        "blocked_floor_noise": mean_error([(r[5] - r[2]) / r[1] for r in rows]) if timed else None,
-        "imbalance_share": sum(gap for gap, _ in gaps) / total,
-        "per_rank": per_rank,
-    }
+    grad = [r[2] for r in rows]
+    shared = dict(zip(("comm_floor_share", "comm_floor_share_noise"), share_and_noise(grad, periods)))
+    shared["comm_floor_s"] = sum(grad) / len(rows)
+    # What every rank waited beyond DDP's own floor: the blocking collectives' own time, and, when the ranks
+    # take turns at being late, the jitter each extra sync point makes every rank pay (one rank waits in a
+    # barrier, the other later in DDP's all-reduce). At least the blocked floor by itself.
+    blocked = share_and_noise([r[5] - r[2] for r in rows], periods) if any(r[4] for r in rows) else (None, None)
+    shared["comm_blocked_floor_share"], shared["comm_blocked_floor_share_noise"] = blocked
+    shared["imbalance_cost_share"] = sum(gaps) / total if len(ranks) >= 2 else None
+    return shared, per_rank
+
+
+def share_and_noise(values: list[float], periods: list[float]) -> tuple[float, float | None]:
+    """(the per-step values' sum over the periods' sum, the standard error of the per-step shares)."""
+    return sum(values) / sum(periods), mean_error([v / p for v, p in zip(values, periods)])
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -317,22 +316,14 @@ def stretch_figures(con, width: int, warmup_steps: int = 0) -> list[dict]:
     stretch's period, as the breakdown sums it) and ``gpu_utilization`` (NVML's mean; None where not sampled)."""
     width = max(1, int(width))
     shares = ",\n".join(f"sum({PHASE_SQL[p]}) / nullif(sum(period_s), 0) AS {p[:-2]}_share" for p in PHASES)
-    cur = con.execute(
+    names, rows = query(
+        con,
         f"""WITH {kept_steps_sql(steps_source())}
             SELECT step // {width} AS stretch, rank, max(step) AS last_step, median(period_s) AS step_time_s, {shares}
             FROM kept GROUP BY ALL ORDER BY stretch, rank""",
         [warmup_steps, warmup_steps],
     )
-    names = [d[0] for d in cur.description]
-    rows = [dict(zip(names, row)) for row in cur.fetchall()]
-    gpu = {
-        (b, rank): value
-        for b, rank, value in con.execute(
-            f"""SELECT step // {width} AS b, rank, avg(value) FROM samples
-                WHERE name = ? AND step IS NOT NULL AND value IS NOT NULL GROUP BY ALL""",
-            [GPU_UTILIZATION_SAMPLE],
-        ).fetchall()
-    }
-    for r in rows:
-        r["gpu_utilization"] = gpu.get((r["stretch"], r["rank"]))
-    return rows
+    gpu_sql = f"""SELECT step // {width}, rank, avg(value) FROM samples
+                  WHERE name = ? AND step IS NOT NULL AND value IS NOT NULL GROUP BY ALL"""
+    gpu = {(b, rank): value for b, rank, value in query(con, gpu_sql, [GPU_UTILIZATION_SAMPLE])[1]}
+    return [{**dict(zip(names, row)), "gpu_utilization": gpu.get((row[0], row[1]))} for row in rows]

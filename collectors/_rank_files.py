@@ -132,45 +132,34 @@ def _read_rank_file(path: str) -> RankMeta | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return _unknown_rank(path, {}, f"cannot be read ({exc.strerror})", 0)
+        return _rank_meta(path, {}, f"cannot be read ({exc.strerror})", 0)
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return _unknown_rank(path, {}, f"not valid JSON ({first_line(exc)})", mtime_ns)
+        return _rank_meta(path, {}, f"not valid JSON ({first_line(exc)})", mtime_ns)
     if not isinstance(data, dict):
-        return _unknown_rank(path, {}, f"not a JSON object (a {type(data).__name__})", mtime_ns)
+        return _rank_meta(path, {}, f"not a JSON object (a {type(data).__name__})", mtime_ns)
     return _rank_from_data(path, data, mtime_ns)
 
 
 def _rank_from_data(path: str, data: dict, mtime_ns: int) -> RankMeta | None:
     clean, problems = _checked_fields(data)
     problems += [f"no {key} field" for key in _REQUIRED_RANK_FIELDS if data.get(key) is None]
-    if problems:
-        return _unknown_rank(path, clean, "; ".join(problems), mtime_ns)
-    return RankMeta(
-        clean["rank"],
-        clean.get("status", UNKNOWN_STATUS),
-        clean.get("heartbeat_ns", mtime_ns),
-        clean.get("steps", 0),
-        clean,
-        None,
-        path,
-    )
+    return _rank_meta(path, clean, "; ".join(problems) or None, mtime_ns)
 
 
-def _unknown_rank(path: str, clean: dict, problem: str, mtime_ns: int) -> RankMeta | None:
-    """A rank file readers cannot trust: status unknown; the heartbeat falls back to the file's mtime
-    (the agent rewrites it every flush), so a rank still writing is not taken for a dead one."""
-    rank = clean.get("rank", _rank_of_name(path))
-    if rank is None:
-        return None
+def _rank_meta(path: str, clean: dict, problem: str | None, mtime_ns: int) -> RankMeta | None:
+    """The rank of a checked file. One with a ``problem`` readers cannot trust: status unknown, its rank from the
+    file name when the file lacks one (None without either); the heartbeat falls back to the file's mtime (the
+    agent rewrites it every flush), so a rank still writing is not taken for a dead one."""
+    if "rank" not in clean:
+        match = _RANK_FILE.match(os.path.basename(path))
+        if match is None:
+            return None
+        clean = {**clean, "rank": int(match.group(1))}
+    status = UNKNOWN_STATUS if problem else clean["status"]
     heartbeat_ns, steps = clean.get("heartbeat_ns", mtime_ns), clean.get("steps", 0)
-    return RankMeta(rank, UNKNOWN_STATUS, heartbeat_ns, steps, {**clean, "rank": rank}, problem, path)
-
-
-def _rank_of_name(path: str) -> int | None:
-    match = _RANK_FILE.match(os.path.basename(path))
-    return int(match.group(1)) if match else None
+    return RankMeta(clean["rank"], status, heartbeat_ns, steps, clean, problem, path)
 
 
 def _checked_fields(data: dict) -> tuple[dict, list[str]]:

@@ -135,8 +135,7 @@ class Run:
     @property
     def end_ns(self) -> int | None:
         """When the last step row of this reading ended (Unix ns); None before the first."""
-        found = self._once(("end_ns",), lambda: self._con.execute("SELECT max(time_ns) FROM steps").fetchone()[0])
-        return None if found is None else int(found)
+        return self._steps_max("time_ns")
 
     def since_ns(self, window_s: float | None) -> int | None:
         """The start (Unix ns) of the last ``window_s`` seconds of the run's steps; None for the whole run
@@ -208,7 +207,10 @@ class Run:
     @property
     def last_step(self) -> int | None:
         """The highest step number any rank recorded; None before the first step row."""
-        found = self._once(("last_step",), lambda: self._con.execute("SELECT max(step) FROM steps").fetchone()[0])
+        return self._steps_max("step")
+
+    def _steps_max(self, column: str) -> int | None:
+        found = self._once((column,), lambda: self._con.execute(f"SELECT max({column}) FROM steps").fetchone()[0])
         return None if found is None else int(found)
 
     def steps_recorded(self) -> dict[int, int]:

@@ -11,6 +11,7 @@ run or a traceback.
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import hashlib
 import logging
@@ -60,10 +61,8 @@ _warned_lock = threading.Lock()
 
 def warn_skipped(skipped: SkippedFile) -> None:
     """Log one warning line naming the file (once per file and reason per process)."""
-    if skipped.moved_to:
-        warn_once(f"ranksight: moved {skipped.path} to {skipped.moved_to}: {skipped.reason}")
-    else:
-        warn_once(f"ranksight: skipped {skipped.path}: {skipped.reason}")
+    done = f"moved {skipped.path} to {skipped.moved_to}" if skipped.moved_to else f"skipped {skipped.path}"
+    warn_once(f"ranksight: {done}: {skipped.reason}")
 
 
 def warn_once(line: str) -> None:
@@ -216,12 +215,9 @@ def _make_alias(real: str) -> str:
     return alias
 
 
-_alias_root: list[str] = []
-
-
+@functools.cache  # called under _alias_lock: made once
 def _alias_folder() -> str:
     """This process's folder of links, made on first use (mode 0700: nobody else can plant a link in it)."""
-    if not _alias_root:
-        _alias_root.append(tempfile.mkdtemp(prefix="ranksight-paths-"))
-        atexit.register(shutil.rmtree, _alias_root[0], True)
-    return _alias_root[0]
+    folder = tempfile.mkdtemp(prefix="ranksight-paths-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder

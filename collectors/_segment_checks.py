@@ -196,21 +196,11 @@ class _SegmentVerdicts:
                 bad.append(SkippedFile(os.path.join(folder, name), reason))
         return good, bad
 
-    def columns(self, folder: str, names: list[str]) -> frozenset | None:
-        """The union of the named (judged, readable) files' column names; None when one is not known."""
+    def readable_columns(self, folder: str, names: list[str]) -> list[frozenset | None]:
+        """Each named file's (name, type) columns where it was judged readable, else None."""
         with self._lock:
             known = self._by_folder.get(folder, {})
-            cols = [known.get(name) for name in names]
-        if any(c is None or c[2] is not None or not c[3] for c in cols):
-            return None
-        return frozenset(name for pairs in {c[3] for c in cols} for name, _ in pairs)
-
-    def one_schema(self, folder: str, names: list[str]) -> bool:
-        """Whether the named files were all judged readable with the same columns of the same types."""
-        with self._lock:
-            known = self._by_folder.get(folder, {})
-            cols = {known[n][3] if n in known and known[n][2] is None else None for n in names}
-        return len(cols) == 1 and None not in cols and bool(next(iter(cols)))
+            return [v[3] if (v := known.get(n)) is not None and v[2] is None else None for n in names]
 
 
 _NOT_JUDGED = "\0not judged"
@@ -250,17 +240,8 @@ _BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas p
 
 def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
     """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
-    (or renamed) between the listing and the footer read: not a damaged file. Many files are judged one per
-    schema, each with its framing checked and one footer per schema read (``_footers``)."""
-
-    def judge(name: str) -> tuple[str | None, frozenset] | None:
-        try:
-            return segment_verdict(os.path.join(folder, name), kind)
-        except FileNotFoundError:
-            return None
-
-    if len(names) < _BATCH_FROM:
-        return {name: judge(name) for name in names}
+    (or renamed) between the listing and the footer read: not a damaged file. Each file's framing is checked
+    first; many files are then judged one per schema, one footer per schema read (``_footers``)."""
     out: dict[str, tuple[str | None, frozenset] | None] = {}
     scopes: dict[str, bool] = {}
 
@@ -282,10 +263,10 @@ def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, 
             out[name] = (framing, _NO_COLUMNS)
         else:
             framed.append(name)
-    if not framed:
-        return out
-    batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
-    out.update(batch if batch is not None else {name: judge(name) for name in framed})
+    batch = None
+    if framed and len(names) >= _BATCH_FROM:
+        batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
+    out.update(batch if batch is not None else {name: judge_schema(name) for name in framed})
     return out
 
 
@@ -314,10 +295,10 @@ def segment_columns(paths: list[str]) -> frozenset | None:
         by_folder.setdefault(folder, []).append(name)
     out: frozenset = frozenset()
     for folder, names in by_folder.items():
-        cols = _verdicts.columns(folder, names)
-        if cols is None:
+        cols = _verdicts.readable_columns(folder, names)
+        if not all(cols):
             return None
-        out |= cols
+        out |= {name for pairs in set(cols) for name, _ in pairs}
     return out
 
 
@@ -326,7 +307,10 @@ def one_schema(paths: list[str]) -> bool:
     columns of the same types, so that DuckDB can read them as one schema rather than bind every file by its
     names (``union_by_name``) for the view and again for each query; files of several schemas need that."""
     folders = {os.path.dirname(p) for p in paths}
-    return len(folders) == 1 and _verdicts.one_schema(folders.pop(), [os.path.basename(p) for p in paths])
+    if len(folders) != 1:
+        return False
+    cols = set(_verdicts.readable_columns(folders.pop(), [os.path.basename(p) for p in paths]))
+    return len(cols) == 1 and bool(next(iter(cols)))
 
 
 def segment_files(run_path: str, kind: str, names: list[str] | None = None) -> list[str]:

@@ -150,11 +150,12 @@ def test_a_rank_never_last_at_a_collective_gets_the_figures_of_no_late_step(monk
 
     # (step, period, grad floor, _, timed, least, second, least rank, extra cpu, cpu, busy) as wait_rows gives them
     rows = [(s, 0.1, 0.01, None, True, 0.002, 0.004 + 0.001 * s, s % 2, 0.001, 0.01, 0.02) for s in range(6)]
-    found = _wait_figures_of(rows, [0, 1, 2, 3])
-    assert list(found["per_rank"]) == [0, 1]  # only the ranks the others waited for: ranks 2 and 3 never were
+    _, per_rank = _wait_figures_of(rows, [0, 1, 2, 3])
+    assert list(per_rank) == [0, 1]  # only the ranks the others waited for: ranks 2 and 3 never were
     for rank in (0, 1):  # half the steps each
-        per = found["per_rank"][rank]
-        assert per["least_share"] == 0.5 and per["cost_share"] > 0 and per["cost_noise"] > 0
+        per = per_rank[rank]
+        assert per["least_wait_step_share"] == 0.5 and per["straggler_cost_share"] > 0
+        assert per["straggler_cost_share_noise"] > 0
     monkeypatch.setattr(_features, "wait_asymmetry", lambda con, w, s, ranks: _wait_figures_of(rows, ranks))
     feats = {r: {**dict.fromkeys(FEATURES), "rank": r, "compute_share": 0.5} for r in range(5)}
     _wait_figures(None, 5, None, feats, [0, 1, 2, 3])  # rank 4 reports nothing
