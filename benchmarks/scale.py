@@ -21,6 +21,10 @@ Every scale figure the docs give comes from one run of this script (``--json`` k
     ``--first-ranks`` x ``--first-steps``, taking turns ``--rounds`` times with DuckDB's GROUP BY over the same
     files in a fresh process; ``--job-ranks``: rank files holding a DDP rank's sections, as a job writes them.
     A kept ``--dir`` is read again, not rebuilt.
+``refresh``
+    The same node spool at ``--store-ranks`` x ``--store-steps``, followed as the live dashboard follows it: after
+    one new file per node, ``Run.refresh`` + ``diagnose()`` on the kept reading, taking turns ``--rounds`` times
+    with DuckDB's GROUP BY over all the files in a fresh connection.
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run, the
 only comparison that holds across runs on a shared machine. Run it under ``nice`` on a shared machine.
@@ -39,7 +43,7 @@ import sys
 import tempfile
 import time
 
-from _harness import cli, fresh_process, in_rounds, timed, write_results
+from _harness import cli, fresh_process, in_rounds, rotated, timed, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,6 +51,7 @@ FLOORS = {
     **dict.fromkeys(("breakdown_live_s", "breakdown_live_first_fresh_s", "diagnose_live_s", "diagnose_first_s",
                      "diagnose_live_first_fresh_s", "breakdown_first_s"), "duckdb_groupby_files_s"),
     **dict.fromkeys(("breakdown_store_s", "diagnose_store_s"), "duckdb_groupby_table_s"),
+    "refresh_s": "duckdb_groupby_files_s",
     "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_live_s",
     "verdict_first_render_store_s": "streamlit_floor_first_store_s",
@@ -649,12 +654,67 @@ def first_call_figures(base: str, ranks: int, steps: int, rounds: int, job_ranks
     return figures
 
 
+REFRESH_NEW_STEPS = 10
+"""Steps of the file each node adds before a refresh (one flush of the node spool's publisher)."""
+
+
+def refresh_figures(base: str, ranks: int, steps: int, rounds: int) -> dict:
+    """A kept live reading (the dashboard's: ``incremental``, ``follow_spool=False``) brought up to date after one
+    new file per node: ``Run.refresh`` + ``diagnose()``, taking turns with DuckDB's GROUP BY over every file in a
+    fresh connection. The files added and the rank files rewritten are put back after, so a kept ``--dir`` is
+    read again as it was."""
+    import duckdb
+
+    from ranksight.collectors import open_run
+    from ranksight.rules import diagnose
+
+    run_path = node_spool(base, ranks, steps)
+    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
+    before = {os.path.join(d, n) for d, _, names in os.walk(run_path) for n in names}
+    ranks_dir = os.path.join(run_path, "ranks")
+    rank_files = {}
+    for name in os.listdir(ranks_dir):
+        with open(os.path.join(ranks_dir, name), "rb") as f:
+            rank_files[name] = f.read()
+    run = open_run(run_path, follow_spool=False, incremental=True)
+    each: dict[str, list] = {"refresh_s": [], "duckdb_groupby_files_s": [], "load": []}
+    try:
+        first_s, _ = timed(lambda: diagnose(run), repeats=1)
+        for r in range(rounds):
+            build_spool(run_path, ranks, REFRESH_NEW_STEPS, True, first_step=steps + r * REFRESH_NEW_STEPS)
+            each["load"].append(os.getloadavg()[0])
+            for arm in rotated(["refresh_s", "duckdb_groupby_files_s"], r):
+                t0 = time.perf_counter()
+                if arm == "refresh_s":
+                    assert run.refresh(), "the reading did not see the new files"
+                    diagnose(run)
+                else:
+                    duckdb.connect().execute(FLOOR_SQL.format(glob=glob)).fetchall()
+                each[arm].append(time.perf_counter() - t0)
+            last = {arm: f"{times[-1]:.3f} s" for arm, times in each.items() if arm != "load"}
+            print(f"round {r}: {last}", flush=True)
+    finally:
+        run.close()
+        for path in {os.path.join(d, n) for d, _, names in os.walk(run_path) for n in names} - before:
+            os.remove(path)
+        for name, data in rank_files.items():
+            with open(os.path.join(ranks_dir, name), "wb") as f:
+                f.write(data)
+    figures = {"ranks": ranks, "steps": steps, "new_steps_a_refresh": REFRESH_NEW_STEPS, "rounds": rounds,
+               "files": -(-ranks // RANKS_PER_NODE), "first_diagnose_s": first_s, "each": each}  # fmt: skip
+    figures.update({name: statistics.median(each[name]) for name in ("refresh_s", "duckdb_groupby_files_s")})
+    figures["round_ratio_median"] = statistics.median(
+        a / b for a, b in zip(each["refresh_s"], each["duckdb_groupby_files_s"])
+    )
+    return figures
+
+
 # ------------------------------------------------------------------ main
 
 
 def main() -> None:
     parser = cli(__doc__, rounds=5)
-    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first")
+    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first, refresh")
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
     spool = parser.add_argument_group("spool section")
     spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
@@ -703,6 +763,11 @@ def main() -> None:
                 fig["ratio_to_floor"] = ratios_to_floor(fig)
                 figures["store"].append(fig)
                 print(json.dumps(fig), flush=True)
+        if "refresh" in sections:
+            refresh = refresh_figures(base, args.store_ranks, args.store_steps, args.rounds)
+            refresh["ratio_to_floor"] = ratios_to_floor(refresh)
+            figures["refresh"] = refresh
+            print(json.dumps(refresh), flush=True)
         if "first" in sections:
             first = first_call_figures(base, args.first_ranks, args.first_steps, args.rounds, args.job_ranks)
             first["ratio_to_floor"] = ratios_to_floor(first)
