@@ -205,7 +205,7 @@ class TraceWindow:
         self.every_steps = max(self.steps + 2, int(every_steps))
         self.every_ns = int(max(0.0, every_s or 0.0) * 1e9)
         self.next_step = max(0, int(first_step))
-        self.next_ns = time.perf_counter_ns() + int(max(0.0, first_s or 0.0) * 1e9) if first_s else 0
+        self.next_ns = time.perf_counter_ns() + int(first_s * 1e9) if first_s > 0 else 0  # 0: by step alone
         self.max_drain_steps = max_drain_steps
         self.use_cuda = use_cuda
         self.trace_dir = trace_dir

@@ -74,17 +74,12 @@ def _check_metric(key: str) -> Metric:
     return HEATMAP_METRICS[key]
 
 
-def _kept(table: str) -> str:
-    """The CTE ``kept``: the rows of ``table`` kept for averages: past warm-up, unless a rank has no more steps
-    than that (as step_breakdown does: ranksight.format.warmup; the rollup's ``warm`` flag is folded at
-    WARMUP_STEPS)."""
-    short = f"SELECT rank FROM {table} GROUP BY rank HAVING {short_sql('sum(n)', str(WARMUP_STEPS))}"
-    return f"kept AS (SELECT * FROM {table} WHERE {kept_sql('warm', f'rank IN ({short})')})"
-
-
 RANKS_TABLE = Rollup.ranks_table
 """The rollup's totals per (rank, warm), which the per-rank figures read: the same sums, 2 rows a rank."""
-_KEPT = _kept(RANKS_TABLE)
+# The CTE ``kept``: the totals kept for averages: past warm-up, unless a rank has no more steps than that (as
+# step_breakdown does: ranksight.format.warmup; the rollup's ``warm`` flag is folded at WARMUP_STEPS).
+_SHORT_RANKS = f"SELECT rank FROM {RANKS_TABLE} GROUP BY rank HAVING {short_sql('sum(n)', str(WARMUP_STEPS))}"
+_KEPT = f"kept AS (SELECT * FROM {RANKS_TABLE} WHERE {kept_sql('warm', f'rank IN ({_SHORT_RANKS})')})"
 _SHARES = ", ".join(f"sum({p[:-2]}_sum) / nullif(sum(step_sum), 0) AS {p[:-2]}_share" for p in PHASES)
 
 
