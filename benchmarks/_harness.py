@@ -70,22 +70,6 @@ def spread(xs: list[float]) -> dict:
     return out
 
 
-def median(values) -> float | None:
-    """The median of those of ``values`` that are not None; None when none is."""
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
-def read_rows(run_path: str, kind: str) -> list[dict]:
-    """Every row of one kind (``steps``, ``samples`` ...) of a run folder's segments, read with pyarrow alone:
-    a GPU machine may have no DuckDB."""
-    import pyarrow.parquet as pq
-
-    folder = os.path.join(run_path, kind)
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet")) if os.path.isdir(folder) else []
-    return [row for name in names for row in pq.read_table(os.path.join(folder, name)).to_pylist()]
-
-
 def free_port() -> int:
     """A free TCP port on the loopback interface (for a process group or a server)."""
     with socket.socket() as s:

@@ -1,16 +1,7 @@
-"""What ranksight costs a job and a shared filesystem at 1,024 and 10,000 ranks, beside DuckDB's own limits.
+"""How fast a large run reads back at 1,024 and 10,000 ranks, beside DuckDB's own limits.
 
-Every scale figure the docs give comes from one run of this script (``--json`` keeps them). Sections:
+Every read-side scale figure the docs give comes from this script (``--json`` keeps them). Sections:
 
-``spool``
-    Real processes, one per simulated rank, write synthetic rows at a real rank's rates (a step every
-    ``--step-ms``, one collective row per step, 8 samples per flush) through the agent's own ``SpoolWriter``
-    for ``--seconds``: every rank to the run folder (the default agent), then the node spool with the job
-    declared as 1,024 and as 10,000 ranks. ``--nodes`` nodes of 8 ranks, time-compressed ``--speed`` times
-    (flush, publish interval and file budget scaled together); ranks and nodes do not talk to each other, so
-    the job's figures are exactly the per-rank or per-node figures times the ranks or nodes.
-``prometheus``
-    Series one rank's endpoint exposes once every kind of row has been seen (the agent's own collector).
 ``store``
     A spool of ``--store-ranks`` x ``--store-steps`` in each of ``--layouts`` (a segment per rank, a file per
     node of 8): ``step_breakdown`` and ``diagnose()`` live (in this process and as fresh processes' first
@@ -28,31 +19,29 @@ Every scale figure the docs give comes from one run of this script (``--json`` k
 
 Each section's figures carry ``ratio_to_floor``: each time over the DuckDB floor measured in the same run, the
 only comparison that holds across runs on a shared machine. Run it under ``nice`` on a shared machine.
+
+The write side's sections (``spool``: the files and bytes a job's ranks put on the run folder, every rank writing
+and through the node spool; ``prometheus``: the series one rank's endpoint exposes) measured a budget once; they
+run from commit 01bfb5c (docs/scale.md, "The budget").
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 from _harness import cli, fresh_process, in_rounds, rotated, timed, write_results
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 FLOORS = {
     **dict.fromkeys(("breakdown_live_s", "breakdown_live_first_fresh_s", "diagnose_live_s", "diagnose_first_s",
                      "diagnose_live_first_fresh_s", "breakdown_first_s"), "duckdb_groupby_files_s"),
     **dict.fromkeys(("breakdown_store_s", "diagnose_store_s"), "duckdb_groupby_table_s"),
     "refresh_s": "duckdb_groupby_files_s",
-    "ingest_rows_per_s": "duckdb_arrow_insert_rows_per_s",
+    "ingest_rows_per_s": "duckdb_parquet_to_table_rows_per_s",
     "verdict_first_render_live_s": "streamlit_floor_first_live_s",
     "verdict_first_render_store_s": "streamlit_floor_first_store_s",
     **dict.fromkeys(("verdict_render_again_live_s", "verdict_render_again_store_s"), "streamlit_floor_again_s"),
@@ -75,200 +64,9 @@ def ratios_to_floor(figures: dict) -> dict[str, dict]:
 
 
 RANKS_PER_NODE = 8
-REAL_FLUSH_S = 2.0
-DEFAULT_CAP = 150.0  # Config.max_job_files_per_s
-
-# ------------------------------------------------------------------ spool: one simulated rank
 
 
-def run_rank(spec: dict) -> None:
-    """One simulated rank: the agent's SpoolWriter fed synthetic rows at a real rank's rates."""
-    sys.path.insert(0, os.path.dirname(HERE))
-    import pyarrow.parquet  # noqa: F401  (imported before the clock starts, as in a running agent)
-
-    from ranksight.agent._identity import Identity
-    from ranksight.agent._spool import SpoolWriter
-
-    rank, node = spec["rank"], spec["node"]
-    ident = Identity("scale", "scale-run", node, rank, rank % RANKS_PER_NODE, spec["world"], os.getpid())
-    flush_s = REAL_FLUSH_S / spec["speed"]
-    writer = SpoolWriter(spec["run_path"], ident, node_spool_dir=spec["node_spool"], flush_interval_s=flush_s,
-                         max_job_files_per_s=DEFAULT_CAP * spec["speed"])  # fmt: skip
-    steps_per_flush = max(1, round(REAL_FLUSH_S * 1000 / spec["step_ms"]))
-    rng = random.Random(rank)
-    publishes: list[tuple[float, float]] = []  # (when, seconds) of each publish this rank made
-    if writer.publisher is not None:
-        inner = writer.publisher.maybe_publish
-
-        def timed_publish(final: bool = False):
-            t0 = time.monotonic()
-            result = inner(final)
-            if result is not None:
-                publishes.append((time.time(), time.monotonic() - t0))
-            return result
-
-        writer.publisher.maybe_publish = timed_publish
-    step, flushes, rows = 0, 0, 0
-    # Start-up (imports, the first Parquet write) is not what is measured: every rank starts together.
-    with open(spec["out"] + ".ready", "w"):
-        pass
-    while not os.path.exists(spec["go"]):
-        time.sleep(0.02)
-    started = time.time()
-    deadline = time.monotonic() + spec["seconds"]
-    next_flush = time.monotonic() + flush_s * (rank % RANKS_PER_NODE) / RANKS_PER_NODE  # ranks not in phase
-    while True:
-        time.sleep(max(0.0, next_flush - time.monotonic()))
-        final = time.monotonic() >= deadline
-        now = time.time_ns()
-        batch = range(step, step + steps_per_flush)
-        # Values that vary as measured ones do: constant columns would compress to nothing.
-        steps = [
-            {"step": s, "time_ns": now - (step + steps_per_flush - s) * 100_000_000 + rng.randrange(10**6),
-             "step_s": rng.gauss(0.1, 0.005), "data_wait_s": rng.expovariate(500), "compute_s": rng.gauss(0.08, 0.004),
-             "comm_exposed_s": rng.expovariate(200), "allreduce_s": rng.gauss(0.03, 0.002),
-             "optimizer_s": rng.gauss(0.01, 0.0005), "other_s": rng.expovariate(1000), "cpu_s": rng.gauss(0.09, 0.004)}
-            for s in batch
-        ]  # fmt: skip
-        colls = [
-            {"step": s, "op": "all_reduce", "origin": "ddp", "process_group": "default", "count": 4, "bytes": 10**8,
-             "blocked_s": rng.expovariate(200), "busy_s": rng.gauss(0.03, 0.002)}
-            for s in batch
-        ]  # fmt: skip
-        samples = [{"time_ns": now, "step": step, "name": f"s{i}", "value": rng.random()} for i in range(8)]
-        for kind, batch_rows in (("steps", steps), ("collectives", colls), ("samples", samples)):
-            writer.write(kind, batch_rows)
-            rows += len(batch_rows)
-        step += steps_per_flush
-        flushes += 1
-        writer.write_meta({**ident.labels(), "status": "finished" if final else "running",
-                           "heartbeat_ns": time.time_ns(), "started_ns": int(started * 1e9),
-                           "flush_interval_s": flush_s, "steps": step})  # fmt: skip
-        if final:
-            break
-        next_flush += flush_s
-    published = writer.publisher.published if writer.publisher else None
-    out = {"rank": rank, "flushes": flushes, "rows": rows, "steps": step, "publishes": publishes,
-           "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-           "published_files": published.files if published else 0}  # fmt: skip
-    with open(spec["out"], "w") as f:
-        json.dump(out, f)
-
-
-def _folder_stats(run_path: str) -> tuple[int, int]:
-    """(segment files, bytes) in the run folder's kind folders."""
-    files = size = 0
-    for kind in ("steps", "collectives", "samples"):
-        folder = os.path.join(run_path, kind)
-        if not os.path.isdir(folder):
-            continue
-        for entry in os.scandir(folder):
-            if entry.name.endswith(".parquet") and not entry.name.startswith("."):
-                files += 1
-                size += entry.stat().st_size
-    return files, size
-
-
-def simulate(base: str, *, node_spool: bool, world: int, nodes: int, seconds: float, speed: float, step_ms: float):
-    """Run ``nodes`` x 8 simulated ranks; return the shared folder's figures in real (not compressed) time."""
-    tag = f"{'node' if node_spool else 'direct'}-{world}"
-    root = os.path.join(base, tag)
-    shutil.rmtree(root, ignore_errors=True)
-    run_path = os.path.join(root, "runs", "scale-run")
-    procs, outs = [], []
-    for n in range(nodes):
-        for local in range(RANKS_PER_NODE):
-            rank = n * RANKS_PER_NODE + local
-            out = os.path.join(root, f"rank{rank}.json")
-            spec = {"rank": rank, "node": f"node{n:04d}", "world": world, "speed": speed, "seconds": seconds,
-                    "step_ms": step_ms, "run_path": run_path, "out": out, "go": os.path.join(root, "go"),
-                    "node_spool": os.path.join(root, f"local-{n}") if node_spool else None}  # fmt: skip
-            procs.append(subprocess.Popen([sys.executable, __file__, "_rank", json.dumps(spec)]))
-            outs.append(out)
-    while not all(os.path.exists(o + ".ready") for o in outs):
-        time.sleep(0.05)
-    with open(os.path.join(root, "go"), "w"):
-        pass
-    t0 = time.monotonic()
-    # The steady state: files that appeared between 25 % and 95 % of the run (no start-up, no close).
-    time.sleep(seconds * 0.25 + 1.0)
-    f0, b0, s0 = *_folder_stats(run_path), time.monotonic()
-    time.sleep(max(0.0, t0 + seconds * 0.95 + 1.0 - time.monotonic()))
-    f1, b1, s1 = *_folder_stats(run_path), time.monotonic()
-    for p in procs:
-        p.wait(timeout=seconds + 120)
-    wall = time.monotonic() - t0
-    ranks = [json.load(open(o)) for o in outs]
-    files, size = _folder_stats(run_path)
-    rank_files = os.listdir(os.path.join(run_path, "ranks"))
-    meta_writes = sum(r["flushes"] for r in ranks) if not node_spool else 0
-    publishes_bundle = sum(r["published_files"] for r in ranks) - files if node_spool else 0
-    n_ranks = nodes * RANKS_PER_NODE
-    real_s = (s1 - s0) * speed  # the steady window in real time
-    seg_per_s = (f1 - f0) / real_s
-    rank_file_per_s = (meta_writes / (wall * speed)) if not node_spool else max(0, publishes_bundle) / (wall * speed)
-    creates_per_s = seg_per_s + rank_file_per_s
-    bytes_per_s = (b1 - b0) / real_s
-    rows = sum(r["rows"] for r in ranks)
-    publish_s = [d for r in ranks for _, d in r["publishes"]]
-    # Every row arrived once: the run folder holds what the ranks wrote.
-    import duckdb
-
-    con = duckdb.connect()
-    glob = os.path.join(run_path, "steps", "[!.]*.parquet")
-    stored, distinct = con.execute(
-        f"SELECT count(*), count(DISTINCT (rank, step)) FROM read_parquet('{glob}')"
-    ).fetchone()
-    assert stored == distinct == sum(r["steps"] for r in ranks), (stored, distinct)
-    per = n_ranks if not node_spool else nodes
-    at = (1024, 10_000) if not node_spool else (world,)
-    from ranksight.agent._node_spool import publish_interval_s
-
-    interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP) if node_spool else REAL_FLUSH_S
-    return {
-        "mode": "node spool" if node_spool else "every rank to the run folder", "declared_world": world,
-        "simulated_ranks": n_ranks, "simulated_nodes": nodes, "speed": speed, "wall_s": wall, "rows": rows,
-        "segments_in_run_folder": files, "rank_files_in_run_folder": len(rank_files), "publish_interval_s": interval,
-        "shared_creates_per_s_per_unit": creates_per_s / per, "unit": "rank" if not node_spool else "node",
-        "shared_bytes_per_s_per_unit": bytes_per_s / per, "rows_per_s_per_rank": rows / (wall * speed) / n_ranks,
-        # Job totals: per rank x ranks (default agent, the same at any size), or per node x nodes of the
-        # job the node spool was declared as (its publish interval depends on the job's size).
-        "creates_per_s_at": {str(w): creates_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
-        "bytes_per_s_at": {str(w): bytes_per_s / per * (w if not node_spool else w / RANKS_PER_NODE) for w in at},
-        "rank_maxrss_mb": statistics.median(r["maxrss_kb"] for r in ranks) / 1024,
-        "rank_maxrss_max_mb": max(r["maxrss_kb"] for r in ranks) / 1024,
-        # A rank that published holds pyarrow's pool peak afterwards; the others show the writer alone.
-        "maxrss_mb_ranks_that_published": sorted(r["maxrss_kb"] / 1024 for r in ranks if r["publishes"]),
-        "maxrss_mb_ranks_that_did_not": sorted(r["maxrss_kb"] / 1024 for r in ranks if not r["publishes"]),
-        "lost_on_rank_crash_s": REAL_FLUSH_S, "lost_on_node_loss_s": interval, "rows_checked_once": stored,
-        "publishes": len(publish_s), "publish_s_median": statistics.median(publish_s) if publish_s else None,
-        "publish_s_max": max(publish_s) if publish_s else None,
-        "flushes_per_rank_expected": seconds * speed / REAL_FLUSH_S,
-        "flushes_per_rank": statistics.median(r["flushes"] for r in ranks),
-    }  # fmt: skip
-
-
-# ------------------------------------------------------------------ prometheus
-
-
-def prometheus_series() -> dict:
-    """Series on one rank's endpoint after rows of every kind: what Prometheus stores per rank."""
-    from ranksight.agent._identity import Identity
-    from ranksight.agent._prometheus import RollupCollector
-    from ranksight.agent._rollup import Rollup
-    from ranksight.format.schema import SAMPLE_NAMES
-
-    rollup = Rollup()
-    rollup.update("steps", [{"step_s": 0.1, "data_wait_s": 0.01, "comm_exposed_s": 0.01, "allreduce_s": 0.02}])
-    rollup.update("samples", [{"name": n, "value": 0.5, "time_ns": 1, "step": 1} for n in SAMPLE_NAMES])
-    rollup.update("compile", [{"kind": "graph_break", "count": 1}, {"kind": "recompile", "count": 1}])
-    rollup.set_agent_counters(0, 0)
-    ident = Identity("scale", "run", "node0", 0, 0, 8, 1)
-    series = sum(len(fam.samples) for fam in RollupCollector(rollup, ident).collect())
-    return {"series_per_rank": series, "series_at": {"1024": series * 1024, "10000": series * 10_000}}
-
-
-# ------------------------------------------------------------------ store
+# ------------------------------------------------------------------ a spool as the agent writes it
 
 
 def build_spool(
@@ -480,7 +278,6 @@ def ingest_rounds(run_path: str, glob: str, floor_db: str, rounds: int) -> dict:
 def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bool = True) -> dict:
     """Breakdown, diagnose and ingest on one layout, live and on the store, each beside DuckDB's own floor."""
     import duckdb
-    import pyarrow.parquet as pq
 
     from ranksight.collectors import open_run
     from ranksight.collectors._queries import step_breakdown
@@ -508,20 +305,13 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
     diagnose_fresh = first_calls_s(run_path, "diagnose", FRESH_PROCESSES)
     verdict_live = page_rounds(run_path) if browser else {}
     floor_files_s, _ = timed(lambda: duckdb.connect().execute(FLOOR_SQL.format(glob=glob)).fetchall())
-    # DuckDB's floors for the ingest: Parquet -> table (in rounds, below) and an Arrow table in memory -> table.
+    # DuckDB's floor for the ingest: Parquet -> table, in rounds taking turns with it
     floor_db = os.path.join(base, "floor.duckdb")
     rounds = ingest_rounds(run_path, glob, floor_db, INGEST_ROUNDS)  # leaves the store and the floor's table
     fcon = duckdb.connect(floor_db)
-    arrow_steps = pq.read_table(os.path.join(run_path, "steps"))
-    t0 = time.perf_counter()
-    fcon.register("arrow_view", arrow_steps)
-    fcon.execute("CREATE TABLE arrow_steps AS SELECT * FROM arrow_view")
-    fcon.execute("CHECKPOINT")
-    arrow_insert_s = time.perf_counter() - t0
     table_sql = "SELECT rank, median(step_s), avg(step_s) FROM steps GROUP BY rank"
     groupby_s, _ = timed(lambda: fcon.execute(table_sql).fetchall())
     fcon.close()
-    del arrow_steps
     store_s, stored = timed(breakdown)
     assert [r["steps"] for r in live] == [r["steps"] for r in stored]
     diag_store_s, _ = timed(lambda: diagnose(run_path), repeats=2)
@@ -534,7 +324,6 @@ def store_figures(base: str, ranks: int, steps: int, per_node: bool, browser: bo
         "ingest_s": ingest_s, "ingest_rows_per_s": rows / ingest_s, "ingest_rounds": rounds,
         "ingest_over_parquet_to_table_median": rounds["over_floor_median"],
         "duckdb_parquet_to_table_rows_per_s": rows / statistics.median(rounds["floor_s"]),
-        "duckdb_arrow_insert_rows_per_s": rows / arrow_insert_s,
         "breakdown_live_s": live_s, "breakdown_live_each_s": live_each,  # the first in this process, then two more
         "breakdown_live_first_fresh_s": statistics.median(breakdown_fresh),
         "breakdown_live_first_fresh_each_s": breakdown_fresh, "breakdown_store_s": store_s,
@@ -714,13 +503,8 @@ def refresh_figures(base: str, ranks: int, steps: int, rounds: int) -> dict:
 
 def main() -> None:
     parser = cli(__doc__, rounds=5)
-    parser.add_argument("--sections", default="spool,prometheus,store", help="spool, prometheus, store, first, refresh")
+    parser.add_argument("--sections", default="store", help="store, first, refresh")
     parser.add_argument("--dir", help="where the spools are built (kept, and read again by the first section)")
-    spool = parser.add_argument_group("spool section")
-    spool.add_argument("--seconds", type=float, default=40.0, help="wall time of each spool simulation")
-    spool.add_argument("--speed", type=float, default=10.0, help="time compression of the spool simulation")
-    spool.add_argument("--nodes", type=int, default=2, help="simulated nodes of 8 ranks each")
-    spool.add_argument("--step-ms", type=float, default=100.0, help="a simulated rank's step time")
     store = parser.add_argument_group("store section")
     store.add_argument("--store-ranks", type=int, default=1024)
     store.add_argument("--store-steps", type=int, default=2000)
@@ -738,24 +522,6 @@ def main() -> None:
     sections = args.sections.split(",")
     figures: dict = {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()[0]}
     try:
-        if "spool" in sections:
-            from ranksight.agent._node_spool import publish_interval_s
-
-            figures["spool"] = []
-            for node_spool_on, world in ((False, 10_000), (True, 1024), (True, 10_000)):
-                speed = args.speed
-                if node_spool_on:
-                    # A publish costs the same CPU whatever the compression: keep the compressed interval
-                    # at 3 s or more, so this machine's publishes do not run back to back.
-                    interval = publish_interval_s(REAL_FLUSH_S, world, RANKS_PER_NODE, DEFAULT_CAP)
-                    speed = max(1.0, min(args.speed, interval / 3.0))
-                fig = simulate(base, node_spool=node_spool_on, world=world, nodes=args.nodes, seconds=args.seconds,
-                               speed=speed, step_ms=args.step_ms)  # fmt: skip
-                figures["spool"].append(fig)
-                print(json.dumps(fig), flush=True)
-        if "prometheus" in sections:
-            figures["prometheus"] = prometheus_series()
-            print(json.dumps(figures["prometheus"]), flush=True)
         if "store" in sections:
             figures["store"] = []
             for layout in args.layouts.split(","):
@@ -782,7 +548,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "_rank":
-        run_rank(json.loads(sys.argv[2]))
-    else:
-        main()
+    main()
