@@ -20,7 +20,6 @@ work, and the gain is ``1 - (after / ratio) / before`` per sample on the script'
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -30,18 +29,11 @@ from dataclasses import fields
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import diagnosis_corpus as corpus  # noqa: E402
 from _harness import write_results  # noqa: E402
 
 
-def _corpus():
-    spec = importlib.util.spec_from_file_location("diagnosis_corpus", os.path.join(HERE, "diagnosis_corpus.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_runs(paths: list, corpus) -> list:
+def load_runs(paths: list) -> list:
     known = {f.name for f in fields(corpus.RunResult)}
     runs = []
     for path in paths:
@@ -59,10 +51,9 @@ def main(argv=None) -> int:
     parser.add_argument("--after", nargs="+", default=[], help="runs of the plant with that rule's fix applied")
     parser.add_argument("--work-ratio", type=float, default=1.0, help="work of an --after step over a step before")
     args = parser.parse_args(argv)
-    corpus = _corpus()
     if args.co_finding:
-        return co_finding(args, corpus)
-    rows = corpus.fix_check(load_runs(args.results, corpus))
+        return co_finding(args)
+    rows = corpus.fix_check(load_runs(args.results))
     if not rows:
         print("no (script, fault) has both faulty and fixed runs (run the corpus with --check-fix)")
         return 1
@@ -74,14 +65,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def co_finding(args, corpus) -> int:
+def co_finding(args) -> int:
     """The co-finding's stated cost (median over the faulty runs that named it) against the step time the
     changed plant gave back per unit of work."""
 
     def per_sample(runs):  # the fix check's own clock (the script's median step over its samples)
         return [s for r in runs if not r.fixed and (s := corpus._per_sample_s(r)) is not None]
 
-    before_runs, after_runs = load_runs(args.results, corpus), load_runs(args.after, corpus)
+    before_runs, after_runs = load_runs(args.results), load_runs(args.after)
     costs = [
         f["cost_share"] for r in before_runs if not r.fixed for f in r.findings if f.get("rule") == args.co_finding
     ]

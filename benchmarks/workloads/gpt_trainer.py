@@ -234,7 +234,6 @@ class GPT(nn.Module):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (slow to start on CPU)")
-    parser.add_argument("--no-data-marks", action="store_true", help="leave mon.data() out: data wait unmeasured")
     add_corpus_options(parser, "gpt-trainer", FAULTS, steps_help="optimizer steps (max_iters)")
     args = parser.parse_args()
     fault, fix = args.fault, args.fix
@@ -381,7 +380,6 @@ def main() -> None:
 
     mon = ranksight.init(run_dir=args.run_dir, job=args.job, run_id=args.run_id, gpu=gpu_sampling(device_type))
     mon.watch(model, optimizer)
-    data_mark = contextlib.nullcontext if args.no_data_marks else mon.data
 
     @torch.no_grad()
     def estimate_loss():
@@ -408,7 +406,7 @@ def main() -> None:
         return min_lr + coeff * (learning_rate - min_lr)
 
     # -------------------------------------------------------------- training loop
-    with data_mark():
+    with mon.data():
         X, Y = get_batch("train")  # fetch the very first batch
     t0 = time.time()
     iter_num = 0
@@ -465,7 +463,7 @@ def main() -> None:
                         # the global loss of every micro-batch, for the loss curve
                         micro_losses.append(all_reduce_mean(loss.detach() * gradient_accumulation_steps))
                 # immediately async prefetch next batch while model is doing the forward pass
-                with data_mark():
+                with mon.data():
                     X, Y = get_batch("train")
                 loss.backward()
             if grad_clip != 0.0:
