@@ -46,6 +46,7 @@ def cited_results() -> tuple[dict[str, list[str]], dict[str, str]]:
             r"git worktree add (\S+) ([0-9a-f]{7,40}) && [^`]*?\1/benchmarks/(\w+)", command
         ):
             retired[name] = commit
+        command = re.sub(r"`[^`]*` at commit [0-9a-f]{7,40}", "", command)  # a retired section's, run from there
         for name in dict.fromkeys(re.findall(r"(?:python -m benchmarks |benchmarks/|its `)(\w+)", command)):
             out.setdefault(name, []).append(files.strip(" |").replace("`", ""))
     return out, retired
