@@ -22,7 +22,7 @@ from ._rundir import SkippedFile, first_line, is_listed, warn_skipped
 from ._tables import quiet_connection
 
 _FAMILIES = {
-    **dict.fromkeys(("VARCHAR",), "string"),
+    "VARCHAR": "string",
     **dict.fromkeys(("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"), "integer"),
     **dict.fromkeys(("UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"), "integer"),
     **dict.fromkeys(("FLOAT", "DOUBLE"), "floating"),
@@ -51,14 +51,14 @@ _NO_COLUMNS: frozenset = frozenset()
 
 
 @functools.lru_cache(maxsize=256)
-def _schema_problem(kind: str, columns: tuple[tuple[str, str, bool], ...]) -> str | None:
-    """What is wrong with a ``kind`` segment of these (name, DuckDB type, nullable) columns, or None."""
-    fields = {name: (family, nullable) for name, family, nullable in columns}
+def _schema_problem(kind: str, columns: tuple[tuple[str, str], ...]) -> str | None:
+    """What is wrong with a ``kind`` segment of these (name, DuckDB type) columns, in the file's order, or None."""
+    present = {name for name, _ in columns}
     wanted = {c.name: c for c in KINDS[kind]}
-    missing = [name for name, c in wanted.items() if not c.nullable and name not in fields]
+    missing = [name for name, c in wanted.items() if not c.nullable and name not in present]
     if missing:
         return f"not a {kind} segment: no column {', '.join(missing)}"
-    for name, duckdb_type, _ in columns:
+    for name, duckdb_type in columns:
         family, column = _FAMILIES.get(duckdb_type), wanted.get(name)
         if column is None:
             if family is None:
@@ -121,9 +121,8 @@ def _judge_schema(cur, folder: str, kind: str, members: list[str]) -> dict:
             out[first] = None
     else:
         return out
-    columns = tuple((row[0], row[1], row[0] in nullable) for row in types)
-    problem = _schema_problem(kind, columns)
-    found = frozenset((name, duckdb_type) for name, duckdb_type, _ in columns)
+    columns = tuple((row[0], row[1]) for row in types)
+    problem, found = _schema_problem(kind, columns), frozenset(columns)
     identity = [c.name for c in IDENTITY if c.name in nullable]
     if problem is not None or not identity:
         return {**out, **dict.fromkeys(members[at:], (problem, _NO_COLUMNS if problem else found))}
