@@ -75,11 +75,11 @@ def _judge(folder: str, kind: str, names: list[str], con=None) -> dict[str, tupl
     import duckdb
 
     paths = [os.path.join(folder, n) for n in names]
-    cur = quiet_connection() if con is None else con.cursor()
+    cur = (_judging_connection() if con is None else con).cursor()
     out: dict[str, tuple[str | None, frozenset] | None] = {}
     try:
-        try:
-            signatures = dict(cur.execute(_SIGNATURES_SQL, {"paths": paths}).fetchall())
+        try:  # one file is a group of its own: no signature to read
+            signatures = dict(cur.execute(_SIGNATURES_SQL, {"paths": paths}).fetchall()) if len(paths) > 1 else {}
         except duckdb.Error:  # a file that does not read among them: each alone names it
             signatures = {}
             for name, path in zip(names, paths):
@@ -97,6 +97,13 @@ def _judge(folder: str, kind: str, names: list[str], con=None) -> dict[str, tupl
     finally:
         cur.close()
     return out
+
+
+@functools.cache
+def _judging_connection():
+    """The connection files are judged on where no reader's is given, made once: a cursor of it costs nothing, a new
+    connection ~10 ms, more than judging a refresh's new file (read_side_history.md, collectors-trim)."""
+    return quiet_connection()
 
 
 def _judge_schema(cur, folder: str, kind: str, members: list[str]) -> dict:
