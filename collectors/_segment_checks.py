@@ -1,6 +1,12 @@
-"""Which spool segments read: each file's framing and footer judged against the record kind's schema, once per
-process (kept by name, size and mtime), so a damaged or foreign segment is left out with its reason
-(``SkippedFile``) and readers build their select lists from the footers already read.
+"""Which spool segments read: DuckDB reads the Parquet schema of every file not judged yet, in one pass, and each
+distinct schema is judged once against the record kind's; a file DuckDB cannot read, or of another schema, is left
+out with its reason (``SkippedFile``). Verdicts are kept per process by name, size and mtime (a segment is written
+once and renamed into place), and readers build their select lists from the columns they found.
+
+Why DuckDB and one pass: it reads the footers in C++, in parallel, where a check of each file in Python (its
+framing, then pyarrow's footer) held the GIL for every file of a big spool, and on the reading connection (its
+Parquet metadata cache, ``reading_connection``) the footers read here are not parsed again to bind its views
+(read_side_history.md, ``_footers``).
 """
 
 from __future__ import annotations
@@ -9,16 +15,21 @@ import functools
 import os
 import stat
 import threading
-from typing import TYPE_CHECKING
 
 from ranksight.format.schema import IDENTITY, KINDS
 
-from ._footers import judge_by_schema
 from ._rundir import SkippedFile, first_line, is_listed, warn_skipped
+from ._tables import quiet_connection
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
+_FAMILIES = {
+    "VARCHAR": "string",
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT"), "integer"),
+    **dict.fromkeys(("UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"), "integer"),
+    **dict.fromkeys(("FLOAT", "DOUBLE"), "floating"),
+    "BOOLEAN": "boolean",
+    '"NULL"': "null",
+}
+"""DuckDB column types by the family a schema type accepts; any other type is one ranksight does not read."""
 _ALLOWED_TYPES = {
     "string": ("string",),
     "int32": ("integer",),
@@ -26,140 +37,131 @@ _ALLOWED_TYPES = {
     "float64": ("floating", "integer"),
     "bool": ("boolean",),
 }
-"""Arrow type families each schema type accepts: what DuckDB reads into the column without surprise."""
-_READABLE_FAMILIES = ("string", "integer", "floating", "boolean", "null")
+"""Type families each schema type accepts: what DuckDB reads into the column without surprise."""
 
-
-def _family(arrow_type) -> str:
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(arrow_type):
-        arrow_type = arrow_type.value_type
-    checks = (
-        ("string", pa.types.is_string),
-        ("string", pa.types.is_large_string),
-        ("integer", pa.types.is_integer),
-        ("floating", pa.types.is_floating),
-        ("boolean", pa.types.is_boolean),
-        ("null", pa.types.is_null),
-    )
-    return next((name for name, check in checks if check(arrow_type)), str(arrow_type))
-
+_SIGNATURES_SQL = """
+    SELECT file_name, string_agg(concat_ws('|', name, type, repetition_type, converted_type, logical_type), ','
+                                 ORDER BY name) AS columns
+    FROM parquet_schema($paths) GROUP BY file_name
+"""
+"""Each file's Parquet schema: what DuckDB reads it by, so files of one signature get one verdict (the Arrow schema
+in their metadata besides cost a second pass and told no file of the agent's apart, onescan_52.md)."""
 
 _NO_COLUMNS: frozenset = frozenset()
 
 
-def segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
-    """(why a spool segment cannot be read as ``kind`` rows or None when it can; the file's columns when it can,
-    as (name, Arrow type) pairs). The names let readers build their select list without DuckDB reading every
-    footer again (``segment_columns``), the types tell files DuckDB can read as one schema (``one_schema``).
-
-    First the framing (a Parquet file starts and ends with PAR1): empty, truncated and non-Parquet files
-    fail here. Then the footer (pyarrow, no data read): every non-null column of the kind must be there
-    with a type of the right family, and the identity columns must hold no NULL, so no row is read (or
-    stored) without knowing which rank it came from.
-    """
-    return _verdict(_framing_problem(path) or _schema_verdict(path, kind)[0])
-
-
-def _verdict(answer: str | frozenset) -> tuple[str | None, frozenset]:
-    """A ``_schema_verdict`` answer (a problem, or the columns) as a verdict: (problem or None, columns)."""
-    return (answer, _NO_COLUMNS) if isinstance(answer, str) else (None, answer)
-
-
-def _schema_verdict(path: str, kind: str) -> tuple[str | frozenset, bool]:
-    """(what the footer says is wrong, or the file's columns as (name, Arrow type) pairs; whether that answer
-    read the file's data, so that it holds for this file alone rather than for every file of its schema)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        with pq.ParquetFile(path) as parquet:  # the footer only; half the CPU of pq.read_schema
-            schema = parquet.schema_arrow
-    except FileNotFoundError:
-        raise
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        return f"not a readable Parquet file ({first_line(exc)})", True
-    problem, nullable_identity = _schema_problem(kind, schema)
-    if problem is not None:
-        return problem, False
-    with_nulls = _columns_with_nulls(path, list(nullable_identity)) if nullable_identity else []
-    if with_nulls:
-        return f"rows without their identity (NULL in {', '.join(with_nulls)})", True
-    return frozenset((f.name, str(f.type)) for f in schema), bool(nullable_identity)
-
-
 @functools.lru_cache(maxsize=256)
-def _schema_problem(kind: str, schema: pa.Schema) -> tuple[str | None, tuple[str, ...]]:
-    """(what is wrong with a ``kind`` segment of this Arrow schema, or None; its nullable identity columns).
-
-    A pure function of the schema, kept per process: a spool's files share a handful of schemas, so each
-    is judged once rather than column by column in Python for every one of a big spool's files."""
-    fields = {f.name: f for f in schema}
-    columns = {c.name: c for c in KINDS[kind]}
-    missing = [name for name, c in columns.items() if not c.nullable and name not in fields]
+def _schema_problem(kind: str, columns: tuple[tuple[str, str], ...]) -> str | None:
+    """What is wrong with a ``kind`` segment of these (name, DuckDB type) columns, in the file's order, or None."""
+    present = {name for name, _ in columns}
+    wanted = {c.name: c for c in KINDS[kind]}
+    missing = [name for name, c in wanted.items() if not c.nullable and name not in present]
     if missing:
-        return f"not a {kind} segment: no column {', '.join(missing)}", ()
-    for name, f in fields.items():
-        family = _family(f.type)
-        wanted = columns.get(name)
-        if wanted is None:
-            if family not in _READABLE_FAMILIES:
-                return f"column {name} has type {f.type}, which ranksight does not read", ()
-        elif family not in _ALLOWED_TYPES[wanted.type] and not (family == "null" and wanted.nullable):
-            return f"column {name} has type {f.type}, expected {wanted.type}", ()
-    return None, tuple(c.name for c in IDENTITY if fields[c.name].nullable)
-
-
-_MAGIC = b"PAR1"
-
-
-def _framing_problem(path: str) -> str | None:
-    """What the first and last bytes say (a Parquet file starts and ends with PAR1): the cheap check that
-    catches empty, truncated and non-Parquet files before a footer is parsed. A file that cannot be opened is
-    the problem; one that is gone raises FileNotFoundError."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                return "empty file (0 bytes)"
-            head = f.read(4)
-            f.seek(max(0, size - 4))
-            tail = f.read(4)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        return f"not a readable Parquet file ({first_line(exc)})"
-    if head != _MAGIC:
-        return f"not a Parquet file (it does not start with {_MAGIC.decode()})"
-    if tail != _MAGIC or size < 12:
-        return f"truncated: no Parquet footer at the end of its {size:,} bytes"
+        return f"not a {kind} segment: no column {', '.join(missing)}"
+    for name, duckdb_type in columns:
+        family, column = _FAMILIES.get(duckdb_type), wanted.get(name)
+        if column is None:
+            if family is None:
+                return f"column {name} has type {duckdb_type}, which ranksight does not read"
+        elif family not in _ALLOWED_TYPES[column.type] and not (family == "null" and column.nullable):
+            return f"column {name} has type {duckdb_type}, expected {column.type}"
     return None
 
 
-def _columns_with_nulls(path: str, names: list[str]) -> list[str]:
-    """Which of the (nullable) columns hold a NULL: the agent writes identity columns as required, so
-    only a file from elsewhere gets here."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def _judge(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
+    """name -> (why the file cannot be read as ``kind`` rows or None, its (name, DuckDB type) columns when it can);
+    None for a file gone since the listing (pruned or renamed: not a damaged file). ``con``: the connection that
+    will read the files (read on a cursor of it, whose Parquet metadata cache keeps the footers for its views)."""
+    import duckdb
 
+    paths = [os.path.join(folder, n) for n in names]
+    cur = (_judging_connection() if con is None else con).cursor()
+    out: dict[str, tuple[str | None, frozenset] | None] = {}
     try:
-        table = pq.read_table(path, columns=names)
-    except (OSError, pa.ArrowException, ValueError):
-        return names
-    return [name for name in names if table.column(name).null_count]
+        try:  # one file is a group of its own: no signature to read
+            signatures = dict(cur.execute(_SIGNATURES_SQL, {"paths": paths}).fetchall()) if len(paths) > 1 else {}
+        except duckdb.Error:  # a file that does not read among them: each alone names it
+            signatures = {}
+            for name, path in zip(names, paths):
+                try:
+                    signatures.update(cur.execute(_SIGNATURES_SQL, {"paths": [path]}).fetchall())
+                except duckdb.Error as exc:
+                    gone = not os.path.lexists(path)
+                    out[name] = None if gone else (f"not a readable Parquet file ({first_line(exc)})", _NO_COLUMNS)
+        groups: dict[str, list[str]] = {}
+        for name, path in zip(names, paths):
+            if name not in out:
+                groups.setdefault(signatures.get(path, path), []).append(name)
+        for members in groups.values():
+            out.update(_judge_schema(cur, folder, kind, members))
+    finally:
+        cur.close()
+    return out
+
+
+@functools.cache
+def _judging_connection():
+    """The connection files are judged on where no reader's is given, made once: a cursor of it costs nothing, a new
+    connection ~10 ms, more than judging a refresh's new file (read_side_history.md, collectors-trim)."""
+    return quiet_connection()
+
+
+def _judge_schema(cur, folder: str, kind: str, members: list[str]) -> dict:
+    """The verdicts of files of one Parquet schema, read from the first one's; each file's own where its identity
+    columns may hold NULL (the agent writes them required, so only a file from elsewhere gets here)."""
+    import duckdb
+
+    out: dict = {}
+    for at, first in enumerate(members):  # the first that is still there (one may be pruned meanwhile)
+        path = os.path.join(folder, first)
+        try:
+            types = cur.execute("DESCRIBE SELECT * FROM read_parquet(?)", [path]).fetchall()
+            optional = cur.execute("SELECT name FROM parquet_schema(?) WHERE repetition_type = 'OPTIONAL'", [path])
+            nullable = {name for (name,) in optional.fetchall()}
+            break
+        except duckdb.Error as exc:
+            if os.path.lexists(path):
+                return {
+                    **out,
+                    **dict.fromkeys(members[at:], (f"not a readable Parquet file ({first_line(exc)})", _NO_COLUMNS)),
+                }
+            out[first] = None
+    else:
+        return out
+    columns = tuple((row[0], row[1]) for row in types)
+    problem, found = _schema_problem(kind, columns), frozenset(columns)
+    identity = [c.name for c in IDENTITY if c.name in nullable]
+    if problem is not None or not identity:
+        return {**out, **dict.fromkeys(members[at:], (problem, _NO_COLUMNS if problem else found))}
+    counts = ", ".join(f"count(*) FILTER (WHERE {c} IS NULL)" for c in identity)
+    for name in members[at:]:
+        try:
+            nulls = cur.execute(f"SELECT {counts} FROM read_parquet(?)", [os.path.join(folder, name)]).fetchone()
+        except duckdb.Error as exc:
+            out[name] = (f"its data does not decode ({first_line(exc)})", _NO_COLUMNS)
+            continue
+        with_nulls = ", ".join(c for c, n in zip(identity, nulls) if n)
+        out[name] = (
+            (f"rows without their identity (NULL in {with_nulls})", _NO_COLUMNS) if with_nulls else (None, found)
+        )
+    return out
+
+
+def segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
+    """(why one spool segment cannot be read as ``kind`` rows, or None; its (name, type) columns when it can)."""
+    found = _judge(os.path.dirname(path), kind, [os.path.basename(path)]).get(os.path.basename(path))
+    if found is None:
+        raise FileNotFoundError(path)
+    return found
 
 
 class _SegmentVerdicts:
-    """Each segment's verdict, kept per folder by (name, size, mtime): a footer is read once per process.
-
-    Segments are written once and renamed into place, so a file with the same size and mtime has the
-    same footer; entries of files no longer listed are dropped at each scan (memory follows the spool).
-    """
+    """Each segment's verdict, kept per folder by (name, size, mtime); entries of files no longer listed are dropped
+    at each scan (memory follows the spool)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # name -> (size, mtime_ns, problem or None, column names of a readable file)
+        # name -> (size, mtime_ns, problem or None, columns of a readable file)
         self._by_folder: dict[str, dict[str, tuple[int, int, str | None, frozenset]]] = {}
 
     def scan(
@@ -172,15 +174,16 @@ class _SegmentVerdicts:
         to_judge = []
         for name, (size, mtime_ns, reason) in listed.items():
             seen = known.get(name)
-            if reason != _NOT_JUDGED:
+            if reason is not None:
                 verdicts[name] = (size, mtime_ns, reason, _NO_COLUMNS)
             elif seen is not None and seen[:2] == (size, mtime_ns):
                 verdicts[name] = seen
             else:
                 to_judge.append(name)
-        for name, verdict in _judge_all(folder, kind, to_judge, con).items():
-            if verdict is not None:
-                verdicts[name] = (*listed[name][:2], *verdict)
+        if to_judge:
+            for name, verdict in _judge(folder, kind, to_judge, con).items():
+                if verdict is not None:
+                    verdicts[name] = (*listed[name][:2], *verdict)
         with self._lock:  # keep what is known of the files left unread: another caller may want them
             if names is not None:  # only these were looked at: what is known of the others stays
                 kept = self._by_folder.get(folder, {})
@@ -203,13 +206,10 @@ class _SegmentVerdicts:
             return [v[3] if (v := known.get(n)) is not None and v[2] is None else None for n in names]
 
 
-_NOT_JUDGED = "\0not judged"
-
-
-def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int, int, str]]:
-    """name -> (size, mtime_ns, placeholder) of the files the segment glob matches (of ``names`` alone when
-    given: no listing); non-files get a reason."""
-    out: dict[str, tuple[int, int, str]] = {}
+def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int, int, str | None]]:
+    """name -> (size, mtime_ns, None) of the files the segment glob matches (of ``names`` alone when given: no
+    listing); a reason in place of None for what is not a file to read."""
+    out: dict[str, tuple[int, int, str | None]] = {}
     if names is None:
         try:
             names = os.listdir(folder)
@@ -228,45 +228,8 @@ def _listing(folder: str, names: list[str] | None = None) -> dict[str, tuple[int
         except OSError as exc:
             out[name] = (-1, -1, f"cannot be read ({exc.strerror})")
             continue
-        if not stat.S_ISREG(st.st_mode):
-            out[name] = (st.st_size, st.st_mtime_ns, "not a regular file")
-            continue
-        out[name] = (st.st_size, st.st_mtime_ns, _NOT_JUDGED)
-    return out
-
-
-_BATCH_FROM = 64  # footers to judge before one DuckDB pass over their schemas pays off
-
-
-def _judge_all(folder: str, kind: str, names: list[str], con=None) -> dict[str, tuple[str | None, frozenset] | None]:
-    """Verdicts of files not judged before (or changed since), reading their footers; None for a file pruned
-    (or renamed) between the listing and the footer read: not a damaged file. Each file's framing is checked
-    first; many files are then judged one per schema, one footer per schema read (``_footers``)."""
-    out: dict[str, tuple[str | None, frozenset] | None] = {}
-    scopes: dict[str, bool] = {}
-
-    def judge_schema(name: str) -> tuple[str | None, frozenset] | None:
-        try:
-            answer, scopes[name] = _schema_verdict(os.path.join(folder, name), kind)
-        except FileNotFoundError:
-            return None
-        return _verdict(answer)
-
-    framed = []
-    for name in names:
-        try:
-            framing = _framing_problem(os.path.join(folder, name))
-        except FileNotFoundError:
-            out[name] = None
-            continue
-        if framing:
-            out[name] = (framing, _NO_COLUMNS)
-        else:
-            framed.append(name)
-    batch = None
-    if framed and len(names) >= _BATCH_FROM:
-        batch = judge_by_schema(folder, framed, judge_schema, lambda name: scopes.get(name, True), con)
-    out.update(batch if batch is not None else {name: judge_schema(name) for name in framed})
+        regular = stat.S_ISREG(st.st_mode)
+        out[name] = (st.st_size, st.st_mtime_ns, None if regular else "not a regular file")
     return out
 
 
@@ -278,10 +241,9 @@ def scan_segments(
 ) -> tuple[list[str], list[SkippedFile]]:
     """(readable segment paths, sorted; the segments left out and why) of a record kind.
 
-    Each file's footer is read once per process (``segment_verdict``); names in ``unread`` (segments a
-    store holds, whose rows come from it) are left out without being read. Logs nothing: each caller
-    warns about what matters to it. ``con``: the DuckDB connection that will read the segments, if any;
-    many footers are then read on it (a cursor), so its Parquet metadata cache keeps them for its views.
+    Each file is judged once per process; names in ``unread`` (segments a store holds, whose rows come from it)
+    are left out without being read. Logs nothing: each caller warns about what matters to it. ``con``: the
+    DuckDB connection that will read the segments, if any (see ``_judge``).
     """
     return _verdicts.scan(os.path.join(run_path, kind), kind, unread, con)
 
@@ -314,10 +276,10 @@ def one_schema(paths: list[str]) -> bool:
 
 
 def segment_files(run_path: str, kind: str, names: list[str] | None = None) -> list[str]:
-    """Paths of a record kind's readable spool segments, sorted, every footer checked once per process;
-    each damaged or foreign one is left out with one warning line (an agent never leaves one: segments
-    appear whole, by rename). ``names``: of these segments alone (a caller that listed the folder itself and
-    wants the new ones), the folder not listed again."""
+    """Paths of a record kind's readable spool segments, sorted, each judged once per process; each damaged or
+    foreign one is left out with one warning line (an agent never leaves one: segments appear whole, by rename).
+    ``names``: of these segments alone (a caller that listed the folder itself and wants the new ones), the folder
+    not listed again."""
     good, bad = _verdicts.scan(os.path.join(run_path, kind), kind, frozenset(), None, names)
     for skipped in bad:
         warn_skipped(skipped)

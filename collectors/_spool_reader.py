@@ -29,7 +29,7 @@ from ._rundir import (
 )
 from ._runs import rank_is_live, read_rank_meta
 from ._segment_checks import one_schema, scan_segments, segment_columns
-from ._summary import SUMMARY_TABLES, Sources, summary_key
+from ._summary import Sources, holds_relation
 from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
@@ -93,17 +93,8 @@ def open_views(
             con.execute(f"CREATE TABLE {kind} ({duckdb_columns(kind)})")
     for item in skipped:
         warn_skipped(item)
-    if sources.store:
-        sources.store_summary = _holds_summary(con)
+    sources.store_summary = sources.store and holds_relation(con, store_tables(con, STORE_ALIAS), STORE_ALIAS)
     return skipped, sources
-
-
-def _holds_summary(con) -> bool:
-    """Whether the attached store keeps the relation of its step rows under this code's definition."""
-    if not set(SUMMARY_TABLES.values()) <= store_tables(con, STORE_ALIAS):
-        return False
-    found = con.execute(f"SELECT value FROM {STORE_ALIAS}._store_meta WHERE key = 'summary_key'").fetchall()
-    return found == [(summary_key(),)]
 
 
 def reading_connection():

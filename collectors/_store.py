@@ -44,7 +44,7 @@ from ._rundir import (
     warn_skipped,
 )
 from ._segment_checks import one_schema, scan_segments
-from ._summary import SUMMARY_TABLES, relation_for_store, summary_key
+from ._summary import SUMMARY_TABLES, holds_relation, relation_for_store, summary_key
 from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
@@ -320,10 +320,7 @@ def _held_before(con, had_tables: set[str]) -> str:
     relation, under this code's definition) or "rows" (they alone: an older store's)."""
     if "steps" not in had_tables or not con.execute("SELECT count(*) FROM steps").fetchone()[0]:
         return "none"
-    if not set(SUMMARY_TABLES.values()) <= had_tables:
-        return "rows"
-    found = con.execute("SELECT value FROM _store_meta WHERE key = 'summary_key'").fetchall()
-    return "relation" if found == [(summary_key(),)] else "rows"
+    return "relation" if holds_relation(con, had_tables) else "rows"
 
 
 def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]]:

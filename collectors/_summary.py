@@ -55,6 +55,15 @@ def summary_key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def holds_relation(con, tables: set[str], schema: str = "") -> bool:
+    """Whether a store of ``tables``, attached under ``schema`` ("": the current database), keeps the relation of
+    its step rows under this code's definition (``summary_key``)."""
+    if not set(SUMMARY_TABLES.values()) <= tables:
+        return False
+    meta = f"{schema}._store_meta" if schema else "_store_meta"
+    return con.execute(f"SELECT value FROM {meta} WHERE key = 'summary_key'").fetchall() == [(summary_key(),)]
+
+
 @dataclass
 class Sources:
     """What ``open_views`` found behind a reading's ``steps`` view."""
@@ -148,12 +157,7 @@ def summarize(
 
 def _merged(con, parts, warmup: int, since_ns, sources: Sources | None, fold: bool) -> Summary:
     """The ``Summary`` of ``parts``: sums and steps merged per key into tables of their own, the medians read."""
-    n = next(_names)
-    sums, steps = f"_rs_sums_{n}", f"_rs_steps_{n}"
-    absent = parts[0][1][3] if len(parts) == 1 else frozenset()
-    for name, at, part in ((sums, 0, "sums"), (steps, 2, "steps")):
-        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {p[at]}" for _, p in parts)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {merge_part_sql(part, f'({union})', absent)}")
+    sums, steps = _merge_parts(con, [p for _, p in parts], "_rs")
     totals = dict(fetch_rows(con.execute(f"SELECT rank, CAST(sum(n) AS BIGINT) FROM {sums} GROUP BY rank")))
     summary = Summary(warmup, sums, steps, {}, totals, tuple(where for where, _ in parts))
     summary.medians = _medians(con, parts, summary, since_ns, sources if fold else None)
@@ -161,6 +165,18 @@ def _merged(con, parts, warmup: int, since_ns, sources: Sources | None, fold: bo
         for drop in part[4]:
             drop()
     return summary
+
+
+def _merge_parts(con, parts: list[tuple], prefix: str) -> tuple[str, str]:
+    """Temp tables of the sums and of the steps of ``parts`` (of disjoint rows), each merged per key."""
+    n = next(_names)
+    absent = parts[0][3] if len(parts) == 1 else frozenset()
+    names = []
+    for at, part in ((0, "sums"), (2, "steps")):
+        names.append(f"{prefix}_{part}_{n}")
+        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {p[at]}" for p in parts)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {names[-1]} AS {merge_part_sql(part, f'({union})', absent)}")
+    return names[0], names[1]
 
 
 def _medians(con, parts, summary: Summary, since_ns, sources: Sources | None) -> dict:
@@ -251,12 +267,9 @@ def relation_for_store(con, before: str, added: list[str], rows_of) -> tuple[tup
 def _merged_for_store(con, parts: list[tuple]) -> tuple[str, str, str]:
     """Temp tables of ``parts`` (of disjoint rows) merged: sums and steps per key; a rank's medians the part's that
     holds all its kept rows, else the rows' (``steps``): a median does not merge."""
+    sums, steps = _merge_parts(con, parts, "_st")
     n = next(_names)
-    sums, medians, steps = (f"_st_{part}_{n}" for part in ("sums", "medians", "steps"))
-    absent = parts[0][3] if len(parts) == 1 else frozenset()
-    for name, at, part in ((sums, 0, "sums"), (steps, 2, "steps")):
-        union = " UNION ALL BY NAME ".join(f"SELECT * FROM {p[at]}" for p in parts)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {merge_part_sql(part, f'({union})', absent)}")
+    medians = f"_st_medians_{n}"
     union = " UNION ALL ".join(f"SELECT rank, figure, median FROM {p[1]}" for p in parts)
     con.execute(f"CREATE OR REPLACE TEMP TABLE {medians} AS {union}")
     spread = f"_st_spread_{n}"

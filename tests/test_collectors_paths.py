@@ -31,7 +31,7 @@ def test_run_folders_with_glob_characters_are_read(tmp_path, folder):
 
 _SETTINGS_OF_OUR_CONNECTIONS = r"""
 import json, sys
-from ranksight.collectors import _footers, _store, ingest, open_run
+from ranksight.collectors import _store, _tables, ingest, open_run
 run = sys.argv[1]
 setting = "SELECT current_setting('enable_progress_bar')"
 con = open_run(run)
@@ -41,7 +41,7 @@ print(json.dumps({
     "open_run": con.execute(setting).fetchone()[0],
     "cursor": con.cursor().execute(setting).fetchone()[0],
     "store": _store._connect(_store.store_path(run), run).execute(setting).fetchone()[0],
-    "footers": _footers.quiet_connection().execute(setting).fetchone()[0],
+    "footers": _tables.quiet_connection().execute(setting).fetchone()[0],
 }))
 """
 

@@ -1,5 +1,5 @@
-"""Many segments are judged one per schema (DuckDB reads their schemas, pyarrow judges one file of each):
-the verdicts must be exactly those of judging every file alone, damaged and foreign files included."""
+"""Many segments are judged one per schema (DuckDB reads every file's schema in one pass, one file of each schema
+is judged): the verdicts must be exactly those of judging every file alone, damaged and foreign files included."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ranksight.collectors import _segment_checks, open_run
-from ranksight.collectors._segment_checks import _BATCH_FROM, scan_segments, segment_verdict
+from ranksight.collectors._segment_checks import scan_segments, segment_verdict
 
 from ._damage import DAMAGES, STEPS, first_segment, write_run
 
-COPIES = _BATCH_FROM + 6  # enough pending files for the batch path
+COPIES = 70  # a big spool's many files of one schema
 
 
 @pytest.fixture
@@ -63,16 +63,16 @@ def test_many_segments_get_the_verdicts_each_would_get_alone(tmp_path, one_rank,
     _many_segments(run)
     bad = DAMAGES[damage](run)
     footers_parsed = []
-    parse = _segment_checks._schema_verdict
-    monkeypatch.setattr(_segment_checks, "_schema_verdict", lambda *a: footers_parsed.append(a) or parse(*a))
+    parse = _segment_checks._judge_schema
+    monkeypatch.setattr(_segment_checks, "_judge_schema", lambda *a: footers_parsed.append(a) or parse(*a))
     reader = None
     if on_reader:
         reader = duckdb.connect()
         reader.execute("SET parquet_metadata_cache = true")
     good, skipped = scan_segments(run, "steps", con=reader)
     assert len(footers_parsed) <= 2  # one file of each schema, not one per file
-    monkeypatch.setattr(_segment_checks, "_schema_verdict", parse)
-    assert len(good) + len(skipped) > _BATCH_FROM
+    monkeypatch.setattr(_segment_checks, "_judge_schema", parse)
+    assert len(good) + len(skipped) > COPIES
     expected_good, expected_bad = _alone(run)
     assert good == expected_good
     assert {s.path: s.reason for s in skipped} == expected_bad
