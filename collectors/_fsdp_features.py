@@ -96,18 +96,14 @@ def fsdp_features(con, metas: list, feats: dict[int, dict], warmup_steps: int, s
         feats[r].update(_meta_features(meta_by_rank[r]))
     if not has_table(con, "collectives"):
         return
-    per_rank = _rank_figures(con, warmup_steps, since_ns)
+    reporting = sorted(r for r in fsdp_ranks if feats[r].get("steps"))
+    per_rank = _rank_figures(con, warmup_steps, since_ns, reporting)
+    floors = _floors(con, warmup_steps, since_ns, reporting) if reporting else {}
     for r in fsdp_ranks:
         feats[r].update(per_rank.get(r, {}))
-    reporting = [r for r in fsdp_ranks if feats[r].get("steps")]
-    if reporting:
-        floors = _floors(con, warmup_steps, since_ns, sorted(reporting))
-        others = _other_blocked(con, warmup_steps, since_ns, sorted(reporting))
-        for r in fsdp_ranks:
+        if reporting:  # blocking-collectives judges what FSDP2 does not: its own are the fsdp_* figures
             feats[r].update(floors)
-            # blocking-collectives judges what FSDP2 does not: its own collectives are the fsdp_* figures.
-            feats[r].update(others.get("shared", {}))
-            feats[r].update(others.get(r, {}))
+            feats[r].update(per_rank.get("shared", {}))
     for r in fsdp_ranks:
         f = feats[r]
         f.update(_transport(f, meta_by_rank[r], link))
@@ -177,10 +173,14 @@ def _meta_features(meta: dict) -> dict:
     return f
 
 
-def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dict]:
-    """Per rank: exposed all-gather and reduce-scatter shares, calls and bytes per step."""
+def _rank_figures(con, warmup_steps: int, since_ns: int | None, reporting: list[int]) -> dict:
+    """Per rank: exposed all-gather and reduce-scatter shares, calls and bytes per step; and, over the ``reporting``
+    ranks, the blocking-collective features without FSDP2's own collectives, which have rules of their own
+    (``comm_blocked_share``, ``collectives_per_step``, ``collective_bytes_per_step`` per rank;
+    ``comm_blocked_floor_share`` and its noise under ``"shared"``): the metric all-reduces, barriers and object
+    collectives the job adds. On a GPU rank the FSDP part of the stream's blocked time is taken in proportion to
+    the host's. One scan of the steps and the collectives for both."""
     source = steps_source(since_ns)
-    gpu_exposed = "CASE WHEN k.gpu_step_s IS NOT NULL THEN coalesce(k.gpu_comm_blocked_s, 0) END"
     sql = f"""
         WITH {kept_steps_sql(source)},
              c AS (SELECT rank, step,
@@ -193,36 +193,61 @@ def _rank_figures(con, warmup_steps: int, since_ns: int | None) -> dict[int, dic
                           sum(count) FILTER (WHERE op = 'all_gather_backward') AS bwd_n,
                           sum(bytes) FILTER (WHERE op IN {_AG_OPS}) AS ag_b,
                           sum(count) FILTER (WHERE op IN {_RS_OPS}) AS rs_n,
-                          sum(bytes) FILTER (WHERE op IN {_RS_OPS}) AS rs_b
-                   FROM collectives WHERE origin = 'fsdp' GROUP BY rank, step)
-        SELECT k.rank, sum(k.period_s) AS period,
-               sum(coalesce({gpu_exposed}, c.ag_s, 0)) AS ag_s,
-               sum(c.fwd_s) FILTER (WHERE k.gpu_step_s IS NULL) AS fwd_s,
-               sum(c.bwd_s) FILTER (WHERE k.gpu_step_s IS NULL) AS bwd_s,
-               sum(c.rs_s) FILTER (WHERE k.gpu_step_s IS NULL) AS rs_s,
-               median(coalesce(c.ag_n, 0)) AS ag_n, sum(c.fwd_n) AS fwd_n, sum(c.bwd_n) AS bwd_n,
-               median(coalesce(c.ag_b, 0)) AS ag_b, sum(c.ag_b) / nullif(sum(c.ag_n), 0) AS ag_call_b,
-               median(coalesce(c.rs_n, 0)) AS rs_n, median(coalesce(c.rs_b, 0)) AS rs_b
-        FROM kept k LEFT JOIN c ON c.rank = k.rank AND c.step = k.step
-        GROUP BY k.rank
+                          sum(bytes) FILTER (WHERE op IN {_RS_OPS}) AS rs_b,
+                          sum(blocked_s) AS fsdp_s, sum(count) AS fsdp_n, sum(bytes) AS fsdp_b
+                   FROM collectives WHERE origin = 'fsdp' GROUP BY rank, step),
+             j AS (SELECT k.rank, k.step, k.period_s, k.gpu_step_s, k.gpu_comm_blocked_s, c.* EXCLUDE (rank, step),
+                          k.rank IN (SELECT unnest(?::INTEGER[])) AS reporting,
+                          CASE WHEN k.gpu_step_s IS NOT NULL AND k.gpu_comm_blocked_s IS NOT NULL
+                               THEN k.gpu_comm_blocked_s * greatest(0, 1 - coalesce(c.fsdp_s, 0)
+                                    / nullif(k.comm_blocked_s, 0))
+                               ELSE greatest(0, coalesce(k.comm_blocked_s, 0) - coalesce(c.fsdp_s, 0)) END AS other_s,
+                          k.collectives - coalesce(c.fsdp_n, 0) AS other_n,
+                          k.collective_bytes - coalesce(c.fsdp_b, 0) AS other_b
+                   FROM kept k LEFT JOIN c ON c.rank = k.rank AND c.step = k.step)
+        SELECT rank, sum(period_s) AS period,
+               sum(coalesce(CASE WHEN gpu_step_s IS NOT NULL THEN coalesce(gpu_comm_blocked_s, 0) END, ag_s, 0)),
+               sum(fwd_s) FILTER (WHERE gpu_step_s IS NULL) AS fwd_s,
+               sum(bwd_s) FILTER (WHERE gpu_step_s IS NULL) AS bwd_s,
+               sum(rs_s) FILTER (WHERE gpu_step_s IS NULL) AS rs_s,
+               median(coalesce(ag_n, 0)) AS ag_n, sum(fwd_n) AS fwd_n, sum(bwd_n) AS bwd_n,
+               median(coalesce(ag_b, 0)) AS ag_b, sum(ag_b) / nullif(sum(ag_n), 0) AS ag_call_b,
+               median(coalesce(rs_n, 0)) AS rs_n, median(coalesce(rs_b, 0)) AS rs_b,
+               bool_or(reporting), sum(other_s) / nullif(sum(period_s), 0), median(other_n), median(other_b)
+        FROM j GROUP BY rank
+        UNION ALL
+        SELECT -1, avg(period_s), min(other_s), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               NULL, NULL, NULL, NULL
+        FROM j WHERE reporting GROUP BY step HAVING count(*) = ?
     """
-    out = {}
-    for row in query(con, sql, [warmup_steps, warmup_steps])[1]:
-        rank, period, ag, fwd, bwd, rs, ag_n, fwd_n, bwd_n, ag_b, ag_call_b, rs_n, rs_b = row
-        if not period:
+    rows = query(con, sql, [warmup_steps, warmup_steps, reporting, len(reporting)])[1]
+    out: dict = {}
+    per_step = [(r[2], r[1]) for r in rows if r[0] == -1 and r[1]]
+    for row in rows:
+        rank, period, ag, fwd, bwd, rs, ag_n, fwd_n, bwd_n, ag_b, ag_call_b, rs_n, rs_b = row[:13]
+        if rank == -1:
             continue
-        out[rank] = {
-            "fsdp_all_gather_share": ag / period,
-            "fsdp_all_gather_forward_share": None if fwd is None else fwd / period,
-            "fsdp_all_gather_backward_share": None if bwd is None else bwd / period,
-            "fsdp_reduce_scatter_share": None if rs is None else rs / period,
-            "fsdp_all_gathers_per_step": ag_n,
-            "fsdp_all_gather_bytes_per_step": ag_b,
-            "fsdp_all_gather_bytes_per_call": ag_call_b,
-            "fsdp_reduce_scatters_per_step": rs_n,
-            "fsdp_reduce_scatter_bytes_per_step": rs_b,
-            "fsdp_backward_all_gather_ratio": (bwd_n or 0) / fwd_n if fwd_n else None,
-        }
+        figures = {}
+        if period:
+            figures = {
+                "fsdp_all_gather_share": ag / period,
+                "fsdp_all_gather_forward_share": None if fwd is None else fwd / period,
+                "fsdp_all_gather_backward_share": None if bwd is None else bwd / period,
+                "fsdp_reduce_scatter_share": None if rs is None else rs / period,
+                "fsdp_all_gathers_per_step": ag_n,
+                "fsdp_all_gather_bytes_per_step": ag_b,
+                "fsdp_all_gather_bytes_per_call": ag_call_b,
+                "fsdp_reduce_scatters_per_step": rs_n,
+                "fsdp_reduce_scatter_bytes_per_step": rs_b,
+                "fsdp_backward_all_gather_ratio": (bwd_n or 0) / fwd_n if fwd_n else None,
+            }
+        if row[13]:  # a reporting rank
+            figures.update(zip(("comm_blocked_share", "collectives_per_step", "collective_bytes_per_step"), row[14:]))
+        if figures:
+            out[rank] = figures
+    if per_step:
+        floor = share_and_noise([x for x, _ in per_step], [p for _, p in per_step])
+        out["shared"] = dict(zip(("comm_blocked_floor_share", "comm_blocked_floor_share_noise"), floor))
     return out
 
 
@@ -269,41 +294,6 @@ def _floors(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> d
 
 _AG_FLOOR = ("fsdp_all_gather_floor_share", "fsdp_all_gather_floor_share_noise")
 _RS_FLOOR = ("fsdp_reduce_scatter_floor_share", "fsdp_reduce_scatter_floor_share_noise")
-
-
-def _other_blocked(con, warmup_steps: int, since_ns: int | None, ranks: list[int]) -> dict:
-    """The blocking-collective features without FSDP2's own collectives (those have rules of their own):
-    ``comm_blocked_floor_share`` (+ noise), ``comm_blocked_share``, ``collectives_per_step`` and
-    ``collective_bytes_per_step`` over the metric all-reduces, barriers and object collectives the job
-    adds. On a GPU rank the FSDP part of the stream's blocked time is taken in proportion to the host's."""
-    source = steps_source(since_ns)
-    sql = f"""
-        WITH {kept_steps_sql(source)},
-             c AS (SELECT rank, step, sum(blocked_s) AS fsdp_s, sum(count) AS fsdp_n, sum(bytes) AS fsdp_b
-                   FROM collectives WHERE origin = 'fsdp' GROUP BY rank, step),
-             k AS (SELECT k.rank, k.step, k.period_s,
-                          CASE WHEN k.gpu_step_s IS NOT NULL AND k.gpu_comm_blocked_s IS NOT NULL
-                               THEN k.gpu_comm_blocked_s * greatest(0, 1 - coalesce(c.fsdp_s, 0)
-                                    / nullif(k.comm_blocked_s, 0))
-                               ELSE greatest(0, coalesce(k.comm_blocked_s, 0) - coalesce(c.fsdp_s, 0)) END AS other_s,
-                          k.collectives - coalesce(c.fsdp_n, 0) AS other_n,
-                          k.collective_bytes - coalesce(c.fsdp_b, 0) AS other_b
-                   FROM kept k LEFT JOIN c ON c.rank = k.rank AND c.step = k.step
-                   WHERE k.rank IN (SELECT unnest(?::INTEGER[])))
-        SELECT rank, NULL, sum(other_s) / nullif(sum(period_s), 0), median(other_n), median(other_b)
-        FROM k GROUP BY rank
-        UNION ALL
-        SELECT -1, step, min(other_s), avg(period_s), NULL FROM k GROUP BY step HAVING count(*) = ?
-    """
-    rows = query(con, sql, [warmup_steps, warmup_steps, ranks, len(ranks)])[1]
-    out: dict = {}
-    per_step = [(r[2], r[3]) for r in rows if r[0] == -1 and r[3]]
-    for rank, _, share, n, b in (r for r in rows if r[0] != -1):
-        out[rank] = {"comm_blocked_share": share, "collectives_per_step": n, "collective_bytes_per_step": b}
-    if per_step:
-        floor = share_and_noise([x for x, _ in per_step], [p for _, p in per_step])
-        out["shared"] = dict(zip(("comm_blocked_floor_share", "comm_blocked_floor_share_noise"), floor))
-    return out
 
 
 def _transport(f: dict, meta: dict, link) -> dict:
