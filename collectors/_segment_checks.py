@@ -3,10 +3,9 @@ distinct schema is judged once against the record kind's; a file DuckDB cannot r
 out with its reason (``SkippedFile``). Verdicts are kept per process by name, size and mtime (a segment is written
 once and renamed into place), and readers build their select lists from the columns they found.
 
-Why DuckDB and one pass: it reads the footers in C++, in parallel, where a check of each file in Python (its
-framing, then pyarrow's footer) held the GIL for every file of a big spool, and on the reading connection (its
-Parquet metadata cache, ``reading_connection``) the footers read here are not parsed again to bind its views
-(read_side_history.md, ``_footers``).
+Why DuckDB and one pass: it reads the footers in C++, in parallel, where a check of each file in Python held the
+GIL for every file of a big spool; and on the reading connection (its Parquet metadata cache,
+``reading_connection``) the footers read here are not parsed again to bind its views.
 """
 
 from __future__ import annotations
