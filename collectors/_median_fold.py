@@ -78,7 +78,7 @@ class _Fold:
         # By rank (a stable sort of whole numbers), then each rank's values on their own: a third of the CPU of
         # one ``lexsort`` of both (2.0 s against 6.6 s for 16 M values). Ranks below 65,536 are sorted as 16-bit
         # numbers, which numpy's stable sort orders by radix, in linear time.
-        small = len(ranks) and 0 <= ranks.min() and ranks.max() < 1 << 16
+        small = 0 <= ranks.min() and ranks.max() < 1 << 16
         order = np.argsort(ranks.astype(np.uint16) if small else ranks, kind="stable")
         ranks, values = ranks[order], values[order]
         starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])

@@ -101,7 +101,7 @@ def _judge(folder: str, kind: str, names: list[str], con=None) -> dict[str, tupl
 @functools.cache
 def _judging_connection():
     """The connection files are judged on where no reader's is given, made once: a cursor of it costs nothing, a new
-    connection ~10 ms, more than judging a refresh's new file (read_side_history.md, collectors-trim)."""
+    connection ~10 ms, more than judging a refresh's new file (read_side_history.md)."""
     return quiet_connection()
 
 
