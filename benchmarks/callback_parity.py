@@ -127,10 +127,14 @@ class Timing:
         self.done = 0
         self.cpu0: dict = {}
         self.cpu1: dict = {}
+        self.clocks: list = []
+        self.nvml = None
 
     def step_end(self) -> bool:
         """After each step; True when the job should stop (``stop_after_s`` passed)."""
         self.done += 1
+        if self.cuda and self.done > TIMED_FROM and self.done % 10 == 0 and not self.cpu1:
+            self.clocks.append(self.sm_clock())
         if self.done == TIMED_FROM or self.done == self.steps or (self.stop_after_s and self.done > TIMED_FROM):
             if self.cuda:
                 import torch
@@ -145,11 +149,24 @@ class Timing:
                     self.cpu1 = thread_cpu()
         return bool(self.stop_after_s and self.t0 and self.t1 - self.t0 >= self.stop_after_s)
 
+    def sm_clock(self) -> float | None:
+        try:
+            import pynvml
+
+            if self.nvml is None:
+                pynvml.nvmlInit()
+                self.nvml = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return float(pynvml.nvmlDeviceGetClockInfo(self.nvml, pynvml.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
     def figures(self) -> dict:
         timed = self.done - TIMED_FROM
+        clocks = [c for c in self.clocks if c is not None]
         cpu = {k: round(v - self.cpu0.get(k, 0.0), 3) for k, v in self.cpu1.items() if v - self.cpu0.get(k, 0.0) > 0}
         return {"steps": self.done, "timed_steps": timed, "timed_s": self.t1 - self.t0,
-                "step_s": (self.t1 - self.t0) / timed if timed > 0 else None, "thread_cpu_s": cpu}  # fmt: skip
+                "step_s": (self.t1 - self.t0) / timed if timed > 0 else None, "thread_cpu_s": cpu,
+                "sm_clock_mhz": statistics.mean(clocks) if clocks else None}  # fmt: skip
 
 
 def profiler(trace_path: str, cuda: bool):
@@ -562,7 +579,8 @@ def part_cost(args, job: str, save=lambda figures: None) -> dict:
                     got[arm]["agent"] = run_facts(os.path.join(args.out, "runs", f"{job}-{arm}-r{r}"))["kernel_window"]
                 except Exception as exc:  # a figure missing from the results, not a lost round
                     got[arm]["agent"] = {"error": str(exc)}
-            print(f"round {r} {arm}: {got[arm].get('step_s')} s a step, launch {got[arm]['launch_s']:.1f} s"
+            print(f"round {r} {arm}: {got[arm].get('step_s')} s a step, SM {got[arm].get('sm_clock_mhz')} MHz, "
+                  f"launch {got[arm]['launch_s']:.1f} s"
                   + (" FAILED" if "error" in got[arm] else ""), flush=True)  # fmt: skip
         base = got["none"].get("step_s")
         ratios = {arm: (got[arm]["step_s"] / base if base and got[arm].get("step_s") else None) for arm in arms}
