@@ -146,14 +146,6 @@ def _judge_schema(cur, folder: str, kind: str, members: list[str]) -> dict:
     return out
 
 
-def segment_verdict(path: str, kind: str) -> tuple[str | None, frozenset]:
-    """(why one spool segment cannot be read as ``kind`` rows, or None; its (name, type) columns when it can)."""
-    found = _judge(os.path.dirname(path), kind, [os.path.basename(path)]).get(os.path.basename(path))
-    if found is None:
-        raise FileNotFoundError(path)
-    return found
-
-
 class _SegmentVerdicts:
     """Each segment's verdict, kept per folder by (name, size, mtime); entries of files no longer listed are dropped
     at each scan (memory follows the spool)."""
