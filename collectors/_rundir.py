@@ -21,7 +21,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from ranksight.format.schema import RANKS_DIR, SPOOL_SUFFIX, TMP_PREFIX
+from ranksight.format.schema import RANKS_DIR, SPOOL_SUFFIX
 
 STORE_NAME = "store.duckdb"
 LOCK_NAME = ".store.lock"
@@ -107,11 +107,6 @@ def segment_glob(run_path: str, kind: str) -> str:
     """
     # escape(): a run folder may contain glob characters ("[", "*", "?"); DuckDB's glob honours the same escapes.
     return os.path.join(glob.escape(run_path), kind, f"[!.]*{SPOOL_SUFFIX}")
-
-
-def is_segment_name(name: str) -> bool:
-    """Whether a file name is a finished spool segment (not a temporary file)."""
-    return name.endswith(SPOOL_SUFFIX) and not name.startswith(TMP_PREFIX)
 
 
 def is_listed(name: str) -> bool:

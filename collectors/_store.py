@@ -37,7 +37,7 @@ from ._rundir import (
     check_run_dir,
     duckdb_run_path,
     first_line,
-    is_segment_name,
+    is_listed,
     node_store_paths,
     quarantine_path,
     store_path,
@@ -459,7 +459,7 @@ def prune(run_path: str, older_than_s: float = PRUNE_AFTER_S) -> PruneResult:
         files = nbytes = recent = 0
         for kind, name, ingested_ns in listed:
             path = os.path.join(run_path, kind, name)
-            if kind not in KINDS or not is_segment_name(name) or os.path.basename(name) != name:
+            if kind not in KINDS or not is_listed(name) or os.path.basename(name) != name:
                 continue  # never follow a name out of the run's spool folders
             if ingested_ns > cutoff:
                 recent += os.path.exists(path)
