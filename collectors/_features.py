@@ -27,7 +27,6 @@ from ._queries import (
     rank_step_stats,
     recompile_excess,
     slowest_shares,
-    step_breakdown,
     steps_source,
     wait_asymmetry,
 )
@@ -209,15 +208,12 @@ _COUNTER_SUFFIX = "_total"  # cumulative samples: the latest value, not the medi
 _CONTENDED_PRESSURE = 0.10  # some task waited for a CPU >= 10 % of the time: a rank's lost time can be that wait
 
 
-def compute_features(
-    con, metas: list, warmup_steps: int = 5, breakdown: list[dict] | None = None, since_ns: int | None = None
-) -> dict[int, dict]:
-    """Features per rank from a connection with the run's views and the ranks' metadata.
+def compute_features(con, metas: list, warmup_steps: int, rows: list[dict], since_ns: int | None) -> dict[int, dict]:
+    """Features per rank from a connection with the run's views, the ranks' metadata and their breakdown rows
+    (``Run.breakdown``'s, kept by the reading).
 
-    ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns). Without a
-    ``breakdown`` it is read here first.
+    ``since_ns`` keeps only the steps (and samples, compile events) after that time (Unix ns).
     """
-    rows = breakdown if breakdown is not None else step_breakdown(con, warmup_steps, since_ns)
     meta_by_rank = {m.rank: m.data for m in metas}
     stats = rank_step_stats(con, warmup_steps, since_ns)
     compile_counts = _compile_counts(con, warmup_steps, since_ns)
@@ -273,7 +269,7 @@ def compute_features(
 
 
 def compute_context(
-    con, metas: list, features: dict[int, dict], warmup_steps: int = 5, since_ns=None
+    con, metas: list, features: dict[int, dict], warmup_steps: int, since_ns: int | None
 ) -> Mapping[int, dict]:
     """Context strings per rank (``CONTEXT``): what fix templates are fitted to, beside the numbers. Its
     queries run here; each rank's strings are put together when that rank is first read (``RankContexts``)."""

@@ -181,7 +181,7 @@ class Run:
 
         def make() -> dict[int, dict]:
             rows = self.breakdown(warmup_steps=warmup_steps, window=window)
-            return compute_features(self, self.ranks, warmup_steps, rows, since_ns=since)
+            return compute_features(self, self.ranks, warmup_steps, rows, since)
 
         return self._once(("features", warmup_steps, since), make)
 
