@@ -146,7 +146,7 @@ def summarize(
         parts.append(("rows", _rows_parts(con, source, warmup)))
     else:
         if sources.store:
-            parts.append(("store", _store_parts(con)))
+            parts.append(("store", _store_parts()))
         digested, rest = _digest_parts(con, sources.pending, kept)
         if digested is not None:
             parts.append(("digests", digested))
@@ -255,7 +255,7 @@ def relation_for_store(con, before: str, added: list[str], rows_of) -> tuple[tup
     if before == "rows" or (before == "none" and digested is None):
         part = _rows_parts(con, "steps", WARMUP_STEPS)
         return part[:3], part[4]
-    parts = [_store_parts(con, "")] if before == "relation" else []
+    parts = [_store_parts("")] if before == "relation" else []
     parts += [digested] if digested is not None else []
     if rest:
         parts.append(_rows_parts(con, rows_of([os.path.basename(p) for p in rest]), WARMUP_STEPS))
@@ -297,7 +297,7 @@ def _rank_medians_sql(source: str) -> str:
     )
 
 
-def _store_parts(con, schema: str = STORE_ALIAS) -> tuple:
+def _store_parts(schema: str = STORE_ALIAS) -> tuple:
     """The parts the run's store keeps of its rows (``ingest``), attached under ``schema`` ("": the current one)."""
     t = {part: f"{schema}.{name}" if schema else name for part, name in SUMMARY_TABLES.items()}
     return t["sums"], t["medians"], t["steps"], frozenset(), ()
