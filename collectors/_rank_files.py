@@ -173,8 +173,8 @@ def _checked_fields(data: dict) -> tuple[dict, list[str]]:
             continue
         if value is None:
             continue
-        # The common cases without ``_fit``'s calls: a string where one is expected, an int (not a bool) within a
-        # float's range where an integer is, a JSON object where one is.
+        # The common cases, taken here without ``_fit``'s calls (it sees the rest): a string where one is expected,
+        # an int (not a bool) within a float's range where an integer is, a JSON object where one is.
         kind_of = type(value)
         if (kind_of is str and kind is _TEXT) or (
             kind_of is int and kind is _INT and -_FLOAT_MAX <= value <= _FLOAT_MAX
@@ -219,12 +219,9 @@ def _is_number(value) -> bool:
 
 
 def _fit(value, kind: str):
-    """The value as ``kind`` (an integral float is an integer), or None when it is not one."""
-    if kind == _TEXT:
-        return value if isinstance(value, str) else None
-    if kind == _OBJECT:
-        return value if isinstance(value, dict) else None
-    if not _is_number(value):
+    """The value as ``kind`` (an integral float is an integer), or None when it is not one. A string or an object
+    where one is expected was taken before (``_checked_fields``): one reaching here is of the wrong type."""
+    if kind in (_TEXT, _OBJECT) or not _is_number(value):
         return None
     if kind == _INT:
         return int(value) if float(value).is_integer() else None
