@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import operator
 import statistics
+from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from ranksight.format.schema import SAMPLE_NAMES
@@ -383,9 +384,7 @@ def _ranks_per_node(meta_by_rank: dict, rows: list[dict]) -> dict[int, int]:
     """Ranks sharing each rank's node, counted from the records (LOCAL_WORLD_SIZE may be unset)."""
     node_of = {r: m.get("node") for r, m in meta_by_rank.items() if m.get("node")}
     node_of.update({r["rank"]: r["node"] for r in rows if r.get("node")})
-    count: dict = {}
-    for node in node_of.values():
-        count[node] = count.get(node, 0) + 1
+    count = Counter(node_of.values())
     return {rank: count[node] for rank, node in node_of.items()}
 
 
