@@ -49,6 +49,7 @@ from ._tables import (
     SEGMENT_COLUMN,
     SEGMENTS_TABLE,
     attach_store,
+    ingested_segments,
     quiet_connection,
     select_list,
     sql_list,
@@ -332,8 +333,7 @@ def _held_by_node_stores(con, run_path: str, db_run: str) -> set[tuple[str, str]
         alias = f"ranksight_ingest_node_{i}"
         _attach_node_store(con, db_run, path, alias)
         try:
-            if SEGMENTS_TABLE in store_tables(con, alias):
-                held |= set(con.execute(f"SELECT kind, file FROM {alias}.{SEGMENTS_TABLE}").fetchall())
+            held |= {(kind, name) for kind, names in ingested_segments(con, alias).items() for name in names}
         finally:
             con.execute(f"DETACH {alias}")
     return held
