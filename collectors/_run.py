@@ -28,7 +28,7 @@ from ._rundir import SkippedFile, spool_signature, store_signature
 from ._runs import read_rank_meta
 from ._spool_reader import open_views, reading_connection
 from ._summary import KeptDigests, Sources, Summary, summarize
-from ._tables import select_list, sql_list
+from ._tables import quiet_connection, select_list, sql_list
 
 
 class Run:
@@ -264,9 +264,7 @@ def open_segments(run_path: str, files: dict[str, list[str]]) -> Run:
     """A ``Run`` over exactly the segment files given per record kind (``segment_files``' paths), not the
     store nor the rest of the spool: a live follower reads each new segment once. A kind without files reads
     as an empty table; ``refresh`` leaves the reading as it is."""
-    import duckdb
-
-    con = duckdb.connect()
+    con = quiet_connection()
     for kind, paths in files.items():
         if paths:
             source = f"read_parquet({sql_list(paths)}, union_by_name = true)"
