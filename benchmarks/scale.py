@@ -139,34 +139,28 @@ def build_spool(
 # ------------------------------------------------------------------ fresh processes and DuckDB's floors
 
 _CALL = r"""
-import json, resource, sys, time
+import json, sys, time
 run, what = sys.argv[1], sys.argv[2]
 import duckdb, pyarrow  # imported before the clock starts, as in a reader that has run before
 from ranksight.collectors import open_run
 from ranksight.collectors._queries import step_breakdown
 from ranksight.rules import diagnose
-before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+t = time.perf_counter()
 if what == "breakdown":
     con = open_run(run, follow_spool=False)
     step_breakdown(con)
     con.close()
 else:
     diagnose(run)
-wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"times": [wall], "user_s": after.ru_utime - before.ru_utime,
-                  "system_s": after.ru_stime - before.ru_stime}))
+print(json.dumps({"times": [time.perf_counter() - t]}))
 """
-
-
-def measure(run: str, what: str) -> dict:
-    """``what`` ("breakdown" or "diagnose") on ``run`` as the first call of a fresh process: {"times": [its
-    seconds], "user_s", "system_s", "process": the whole process's}."""
-    return fresh_process(_CALL, run, what)
+"""``what`` ("breakdown" or "diagnose") on ``run`` as the first call of a fresh process (``fresh_process``):
+{"times": [its seconds]}."""
 
 
 def first_calls_s(run: str, what: str, processes: int) -> list[float]:
     """The first call of ``what`` on ``run`` in each of ``processes`` fresh processes."""
-    return [measure(run, what)["times"][0] for _ in range(processes)]
+    return [fresh_process(_CALL, run, what)["times"][0] for _ in range(processes)]
 
 
 FRESH_PROCESSES = 5
@@ -424,8 +418,8 @@ def first_call_figures(base: str, ranks: int, steps: int, rounds: int, job_ranks
         run_path = with_job_rank_entries(run_path)
     glob = os.path.join(run_path, "steps", "[!.]*.parquet")
     calls = {"duckdb_groupby_files": lambda: {"times": fresh_floor_s(glob)},
-             "diagnose_first_s": lambda: measure(run_path, "diagnose"),
-             "breakdown_first_s": lambda: measure(run_path, "breakdown")}  # fmt: skip
+             "diagnose_first_s": lambda: fresh_process(_CALL, run_path, "diagnose"),
+             "breakdown_first_s": lambda: fresh_process(_CALL, run_path, "breakdown")}  # fmt: skip
     runs = in_rounds(calls, rounds, lambda arm, _: calls[arm](), lambda _, x: " ".join(f"{t:.3f}" for t in x["times"]))
     floors = [r["times"] for r in runs.pop("duckdb_groupby_files")]
     each = {"duckdb_groupby_files_s": [statistics.median(f) for f in floors],
