@@ -16,7 +16,10 @@ import contextlib
 import itertools
 import math
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 from _harness import cli, free_port, rotated, spread, write_results
@@ -48,9 +51,6 @@ def page_on_fresh_server(run_path: str | None, marker: str = ""):
     ``run_path``, yielded the moment the server answers: its warm-up (diagnosis, rollup) may still be running.
     ``run_path`` None: a Streamlit app of one line holding ``marker``, served with the dashboard's own flags:
     what any Streamlit page costs a fresh browser here (the floor under the Verdict page's first render)."""
-    import subprocess
-    import tempfile
-
     from playwright.sync_api import sync_playwright
 
     from ranksight.commands.dashboard import start, wait_ready
@@ -120,8 +120,6 @@ def job_median_step_ms(run_path: str) -> float:
 
 def run_demo_job(root: str, run_id: str, steps: int) -> float:
     """Run the 2-rank CPU demo job (no dashboard of its own) into ``root``; its wall seconds."""
-    import subprocess
-
     cmd = [sys.executable, "-m", "ranksight", "demo", "--no-dashboard", "--fault", "none", "--steps", str(steps)]
     t = time.perf_counter()
     subprocess.run([*cmd, "--run-dir", root, "--run-id", run_id], check=True, stdout=subprocess.DEVNULL)
@@ -135,10 +133,6 @@ def watch_live(folder: str, steps: int = 2000, tabs: tuple[str, ...] = LIVE_TABS
     Figures: the server's CPU seconds over the watched run and as a share of one core, per tab and refresh;
     the job's median step watched and unwatched. The unwatched job runs first, so both find the machine alike.
     """
-    import shutil
-    import tempfile
-    import threading
-
     from playwright.sync_api import sync_playwright
 
     from ranksight.commands.dashboard import start, stop, wait_ready
@@ -163,9 +157,7 @@ def watch_live(folder: str, steps: int = 2000, tabs: tuple[str, ...] = LIVE_TABS
                     page.get_by_text("no runs yet").first.wait_for(timeout=60000)
                 time.sleep(2 * refresh_s)  # the tabs settle: idle watching of an empty folder
                 cpu0, t0 = process_cpu_s(proc.pid), time.perf_counter()
-                job = threading.Thread(target=lambda: out.update(watched_wall_s=run_demo_job(runs, "watched", steps)))
-                job.start()
-                job.join()
+                out["watched_wall_s"] = run_demo_job(runs, "watched", steps)
                 cpu1, t1 = process_cpu_s(proc.pid), time.perf_counter()
                 out["pages_at_end"] = [p.locator("[data-testid='stMain']").first.inner_text()[:4000] for p in pages]
                 browser.close()
@@ -228,8 +220,6 @@ def refresh_at_scale(
 
     Returns the rows and, per arm, the median per length and the ``slope``; and the kept arm's CPU per refresh
     over one cycle of its verdict (``_cycle_cost``)."""
-    import shutil
-
     from ranksight.dashboard import _data
     from ranksight.dashboard import _queries as q
 
