@@ -25,7 +25,6 @@ job runs in its own session, killed as a whole when it ends, so no rank is left 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -46,7 +45,7 @@ WORKLOADS = os.path.join(HERE, "workloads")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _harness import commit, write_results  # noqa: E402
+from _harness import cli, commit, write_results  # noqa: E402
 
 ALL_FAULTS = ("none", "input", "straggler", "metric-collectives", "exposed-allreduce", "unused-params", "graph-breaks")
 GPU_FAULTS = ("pageable", "cpu-ops", "host-sync", "fragmentation", "launch-bound")
@@ -443,10 +442,6 @@ def _fmt(v, spec: str = "") -> str:
     return "-" if v is None or v == "" else format(v, spec)
 
 
-def _pct(v, spec: str = ".1%") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def fix_check_text(rows: list) -> list:
     """The fix check as table lines (empty without fixed runs)."""
     if not rows:
@@ -455,9 +450,10 @@ def fix_check_text(rows: list) -> list:
     cols += ("gain (mean step)", "gain (ranksight clock)", "stated - gain", "within 5 pp", "after the fix")
     out = []
     for row in rows:
-        cost = _pct(row["cost_share"]) + ("" if row["cost_stated"] or row["cost_share"] is None else " (none stated)")
+        cost = _fmt(row["cost_share"], ".1%")
+        cost += "" if row["cost_stated"] or row["cost_share"] is None else " (none stated)"
         ms = [_fmt(row[k] * 1000 if row[k] else None, ".3f") for k in ("step_before_s", "step_after_s")]
-        gains = [_pct(row.get(k)) for k in ("gain_truth", "gain_truth_mean", "gain_ranksight")]
+        gains = [_fmt(row.get(k), ".1%") for k in ("gain_truth", "gain_truth_mean", "gain_ranksight")]
         fixed = f"{', '.join(row['fixed_verdicts'])}; still named {row['fixed_still_named']}/{row['fixed_runs']}"
         diff = "-" if row["diff_pp"] is None else f"{row['diff_pp']:+.1f} pp"
         out.append((row["script"], row["fault"], f"{row['named_first']}/{row['runs']}", cost,
@@ -510,8 +506,8 @@ def report_text(results: list, summary: dict, header: str = "") -> str:
     ]
     lines += [*_table(("verdict rule", "runs", "precision", "from faults"), rows), ""]
     lines.append(
-        f"healthy silent rate: {_pct(summary['healthy_silent_rate'], '.0%')}   "
-        f"flip rate: {_pct(summary['flip_rate'], '.0%')} ({summary['flipped_groups']}/{summary['groups_judged']} "
+        f"healthy silent rate: {_fmt(summary['healthy_silent_rate'], '.0%')}   "
+        f"flip rate: {_fmt(summary['flip_rate'], '.0%')} ({summary['flipped_groups']}/{summary['groups_judged']} "
         f"(script, fault) groups changed verdict between repeats)   "
         f"overall recall: {summary['overall_recall']}   runs: {summary['runs']}, errors: {summary['errors']}"
     )
@@ -631,7 +627,7 @@ def build_plan(
 
 
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     add = parser.add_argument
     add("--scripts", nargs="+", default=list(SCRIPTS), choices=sorted(SCRIPTS))
     faults = f"default: {' '.join(ALL_FAULTS)}; on --device cuda also {' '.join(GPU_FAULTS)}"
@@ -640,7 +636,6 @@ def main(argv: Optional[list] = None) -> int:
     add("--steps", type=int, default=30, help="optimizer steps per run (5 are warm-up)")
     add("--timeout", type=float, default=300.0, help="seconds per job before it is killed")
     add("--out", default=None, help="keep run dirs, logs and truth here (default: a temp dir, removed)")
-    add("--json", default=None, help="write every run and the scores here")
     add("--text", default=None, help="write the printed report here too")
     snapshot = "tree: run jobs and diagnosis on a copy of ranksight as the working tree is at start (default: the "
     add("--snapshot", choices=("none", "tree"), default="none", help=snapshot + "installed package, live)")

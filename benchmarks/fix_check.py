@@ -19,7 +19,6 @@ work, and the gain is ``1 - (after / ratio) / before`` per sample on the script'
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import diagnosis_corpus as corpus  # noqa: E402
-from _harness import write_results  # noqa: E402
+from _harness import cli, write_results  # noqa: E402
 
 
 def load_runs(paths: list) -> list:
@@ -44,9 +43,8 @@ def load_runs(paths: list) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli(__doc__)
     parser.add_argument("results", nargs="+", help="diagnosis_corpus.py --json files (or their --rediagnose)")
-    parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--co-finding", default=None, help="a rule the plant did not mean: its cost against --after")
     parser.add_argument("--after", nargs="+", default=[], help="runs of the plant with that rule's fix applied")
     parser.add_argument("--work-ratio", type=float, default=1.0, help="work of an --after step over a step before")

@@ -20,7 +20,6 @@ precision over named verdicts; TraceML's primary diagnosis is scored where it ha
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -34,7 +33,7 @@ FOREIGN = os.path.join(HERE, "foreign")
 sys.path.insert(0, HERE)
 
 import diagnosis_corpus as dc  # noqa: E402
-from _harness import device_env, write_results  # noqa: E402
+from _harness import cli, device_env, write_results  # noqa: E402
 
 JOBS = [
     ("hf_clm", "hf_clm.py", [], ["none", "input"]),
@@ -203,7 +202,7 @@ def report_text(rows: list, summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli(__doc__)
     p.add_argument("--run", action="store_true", help="run the jobs (on a GPU machine)")
     p.add_argument("--out", default="/tmp/foreign-corpus", help="--run: the folder its runs and jobs.jsonl go to")
     p.add_argument("--repeats", type=int, default=3)
@@ -216,7 +215,6 @@ def main(argv=None) -> int:
     p.add_argument("--job-timeout-s", type=float, default=150.0)
     p.add_argument("--score", metavar="DIR", nargs="+", help="diagnose and score --run folders together")
     p.add_argument("--card", default=None, help="the card's name in the scores (default: from device.json)")
-    p.add_argument("--json", help="--score: every run and the scores")
     p.add_argument("--text", help="--score: the printed report")
     args = p.parse_args(argv)
     if not args.run and not args.score:
