@@ -25,16 +25,13 @@ def truth_from_trace(trace: dict) -> dict:
     """Compute kernel/compute/comm/memcpy/h2d/idle shares of the marked window of one trace."""
     evs = trace["traceEvents"]
     marks = [e for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#window"]
-    win, win_end = sorted(_ns(e["ts"]) for e in marks), max(_ns(e["ts"]) + _ns(e["dur"]) for e in marks)
-    after = sorted(_ns(e["ts"]) for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#after")
-    cpu_lo = win[0]
-    cpu_hi = after[0] if after else win_end
+    after = [_ns(e["ts"]) for e in evs if e.get("cat") == "user_annotation" and e["name"] == "ranksight#after"]
+    cpu_lo = min(_ns(e["ts"]) for e in marks)
+    cpu_hi = min(after, default=max(_ns(e["ts"]) + _ns(e["dur"]) for e in marks))
     # Launch time of each GPU activity, from the flow arrows: flow start (on the runtime call) -> flow end.
     flow_start = {e["id"]: _ns(e["ts"]) for e in evs if e.get("ph") == "s" and e.get("cat") == "ac2g"}
-    launch_ts = {}
-    for e in evs:
-        if e.get("ph") == "f" and e.get("cat") == "ac2g" and e["id"] in flow_start:
-            launch_ts[e["id"]] = flow_start[e["id"]]
+    flow_end = {e["id"] for e in evs if e.get("ph") == "f" and e.get("cat") == "ac2g"}
+    launch_ts = {i: ts for i, ts in flow_start.items() if i in flow_end}
     gpu = []
     for e in evs:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
