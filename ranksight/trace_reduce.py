@@ -132,6 +132,7 @@ __all__ = [
     "events_from_chrome",
     "intersection_length",
     "is_comm_kernel",
+    "possible_gpu_records",
     "reduce_window",
     "total_length",
     "union_intervals",
@@ -203,7 +204,11 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
     samples: dict[str, float] = {"trace_window_steps": float(steps)}
 
     launch_by_corr = {e.corr: e for e in events if e.kind == "rt" and e.corr}
-    gpu = [e for e in events if e.kind in ("kernel", "memcpy", "memset")]
+    gpu, impossible = possible_gpu_records(
+        [e for e in events if e.kind in ("kernel", "memcpy", "memset")], launch_by_corr
+    )
+    if impossible:
+        samples["impossible_gpu_records"] = float(impossible)
 
     def launched_at(e: Ev) -> int:
         rt = launch_by_corr.get(e.corr)
@@ -258,6 +263,20 @@ def reduce_window(events: list[Ev], model_on_gpu: bool = True, top: int = 5) -> 
         samples["alloc_call_share"] = _host_ns(alloc_calls) / cpu_span
     sync_sources = [(name, n / steps) for name, n in syncs.most_common(top)]
     return WindowReduction(samples, cpu_ops_top, sync_sources, steps, span_ns)
+
+
+def possible_gpu_records(gpu: list[Ev], launch_by_corr: dict) -> tuple[list[Ev], int]:
+    """The GPU records that could have happened, and how many could not: one that starts before the host
+    call that launched it began. Some CUPTI versions hand back the first records of a later profiling session
+    on another clock, a day or more early; kept, one such record stretches the window's span and reads a busy
+    GPU as idle, or closes the span before it opens and leaves no kernel-level reading at all."""
+    kept = []
+    for e in gpu:
+        rt = launch_by_corr.get(e.corr)
+        if rt is not None and e.start_ns < rt.start_ns - _CLOCK_SLACK_NS:
+            continue
+        kept.append(e)
+    return kept, len(gpu) - len(kept)
 
 
 def _gpu_shares(

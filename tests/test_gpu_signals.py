@@ -81,6 +81,60 @@ def test_item_in_the_loop_shows_as_one_host_sync_per_step(windows):
     assert item.sync_sources == [("aten::item (cudaStreamSynchronize)", 1.0)]
 
 
+@pytest.mark.parametrize("which", ["first in the window", "first after the window"])
+def test_a_gpu_record_that_starts_before_its_launch_changes_no_window_figure(which, windows):
+    """Some CUPTI versions return a later session's first records on another clock, a day early. Kept, such a
+    record inside the window stretches the span (a busy GPU reads idle); just after it, it closes the span
+    before it opens (no kernel-level reading). Left out and counted, the window reads as without it."""
+    from ranksight.trace_reduce import AFTER_MARK
+
+    events = events_from_chrome(_load("window_baseline.json.gz"))
+    launch = {e.corr: e for e in events if e.kind == "rt" and e.corr}
+    after = min(e.start_ns for e in events if e.kind == "ann" and e.name == AFTER_MARK)
+    kernels = sorted(
+        (e for e in events if e.kind == "kernel" and e.corr in launch), key=lambda e: launch[e.corr].start_ns
+    )
+    pick = (
+        kernels[0] if which == "first in the window" else next(k for k in kernels if launch[k.corr].start_ns >= after)
+    )
+    day = 86_400 * 10**9
+    bad = [e._replace(start_ns=e.start_ns - day, end_ns=e.end_ns - day) if e is pick else e for e in events]
+    clean, got = windows["baseline"], reduce_window(bad)
+    assert got.samples["impossible_gpu_records"] == 1.0
+    assert "impossible_gpu_records" not in clean.samples
+    assert got.span_ns == pytest.approx(clean.span_ns, rel=0.02)
+    for key in ("kernel_busy_ratio", "compute_kernel_ratio", "idle_ratio", "h2d_copy_ratio"):
+        assert got.samples[key] == pytest.approx(clean.samples[key], abs=0.01), key
+
+
+def test_an_imported_steps_gpu_figures_leave_out_a_record_that_starts_before_its_launch():
+    """``ranksight import`` reads a step's GPU span from its records' first start: one record a day early would
+    make a 16 ms step read a day long."""
+    from ranksight.importer._trace_reduce_steps import StepSpan, TraceEvent, reduce_step
+    from ranksight.trace_reduce import WINDOW_MARK
+
+    events = [TraceEvent(*e) for e in events_from_chrome(_load("window_baseline.json.gz"))]
+    mark = min((e for e in events if e.kind == "ann" and e.name == WINDOW_MARK), key=lambda e: e.start_ns)
+    span = StepSpan(1, mark.start_ns, mark.end_ns, mark.lane)
+    launch = {e.corr: e.start_ns for e in events if e.kind == "rt" and e.corr}
+    gpu = [
+        e
+        for e in events
+        if e.kind in ("kernel", "memcpy", "memset") and span.start_ns <= launch.get(e.corr, 0) < span.end_ns
+    ]
+    host = [
+        e for e in events if e.kind not in ("kernel", "memcpy", "memset") and span.start_ns <= e.start_ns < span.end_ns
+    ]
+    first = min((e for e in gpu if e.kind == "kernel"), key=lambda e: launch[e.corr])
+    day = 86_400 * 10**9
+    shifted = [e._replace(start_ns=e.start_ns - day, end_ns=e.end_ns - day) if e is first else e for e in gpu]
+    clean, got = reduce_step(span, host + gpu, None, 0), reduce_step(span, host + shifted, None, 0)
+    assert 0 < clean.step["gpu_step_s"] < 1
+    assert got.step["gpu_step_s"] == pytest.approx(clean.step["gpu_step_s"], rel=0.02)
+    assert got.step["gpu_compute_s"] == pytest.approx(clean.step["gpu_compute_s"], rel=0.02)
+    assert got.samples["impossible_gpu_records"] == 1.0
+
+
 def test_window_shares_are_well_formed(windows):
     for red in windows.values():
         s = red.samples

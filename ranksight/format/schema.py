@@ -213,6 +213,8 @@ SAMPLE_NAMES: dict[str, str] = {
     "gpu_memory_used_bytes": "NVML device memory in use (all processes).",
     # Sampled kernel-level window (torch.profiler over 1-2 steps, reduced off the training thread).
     "kernel_busy_ratio": "Union of all GPU kernel intervals over the window span.",
+    "impossible_gpu_records": "GPU records in the window that start before the host call that launched them (a "
+    "profiler clock fault), left out of every other window figure; absent when there are none.",
     "kernel_seconds_per_step": "Union of the kernels the window's steps launched, in seconds per traced step.",
     "d2h_copies_per_step": "Device-to-host copies the window's steps launched, per step (a loss read is one).",
     "compute_kernel_ratio": "Union of compute kernels over the window span.",

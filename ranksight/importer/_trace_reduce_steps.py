@@ -34,6 +34,7 @@ from ranksight.trace_reduce import (
     Ev,
     clip_intervals,
     is_comm_kernel,
+    possible_gpu_records,
     reduce_window,
     total_length,
     union_intervals,
@@ -203,7 +204,8 @@ def reduce_step(
         "data_wait_in_step_s": None,
     }
 
-    gpu = [e for e in events if e.kind in GPU_KINDS]
+    launches = {e.corr: e for e in host if e.kind == "rt" and e.corr}
+    gpu, _ = possible_gpu_records([e for e in events if e.kind in GPU_KINDS], launches)
     samples: dict[str, float] = {}
     gpu_end = None
     if gpu:
