@@ -119,7 +119,9 @@ def thread_cpu() -> dict:
 class Timing:
     """The same step timing in every arm: a CUDA synchronise and a clock read at the end of step ``TIMED_FROM``
     and of the last step; with ``stop_after_s``, asks the framework to stop once that much time has passed.
-    Each thread's CPU over the same span says where an arm's extra time went (``thread_cpu_s``)."""
+    Each thread's CPU over the same span says where an arm's extra time went (``thread_cpu_s``); the GPU's SM
+    clock, read every 10th timed step, says whether a launch was slower because the card ran slower (NVML's
+    device 0: the benchmark runs on a machine of one GPU)."""
 
     def __init__(self, steps: int, cuda: bool, stop_after_s: float = 0.0) -> None:
         self.steps, self.cuda, self.stop_after_s = steps, cuda, stop_after_s
