@@ -318,6 +318,32 @@ def test_cuda_trace_fills_the_gpu_columns_and_samples(tmp_path, capsys, name, pa
     assert samples["kernels_per_step"] > 10
 
 
+def test_a_gpu_record_before_its_launch_is_left_out_and_said(tmp_path, capsys):
+    """A kernel record a day early (a clock fault some CUPTI versions show) is left out of its step's GPU
+    figures, and the import says so in one line instead of leaving the user a day-long step."""
+    import duckdb
+
+    src = tmp_path / "rank0.json"
+    _gpu_fixture_as_profiled_steps("window_baseline", src)
+    trace = json.loads(src.read_text())
+    kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    kernel = kernels[len(kernels) // 2]  # inside a profiled step
+    kernel["ts"] -= 86_400 * 10**6
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rank0.json").write_text(json.dumps(trace))
+    assert main(["import", str(src), "--run-dir", str(tmp_path), "--run-id", "clean"]) == 0
+    assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "shifted"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 0: 1 GPU records start before the host call that launched them" in err[0], err
+
+    def gpu_step_s(run: str) -> list:
+        rows = duckdb.sql(f"SELECT gpu_step_s FROM '{tmp_path / run}/steps/*.parquet' ORDER BY step").fetchall()
+        return [v for (v,) in rows]
+
+    assert gpu_step_s("shifted") == pytest.approx(gpu_step_s("clean"), rel=0.02)
+    assert 0 < max(gpu_step_s("shifted")) < 1.0
+
+
 def test_a_pageable_copys_gaps_count_as_the_copy_not_as_other(bench, tmp_path, capsys):
     """An H200 trace of 8 profiled steps with pageable copies and a host sync (benchmarks/results/seeds/):
     the copy's chunks leave gaps while the host stages the next one. The agent's events span them (step

@@ -538,6 +538,11 @@ def _import_rank(con, run_path: str, job: str, run_id: str, rank: int, world: in
             _write_step(writer, spans[current], pending, prev_gpu_end, base)
             steps += 1
         steps += _write_empty_steps(writer, spans, writer.steps_seen, base)
+    if writer.impossible_gpu_records:
+        problems.append(
+            f"rank {rank}: {writer.impossible_gpu_records} GPU records start before the host call that launched "
+            "them (a clock fault in the profiler's CUPTI records); left out of the steps' GPU figures"
+        )
     writer.add_event(
         "info", f"imported from torch.profiler trace{'s' if len(files) > 1 else ''}: {names} ({steps} steps)"
     )
@@ -583,6 +588,7 @@ def _write_step(writer: _SegmentWriter, span: StepSpan, events: list[TraceEvent]
         ],
     )
     writer.steps_seen.add(span.step)
+    writer.impossible_gpu_records += int(red.samples.get("impossible_gpu_records", 0))
     return red.gpu_end_ns if red.gpu_end_ns is not None else prev_gpu_end
 
 
@@ -614,6 +620,7 @@ class _SegmentWriter:
         self._rows: dict[str, list[dict]] = {k: [] for k in KINDS}
         self._seq: dict[str, int] = {}
         self.steps_seen: set[int] = set()
+        self.impossible_gpu_records = 0  # left out of the steps' GPU figures (``possible_gpu_records``)
 
     def add(self, kind: str, rows: list[dict]) -> None:
         self._rows[kind].extend(rows)

@@ -205,7 +205,7 @@ def reduce_step(
     }
 
     launches = {e.corr: e for e in host if e.kind == "rt" and e.corr}
-    gpu, _ = possible_gpu_records([e for e in events if e.kind in GPU_KINDS], launches)
+    gpu, impossible = possible_gpu_records([e for e in events if e.kind in GPU_KINDS], launches)
     samples: dict[str, float] = {}
     gpu_end = None
     if gpu:
@@ -215,6 +215,8 @@ def reduce_step(
         if red is not None:
             samples = dict(red.samples)
             samples.pop("trace_window_steps", None)
+    if impossible:  # also where every record of the step was one: the import says how many it left out
+        samples["impossible_gpu_records"] = float(impossible)
     return StepReduction(row, buckets, collectives, samples, gpu_end)
 
 
