@@ -136,17 +136,19 @@ def cli(doc: str, rounds: int | None = None) -> argparse.ArgumentParser:
 
 
 def commit() -> str | None:
-    """The checkout's HEAD commit, with ``-dirty`` where tracked files differ from it; None outside a git
-    checkout. Why the suffix: a device machine's copy of the working tree can carry a ``.git`` older than
-    its files, and a results file must not name a commit it was not measured on."""
+    """The checkout's HEAD commit, with ``-dirty`` where tracked files differ from it; outside a git checkout
+    (a ``git archive`` copy on another machine) ``RANKSIGHT_COMMIT`` where the copy's maker set it, else None.
+    Why the suffix: a device machine's copy of the working tree can carry a ``.git`` older than its files, and
+    a results file must not name a commit it was not measured on."""
+    given = os.environ.get("RANKSIGHT_COMMIT") or None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
         changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                  text=True, cwd=REPO, timeout=30)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    sha = head.stdout.strip()
-    return (sha + "-dirty" if changed.stdout.strip() else sha) if sha else None
+        return given
+    sha = head.stdout.strip() if head.returncode == 0 else ""
+    return (sha + "-dirty" if changed.stdout.strip() else sha) if sha else given
 
 
 def machine() -> dict:

@@ -111,3 +111,25 @@ def test_every_headline_figure_names_its_command_and_a_results_file_that_is_kept
         assert COMMAND.search(command) or RETIRED.search(command), f"{figure}: no benchmark command in {command!r}"
         for name in re.findall(r"`(\w[\w.-]*\.(?:json|txt|log|tgz))`", files):
             assert (BENCH / "results" / name).exists(), f"{figure}: {name} is not in benchmarks/results/"
+
+
+def test_a_results_header_names_the_commit_of_a_copy_outside_git(tmp_path):
+    """A ``git archive`` copy on a device machine has no ``.git``: the commit its maker gave is the header's,
+    and without one the header says None rather than a commit it was not measured on."""
+    import shutil
+    import sys
+
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "benchmarks" / "_harness.py", tmp_path / "benchmarks" / "_harness.py")
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks._harness import commit; print(commit())"
+
+    def header_commit(env: dict) -> str:
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    base = {"PATH": "/usr/bin:/bin", "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
+    assert header_commit({**base, "RANKSIGHT_COMMIT": "0123abc"}) == "0123abc"
+    assert header_commit(base) == "None"

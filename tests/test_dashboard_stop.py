@@ -32,7 +32,7 @@ sys.exit(0)
 
 
 EXIT_DURING_BACKGROUND_BUILD = """
-import sys, time
+import os, sys, time
 from ranksight.collectors import open_run
 from ranksight.dashboard import _warm
 building = []
@@ -41,8 +41,11 @@ def build():
     open_run(sys.argv[1]).rollup()  # every row folded: no digests here
     open(sys.argv[2], "w").close()  # the build ended
 _warm.background(build, (), "ranksight-rollup-prefetch")  # as the dashboard prefetches a run's rollup
-time.sleep(0.4)
-print("building" if building == [1] else "not building", flush=True)
+deadline = time.monotonic() + 20  # on a loaded machine the thread can take a while to be scheduled
+while not building and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.1)
+print("building" if building == [1] and not os.path.exists(sys.argv[2]) else "not building", flush=True)
 sys.exit(0)
 """
 
