@@ -1,7 +1,8 @@
 """Golden findings of the rule engine: inputs drawn (seeded) around real jobs, and what the engine made of them.
 
-``cases()`` yields every input: the 14 runs of the CPU corpus with their context; the severity invariant's
-1,500 one-rank jobs; 300 jobs of 2 to 5 ranks drawn around the healthy one, with a framework each; each
+``cases()`` yields every input: the 14 runs of the CPU corpus with their context; 1,500 one-rank jobs drawn
+as the severity invariant draws its own, over the figures these rules read (a feature added since moves no
+draw); 300 jobs of 2 to 5 ranks drawn around the healthy one, with a framework each; each
 built-in rule and checklist item on frames built from its own thresholds (absent, NaN, infinite, at and
 beside every constant it compares with); two 10,000-rank jobs with planted anomalies; and ranks tied on
 every key of the worst-rank choice. The rules are the built-in ones as they were when the golden file was
@@ -26,7 +27,7 @@ import numpy as np
 from ranksight.collectors import FEATURES
 from ranksight.rules import evaluate, load_rules, parse_rules, run_checklist
 
-from .test_severity_invariant import _draw  # the same seeded draws the invariant is tested on
+from .test_severity_invariant import _draw  # drawn as the invariant's jobs are
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "rules_golden.json.gz")
 RULES = os.path.join(os.path.dirname(__file__), "data", "rules_golden")
@@ -38,6 +39,13 @@ def _exprs(rule):
     out = [rule.when, rule.value, rule.noise, rule.cost, *(e for _, e in rule.suggest)]
     out += [case.when for case in rule.fix_cases] + list(rule.explains_when.values())
     return [e for e in out if e is not None]
+
+
+def _read_by(ruleset) -> set:
+    """The features a rule set's rules and checklist read (their expressions and evidence)."""
+    exprs = [e for rule in ruleset.rules for e in _exprs(rule)]
+    exprs += [e for item in ruleset.checklist for e in (item.when, item.value) if e is not None]
+    return {n for e in exprs for n in e.names} | {n for rule in ruleset.rules for n in rule.evidence}
 
 
 def _constants(exprs, extra=()) -> set:
@@ -187,8 +195,9 @@ def cases():
         feats = {int(r): f for r, f in run["features"].items()}
         context = {int(r): c for r, c in run["context"].items()}
         yield f"corpus/{name}", builtin.rules, builtin.checklist, feats, context
-    # The severity invariant's draws (the same seed and order as its test).
-    names = sorted(n for n in FEATURES if n != "rank")
+    # Jobs drawn as the severity invariant draws them, over the figures the golden's rules read: every sample
+    # name is a feature, and one added since (which these rules cannot read) must move no draw.
+    names = sorted(_read_by(builtin) - {"rank"})
     rng = random.Random(20261206)
     for i in range(1500):
         yield f"severity/{i}", builtin.rules, None, {0: _draw(rng, names)}, None

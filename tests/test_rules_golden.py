@@ -44,3 +44,23 @@ def test_findings_and_checklist_are_the_golden_ones():
         _same(got, golden[name], name)
         seen += 1
     assert seen == len(golden) > 2000
+
+
+def test_a_feature_added_since_moves_no_golden_input(monkeypatch):
+    """Every sample name is a feature, so a new sample is a new feature: the seeded draws must not shift with
+    it (which would change the inputs and fail this golden with the engine unchanged); the new figure reads
+    None in every input, as it does on a run that does not have it."""
+    from . import _rules_golden, test_severity_invariant
+
+    def drawn() -> dict:
+        return {name: feats for name, _, _, feats, _ in cases() if name.startswith(("severity/", "ranks/"))}
+
+    before = drawn()
+    extra = (*_rules_golden.FEATURES, "a_feature_added_since")
+    monkeypatch.setattr(_rules_golden, "FEATURES", extra)
+    monkeypatch.setattr(test_severity_invariant, "FEATURES", extra)
+    after = drawn()
+    assert len(before) == len(after) == 1800
+    for name, feats in after.items():
+        assert all(f.pop("a_feature_added_since") is None for f in feats.values()), name
+        assert feats == before[name], name
