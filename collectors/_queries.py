@@ -51,14 +51,15 @@ def step_breakdown(con, warmup_steps: int = WARMUP_STEPS, since_ns: int | None =
 
     The first ``warmup_steps`` steps of each rank (compilation, allocator and bucket warm-up) are left
     out unless the rank has no more than that. On a CPU rank the period is the step's wall time. A
-    rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0).
+    rank whose rows never measured the data wait has a NULL ``data_wait_share`` (not 0), and one whose rows
+    never timed its all-reduces (no per-bucket hook, NCCL) a NULL ``allreduce_share``.
     """
     s = summary_of(con, warmup_steps, since_ns)
     shares = ",\n".join(f"sum({p[:-2]}_sum) / nullif(sum(period_sum), 0) AS {p[:-2]}_share" for p in PHASES)
     sql = f"""
         SELECT rank, any_value(node) AS node, CAST(sum(n) AS BIGINT) AS steps, CAST(NULL AS DOUBLE) AS step_median_s,
                sum(period_sum) / sum(n) AS step_mean_s, CAST(NULL AS DOUBLE) AS compute_median_s,
-               coalesce(sum(allreduce_sum), 0) / nullif(sum(period_sum), 0) AS allreduce_share,
+               sum(allreduce_sum) / nullif(sum(period_sum), 0) AS allreduce_share,
                sum(data_wait_host_sum) / nullif(sum(period_sum), 0) AS data_wait_host_share,
                {shares}
         FROM {_kept_sums(s)} GROUP BY rank ORDER BY rank

@@ -11,6 +11,7 @@ import pytest
 
 from ranksight.collectors import open_run, read_rank_meta
 from ranksight.collectors._queries import step_breakdown
+from ranksight.commands.summary import render_breakdown
 
 from ._jobs import Job, run
 
@@ -88,6 +89,9 @@ def test_allreduce_is_timed_once_per_step_without_the_comm_hook(baseline):
     # DDP's all-reduce is in the collectives table once per step, with DDP's own bucket count.
     ddp = con.execute("SELECT count(*), min(count) FROM collectives WHERE origin = 'ddp'").fetchone()
     assert ddp[0] == 2 * job.steps and ddp[1] >= 1
+    # Not timed is not zero: the breakdown's all-reduce share is NULL and the summary leaves its column out.
+    assert [r["allreduce_share"] for r in step_breakdown(con)] == [None, None]
+    assert "allreduce" not in render_breakdown(path, 5)
 
 
 def test_allreduce_is_timed_per_bucket_with_the_comm_hook(tmp_path):
@@ -107,6 +111,9 @@ def test_allreduce_is_timed_per_bucket_with_the_comm_hook(tmp_path):
     sizes = con.execute("SELECT DISTINCT bucket, bytes FROM buckets WHERE step > 1 ORDER BY bucket").fetchall()
     assert len({b for b, _ in sizes}) == len(sizes)
     assert con.execute("SELECT count(*) FROM buckets WHERE allreduce_s IS NULL OR allreduce_s <= 0").fetchone()[0] == 0
+    assert all(r["allreduce_share"] > 0 for r in step_breakdown(con))
+    header = render_breakdown(path, 5).splitlines()[1]
+    assert header.rstrip().endswith("allreduce Σ %"), header
 
 
 def test_slow_loader_makes_data_wait_dominate(baseline, tmp_path):

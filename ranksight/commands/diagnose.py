@@ -134,13 +134,14 @@ def render_breakdown_rows(rows: list[dict], statuses: dict[int, str]) -> str:
     if not rows:
         return "no steps recorded yet"
     headers = ["rank", "status", "steps", "step ms (median)"] + [f"{label} %" for _, label in _PHASE_LABELS]
+    timed = any(r.get("allreduce_share") is not None for r in rows)  # its column only where some rank timed it
     body = [
         [str(r["rank"]), statuses.get(r["rank"], "?"), str(r["steps"]), ms(r["step_median_s"])]
         + [pct(r[key]) for key, _ in _PHASE_LABELS]
-        + [pct(r.get("allreduce_share"))]
+        + ([pct(r.get("allreduce_share"))] if timed else [])
         for r in rows
     ]
-    return table(headers + ["allreduce %"], body)
+    return table(headers + (["allreduce %"] if timed else []), body)
 
 
 def render_window(result: dict) -> str:

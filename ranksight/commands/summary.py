@@ -57,7 +57,8 @@ def steps_kept_title(kept: dict[int, int], recorded: dict[int, int], warmup: int
 
 
 def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
-    """The breakdown table of a run as text: a title with the step counts, the table, the allreduce note."""
+    """The breakdown table of a run as text: a title with the step counts, the table, and where the all-reduces
+    were timed their column and its note."""
     run = open_run(run_path, follow_spool=False)  # one reading: a concurrent prune cannot fail it
     rows = run.breakdown(warmup_steps=warmup)
     metas = {m.rank: m for m in run.ranks}
@@ -68,7 +69,10 @@ def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
     counts = steps_kept_title(kept, recorded, warmup)
     title = f"Step-time breakdown per rank ({counts}):"
     per_rank = counts.startswith("steps after")  # ranks differ: each row says how many of its steps it kept
-    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in PHASES] + ["allreduce Σ %"]
+    # The all-reduce column only where some rank timed its buckets (the per-bucket hook on gloo): without it a
+    # column of "–" and its note would say nothing.
+    timed = any(r["allreduce_share"] is not None for r in rows)
+    headers = ["rank", "status", "steps", "step ms (median)"] + [f"{_LABELS[p]} %" for p in PHASES]
     body = []
     for r in rows:
         meta = metas.get(r["rank"])
@@ -76,9 +80,11 @@ def render_breakdown(run_path: str, warmup: int = WARMUP_STEPS) -> str:
             [str(r["rank"]), meta.status if meta else "?"]
             + [_steps_cell(r["steps"], recorded.get(r["rank"], 0), per_rank), ms(r["step_median_s"])]
             + [pct(r[f"{p[:-2]}_share"]) for p in PHASES]
-            + [pct(r["allreduce_share"])]
+            + ([pct(r["allreduce_share"])] if timed else [])
         )
-    return "\n".join([title, table(headers, body), ALLREDUCE_NOTE])
+    if not timed:
+        return "\n".join([title, table(headers, body)])
+    return "\n".join([title, table([*headers, "allreduce Σ %"], body), ALLREDUCE_NOTE])
 
 
 def _steps_cell(kept: int, recorded: int, per_rank: bool) -> str:
