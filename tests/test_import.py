@@ -334,7 +334,7 @@ def test_a_gpu_record_before_its_launch_is_left_out_and_said(tmp_path, capsys):
     assert main(["import", str(src), "--run-dir", str(tmp_path), "--run-id", "clean"]) == 0
     assert main(["import", str(tmp_path / "in"), "--run-dir", str(tmp_path), "--run-id", "shifted"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "rank 0: 1 GPU records start before the host call that launched them" in err[0], err
+    assert len(err) == 1 and "rank 0: 1 GPU record starts before the host call that launched it" in err[0], err
 
     def gpu_step_s(run: str) -> list:
         rows = duckdb.sql(f"SELECT gpu_step_s FROM '{tmp_path / run}/steps/*.parquet' ORDER BY step").fetchall()

@@ -539,9 +539,11 @@ def _import_rank(con, run_path: str, job: str, run_id: str, rank: int, world: in
             steps += 1
         steps += _write_empty_steps(writer, spans, writer.steps_seen, base)
     if writer.impossible_gpu_records:
+        n = writer.impossible_gpu_records
         problems.append(
-            f"rank {rank}: {writer.impossible_gpu_records} GPU records start before the host call that launched "
-            "them (a clock fault in the profiler's CUPTI records); left out of the steps' GPU figures"
+            f"rank {rank}: {n} GPU record{'s start' if n > 1 else ' starts'} before the host call that launched "
+            f"{'them' if n > 1 else 'it'} (a clock fault in the profiler's CUPTI records); left out of the steps' "
+            "GPU figures"
         )
     writer.add_event(
         "info", f"imported from torch.profiler trace{'s' if len(files) > 1 else ''}: {names} ({steps} steps)"
