@@ -209,7 +209,7 @@ def reduce_step(
     samples: dict[str, float] = {}
     gpu_end = None
     if gpu:
-        gpu_end = _gpu_phases(row, gpu, host, fwd, opt_b, boundary, prev_gpu_end_ns)
+        gpu_end = _gpu_phases(row, gpu, launches, fwd, opt_b, boundary, prev_gpu_end_ns)
         marked = [*events, Ev("ann", WINDOW_MARK, s0, s1, main, 0)]
         red = reduce_window(marked, model_on_gpu=True)
         if red is not None:
@@ -223,17 +223,18 @@ def reduce_step(
 def _gpu_phases(
     row: dict,
     gpu: list[TraceEvent],
-    host: list[TraceEvent],
+    launches: dict,
     fwd: Optional[int],
     opt_b: Optional[int],
     boundary: int,
     prev_end,
 ) -> int:
-    """Fill the GPU columns of a step row on the GPU's clock; return where the step's GPU work ended."""
-    launch = {e.corr: e.start_ns for e in host if e.kind == "rt" and e.corr}
+    """Fill the GPU columns of a step row on the GPU's clock (``launches``: the runtime call of each
+    correlation id); return where the step's GPU work ended."""
 
     def launched(e: Ev) -> int:
-        return launch.get(e.corr, e.start_ns)
+        rt = launches.get(e.corr)
+        return rt.start_ns if rt is not None else e.start_ns
 
     g_lo = min(e.start_ns for e in gpu)
     g_hi = max(e.end_ns for e in gpu)
