@@ -152,6 +152,18 @@ def test_human_output_puts_the_verdict_first(tmp_path, capsys):
     assert text.index("Verdict") < text.index("Step-time breakdown") < text.index("Checklist")
 
 
+def test_unmeasured_evidence_is_named_apart_from_the_figures():
+    from ranksight.commands.diagnose import render_findings
+
+    finding = {"axis": "sync", "rule": "exposed-allreduce", "severity": "warning", "confidence": 0.8, "ranks": [0],
+               "summary": "s", "fix": {"text": "t"}, "cost_share": 0.2, "cost_basis": "measured",
+               "evidence": {"comm_exposed_share": 0.25, "comm_overlap": None, "buckets_per_step": 4}}  # fmt: skip
+    text = render_findings({"findings": [finding]})
+    assert "evidence: comm_exposed_share=0.25, buckets_per_step=4; not measured: comm_overlap" in text
+    finding["evidence"] = {"comm_overlap": None}
+    assert "evidence: not measured: comm_overlap\n" in render_findings({"findings": [finding]})
+
+
 def test_healthy_run_says_so(tmp_path, capsys):
     run = make_run(tmp_path, [0.17, 0.17], exposed=0.0)
     # Nothing held back; the 14 % of the step no mark explains is reported, at info, as such.

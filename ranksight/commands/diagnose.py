@@ -102,8 +102,7 @@ def render_findings(result: dict) -> str:
             f"(confidence {f['confidence']:.2f}; ranks {ranks})" + (f": {gain}" if gain else "")
         )
         lines.append(textwrap.fill(f["summary"], 100, initial_indent="  ", subsequent_indent="  "))
-        evidence = ", ".join(f"{k}={_value(v)}" for k, v in f["evidence"].items())
-        lines.append(textwrap.fill(f"evidence: {evidence}", 100, initial_indent="  ", subsequent_indent="    "))
+        lines.append(textwrap.fill(_evidence_text(f["evidence"]), 100, initial_indent="  ", subsequent_indent="    "))
         fix = f["fix"]
         fitted = f" ({fix['framework']})" if fix.get("framework") not in (None, "plain") else ""
         lines.append(textwrap.fill(f"fix{fitted}: {fix['text']}", 100, initial_indent="  ", subsequent_indent="    "))
@@ -111,6 +110,14 @@ def render_findings(result: dict) -> str:
             lines.append(textwrap.indent(fix["snippet"].rstrip(), "      "))
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _evidence_text(evidence: dict) -> str:
+    """The measured figures, then the names the run has no figure for (a per-bucket timing with the hook off,
+    say) in one list, rather than a dash among the numbers."""
+    shown = ", ".join(f"{k}={_value(v)}" for k, v in evidence.items() if v is not None)
+    missing = ", ".join(k for k, v in evidence.items() if v is None)
+    return "evidence: " + "; ".join(filter(None, (shown, missing and f"not measured: {missing}")))
 
 
 def render_checklist(result: dict) -> str:
