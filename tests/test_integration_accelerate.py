@@ -46,16 +46,19 @@ def test_accumulated_step_spans_two_forwards_and_one_all_reduce(runs):
     from ranksight.collectors import open_run
 
     slow, healthy = open_run(runs["slow"]), open_run(runs["healthy"])
-    # The fastest step of each run: a busy host only adds time, so the least compute of 22 steps is the one
-    # least stretched by the machine's other work (the medians of two runs read 1.04x apart at load 5).
-    q = "SELECT min(compute_s), count(*) FILTER (WHERE buckets IS NULL OR optimizer_s IS NULL) FROM steps"
-    slow_compute, slow_missing = slow.execute(q + " WHERE step >= 1").fetchone()
-    acc_compute, acc_missing = healthy.execute(q + " WHERE step >= 1").fetchone()
-    assert slow_missing == 0 and acc_missing == 0
-    # Two micro-batches of forward/backward per accumulated step: clearly more compute than one. Not twice:
-    # the all-reduce after the last backward and the hooks come once a step, and a loaded host squeezes the
-    # ratio further; one micro-batch's compute against itself would read 1.0x.
-    assert acc_compute > 1.25 * slow_compute, (acc_compute, slow_compute)
+    q = """SELECT median(compute_s), median(cpu_s),
+                  count(*) FILTER (WHERE buckets IS NULL OR optimizer_s IS NULL) FROM steps WHERE step >= 1"""
+    _, slow_cpu, slow_missing = slow.execute(q).fetchone()
+    acc_compute, acc_cpu, acc_missing = healthy.execute(q).fetchone()
+    assert slow_missing == 0 and acc_missing == 0  # every step has its all-reduce and its optimizer step
+    # Two micro-batches of forward/backward per step: the training thread's CPU time, which a busy host does
+    # not stretch, reads 1.6-1.8x one micro-batch's step (idle and beside a busy loop; 1.0x if a step were
+    # one micro-batch). Wall-clock compute of two runs is no measure: beside one busy loop the fastest step of
+    # each read the same.
+    assert acc_cpu > 1.4 * slow_cpu, (acc_cpu, slow_cpu)
+    # The compute phase spans both forwards and backwards, not the last alone: most of that work lies inside it
+    # (wall time, which a busy host only lengthens; about half if compute began at the second forward).
+    assert acc_compute > 0.7 * acc_cpu, (acc_compute, acc_cpu)
 
 
 def test_disabled_tracker_adds_no_work(tmp_path, monkeypatch):
