@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     _print_paired(results)
     if args.json:
         write_results(args.json, {"what": "paired", "busy": args.busy, "results": results, "out": out})
-    return 0 if all(r["same_first"] and r["max_diff_pp"] <= 3.0 for r in results) else 1
+    # On CPU the agent times DDP's buckets in Python (its comm hook), whose edges a loaded host may move.
+    diff = "beyond_comm_edges_pp" if args.device == "cpu" else "max_diff_pp"
+    return 0 if all(r["same_first"] and r[diff] <= 3.0 for r in results) else 1
 
 
 if __name__ == "__main__":
