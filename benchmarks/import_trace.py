@@ -179,13 +179,14 @@ def compare_runs(agent_run: str, imported_run: str, steps: list[int]) -> dict:
 
 
 def beyond_comm_edges_pp(rows: dict) -> float:
-    """The largest phase difference (pp) left once exposed comm's two edges may sit later in the agent's run.
+    """The largest phase difference (pp) left once a wait to run may sit on either side of exposed comm's edges.
 
     The agent marks those edges in Python (DDP's comm hook; the all-reduce's completion callback on gloo's
-    thread), the trace at the C++ spans just before each. On a loaded host the hook or the callback can wait a
-    scheduler tick or more for the interpreter and a core, which moves that wait from comm to compute (start)
-    or from other to comm (end). What this leaves: a difference in any other phase, an edge the trace puts
-    later than the agent, and any comm difference its edges' moves do not account for.
+    thread), the trace with C++ spans. A thread that waits a scheduler tick or more to run moves that wait
+    across an edge: at the start always from comm to compute in the agent (its mark comes after the trace's),
+    at the end either way (gloo's span can close before or after the callback runs). What this leaves: a
+    difference in any other phase, a start the trace puts later than the agent, and any comm difference its
+    edges' moves do not account for.
     """
     d = {
         p: (v["agent"] - v["import"]) * 100
@@ -194,7 +195,7 @@ def beyond_comm_edges_pp(rows: dict) -> float:
     }
     start_shift, end_shift = d.get("compute_s", 0.0), -d.get("other_s", 0.0)  # > 0: the agent's edge is later
     rest = [abs(d.get(p, 0.0)) for p in ("data_wait_s", "h2d_s", "optimizer_s")]
-    return max(*rest, -start_shift, -end_shift, abs(d.get("comm_exposed_s", 0.0) - (end_shift - start_shift)))
+    return max(*rest, -start_shift, abs(d.get("comm_exposed_s", 0.0) - (end_shift - start_shift)))
 
 
 def paired(scenario: str, device: str, out: str, active: int = 8) -> dict:

@@ -58,7 +58,9 @@ def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
     agent does not name for the same ranks, and the phases agree but for where exposed comm's edges fall. On
     2 shared cores a profiled window can leave one rank late in earnest; the agent then names it, and the
     trace may or may not (its waits come from the profiler's collective spans, not the agent's marks)."""
-    r = bench.paired("none", "cpu", str(tmp_path), active=8)
+    # 24 profiled steps of ~20 ms: one wait to run (a 4 ms scheduler tick) is under 1 pp of the window; over 8
+    # steps it was 2.5 pp, and an idle run read up to 4.8 pp (benchmarks/results/cpu_import_paired_busy2.md).
+    r = bench.paired("none", "cpu", str(tmp_path), active=24)
     agent, imported = r["agent_first"], r["import_first"]
     if agent is not None and agent["rule"] == "host-slowed-rank":
         # The host held one rank back while this ran: the agent tells so from the thread's CPU time and the
@@ -75,9 +77,9 @@ def test_healthy_job_reads_the_same_from_the_trace(bench, tmp_path):
             agent,
             imported,
         )
-    # On 2 shared cores the agent's Python marks of exposed comm's edges can trail the trace's C++ spans by a
-    # wait for a core (up to 11.7 pp on this job with two busy loops beside it; docs/import.md): only
-    # what those edges' moves cannot account for must agree.
+    # On 2 shared cores a thread's wait to run can fall on either side of exposed comm's edges in the agent's
+    # Python marks and the trace's C++ spans (docs/import.md): only what those moves cannot account for must
+    # agree.
     assert r["beyond_comm_edges_pp"] <= MAX_DIFF_PP, r["ranks"]
 
 
